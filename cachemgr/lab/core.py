@@ -1,0 +1,346 @@
+"""The lab: run a command as root on a real Linux kernel and bring its results back.
+
+``run(argv, LabSpec(...))`` boots a guest (User-Mode Linux, or qemu with Debian's own kernel),
+runs ``argv`` there as root in the same working directory, and returns its exit code. The
+command's stdout and stderr travel on two separate serial lines and are kept apart; a third
+line carries the guest's control messages (boot, module failures, exit code). The host's / is
+the guest's root, read-only under an overlay with a tmpfs upper; the project directory (and
+any other ``rw_paths``) is mounted read-write at the same path, so results come back. Scratch
+disks are sparse files of the sizes asked. A timeout always ends the guest; the kernel console
+log is kept (and its path printed) when something went wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from cachemgr.errors import LabError, UsageError
+from cachemgr.lab import kernels
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+PROJECT_DIR = HERE.parent.parent
+
+# Modules every guest loads at boot (scsi_debug is left to the tests: its parameters matter).
+DEFAULT_MODULES = ("loop", "bcache", "dm-mod", "dm-cache", "dm-cache-smq", "dm-delay",
+                   "dm-flakey")
+# Exit code of a command the lab ended on timeout (timeout(1)'s convention).
+TIMEOUT_RC = 124
+# Host variables the guest command inherits (the rest of the host environment stays out).
+PASS_ENV = re.compile(
+    r"^(PATH|TERM|LANG|LC_[A-Z]+|TZ|COLUMNS|LINES|PYTHON[A-Z_]*|PYTEST_[A-Z_]*|HYPOTHESIS_[A-Z_]*"
+    r"|CACHEMGR_[A-Z_]*|VIRTUAL_ENV|CI|NO_COLOR|FORCE_COLOR|TEXTUAL_[A-Z_]*)$"
+)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``1G`` / ``256M`` / ``512k`` / ``4096`` -> bytes (binary units, like truncate(1))."""
+    m = _SIZE.match(text)
+    if not m:
+        raise UsageError(f"bad disk size {text!r}", hint="use a size like 1G, 256M or 512K")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    size = int(float(m.group(1)) * mult)
+    if size < 1 << 20:
+        raise UsageError(f"disk size {text!r} is below 1 MiB")
+    return size
+
+
+def parse_disks(text: str) -> tuple[int, ...]:
+    return tuple(parse_size(s) for s in text.split(",") if s.strip())
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    backend: str = "uml"
+    disks: tuple[int, ...] = ()
+    udev: bool = False
+    timeout: float = 600.0
+    mem_mb: int = 1536
+    interactive: bool = False
+    cwd: str = field(default_factory=os.getcwd)
+    rw_paths: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    modules: tuple[str, ...] = DEFAULT_MODULES
+    keep: bool = False
+    rows: int = 24
+    cols: int = 80
+
+
+@dataclass
+class LabResult:
+    returncode: int
+    timed_out: bool
+    rundir: Path
+    console_log: Path
+    kernel_release: str | None
+    messages: list[str]
+    stdout: bytes | None = None
+    stderr: bytes | None = None
+
+    @property
+    def console_text(self) -> str:
+        try:
+            return self.console_log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get("CACHEMGR_LAB_RUNS", "/var/tmp/cachemgr-lab"))
+
+
+def _guest_env(spec: LabSpec) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if PASS_ENV.match(k)}
+    if spec.env:
+        env.update(spec.env)
+    return env
+
+
+def _disk_names(backend: str, n: int) -> list[str]:
+    prefix = "/dev/ubd" if backend == "uml" else "/dev/vd"
+    return [prefix + chr(ord("a") + i) for i in range(n)]
+
+
+class _Pump(threading.Thread):
+    """Copies one pipe to a sink as data arrives (and keeps it when capturing)."""
+
+    def __init__(self, fd: int, sink: BinaryIO | None, keep: bool,
+                 on_line: Callable[[str], None] | None = None) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.sink, self.keep, self.on_line = fd, sink, keep, on_line
+        self.data = bytearray()
+
+    def run(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if self.keep or self.on_line:
+                self.data += chunk
+            if self.sink is not None:
+                self.sink.write(chunk)
+                self.sink.flush()
+            if self.on_line:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self.on_line(line.decode(errors="replace"))
+        os.close(self.fd)
+
+
+def run(
+    argv: Sequence[str],
+    spec: LabSpec,
+    *,
+    stdout: BinaryIO | None = None,
+    stderr: BinaryIO | None = None,
+    capture: bool = False,
+) -> LabResult:
+    """Boot a guest, run ``argv`` in it, return its exit code and (if ``capture``) output.
+
+    Without ``capture`` the command's output streams to ``stdout``/``stderr`` (default: this
+    process's). The run directory is removed afterwards unless the run failed or
+    ``spec.keep`` is set; then its console log stays for diagnosis.
+    """
+    if not argv:
+        raise UsageError("lab run needs a command", hint="cachemgr lab run -- COMMAND [ARGS]")
+    if spec.backend not in ("uml", "qemu"):
+        raise UsageError(f"unknown lab backend {spec.backend!r}", hint="use uml or qemu")
+    manifest = kernels.load_manifest()
+    info = manifest.get(spec.backend)
+    if info is None or not Path(info.kernel).exists():
+        raise LabError(
+            f"the {spec.backend} lab kernel is not installed",
+            hint="run scripts/setup.sh (or: cachemgr lab setup)",
+        )
+    base = runs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    rundir = Path(tempfile.mkdtemp(prefix=f"{spec.backend}-", dir=base))
+    disks = []
+    for i, size in enumerate(spec.disks):
+        p = rundir / f"disk{i}.img"
+        with open(p, "wb") as f:
+            f.truncate(size)
+        disks.append(p)
+    (rundir / "argv").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+    (rundir / "env").write_bytes(
+        b"".join(f"{k}={v}".encode() + b"\0" for k, v in _guest_env(spec).items())
+    )
+    (rundir / "modprobe.err").write_bytes(b"")
+    rw_paths = [str(PROJECT_DIR), str(rundir), *spec.rw_paths]
+    cwd = spec.cwd
+    if not any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p in rw_paths):
+        log.info("lab: %s is not a read-write path; it will be read-only in the guest", cwd)
+    backend = _backend(spec.backend)
+    settings = {
+        "LAB_BACKEND": spec.backend,
+        "LAB_HOSTNAME": f"lab-{spec.backend}",
+        "LAB_CWD": cwd,
+        "LAB_TIMEOUT": str(int(spec.timeout)),
+        "LAB_UDEV": "1" if spec.udev else "0",
+        "LAB_INTERACTIVE": "1" if spec.interactive else "0",
+        "LAB_ROWS": str(spec.rows),
+        "LAB_COLS": str(spec.cols),
+        "LAB_MODULES": info.modules,
+        "LAB_MODULES_LOAD": " ".join(spec.modules),
+        "LAB_DISKS": " ".join(_disk_names(spec.backend, len(disks))),
+        "LAB_RW_PATHS": " ".join(rw_paths),
+        "LAB_STAGE2": str(HERE / "stage2.sh"),
+        "LAB_UPPER_SIZE": "2g",
+        "LAB_STDIN": "/dev/null",
+        **backend.tty_names(),
+    }
+    for k, v in settings.items():
+        if " " in v and k not in ("LAB_MODULES_LOAD", "LAB_DISKS", "LAB_RW_PATHS"):
+            raise UsageError(f"lab: {k} may not contain spaces: {v!r}")
+    (rundir / "lab.env").write_text(
+        "".join(f"{k}={_shq(v)}\n" for k, v in settings.items())
+    )
+    console = rundir / "console.log"
+    result = backend.boot(info, spec, rundir, disks, console,
+                          stdout if stdout is not None else sys.stdout.buffer,
+                          stderr if stderr is not None else sys.stderr.buffer, capture)
+    failed = result.returncode != 0 or result.timed_out
+    if failed or spec.keep:
+        if failed:
+            print(f"lab: console log kept in {console}", file=sys.stderr)
+        for d in disks:
+            with contextlib.suppress(OSError):
+                d.unlink()
+    else:
+        shutil.rmtree(rundir, ignore_errors=True)
+    return result
+
+
+def _shq(v: str) -> str:
+    return "'" + v.replace("'", "'\\''") + "'"
+
+
+class Backend:
+    def tty_names(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def boot(self, info: kernels.KernelInfo, spec: LabSpec, rundir: Path, disks: list[Path],
+             console: Path, out: BinaryIO, err: BinaryIO, capture: bool) -> LabResult:
+        raise NotImplementedError
+
+
+def _backend(name: str) -> Backend:
+    if name == "uml":
+        from cachemgr.lab.uml import UmlBackend
+
+        return UmlBackend()
+    from cachemgr.lab.qemu import QemuBackend
+
+    return QemuBackend()
+
+
+def supervise(
+    proc: subprocess.Popen[bytes],
+    spec: LabSpec,
+    rundir: Path,
+    console: Path,
+    pumps: tuple[_Pump, _Pump, _Pump],
+    boot_allowance: float,
+) -> LabResult:
+    """Wait for a guest, enforce the hard timeout, and read the control channel."""
+    out, err, ctl = pumps
+    messages: list[str] = []
+    lock = threading.Lock()
+    ctl.on_line = lambda line: (lock.acquire(), messages.append(line.strip()), lock.release())
+    for p in pumps:
+        p.start()
+    deadline = time.monotonic() + spec.timeout + boot_allowance
+    killed = False
+    try:
+        while True:
+            try:
+                proc.wait(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    killed = True
+                    _killpg(proc)
+                    proc.wait()
+                    break
+    except KeyboardInterrupt:
+        _killpg(proc)
+        proc.wait()
+        raise
+    finally:
+        for p in pumps:
+            p.join(timeout=5)
+        # UML leaves helper processes in its group; make sure none outlives the guest
+        _killpg(proc, quiet=True)
+    rc: int | None = None
+    release = None
+    timed_out = killed
+    for m in messages:
+        if m.startswith("rc="):
+            rc = int(m[3:])
+        elif m.startswith("booted "):
+            release = m.split(None, 1)[1]
+        elif m.startswith("timeout"):
+            timed_out = True
+        elif m.startswith("modprobe-failed"):
+            print(f"lab: {m}", file=sys.stderr)
+    if killed:
+        print(f"lab: the guest ran past its timeout ({spec.timeout:g} s + "
+              f"{boot_allowance:g} s boot allowance) and was killed", file=sys.stderr)
+        rc = TIMEOUT_RC
+    elif timed_out:
+        print(f"lab: the command timed out after {spec.timeout:g} s and was ended",
+              file=sys.stderr)
+        rc = TIMEOUT_RC
+    elif rc is None:
+        tail = _tail(console, 15)
+        print(f"lab: the guest ended without reporting an exit code (host exit "
+              f"{proc.returncode}); last console lines:\n{tail}", file=sys.stderr)
+        rc = 1 if release else 125
+    return LabResult(
+        returncode=rc,
+        timed_out=timed_out,
+        rundir=rundir,
+        console_log=console,
+        kernel_release=release,
+        messages=messages,
+        stdout=bytes(out.data) if out.keep else None,
+        stderr=bytes(err.data) if err.keep else None,
+    )
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "  (no console log)"
+    return "\n".join("  " + line for line in lines[-n:])
+
+
+def _killpg(proc: subprocess.Popen[bytes], quiet: bool = False) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if not quiet:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
