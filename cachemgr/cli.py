@@ -19,7 +19,7 @@ from cachemgr import snapshot as snapshot_mod
 from cachemgr.errors import CacheMgrError, UsageError
 from cachemgr.exitcodes import ExitCode
 from cachemgr.model import BcacheBacking, CacheMode, Snapshot, human
-from cachemgr.sysfs import Sysfs
+from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
 
 log = logging.getLogger("cachemgr")
 
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                "4 already so, 5 timed out.",
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log on stderr")
-    p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", "/sys"),
+    p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT),
                    help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     sub.required = True

@@ -86,7 +86,7 @@ class Size:
 
         dirty_data counts 512-byte sectors, so "0.0k" (any value below 103 bytes) is 0.
         """
-        return self.high < granularity if granularity > 1 else self.high == 0
+        return self.low == 0 and self.high < max(granularity, 1)
 
     @classmethod
     def parse_hprint(cls, text: str) -> Size:
@@ -108,6 +108,12 @@ class Size:
             t_lo = -(-dd * 1024 // 10)
             t_hi = -(-(dd + 1) * 1024 // 10) - 1
             low, high = q * scale + t_lo * sub, q * scale + t_hi * sub + sub - 1
+        if u >= 2:
+            # a second shift only happens while the value is >= 1000 of the unit below:
+            # "0.9T" is [1000 GiB, 1 TiB), since 922 GiB prints as "922.0G"
+            low = max(low, 1000 * sub)
+        if low > high:
+            raise KernelFormatError("bcache size (no value prints like this)", text)
         if neg:
             low, high = -high, -low
         return cls(low, high)

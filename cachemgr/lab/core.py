@@ -267,7 +267,12 @@ def supervise(
     out, err, ctl = pumps
     messages: list[str] = []
     lock = threading.Lock()
-    ctl.on_line = lambda line: (lock.acquire(), messages.append(line.strip()), lock.release())
+
+    def on_ctl(line: str) -> None:
+        with lock:
+            messages.append(line.strip())
+
+    ctl.on_line = on_ctl
     for p in pumps:
         p.start()
     deadline = time.monotonic() + spec.timeout + boot_allowance

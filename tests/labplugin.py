@@ -1,0 +1,167 @@
+"""pytest integration of the lab: tests marked ``kernel`` run inside a real kernel.
+
+On the host, each ``@pytest.mark.kernel`` test boots its own lab guest (fresh scratch disks
+and module state every time) and runs itself there with the same pytest; its outcome, output
+and failure text come back and are reported as the test's own. Inside the guest
+(CACHEMGR_IN_LAB=1) kernel tests run normally and plain unit tests are not collected twice.
+
+    @pytest.mark.kernel(disks="1G,256M", udev=False, timeout=300)
+
+``--lab-backend=uml|qemu`` picks the kernel; ``--no-lab`` skips kernel tests (they are then
+reported as skipped with the reason, never as passed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from _pytest.reports import TestReport
+
+IN_LAB = os.environ.get("CACHEMGR_IN_LAB") == "1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("cachemgr lab")
+    g.addoption("--lab-backend", choices=("uml", "qemu"),
+                default=os.environ.get("CACHEMGR_LAB_BACKEND", "uml"),
+                help="kernel for tests marked kernel (default: uml)")
+    g.addoption("--no-lab", action="store_true", help="skip tests marked kernel")
+
+
+def _lab_problem(backend: str) -> str | None:
+    from cachemgr.lab import kernels
+
+    info = kernels.load_manifest().get(backend)
+    if info is None or not Path(info.kernel).exists():
+        return f"the {backend} lab kernel is not installed (run scripts/setup.sh)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if IN_LAB:
+        return
+    backend = config.getoption("--lab-backend")
+    reason = "--no-lab given" if config.getoption("--no-lab") else _lab_problem(backend)
+    if reason:
+        for item in items:
+            if item.get_closest_marker("kernel"):
+                item.add_marker(pytest.mark.skip(reason=f"kernel test not run: {reason}"))
+
+
+def _report(item: pytest.Item, when: str, outcome: str, longrepr: object, duration: float,
+            sections: list[tuple[str, str]]) -> TestReport:
+    now = time.time()
+    return TestReport(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={k: 1 for k in item.keywords},
+        outcome=outcome,  # type: ignore[arg-type]
+        longrepr=longrepr,  # type: ignore[arg-type]
+        when=when,  # type: ignore[arg-type]
+        sections=sections,
+        duration=duration,
+        start=now - duration,
+        stop=now,
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    marker = item.get_closest_marker("kernel")
+    if IN_LAB or marker is None or item.get_closest_marker("skip"):
+        return None
+    from cachemgr.lab import core
+
+    config = item.config
+    backend = config.getoption("--lab-backend")
+    kw = marker.kwargs
+    disks = core.parse_disks(kw.get("disks", "")) if kw.get("disks") else ()
+    timeout = float(kw.get("timeout", 300 if backend == "uml" else 900))
+    resdir = Path(tempfile.mkdtemp(prefix="kernel-test-", dir=core.runs_dir()))
+    result_file = resdir / "result.json"
+    spec = core.LabSpec(
+        backend=backend,
+        disks=disks,
+        udev=bool(kw.get("udev", False)),
+        timeout=timeout,
+        mem_mb=int(kw.get("mem", 1536)),
+        cwd=str(ROOT),
+        rw_paths=(str(resdir),),
+        env={"CACHEMGR_LAB_RESULT": str(result_file), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
+            "--no-header", "-rN", "--tb=short", "--color=no", item.nodeid]
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    t0 = time.monotonic()
+    res = core.run(argv, spec, capture=True)
+    duration = time.monotonic() - t0
+    out = (res.stdout or b"").decode(errors="replace")
+    err = (res.stderr or b"").decode(errors="replace")
+    sections = [(f"Captured stdout (lab {backend} {res.kernel_release})", out)]
+    if err.strip():
+        sections.append((f"Captured stderr (lab {backend})", err))
+    inner: list[dict[str, str]] = []
+    if result_file.exists():
+        inner = [json.loads(line) for line in result_file.read_text().splitlines() if line]
+    shutil.rmtree(resdir, ignore_errors=True)
+    outcome, longrepr = "passed", None
+    failed = [r for r in inner if r["outcome"] == "failed"]
+    skipped = [r for r in inner if r["outcome"] == "skipped"]
+    calls = [r for r in inner if r["when"] == "call" and r["outcome"] == "passed"]
+    if failed:
+        outcome = "failed"
+        longrepr = f"[in the {backend} lab, kernel {res.kernel_release}]\n" + failed[0]["longrepr"]
+    elif skipped:
+        outcome = "skipped"
+        longrepr = (str(item.path), (item.location[1] or 0) + 1,
+                    f"in the lab: {skipped[0]['longrepr']}")
+    elif not calls or res.returncode != 0:
+        outcome = "failed"
+        longrepr = (f"the lab run ended with exit code {res.returncode} and no test result "
+                    f"(timed out: {res.timed_out}); console log: {res.console_log}\n"
+                    f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}")
+    for when in ("setup", "call", "teardown"):
+        if when == "call":
+            rep = _report(item, "call", outcome, longrepr, duration, sections)
+        elif when == "setup" and outcome == "skipped":
+            rep = _report(item, "setup", "skipped", longrepr, 0.0, [])
+        else:
+            rep = _report(item, when, "passed", None, 0.0, [])
+        if when == "call" and outcome == "skipped":
+            continue
+        item.ihook.pytest_runtest_logreport(report=rep)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_runtest_logreport(report: TestReport) -> None:
+    """Inside the guest: hand each phase's outcome to the host through the result file."""
+    path = os.environ.get("CACHEMGR_LAB_RESULT")
+    if not IN_LAB or not path:
+        return
+    if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+        text = str(report.longrepr[2])
+    else:
+        text = str(report.longrepr) if report.longrepr else ""
+    with open(path, "a") as f:
+        f.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                            "outcome": report.outcome, "longrepr": text}) + "\n")
+
+
+@pytest.fixture
+def lab_disks() -> list[str]:
+    """The guest's scratch disks (/dev/ubda... or /dev/vda...), checked to be block devices."""
+    import stat
+
+    disks = os.environ.get("LAB_DISKS", "").split()
+    for d in disks:
+        assert stat.S_ISBLK(os.stat(d).st_mode), f"{d} is not a block device"
+    return disks
