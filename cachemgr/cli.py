@@ -175,6 +175,16 @@ def cmd_lab_setup(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_tui(args: argparse.Namespace) -> int:
+    # the one place the CLI reaches up to a face: imported lazily, so the library (and a
+    # plain `cachemgr status`) never loads textual
+    import importlib
+
+    app_mod = importlib.import_module("tui.app")
+    app_mod.CacheMgrApp(args.sysfs_root, args.interval).run()
+    return ExitCode.OK
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from cachemgr.capture import capture
 
@@ -209,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("mode", metavar="MODE", help="writethrough|writeback|writearound|none")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
+
+    s = sub.add_parser("tui", help="the interactive dashboard (Textual)")
+    s.add_argument("--interval", type=float, default=1.0, metavar="S")
+    s.set_defaults(func=cmd_tui)
 
     s = sub.add_parser("capture", help="copy this kernel's bcache/dm state into a fixture dir")
     s.add_argument("scenario")

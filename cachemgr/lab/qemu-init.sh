@@ -53,4 +53,9 @@ done
 for d in $LAB_DISKS; do
     [ -b "$d" ] || die "scratch disk $d missing"
 done
+# Keep the interactive terminal open: a tty forgets its window size (stage 2's stty rows/cols)
+# when its last file descriptor closes, before the command opens it again.
+if [ "$LAB_INTERACTIVE" = 1 ] && [ -c "$LAB_TTY_TERM" ]; then
+    exec 9<>"$LAB_TTY_TERM"
+fi
 exec chroot $R /bin/bash "$LAB_STAGE2"

@@ -65,7 +65,7 @@ class QemuBackend(Backend):
         ctl_r, ctl_w = os.pipe()
         con_fd = os.open(console, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         append = " ".join([
-            "console=ttyS0", "panic=-1", f"labrun={rundir}",
+            "console=ttyS0", "panic=-1", *os.environ.get("QX", "").split(), f"labrun={rundir}",
             "quiet" if not os.environ.get("CACHEMGR_LAB_VERBOSE") else "loglevel=7",
         ])
         argv = [

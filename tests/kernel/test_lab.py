@@ -11,9 +11,9 @@ import pytest
 
 from cachemgr.lab import core, kernels
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.qemu_smoke, pytest.mark.skipif(
     os.environ.get("CACHEMGR_IN_LAB") == "1", reason="host-side lab tests"
-)
+)]
 
 
 @pytest.fixture(params=["uml", "qemu"])

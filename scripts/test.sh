@@ -1,0 +1,23 @@
+#!/bin/bash
+# cachemgr test suite: README's second command (and exactly what .ci/run calls).
+#
+#   scripts/test.sh
+#
+# Makes sure the set-up is in place (scripts/setup.sh --no-demo), then runs: ruff, mypy,
+# the unit tests, the kernel tests on User-Mode Linux (each boots its own guest), and the
+# kernel smoke set on qemu with Debian 12's own kernel. Fails if any of them fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --no-demo
+export PYTHONDONTWRITEBYTECODE=1
+py=.venv/bin/python
+step() { echo; echo "=== $*"; }
+
+step "ruff"
+.venv/bin/ruff check cachemgr tui tests
+step "mypy"
+.venv/bin/mypy
+step "unit and kernel tests (UML kernel)"
+"$py" -m pytest -p no:cacheprovider tests --lab-backend=uml
+step "kernel smoke set (qemu, Debian 12 kernel)"
+"$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu

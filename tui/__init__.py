@@ -1,0 +1,1 @@
+"""The Textual face of cachemgr. Imports cachemgr; cachemgr never imports this package."""
