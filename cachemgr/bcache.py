@@ -7,6 +7,7 @@ seen on the lab kernels (captures in tests/fixtures/). Files that a kernel lacks
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ from cachemgr.errors import (
     CacheMgrError,
     KernelFormatError,
     SysfsError,
+    TimeoutExpired,
     UnsafeError,
     UsageError,
 )
@@ -33,6 +35,7 @@ from cachemgr.model import (
     Size,
     Stats,
     WritebackDebug,
+    hprint,
     parse_bracketed,
 )
 from cachemgr.sysfs import Sysfs
@@ -378,6 +381,317 @@ def make_bcache(
     if backing:
         argv += ["-B", *backing]
     return runner.run(argv, timeout=timeout)
+
+
+class AcceptDataLoss(enum.Enum):
+    """The explicit, separately named argument for the operations that can lose data.
+
+    Writing ``running=1`` to a backing device whose dirty data sat in a lost cache, or
+    ``stop`` to a cache set, can corrupt filesystems or make VM disks vanish
+    (bcache.rst; FACTS.md). The library never does either unless handed this.
+    """
+
+    I_ACCEPT_DATA_LOSS = "I accept data loss"
+
+
+Progress = Callable[[str, "BcacheBacking"], None]
+
+# Tunables settable per backing device and per cache set: name -> (validator, help).
+# Values are written as the kernel reads them; the kernel clamps some silently
+# (writeback_percent 50 reads back 40 on 7.2), so every write is read back and compared.
+BACKING_TUNABLES: dict[str, tuple[int, int]] = {
+    "sequential_cutoff": (0, 2**32 - 1),  # bytes; 7.2 rejects unit suffixes ("1M": EINVAL)
+    "writeback_percent": (0, 40),
+    "writeback_delay": (0, 2**31 - 1),  # seconds
+    "writeback_rate_minimum": (1, 2**31 - 1),  # sectors per second
+    "writeback_running": (0, 1),
+}
+SET_TUNABLES: dict[str, tuple[int, int]] = {
+    "congested_read_threshold_us": (0, 2**31 - 1),
+    "congested_write_threshold_us": (0, 2**31 - 1),
+}
+
+
+def _dev(b: BcacheBacking) -> str:
+    return b.device or b.identity.node
+
+
+def _read_tunable(sysfs: Sysfs, path: str, name: str) -> int:
+    text = sysfs.read(path)
+    if name == "sequential_cutoff":
+        return Size.parse_hprint(text).low
+    return int(text)
+
+
+def set_tunable(sysfs: Sysfs, backing: BcacheBacking, name: str, value: int) -> Change:
+    """Set one writeback/caching tunable of a backing device; "already so" if equal."""
+    if name not in BACKING_TUNABLES:
+        raise UsageError(f"unknown bcache tunable {name!r}",
+                         hint="one of: " + ", ".join(sorted(BACKING_TUNABLES)))
+    lo, hi = BACKING_TUNABLES[name]
+    if not lo <= value <= hi:
+        raise UsageError(f"{name} must be between {lo} and {hi}, not {value}")
+    rel = backing_rel(sysfs, backing.identity.name)
+    before_text = sysfs.read(f"{rel}/{name}")
+    before = _read_tunable(sysfs, f"{rel}/{name}", name)
+    if name == "sequential_cutoff":
+        # printed lossy (hprint): compare by what the value would print as
+        if hprint(value) == before_text or before == value:
+            raise AlreadyError(f"{_dev(backing)}: {name} is already {before_text}")
+    elif before == value:
+        raise AlreadyError(f"{_dev(backing)}: {name} is already {value}")
+    sysfs.write(f"{rel}/{name}", str(value))
+    after_text = sysfs.read(f"{rel}/{name}")
+    after = _read_tunable(sysfs, f"{rel}/{name}", name)
+    if name != "sequential_cutoff" and after != value:
+        raise CacheMgrError(f"{_dev(backing)}: wrote {name}={value}, the kernel keeps {after}")
+    return Change(_dev(backing), name, before_text, after_text)
+
+
+def set_cache_set_tunable(sysfs: Sysfs, cset: CacheSet, name: str, value: int) -> Change:
+    if name not in SET_TUNABLES:
+        raise UsageError(f"unknown cache-set tunable {name!r}",
+                         hint="one of: " + ", ".join(sorted(SET_TUNABLES)))
+    lo, hi = SET_TUNABLES[name]
+    if not lo <= value <= hi:
+        raise UsageError(f"{name} must be between {lo} and {hi}, not {value}")
+    path = f"fs/bcache/{cset.uuid}/{name}"
+    before = sysfs.read(path)
+    if int(before) == value:
+        raise AlreadyError(f"cache set {cset.uuid}: {name} is already {value}")
+    sysfs.write(path, str(value))
+    after = sysfs.read(path)
+    if int(after) != value:
+        raise CacheMgrError(f"cache set {cset.uuid}: wrote {name}={value}, kernel keeps {after}")
+    return Change(cset.uuid, name, before, after)
+
+
+def attach(sysfs: Sysfs, backing: BcacheBacking, cset: CacheSet) -> Change:
+    """Attach a backing device to a cache set (writes the cset UUID to ``attach``)."""
+    if backing.cset_uuid == cset.uuid:
+        raise AlreadyError(f"{_dev(backing)} is already attached to cache set {cset.uuid}")
+    if backing.cset_uuid is not None:
+        raise UsageError(
+            f"{_dev(backing)} is attached to another cache set ({backing.cset_uuid})",
+            hint=f"detach it first: cachemgr detach {_dev(backing)}",
+        )
+    if backing.state == CacheState.DIRTY:
+        raise UnsafeError(
+            f"{_dev(backing)} has dirty data in a cache set that is not here; attaching it to "
+            f"{cset.uuid} would discard that data",
+            hint="bring back the original cache device (register it) first",
+        )
+    rel = backing_rel(sysfs, backing.identity.name)
+    try:
+        sysfs.write(f"{rel}/attach", cset.uuid)
+    except SysfsError as exc:
+        # ENOENT: no such cache set; EINVAL: already attached (super.c bch_cached_dev_attach)
+        raise CacheMgrError(f"the kernel refused to attach {_dev(backing)} to {cset.uuid}: "
+                            f"{exc}") from exc
+    return Change(_dev(backing), "attach", None, cset.uuid)
+
+
+def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
+           progress: Progress | None = None, interval: float = 0.5) -> Change:
+    """Detach from the cache set. bcache writes all dirty data back first (unthrottled),
+    then the state reads ``no cache``; this waits for that, with progress and a timeout.
+    """
+    if backing.cset_uuid is None and backing.state in (CacheState.NO_CACHE, CacheState.CLEAN):
+        raise AlreadyError(f"{_dev(backing)} is not attached to a cache set")
+    name = backing.identity.name
+    rel = backing_rel(sysfs, name)
+    sysfs.write(f"{rel}/detach", "1")
+    deadline = time.monotonic() + timeout
+    while True:
+        cur = _reread(sysfs, name)
+        if cur.state == CacheState.NO_CACHE:
+            return Change(_dev(backing), "detach", backing.cset_uuid, None)
+        if progress:
+            progress("detach", cur)
+        if time.monotonic() >= deadline:
+            raise TimeoutExpired(
+                f"{_dev(backing)}: still {cur.state} with {cur.dirty} dirty after "
+                f"{timeout:g} s of detaching; the kernel keeps flushing and will finish the "
+                "detach by itself",
+                hint=f"watch it with: cachemgr status --watch 2 ({_dev(backing)})",
+            )
+        time.sleep(interval)
+
+
+def _reread(sysfs: Sysfs, name: str) -> BcacheBacking:
+    rel = block_dirs(sysfs).get(name)
+    if rel is None or not sysfs.is_dir(f"{rel}/bcache"):
+        raise CacheMgrError(f"/dev/{name} vanished while we were waiting on it")
+    return read_backing(sysfs, name, rel, [])
+
+
+def clear_stats(sysfs: Sysfs, target: BcacheBacking | CacheSet) -> Change:
+    if isinstance(target, CacheSet):
+        sysfs.write(f"fs/bcache/{target.uuid}/clear_stats", "1")
+        return Change(target.uuid, "clear_stats", None, None)
+    rel = backing_rel(sysfs, target.identity.name)
+    sysfs.write(f"{rel}/clear_stats", "1")
+    return Change(_dev(target), "clear_stats", None, None)
+
+
+def unregister_cache_set(sysfs: Sysfs, cset: CacheSet, backings: tuple[BcacheBacking, ...], *,
+                         allow_attached: bool = False, timeout: float = 60) -> Change:
+    """Unregister a cache set (flushes and detaches what is attached, the set goes away).
+
+    Refused while backing devices are attached unless ``allow_attached``; refused while any
+    of them is dirty in any case (detach them first: that flushes with progress).
+    """
+    attached = [b for b in backings if b.cset_uuid == cset.uuid]
+    dirty = [b for b in attached if b.state == CacheState.DIRTY
+             or (b.dirty is not None and not b.dirty.is_zero(512))]
+    if dirty:
+        raise UnsafeError(
+            f"cache set {cset.uuid} holds dirty data of "
+            + ", ".join(_dev(b) for b in dirty),
+            hint="detach or drain those first: cachemgr detach " + _dev(dirty[0]),
+        )
+    if attached and not allow_attached:
+        raise UnsafeError(
+            f"cache set {cset.uuid} still has backing devices attached: "
+            + ", ".join(_dev(b) for b in attached),
+            hint="detach them first (cachemgr detach DEVICE)",
+        )
+    if cset.flash_volumes:
+        raise UnsafeError(f"cache set {cset.uuid} has {cset.flash_volumes} flash volume(s); "
+                          "unregistering would take them away")
+    sysfs.write(f"fs/bcache/{cset.uuid}/unregister", "1")
+    if not wait_for(lambda: not sysfs.exists(f"fs/bcache/{cset.uuid}"), timeout):
+        raise TimeoutExpired(f"cache set {cset.uuid} is still registered after {timeout:g} s")
+    return Change(cset.uuid, "unregister", "registered", None)
+
+
+def stop_backing(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 30) -> Change:
+    """Stop a backing device: /dev/bcacheN goes away and the device is unregistered.
+
+    Refused while the bcache device is in use (holders such as dm or md on top, a mount) or
+    while it holds dirty data in its cache (detach first, which flushes).
+    """
+    if backing.state == CacheState.DIRTY or (
+        backing.dirty is not None and not backing.dirty.is_zero(512)
+    ):
+        raise UnsafeError(f"{_dev(backing)} has dirty data in its cache",
+                          hint=f"detach it first (flushes): cachemgr detach {_dev(backing)}")
+    if backing.device_name:
+        holders = sysfs.listdir(f"block/{backing.device_name}/holders")
+        if holders:
+            raise UnsafeError(f"{backing.device} is in use by {', '.join(holders)}")
+        if _mounted(backing.device or ""):
+            raise UnsafeError(f"{backing.device} is mounted")
+    rel = backing_rel(sysfs, backing.identity.name)
+    sysfs.write(f"{rel}/stop", "1")
+    name = backing.identity.name
+    if not wait_for(lambda: not sysfs.exists(f"{block_dirs(sysfs).get(name, 'x')}/bcache"),
+                    timeout):
+        raise TimeoutExpired(f"{_dev(backing)} is still registered {timeout:g} s after stop")
+    return Change(_dev(backing), "stop", "running", None)
+
+
+def _mounted(node: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[0] == node for line in f if line.strip())
+    except OSError:
+        return False
+
+
+def stop_cache_set(sysfs: Sysfs, cset: CacheSet, accept: AcceptDataLoss) -> Change:
+    """Write ``stop`` to a cache set: every attached backing device stops with it (the VMs'
+    disks vanish) and dirty data stays behind on the SSD. Only with AcceptDataLoss."""
+    if accept is not AcceptDataLoss.I_ACCEPT_DATA_LOSS:
+        raise UnsafeError("stopping a cache set needs the explicit data-loss acknowledgement")
+    sysfs.write(f"fs/bcache/{cset.uuid}/stop", "1")
+    return Change(cset.uuid, "stop", "registered", None)
+
+
+def force_run(sysfs: Sysfs, backing: BcacheBacking, accept: AcceptDataLoss) -> Change:
+    """Write ``running=1``: start a backing device without its cache. If its dirty data sat
+    in the missing cache this is bcache.rst's "massive filesystem corruption" case."""
+    if accept is not AcceptDataLoss.I_ACCEPT_DATA_LOSS:
+        raise UnsafeError("running a backing device without its cache needs the explicit "
+                          "data-loss acknowledgement")
+    if backing.running:
+        raise AlreadyError(f"{_dev(backing)} is already running")
+    rel = backing_rel(sysfs, backing.identity.name)
+    sysfs.write(f"{rel}/running", "1")
+    return Change(_dev(backing), "running", "0", "1")
+
+
+def in_use(sysfs: Sysfs, node: str) -> str | None:
+    """Why a block device is busy (holders, mounted, registered with bcache), or None."""
+    name = os.path.basename(os.path.realpath(node))
+    rel = block_dirs(sysfs).get(name)
+    if rel is None:
+        raise UsageError(f"{node}: no such block device")
+    holders = sysfs.listdir(f"{rel}/holders")
+    if holders:
+        return f"it is in use by {', '.join(holders)}"
+    if sysfs.is_dir(f"{rel}/bcache"):
+        return "it is registered with bcache"
+    if _mounted(node) or _mounted(f"/dev/{name}"):
+        return "it is mounted"
+    for child in sysfs.listdir(rel):
+        if sysfs.exists(f"{rel}/{child}/partition") and (
+            sysfs.listdir(f"{rel}/{child}/holders") or _mounted(f"/dev/{child}")
+        ):
+            return f"its partition {child} is in use"
+    return None
+
+
+def create(
+    sysfs: Sysfs, *, backings: list[str], cache: str | None, mode: CacheMode | None = None,
+    bucket: str | None = None, force: bool = False, timeout: float = 30,
+) -> list[Change]:
+    """Format, register and attach: make-bcache -C cache -B backing..., then wait for each
+    /dev/bcacheN to appear attached, then set the mode. Refuses busy devices, and devices
+    with a signature unless ``force``."""
+    if os.geteuid() != 0:
+        raise UsageError("creating bcache devices needs root")
+    if not backings and not cache:
+        raise UsageError("create needs --backing DEV and/or --cache DEV")
+    for dev in [*backings, *([cache] if cache else [])]:
+        if not os.path.exists(dev):
+            raise UsageError(f"{dev}: no such device")
+        why = in_use(sysfs, dev)
+        if why:
+            raise UnsafeError(f"{dev} is busy: {why}; refusing to format it")
+    make_bcache(backing=backings, cache=cache, bucket=bucket, force=force, wipe=force)
+    changes = [Change(d, "format", None, "bcache backing") for d in backings]
+    if cache:
+        changes.append(Change(cache, "format", None, "bcache cache"))
+    for dev in [*([cache] if cache else []), *backings]:
+        try:
+            changes.append(register(sysfs, dev))
+        except AlreadyError:  # udev's 69-bcache.rules may have been faster
+            pass
+    names = [os.path.basename(os.path.realpath(d)) for d in backings]
+
+    def ready() -> bool:
+        dirs = block_dirs(sysfs)
+        for n in names:
+            rel = dirs.get(n)
+            if rel is None or not sysfs.exists(f"{rel}/bcache/dev"):
+                return False
+            if cache and not sysfs.exists(f"{rel}/bcache/cache"):
+                return False
+        return True
+
+    if not wait_for(ready, timeout):
+        raise TimeoutExpired(f"bcache devices for {', '.join(backings)} did not appear within "
+                             f"{timeout:g} s", hint="check dmesg for bcache errors")
+    if mode is not None:
+        dirs = block_dirs(sysfs)
+        for n in names:
+            b = read_backing(sysfs, n, dirs[n], [])
+            try:
+                changes.append(set_mode(sysfs, b, mode))
+            except AlreadyError:
+                pass
+    return changes
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:

@@ -15,11 +15,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cachemgr import bcache
 from cachemgr import snapshot as snapshot_mod
-from cachemgr.errors import CacheMgrError, UsageError
+from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.exitcodes import ExitCode
-from cachemgr.model import BcacheBacking, CacheMode, Snapshot, human
+from cachemgr.model import BcacheBacking, CacheMode, CacheSet, Snapshot, human
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
+from cachemgr.targets import resolve_backing, resolve_cache_set
 
 log = logging.getLogger("cachemgr")
 
@@ -78,27 +80,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
-# ----------------------------------------------------------------------------- targets
+# ----------------------------------------------------------------------------- changes
 
 
-def resolve_backing(snap: Snapshot, target: str) -> BcacheBacking:
-    """TARGET as an admin has it: /dev/bcache0, /dev/sdb, a by-id link, a backing UUID."""
-    real = os.path.realpath(target) if target.startswith("/dev/") else target
-    name = os.path.basename(real)
-    for b in snap.backings:
-        if target in (b.uuid, b.device, b.identity.node) or name in (
-            b.device_name, b.identity.name
-        ):
-            return b
-    raise UsageError(
-        f"{target} is not a bcache backing device or bcache device on this host",
-        hint="cachemgr status lists them; use /dev/bcacheN, the backing device or its UUID",
-    )
+def _emit(args: argparse.Namespace, changes: list[bcache.Change]) -> int:
+    """Print what changed (stdout: data) and return the exit code for it."""
+    if getattr(args, "json", False):
+        print(json.dumps({"schema": 1, "changes": [
+            {"target": c.target, "what": c.what, "before": c.before, "after": c.after}
+            for c in changes]}))
+    else:
+        for c in changes:
+            arrow = f"{c.before} -> {c.after}" if c.before or c.after else "done"
+            print(f"{c.target}: {c.what} {arrow}")
+    return ExitCode.OK
+
+
+def _progress(what: str, b: BcacheBacking) -> None:
+    dirty = human(b.dirty.bytes) if b.dirty else "?"
+    print(f"{what} {b.device or b.identity.node}: {b.state}, dirty {dirty}",
+          file=sys.stderr, flush=True)
+
+
+def _root(action: str) -> None:
+    if os.geteuid() != 0:
+        raise UsageError(f"{action} needs root", hint="run it as root (sudo)")
 
 
 def cmd_mode(args: argparse.Namespace) -> int:
-    from cachemgr import bcache
-
     try:
         mode = CacheMode(args.mode)
     except ValueError:
@@ -106,16 +115,126 @@ def cmd_mode(args: argparse.Namespace) -> int:
                          hint="use writethrough, writeback, writearound or none") from None
     sysfs = _sysfs(args)
     b = resolve_backing(snapshot_mod.take(sysfs), args.target)
+    _root("changing a cache mode")
     change = bcache.set_mode(sysfs, b, mode)
-    if args.json:
-        print(json.dumps({"schema": 1, "device": change.target, "changed": True,
-                          "before": change.before, "after": change.after}))
-    else:
-        print(f"{change.target}: cache mode {change.before} -> {change.after}")
-        if b.dirty and not b.dirty.is_zero(512) and mode != CacheMode.WRITEBACK:
-            print(f"{change.target}: {human(b.dirty.bytes)} of dirty data is still being "
-                  "written back; 'cachemgr drain' makes that fast", file=sys.stderr)
-    return ExitCode.OK
+    if b.dirty and not b.dirty.is_zero(512) and mode != CacheMode.WRITEBACK:
+        print(f"{change.target}: {human(b.dirty.bytes)} of dirty data is still being written "
+              "back; 'cachemgr drain' makes that fast", file=sys.stderr)
+    return _emit(args, [change])
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    sysfs = _sysfs(args)
+    snap = snapshot_mod.take(sysfs)
+    b = resolve_backing(snap, args.backing)
+    c = resolve_cache_set(snap, args.cache)
+    _root("attaching")
+    return _emit(args, [bcache.attach(sysfs, b, c)])
+
+
+def cmd_detach(args: argparse.Namespace) -> int:
+    sysfs = _sysfs(args)
+    b = resolve_backing(snapshot_mod.take(sysfs), args.backing)
+    _root("detaching")
+    return _emit(args, [bcache.detach(sysfs, b, timeout=args.timeout,
+                                      progress=None if args.json else _progress)])
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    if args.kind != "bcache":
+        raise UsageError(f"create {args.kind}: not supported yet", hint="create bcache ...")
+    mode = None
+    if args.mode:
+        try:
+            mode = CacheMode(args.mode)
+        except ValueError:
+            raise UsageError(f"unknown cache mode {args.mode!r}") from None
+    sysfs = _sysfs(args)
+    changes = bcache.create(sysfs, backings=args.backing or [], cache=args.cache, mode=mode,
+                            bucket=args.bucket, force=args.force)
+    return _emit(args, changes)
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Safe decommission: a backing device is detached (flushes), then stopped; a cache set
+    is unregistered once nothing is attached to it."""
+    sysfs = _sysfs(args)
+    snap = snapshot_mod.take(sysfs)
+    _root("removing")
+    try:
+        b = resolve_backing(snap, args.target)
+    except UsageError:
+        c = resolve_cache_set(snap, args.target)
+        return _emit(args, [bcache.unregister_cache_set(sysfs, c, snap.backings)])
+    changes = []
+    if b.cset_uuid is not None:
+        changes.append(bcache.detach(sysfs, b, timeout=args.timeout,
+                                     progress=None if args.json else _progress))
+        b = resolve_backing(snapshot_mod.take(sysfs), b.identity.node)
+    changes.append(bcache.stop_backing(sysfs, b))
+    return _emit(args, changes)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    sysfs = _sysfs(args)
+    snap = snapshot_mod.take(sysfs)
+    settings = []
+    for kv in args.settings:
+        name, sep, value = kv.partition("=")
+        if not sep:
+            raise UsageError(f"bad setting {kv!r}", hint="use NAME=VALUE, e.g. writeback_percent=0")
+        try:
+            settings.append((name, int(value)))
+        except ValueError:
+            raise UsageError(f"{name}: {value!r} is not an integer") from None
+    _root("tuning")
+    changes: list[bcache.Change] = []
+    unchanged = 0
+    try:
+        b: BcacheBacking | None = resolve_backing(snap, args.target)
+        c: CacheSet | None = None
+    except UsageError:
+        b, c = None, resolve_cache_set(snap, args.target)
+    for name, value in settings:
+        try:
+            if b is not None:
+                changes.append(bcache.set_tunable(sysfs, b, name, value))
+            else:
+                assert c is not None
+                changes.append(bcache.set_cache_set_tunable(sysfs, c, name, value))
+        except AlreadyError as exc:
+            unchanged += 1
+            print(f"cachemgr: {exc}", file=sys.stderr)
+    _emit(args, changes)
+    return ExitCode.ALREADY if not changes and unchanged else ExitCode.OK
+
+
+def cmd_force_run(args: argparse.Namespace) -> int:
+    if not args.i_accept_data_loss:
+        raise UnsafeError(
+            "starting a backing device without its cache can corrupt its filesystem when its "
+            "dirty data was in that cache",
+            hint="bring the cache back instead; if it is gone for good, repeat with "
+                 "--i-accept-data-loss",
+        )
+    sysfs = _sysfs(args)
+    b = resolve_backing(snapshot_mod.take(sysfs), args.backing)
+    _root("force-run")
+    return _emit(args, [bcache.force_run(sysfs, b, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
+
+
+def cmd_stop_set(args: argparse.Namespace) -> int:
+    if not args.i_accept_data_loss:
+        raise UnsafeError(
+            "stopping a cache set stops every backing device on it (the VMs' disks vanish) "
+            "and leaves dirty data behind on the SSD",
+            hint="use 'cachemgr remove' (flushes first); to stop anyway, repeat with "
+                 "--i-accept-data-loss",
+        )
+    sysfs = _sysfs(args)
+    c = resolve_cache_set(snapshot_mod.take(sysfs), args.cache)
+    _root("stop-set")
+    return _emit(args, [bcache.stop_cache_set(sysfs, c, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
 
 # ----------------------------------------------------------------------------- lab
@@ -219,6 +338,53 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("mode", metavar="MODE", help="writethrough|writeback|writearound|none")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
+
+    s = sub.add_parser("attach", help="attach a backing device to a cache set")
+    s.add_argument("backing", metavar="BACKING")
+    s.add_argument("cache", metavar="CACHE", help="cset UUID or cache device")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_attach)
+
+    s = sub.add_parser("detach", help="detach a backing device (flushes dirty data first)")
+    s.add_argument("backing", metavar="BACKING")
+    s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_detach)
+
+    s = sub.add_parser("create", help="create a cache: create bcache --backing DEV --cache DEV")
+    s.add_argument("kind", choices=("bcache", "dm-cache"))
+    s.add_argument("--backing", action="append", metavar="DEV")
+    s.add_argument("--cache", metavar="DEV")
+    s.add_argument("--mode", metavar="MODE")
+    s.add_argument("--bucket", metavar="SIZE", help="bucket size, e.g. 128k for small SSDs")
+    s.add_argument("--force", action="store_true",
+                   help="format even over an existing signature (wipes it)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_create)
+
+    s = sub.add_parser("remove", help="safe decommission: flush, detach, stop / unregister")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_remove)
+
+    s = sub.add_parser("tune", help="set tunables: tune TARGET writeback_percent=0 ...")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("settings", nargs="+", metavar="NAME=VALUE")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("force-run", help="start a backing device without its cache (DANGER)")
+    s.add_argument("backing", metavar="BACKING")
+    s.add_argument("--i-accept-data-loss", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_force_run)
+
+    s = sub.add_parser("stop-set", help="stop a cache set without flushing (DANGER)")
+    s.add_argument("cache", metavar="CACHE")
+    s.add_argument("--i-accept-data-loss", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_stop_set)
 
     s = sub.add_parser("tui", help="the interactive dashboard (Textual)")
     s.add_argument("--interval", type=float, default=1.0, metavar="S")

@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 PROJECT_DIR = HERE.parent.parent
 
-# Modules every guest loads at boot (scsi_debug is left to the tests: its parameters matter).
-DEFAULT_MODULES = ("loop", "bcache", "dm-mod", "dm-cache", "dm-cache-smq", "dm-delay",
+# Modules every guest loads at boot (scsi_debug is left to the tests: its parameters matter;
+# sd_mod is loaded here because without udevd nothing autoloads it for a new SCSI disk).
+DEFAULT_MODULES = ("loop", "sd_mod", "bcache", "dm-mod", "dm-cache", "dm-cache-smq", "dm-delay",
                    "dm-flakey")
 # Exit code of a command the lab ended on timeout (timeout(1)'s convention).
 TIMEOUT_RC = 124

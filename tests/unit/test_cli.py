@@ -31,7 +31,10 @@ def test_status_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_mode_bad_target_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["--sysfs-root", str(fx("bcache-writeback-dirty")), "mode", "/dev/sdz", "none"])
+    rc = main(["--sysfs-root", str(fx("bcache-writeback-dirty")), "mode", "/dev/sdz9", "none"])
+    assert rc == 2
+    assert "no such device" in capsys.readouterr().err
+    rc = main(["--sysfs-root", str(fx("bcache-writeback-dirty")), "mode", "/dev/null", "none"])
     assert rc == 2
     assert "not a bcache" in capsys.readouterr().err
 

@@ -1,0 +1,54 @@
+"""TARGET resolution: what an admin has at hand -> the snapshot's object.
+
+Accepted (DESIGN.md): /dev/bcache0, a backing device (/dev/sdb, /dev/disk/by-id/..., any
+symlink to it), a bcache backing UUID, /dev/bcache/by-uuid/UUID, a cset UUID, the cache
+device of a set. Errors name the target and say how to list valid ones.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cachemgr.errors import UsageError
+from cachemgr.model import BcacheBacking, CacheSet, Snapshot
+
+
+def _kernel_name(target: str) -> str | None:
+    if not target.startswith("/dev/"):
+        return None
+    if not os.path.exists(target):
+        raise UsageError(f"{target}: no such device",
+                         hint="cachemgr status lists the cached devices on this host")
+    real = os.path.realpath(target)
+    return os.path.basename(real)
+
+
+def resolve_backing(snap: Snapshot, target: str) -> BcacheBacking:
+    """A bcache backing device (or its /dev/bcacheN) named any way an admin would."""
+    by_uuid = target.removeprefix("/dev/bcache/by-uuid/")
+    for b in snap.backings:
+        if by_uuid == b.uuid or target in (b.device, b.identity.node):
+            return b
+    name = _kernel_name(target)
+    for b in snap.backings:
+        if name is not None and name in (b.device_name, b.identity.name):
+            return b
+    raise UsageError(
+        f"{target} is not a bcache device or bcache backing device",
+        hint="cachemgr status lists them; use /dev/bcacheN, the backing device or its UUID",
+    )
+
+
+def resolve_cache_set(snap: Snapshot, target: str) -> CacheSet:
+    """A cache set by its UUID or by its cache device (the SSD)."""
+    for c in snap.cache_sets:
+        if target == c.uuid or any(target == x.identity.node for x in c.caches):
+            return c
+    name = _kernel_name(target)
+    for c in snap.cache_sets:
+        if name is not None and any(name == x.identity.name for x in c.caches):
+            return c
+    raise UsageError(
+        f"{target} is not a registered bcache cache set or cache device",
+        hint="cachemgr status lists the cache sets; register the SSD first if it is not",
+    )
