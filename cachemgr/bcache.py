@@ -7,6 +7,7 @@ seen on the lab kernels (captures in tests/fixtures/). Files that a kernel lacks
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -503,7 +504,7 @@ def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
     sysfs.write(f"{rel}/detach", "1")
     deadline = time.monotonic() + timeout
     while True:
-        cur = _reread(sysfs, name)
+        cur = reread(sysfs, name)
         if cur.state == CacheState.NO_CACHE:
             return Change(_dev(backing), "detach", backing.cset_uuid, None)
         if progress:
@@ -518,7 +519,7 @@ def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
         time.sleep(interval)
 
 
-def _reread(sysfs: Sysfs, name: str) -> BcacheBacking:
+def reread(sysfs: Sysfs, name: str) -> BcacheBacking:
     rel = block_dirs(sysfs).get(name)
     if rel is None or not sysfs.is_dir(f"{rel}/bcache"):
         raise CacheMgrError(f"/dev/{name} vanished while we were waiting on it")
@@ -623,9 +624,9 @@ def force_run(sysfs: Sysfs, backing: BcacheBacking, accept: AcceptDataLoss) -> C
 
 def in_use(sysfs: Sysfs, node: str) -> str | None:
     """Why a block device is busy (holders, mounted, registered with bcache), or None."""
-    name = os.path.basename(os.path.realpath(node))
-    rel = block_dirs(sysfs).get(name)
-    if rel is None:
+    name = sysfs.block_name_of(node)
+    rel = block_dirs(sysfs).get(name) if name else None
+    if name is None or rel is None:
         raise UsageError(f"{node}: no such block device")
     holders = sysfs.listdir(f"{rel}/holders")
     if holders:
@@ -664,11 +665,10 @@ def create(
     if cache:
         changes.append(Change(cache, "format", None, "bcache cache"))
     for dev in [*([cache] if cache else []), *backings]:
-        try:
+        # udev's 69-bcache.rules may have been faster: already registered is fine
+        with contextlib.suppress(AlreadyError):
             changes.append(register(sysfs, dev))
-        except AlreadyError:  # udev's 69-bcache.rules may have been faster
-            pass
-    names = [os.path.basename(os.path.realpath(d)) for d in backings]
+    names = [sysfs.block_name_of(d) or os.path.basename(d) for d in backings]
 
     def ready() -> bool:
         dirs = block_dirs(sysfs)
@@ -687,10 +687,8 @@ def create(
         dirs = block_dirs(sysfs)
         for n in names:
             b = read_backing(sysfs, n, dirs[n], [])
-            try:
+            with contextlib.suppress(AlreadyError):
                 changes.append(set_mode(sysfs, b, mode))
-            except AlreadyError:
-                pass
     return changes
 
 

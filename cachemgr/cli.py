@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cachemgr import bcache
+from cachemgr import drain as drain_mod
 from cachemgr import snapshot as snapshot_mod
 from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.exitcodes import ExitCode
-from cachemgr.model import BcacheBacking, CacheMode, CacheSet, Snapshot, human
+from cachemgr.model import BcacheBacking, CacheMode, CacheSet, human
+from cachemgr.render import status_table
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.targets import resolve_backing, resolve_cache_set
 
@@ -31,38 +33,6 @@ def _sysfs(args: argparse.Namespace) -> Sysfs:
 
 
 # ----------------------------------------------------------------------------- status
-
-
-def status_table(snap: Snapshot) -> str:
-    lines = []
-    if not snap.bcache_loaded:
-        lines.append("bcache: module not loaded")
-    header = f"{'DEVICE':<12} {'BACKING':<12} {'MODE':<12} {'STATE':<12} {'DIRTY':>10} " \
-             f"{'HIT% 5m':>7} {'HIT% tot':>8}  CACHE"
-    lines.append(header)
-    for b in snap.backings:
-        def ratio(interval: str, b: BcacheBacking = b) -> str:
-            s = b.stats.get(interval)
-            r = s.computed_hit_ratio if s else None
-            return "-" if r is None else f"{100 * r:.1f}"
-
-        lines.append(
-            f"{b.device or '-':<12} {b.identity.node:<12} {b.mode or '-':<12} "
-            f"{b.state:<12} {human(b.dirty.bytes) if b.dirty else '-':>10} "
-            f"{ratio('five_minute'):>7} {ratio('total'):>8}  {b.cset_uuid or '-'}"
-        )
-    if not snap.backings:
-        lines.append("(no bcache backing devices)")
-    for c in snap.cache_sets:
-        ssd = ",".join(x.identity.node for x in c.caches) or "?"
-        used = "-" if c.cache_available_percent is None else f"{100 - c.cache_available_percent}%"
-        lines.append(
-            f"cache set {c.uuid}: cache {ssd}, {len(c.backing_names)} backing, used {used}, "
-            f"errors {sum(x.io_errors or 0 for x in c.caches)}"
-        )
-    for w in snap.warnings:
-        lines.append(f"warning: {w}")
-    return "\n".join(lines)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -114,27 +84,100 @@ def cmd_mode(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown cache mode {args.mode!r}",
                          hint="use writethrough, writeback, writearound or none") from None
     sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.target)
+    b = resolve_backing(snapshot_mod.take(sysfs), args.target, sysfs)
     _root("changing a cache mode")
-    change = bcache.set_mode(sysfs, b, mode)
-    if b.dirty and not b.dirty.is_zero(512) and mode != CacheMode.WRITEBACK:
-        print(f"{change.target}: {human(b.dirty.bytes)} of dirty data is still being written "
-              "back; 'cachemgr drain' makes that fast", file=sys.stderr)
-    return _emit(args, [change])
+    try:
+        changes = [bcache.set_mode(sysfs, b, mode)]
+    except AlreadyError:
+        if not args.drain:
+            raise
+        changes = []
+    if args.drain:
+        try:
+            _drain(args, sysfs, bcache.reread(sysfs, b.identity.name))
+        except AlreadyError:
+            pass
+    elif b.dirty and not b.dirty.is_zero(512) and mode != CacheMode.WRITEBACK:
+        print(f"{b.device}: {human(b.dirty.bytes)} of dirty data is still being written "
+              "back; 'cachemgr drain' (or mode --drain) makes that fast", file=sys.stderr)
+    return _emit(args, changes)
+
+
+class _DrainReporter:
+    """Drain progress on stderr: rewritten in place on a terminal, a line every 5 s if not."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def __call__(self, p: drain_mod.DrainProgress) -> None:
+        now = time.monotonic()
+        if not self.tty and now - self.last < 5:
+            return
+        self.last = now
+        frac = p.fraction
+        pct = f"{100 * frac:5.1f}%" if frac is not None else "   ?% "
+        rate = f"{human(int(p.rate_bps))}/s" if p.rate_bps else "-"
+        eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "-"
+        line = (f"drain {p.device}: {pct} dirty {human(p.dirty_bytes)} rate {rate} "
+                f"ETA {eta} ({p.elapsed_s:.0f} s)")
+        if self.tty:
+            print("\r" + line.ljust(78), end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def _drain(args: argparse.Namespace, sysfs: Sysfs, b: BcacheBacking) -> drain_mod.DrainResult:
+    rep = _DrainReporter()
+    try:
+        return drain_mod.drain(sysfs, b, timeout=args.timeout, stall_timeout=args.stall_timeout,
+                               progress=None if args.json else rep)
+    finally:
+        rep.done()
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    sysfs = _sysfs(args)
+    b = resolve_backing(snapshot_mod.take(sysfs), args.target, sysfs)
+    _root("draining")
+    if args.resume:
+        restored = drain_mod.restore_saved(sysfs, b)
+        if not restored:
+            raise AlreadyError(f"{b.device}: no interrupted drain to resume")
+        print(f"{b.device}: restored tunables {restored}", file=sys.stderr)
+        try:
+            res = _drain(args, sysfs, bcache.reread(sysfs, b.identity.name))
+        except AlreadyError:
+            print(f"{b.device}: already clean", file=sys.stderr)
+            return ExitCode.OK
+    else:
+        res = _drain(args, sysfs, b)
+    if args.json:
+        print(json.dumps({"schema": 1, "device": res.device, "clean": True,
+                          "drained_bytes": res.start_bytes, "seconds": round(res.elapsed_s, 2),
+                          "restored": res.restored}))
+    else:
+        print(f"{res.device}: clean after {res.elapsed_s:.1f} s "
+              f"({human(res.start_bytes)} written back); tunables restored")
+    return ExitCode.OK
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
     sysfs = _sysfs(args)
     snap = snapshot_mod.take(sysfs)
-    b = resolve_backing(snap, args.backing)
-    c = resolve_cache_set(snap, args.cache)
+    b = resolve_backing(snap, args.backing, sysfs)
+    c = resolve_cache_set(snap, args.cache, sysfs)
     _root("attaching")
     return _emit(args, [bcache.attach(sysfs, b, c)])
 
 
 def cmd_detach(args: argparse.Namespace) -> int:
     sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.backing)
+    b = resolve_backing(snapshot_mod.take(sysfs), args.backing, sysfs)
     _root("detaching")
     return _emit(args, [bcache.detach(sysfs, b, timeout=args.timeout,
                                       progress=None if args.json else _progress)])
@@ -162,15 +205,15 @@ def cmd_remove(args: argparse.Namespace) -> int:
     snap = snapshot_mod.take(sysfs)
     _root("removing")
     try:
-        b = resolve_backing(snap, args.target)
+        b = resolve_backing(snap, args.target, sysfs)
     except UsageError:
-        c = resolve_cache_set(snap, args.target)
+        c = resolve_cache_set(snap, args.target, sysfs)
         return _emit(args, [bcache.unregister_cache_set(sysfs, c, snap.backings)])
     changes = []
     if b.cset_uuid is not None:
         changes.append(bcache.detach(sysfs, b, timeout=args.timeout,
                                      progress=None if args.json else _progress))
-        b = resolve_backing(snapshot_mod.take(sysfs), b.identity.node)
+        b = resolve_backing(snapshot_mod.take(sysfs), b.identity.node, sysfs)
     changes.append(bcache.stop_backing(sysfs, b))
     return _emit(args, changes)
 
@@ -191,10 +234,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     changes: list[bcache.Change] = []
     unchanged = 0
     try:
-        b: BcacheBacking | None = resolve_backing(snap, args.target)
+        b: BcacheBacking | None = resolve_backing(snap, args.target, sysfs)
         c: CacheSet | None = None
     except UsageError:
-        b, c = None, resolve_cache_set(snap, args.target)
+        b, c = None, resolve_cache_set(snap, args.target, sysfs)
     for name, value in settings:
         try:
             if b is not None:
@@ -218,7 +261,7 @@ def cmd_force_run(args: argparse.Namespace) -> int:
                  "--i-accept-data-loss",
         )
     sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.backing)
+    b = resolve_backing(snapshot_mod.take(sysfs), args.backing, sysfs)
     _root("force-run")
     return _emit(args, [bcache.force_run(sysfs, b, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
@@ -232,7 +275,7 @@ def cmd_stop_set(args: argparse.Namespace) -> int:
                  "--i-accept-data-loss",
         )
     sysfs = _sysfs(args)
-    c = resolve_cache_set(snapshot_mod.take(sysfs), args.cache)
+    c = resolve_cache_set(snapshot_mod.take(sysfs), args.cache, sysfs)
     _root("stop-set")
     return _emit(args, [bcache.stop_cache_set(sysfs, c, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
@@ -336,8 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("mode", help="switch the cache mode of a cached device")
     s.add_argument("target", metavar="TARGET")
     s.add_argument("mode", metavar="MODE", help="writethrough|writeback|writearound|none")
+    s.add_argument("--drain", action="store_true", help="then drain until clean")
+    s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
+
+    s = sub.add_parser("drain", help="write all dirty data back fast, with progress")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="stop if dirty data does not go down for S seconds (default 60)")
+    s.add_argument("--resume", action="store_true",
+                   help="restore tunables left by an interrupted drain, then drain")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_drain)
 
     s = sub.add_parser("attach", help="attach a backing device to a cache set")
     s.add_argument("backing", metavar="BACKING")

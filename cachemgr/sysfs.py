@@ -121,3 +121,21 @@ class Sysfs:
 
     def block_names(self) -> Iterator[str]:
         yield from self.listdir("block")
+
+    def block_name_of(self, node: str) -> str | None:
+        """Kernel name (sdb, dm-1, sda1) of a device node, by its major:minor.
+
+        Names alone are not enough: without udevd, dmsetup makes /dev/mapper/NAME a real
+        node (not a link to dm-N), and by-id links may point anywhere. None if ``node`` is
+        not a block device.
+        """
+        try:
+            st = os.stat(node)
+        except OSError:
+            return None
+        import stat as stat_mod
+
+        if not stat_mod.S_ISBLK(st.st_mode):
+            return None
+        target = self.readlink(f"dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+        return os.path.basename(target) if target else None

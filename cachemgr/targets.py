@@ -11,25 +11,26 @@ import os
 
 from cachemgr.errors import UsageError
 from cachemgr.model import BcacheBacking, CacheSet, Snapshot
+from cachemgr.sysfs import Sysfs
 
 
-def _kernel_name(target: str) -> str | None:
+def _kernel_name(target: str, sysfs: Sysfs | None) -> str | None:
     if not target.startswith("/dev/"):
         return None
     if not os.path.exists(target):
         raise UsageError(f"{target}: no such device",
                          hint="cachemgr status lists the cached devices on this host")
-    real = os.path.realpath(target)
-    return os.path.basename(real)
+    name = sysfs.block_name_of(target) if sysfs else None
+    return name or os.path.basename(os.path.realpath(target))
 
 
-def resolve_backing(snap: Snapshot, target: str) -> BcacheBacking:
+def resolve_backing(snap: Snapshot, target: str, sysfs: Sysfs | None = None) -> BcacheBacking:
     """A bcache backing device (or its /dev/bcacheN) named any way an admin would."""
     by_uuid = target.removeprefix("/dev/bcache/by-uuid/")
     for b in snap.backings:
         if by_uuid == b.uuid or target in (b.device, b.identity.node):
             return b
-    name = _kernel_name(target)
+    name = _kernel_name(target, sysfs)
     for b in snap.backings:
         if name is not None and name in (b.device_name, b.identity.name):
             return b
@@ -39,12 +40,12 @@ def resolve_backing(snap: Snapshot, target: str) -> BcacheBacking:
     )
 
 
-def resolve_cache_set(snap: Snapshot, target: str) -> CacheSet:
+def resolve_cache_set(snap: Snapshot, target: str, sysfs: Sysfs | None = None) -> CacheSet:
     """A cache set by its UUID or by its cache device (the SSD)."""
     for c in snap.cache_sets:
         if target == c.uuid or any(target == x.identity.node for x in c.caches):
             return c
-    name = _kernel_name(target)
+    name = _kernel_name(target, sysfs)
     for c in snap.cache_sets:
         if name is not None and any(name == x.identity.name for x in c.caches):
             return c

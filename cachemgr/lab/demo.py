@@ -13,8 +13,8 @@ import sys
 import time
 
 from cachemgr import bcache, runner, snapshot
-from cachemgr.cli import status_table
 from cachemgr.model import CacheMode
+from cachemgr.render import status_table
 from cachemgr.sysfs import Sysfs
 
 DELAY_MS = 8

@@ -11,11 +11,15 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from cachemgr import runner
+
+SCHEMA = json.loads(Path("docs/schema/status.schema.json").read_text())
 
 pytestmark = pytest.mark.kernel(disks="1G,256M,512M")
 
@@ -33,6 +37,7 @@ def status() -> dict[str, Any]:
     assert r.returncode == 0, r.stderr
     data: dict[str, Any] = json.loads(r.stdout)
     assert data["schema"] == 1
+    jsonschema.validate(data, SCHEMA)
     return data
 
 

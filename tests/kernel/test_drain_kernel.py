@@ -1,0 +1,148 @@
+"""Fast drain on the lab kernel: under load, killed and resumed, stalled, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cachemgr import bcache, runner, snapshot, state
+from cachemgr.model import CacheMode
+from cachemgr.sysfs import Sysfs
+
+B = "block/bcache0/bcache"
+
+
+def cm(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cachemgr", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def run_cm(*args: str, timeout: float = 300) -> tuple[int, str, str]:
+    p = cm(*args)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def setup_dirty(lab_disks: list[str], delay_ms: int = 4, dirty: str = "48M") -> Sysfs:
+    """bcache over a dm-delay 'HDD' (dm-linear underneath, so tests can swap in errors),
+    writeback mode, ``dirty`` of dirty data held with writeback_running=0, then writeback
+    re-enabled with the kernel's defaults (writeback_percent 10: the 4 KiB/s floor)."""
+    hdd, ssd = lab_disks[0], lab_disks[1]
+    sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
+    runner.run(["dmsetup", "create", "hddraw", "--table", f"0 {sectors} linear {hdd} 0"])
+    runner.run(["dmsetup", "create", "hdd", "--table",
+                f"0 {sectors} delay /dev/mapper/hddraw 0 {delay_ms}"])
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=["/dev/mapper/hdd"], cache=ssd, bucket="128k",
+                  mode=CacheMode.WRITEBACK)
+    sysfs.write(f"{B}/writeback_running", "0")
+    runner.run(["fio", "--name=fill", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=64k",
+                "--size=256M", f"--io_size={dirty}", "--direct=1", "--iodepth=8",
+                "--ioengine=libaio", "--output-format=json"], timeout=300)
+    sysfs.write(f"{B}/writeback_running", "1")
+    b = snapshot.take(sysfs).backings[0]
+    assert b.dirty is not None and b.dirty.bytes > 16 << 20, b.dirty
+    assert b.writeback_percent == 10 and b.writeback_delay == 30
+    return sysfs
+
+
+def tunables(sysfs: Sysfs) -> tuple[str, str, str]:
+    return (sysfs.read(f"{B}/writeback_percent"), sysfs.read(f"{B}/writeback_delay"),
+            sysfs.read(f"{B}/writeback_running"))
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=400)
+@pytest.mark.qemu_smoke
+def test_drain_under_write_load_restores_tunables(lab_disks: list[str]) -> None:
+    sysfs = setup_dirty(lab_disks)
+    assert run_cm("mode", "/dev/bcache0", "none")[0] == 0
+    # VM-like load during the whole drain: QD1 random writes with verification
+    load = subprocess.Popen(
+        ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+         "--size=256M", "--direct=1", "--time_based", "--runtime=600",
+         "--random_distribution=zipf:1.2", "--verify=crc32c", "--verify_fatal=1",
+         "--verify_backlog=64", "--verify_state_save=0", "--trigger-file=/run/stop-load",
+         "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rc, out, err = run_cm("drain", "/dev/bcache0", "--json", "--stall-timeout", "60")
+    finally:
+        Path("/run/stop-load").touch()
+        lout, lerr = load.communicate(timeout=60)
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["clean"] is True and res["drained_bytes"] > 16 << 20
+    assert tunables(sysfs) == ("10", "30", "1")  # restored
+    b = snapshot.take(sysfs).backings[0]
+    assert b.mode == CacheMode.NONE and b.dirty is not None and b.dirty.is_zero(512)
+    assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
+    job = json.loads(lout[lout.index("{"):])["jobs"][0]
+    assert job["error"] == 0 and job.get("total_err", 0) == 0, lerr
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=400)
+def test_drain_killed_then_resume_restores(lab_disks: list[str]) -> None:
+    sysfs = setup_dirty(lab_disks, delay_ms=20, dirty="64M")
+    p = cm("drain", "/dev/bcache0")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sysfs.read(f"{B}/writeback_percent") != "0":
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    # the crash left the drain settings in place, and the journal that knows the originals
+    assert tunables(sysfs)[:2] == ("0", "1")
+    journals = list((Path(state.state_dir()) / "drain").glob("*.json"))
+    assert len(journals) == 1
+    assert json.loads(journals[0].read_text())["original"]["writeback_percent"] == 10
+    rc, _out, err = run_cm("drain", "/dev/bcache0", "--resume")
+    assert rc == 0, err
+    assert "restored" in err
+    assert tunables(sysfs) == ("10", "30", "1")
+    assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=400)
+def test_drain_stops_on_backing_errors_keeping_dirty_data(lab_disks: list[str]) -> None:
+    sysfs = setup_dirty(lab_disks)
+    sectors = runner.run(["blockdev", "--getsz", lab_disks[0]]).stdout.strip()
+    # the backing "HDD" starts failing every IO
+    runner.run(["dmsetup", "suspend", "hddraw"])
+    runner.run(["dmsetup", "load", "hddraw", "--table", f"0 {sectors} error"])
+    runner.run(["dmsetup", "resume", "hddraw"])
+    rc, out, err = run_cm("drain", "/dev/bcache0", "--stall-timeout", "10", timeout=200)
+    assert rc == 1, (out, err)
+    snap = snapshot.take(sysfs)
+    cset = snap.cache_sets[0].uuid
+    if sysfs.exists(B):  # the drain saw the errors and stopped first
+        assert "safe in the cache" in err
+        b = snap.backings[0]
+        assert b.dirty is not None and not b.dirty.is_zero(512)
+        assert tunables(sysfs)[:2] == ("10", "30")
+    else:  # bcache itself stopped the failing device (7.2: after io_error_limit errors)
+        assert f"stays in cache set {cset}" in err and "do not unregister" in err
+        assert snap.backings == ()
+    # either way the cache set, holding the dirty data, is still registered
+    assert len(snap.cache_sets) == 1
+    assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
+
+
+@pytest.mark.kernel(disks="1G,256M")
+def test_drain_refusals(lab_disks: list[str]) -> None:
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="128k")
+    rc, _, err = run_cm("drain", "/dev/bcache0")
+    assert rc == 4 and "already clean" in err
+    rc, _, err = run_cm("drain", lab_disks[1])
+    assert rc == 2
+    b = snapshot.take(sysfs).backings[0]
+    with state.locked(b.uuid or "", "test"):
+        rc, _out, err = run_cm("drain", "/dev/bcache0")
+    assert rc == 3 and "another cachemgr run" in err
