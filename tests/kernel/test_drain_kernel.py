@@ -70,7 +70,8 @@ def test_drain_under_write_load_restores_tunables(lab_disks: list[str]) -> None:
          "--size=256M", "--direct=1", "--time_based", "--runtime=600",
          "--random_distribution=zipf:1.2", "--verify=crc32c", "--verify_fatal=1",
          "--verify_backlog=64", "--verify_state_save=0", "--trigger-file=/run/stop-load",
-         "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd="/tmp")  # fio may leave a verify state file in its working directory
     try:
         rc, out, err = run_cm("drain", "/dev/bcache0", "--json", "--stall-timeout", "60")
     finally:
