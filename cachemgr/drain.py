@@ -60,6 +60,7 @@ class DrainResult:
     start_bytes: int | None
     elapsed_s: float
     restored: dict[str, int] = field(default_factory=dict)
+    zero_s: float | None = None  # when dirty data first read 0 (before the confirmation)
 
 
 def _key(b: BcacheBacking) -> str:
@@ -195,6 +196,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
     last: tuple[float, int] | None = None
     rate: float | None = None
     clean_since: float | None = None
+    zero_at: float | None = None
     while True:
         now = time.monotonic()
         try:
@@ -216,9 +218,11 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
             if clean_since is None:
                 clean_since = now
             elif now - clean_since >= confirm:
-                return DrainResult(dev, start, now - t0, original)
+                return DrainResult(dev, start, now - t0, original, zero_at)
         else:
             clean_since = None
+        if zero_at is None and dirty == 0:
+            zero_at = now - t0
         if b.io_errors:
             raise StallError(f"{dev}: the backing device reports {b.io_errors} IO errors while "
                              f"draining; {b.dirty} still dirty, kept safe in the cache",
