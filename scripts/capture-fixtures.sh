@@ -72,5 +72,55 @@ dmcache-writeback)
     write /dev/mapper/vmcache 8M
     cap "a dm-cache device in writeback mode over a dm-delay origin, with dirty blocks"
     ;;
+scsi-ssd-in-use)
+    # Not in $all: run it by name (scripts/capture-fixtures.sh scsi-ssd-in-use).
+    # Two scsi_debug disks as the "SSDs". delay=0: the default one-jiffy delay makes bcache
+    # bypass the cache (FACTS.md). Without per_host_store both targets share one RAM store:
+    # sdb shows whatever is written to sda. Without udevd nothing loads sd_mod: load it, then
+    # wait for the block devices (the sd probe finishes after modprobe returns).
+    modprobe scsi_debug delay=0 dev_size_mb=128 num_tgts=2 vpd_use_hostno=0
+    modprobe sd_mod
+    for _ in $(seq 100); do [ -b /dev/sda ] && [ -b /dev/sdb ] && break; sleep 0.1; done
+    # sda: the cache device of a bcache set over the HDD; sdb: held by a dm linear device
+    make-bcache --bucket 64k -B "$hdd" -C /dev/sda >/dev/null
+    reg "$hdd" /dev/sda
+    dmsetup create held --table "0 2048 linear /dev/sdb 0"
+    # udevd only now (bcache-tools' rules would race the registration above), for the udev
+    # database, by-id links and lsblk's view
+    for u in /lib/systemd/systemd-udevd /usr/lib/systemd/systemd-udevd; do
+        [ -x "$u" ] && break
+    done
+    mkdir -p /run/udev
+    "$u" --daemon
+    udevadm trigger --action=add --subsystem-match=block
+    udevadm settle --timeout=30
+    cap "two scsi_debug disks (one shared RAM store) seen by udevd: sda is the cache device of a bcache set over the HDD (registered, attached), sdb is held by a dm linear device (held); udev-db.txt, lsblk.json and blkid.txt alongside; scsi_host, bus/pseudo and scsi_device entries added by the scenario"
+    # cachemgr capture misses these (yet): the SCSI host (scan), scsi_debug's adapter on the
+    # pseudo bus, each disk's scsi_device/H:C:T:L directory, and the device/ attributes (wwid,
+    # vpd_pg80, vpd_pg83, model, vendor, serial, delete) of disks it first reached through
+    # another device's slaves/ link (bcache0/slaves/sda, dm-0/slaves/sdb)
+    "$py" - "$out" <<'PY'
+import sys
+from pathlib import Path
+
+from cachemgr.capture import Capturer
+from cachemgr.sysfs import Sysfs
+
+sysfs = Sysfs()
+c = Capturer(sysfs, Path(sys.argv[1]))
+c.copy_tree("class/scsi_host", depth=1, follow=1)
+c.copy_tree("bus/pseudo", depth=3, follow=1)
+for name in sysfs.listdir("block"):
+    dev = sysfs.resolve(f"block/{name}/device")
+    if dev:
+        c.copy_tree(dev, depth=1, follow=0)
+    if dev and sysfs.is_dir(f"{dev}/scsi_device"):
+        c.copy_tree(f"{dev}/scsi_device", depth=1, follow=0)
+PY
+    udevadm info --export-db | awk 'BEGIN { RS = ""; ORS = "\n\n" } /\nU: block\n/' \
+        >"$out/udev-db.txt"
+    lsblk -J -b -o NAME,SERIAL,WWN,MODEL,SIZE,FSTYPE,UUID >"$out/lsblk.json"
+    blkid -p -o export /dev/sda /dev/sdb "$hdd" >"$out/blkid.txt" || true
+    ;;
 *) echo "unknown scenario $s" >&2; exit 2 ;;
 esac
