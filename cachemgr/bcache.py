@@ -86,6 +86,8 @@ def identity(sysfs: Sysfs, name: str, rel: str) -> Identity:
     size = sysfs.read_int(f"{rel}/size")
     wwid = sysfs.read_opt(f"{rel}/device/wwid") or sysfs.read_opt(f"{rel}/wwid")
     serial = sysfs.read_opt(f"{rel}/serial") or sysfs.read_opt(f"{rel}/device/serial")
+    if serial is not None and serial.strip() == "(null)":  # UML's ubd prints this
+        serial = None
     model = sysfs.read_opt(f"{rel}/device/model")
     rot = sysfs.read_opt(f"{rel}/queue/rotational")
     part_of = None

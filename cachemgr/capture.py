@@ -30,7 +30,7 @@ from cachemgr.sysfs import NEVER_READ, Sysfs
 # Directory names not worth copying under a block device (large, volatile or irrelevant).
 SKIP_DIRS = frozenset({"power", "trace", "mq", "integrity", "iosched", "subsystem", "driver",
                        "bdi", "firmware_node", "physical_node", "generic", "bsg", "scsi_generic",
-                       "scsi_disk", "scsi_device", "block", "mpath"})
+                       "scsi_disk", "block", "mpath"})
 SKIP_FILES = frozenset({"uevent_seqnum"}) | NEVER_READ
 MAX_FILE = 64 * 1024
 
@@ -39,7 +39,9 @@ class Capturer:
     def __init__(self, sysfs: Sysfs, out: Path) -> None:
         self.sys = sysfs
         self.out = out
-        self.seen: set[str] = set()
+        # deepest (depth, follow) each directory was walked with: a device first reached
+        # through another's slaves/ link at depth 1 must be walked again from block/
+        self.seen: dict[str, tuple[int, int]] = {}
 
     def dest(self, rel: str) -> Path:
         return self.out / "sys" / rel
@@ -73,9 +75,10 @@ class Capturer:
     def copy_tree(self, rel: str, depth: int, follow: int = 1) -> None:
         """Copy ``rel`` (a directory) ``depth`` levels deep; follow links ``follow`` hops."""
         real = os.path.normpath(rel)
-        if real in self.seen:
+        done = self.seen.get(real)
+        if done is not None and done[0] >= depth and done[1] >= follow:
             return
-        self.seen.add(real)
+        self.seen[real] = (max(depth, done[0] if done else 0), max(follow, done[1] if done else 0))
         self.dest(rel).mkdir(parents=True, exist_ok=True)
         for name in self.sys.listdir(rel):
             child = f"{rel}/{name}"
@@ -105,9 +108,48 @@ class Capturer:
             f"block/{name}/bcache"
         ) or (self.sys.read_opt(f"block/{name}/size") or "0") != "0"
 
+    def capture_scsi(self) -> None:
+        """SCSI hosts (scan, proc_name), scsi_debug's pseudo bus, each disk's device/ dir."""
+        if self.sys.is_dir("class/scsi_host"):
+            self.copy_tree("class/scsi_host", depth=1, follow=1)
+        if self.sys.is_dir("bus/pseudo"):
+            self.copy_tree("bus/pseudo", depth=3, follow=1)
+        for name in self.sys.listdir("block"):
+            dev = self.sys.resolve(f"block/{name}/device")
+            if dev:
+                self.copy_tree(dev, depth=2, follow=0)
+
+    def capture_devnums(self) -> None:
+        """dev/block/MAJ:MIN links (sysfs root): how a device node maps to its kernel name."""
+        for entry in self.sys.listdir("dev/block"):
+            self.copy_link(f"dev/block/{entry}")
+
     def capture_bcache(self) -> None:
         if self.sys.is_dir("fs/bcache"):
             self.copy_tree("fs/bcache", depth=4, follow=1)
+
+    def capture_tools(self) -> None:
+        """What the system's own tools say, for cross-checks in unit tests."""
+        cmds = {
+            "lsblk.json": ["lsblk", "-J", "-b", "-o",
+                           "NAME,KNAME,MAJ:MIN,SIZE,TYPE,SERIAL,WWN,FSTYPE,UUID,MODEL"],
+        }
+        if os.path.exists("/run/udev/control"):
+            cmds["udev-db.txt"] = ["udevadm", "info", "--export-db"]
+        for fname, argv in cmds.items():
+            try:
+                (self.out / fname).write_text(runner.run(argv, timeout=60).stdout)
+            except CommandError as exc:
+                (self.out / fname).write_text(f"# {' '.join(argv)} failed: {exc}\n")
+        lines = []
+        for name in self.sys.listdir("block"):
+            if name.startswith(("loop", "ram")):
+                continue
+            r = runner.run(["blkid", "-p", "-o", "export", f"/dev/{name}"], timeout=30,
+                           check=False)
+            if r.stdout.strip():
+                lines.append(f"# /dev/{name}\n{r.stdout.strip()}\n")
+        (self.out / "blkid.txt").write_text("\n".join(lines))
 
     def capture_dmsetup(self) -> None:
         outputs = {}
@@ -123,9 +165,12 @@ class Capturer:
         if self.out.exists():
             shutil.rmtree(self.out)
         self.out.mkdir(parents=True)
+        self.capture_block()  # before fs/bcache, whose links reach devices at shallower depth
         self.capture_bcache()
-        self.capture_block()
+        self.capture_scsi()
+        self.capture_devnums()
         self.capture_dmsetup()
+        self.capture_tools()
         meta = {
             "scenario": scenario,
             "description": description,

@@ -515,14 +515,9 @@ def _prober(sysfs: Sysfs, probe: ProbeArg) -> Prober | None:
 def read_bytes(sysfs: Sysfs, rel: str) -> bytes | None:
     """A binary sysfs attribute (the vpd pages), or None when missing or unreadable.
 
-    Sysfs.read decodes text with errors="replace", which would corrupt a binary page; this
-    reads through the same root (no path of its own).
+    Sysfs.read decodes text with errors="replace", which would corrupt a binary page.
     """
-    try:
-        with open(sysfs.path(rel), "rb") as f:
-            return f.read()
-    except OSError:
-        return None
+    return sysfs.read_bytes(rel)
 
 
 def vpd_serial(sysfs: Sysfs, rel: str) -> str | None:
@@ -580,7 +575,9 @@ def _merge(sysfs: Sysfs, base: Identity, rel: str, u: UdevInfo | None,
         wwn=wwn,
         # the kernel's model keeps its spaces; udev's ID_MODEL turns them into "_"
         model=_kernel_text(base.model) or (u.model if u else None),
+        vendor=_kernel_text(sysfs.read_opt(f"{rel}/device/vendor")),
         by_id=u.by_id if u else (),
+        by_path=f"/dev/disk/by-path/{u.path}" if u and u.path else None,
         fs_type=(sb.type if sb else None) or (u.fs_type if u else None),
         fs_uuid=(sb.uuid if sb else None) or (u.fs_uuid if u else None),
     )

@@ -173,7 +173,9 @@ class Identity:
     serial: str | None = None
     wwn: str | None = None
     model: str | None = None
+    vendor: str | None = None
     by_id: tuple[str, ...] = ()
+    by_path: str | None = None
     rotational: bool | None = None
     fs_type: str | None = None
     fs_uuid: str | None = None

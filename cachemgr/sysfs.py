@@ -56,6 +56,16 @@ class Sysfs:
             raise SysfsError(str(p), "read", exc.errno, exc.strerror or str(exc)) from exc
         return data.decode(errors="replace").rstrip("\n")
 
+    def read_bytes(self, rel: str) -> bytes | None:
+        """A binary attribute (SCSI VPD pages) unchanged, or None when missing/unreadable."""
+        if Path(rel).name in NEVER_READ:
+            raise SysfsError(rel, "read", None, "refusing to read (locks every bucket)")
+        try:
+            with open(self.path(rel), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
     def read_opt(self, rel: str) -> str | None:
         """Like :meth:`read`, but ``None`` when the file is missing or unreadable."""
         try:

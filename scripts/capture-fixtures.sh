@@ -8,7 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$here/.venv/bin/python}
-all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback"
+all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback scsi-ssd-in-use"
 
 if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
     backend=uml
@@ -59,8 +59,9 @@ bcache-missing-cache)
     # stop the set without flushing: the backing device stops with it (dirty data stays on
     # the SSD), then bring back only the backing device: its cache is missing
     echo 1 > "/sys/fs/bcache/$cset/stop"
-    for i in $(seq 50); do [ -e "/sys/fs/bcache/$cset" ] || break; sleep 0.1; done
-    for i in $(seq 50); do [ -e /sys/block/bcache0 ] || break; sleep 0.1; done
+    for i in $(seq 200); do [ -e "/sys/fs/bcache/$cset" ] || break; sleep 0.1; done
+    for i in $(seq 200); do [ -e /sys/block/bcache0 ] || break; sleep 0.1; done
+    for i in $(seq 200); do [ -e "/sys/block/$(basename "$hdd")/bcache" ] || break; sleep 0.1; done
     reg "$hdd"
     cap "a backing device registered while its cache set (holding its dirty data) is missing"
     ;;
