@@ -361,7 +361,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 # Command groups that live in their own modules (each has ``register(subparsers)``), so a
 # subsystem's face sits next to it and this file does not grow without end.
-EXTENSIONS: list[str] = []
+EXTENSIONS: list[str] = ["cachemgr.replace_cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
