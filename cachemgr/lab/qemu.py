@@ -10,9 +10,9 @@ shares, and runs the common stage 2.
 Channels: four 8250 UARTs. ``ttyS0`` is the kernel console -> the console log; ``ttyS1``,
 ``ttyS2``, ``ttyS3`` carry the command's stdout, stderr and the control channel to host pipes
 (``-chardev file,path=/proc/self/fd/N`` on the pipes' write ends: qemu 7.2's file chardev
-refuses ``-add-fd``'s ``/dev/fdset/N`` with EINVAL). In interactive mode the guest terminal is a virtio console,
-``/dev/hvc0``, on qemu's stdin/stdout (``-chardev stdio``). Scratch disks are virtio-blk,
-``/dev/vda``...
+refuses ``-add-fd``'s ``/dev/fdset/N`` with EINVAL). In interactive mode the guest terminal
+is a virtio console, ``/dev/hvc0``, on qemu's stdin/stdout (``-chardev stdio``). Scratch disks
+are virtio-blk, ``/dev/vda``...
 """
 
 from __future__ import annotations
@@ -387,6 +387,13 @@ def has_pvh_entry(elf: bytes) -> bool:
     """Whether ``elf`` is an x86-64 ELF kernel with a PVH entry note (qemu boots it directly)."""
     if elf[:5] != b"\x7fELF\x02" or len(elf) < 64:
         return False
+    try:
+        return _pvh_note(elf)
+    except struct.error:  # truncated or not a kernel
+        return False
+
+
+def _pvh_note(elf: bytes) -> bool:
     phoff, = struct.unpack_from("<Q", elf, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
     for i in range(phnum):
