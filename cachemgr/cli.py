@@ -16,15 +16,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cachemgr import bcache
+from cachemgr import bcache, dmcache
 from cachemgr import drain as drain_mod
 from cachemgr import snapshot as snapshot_mod
 from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.exitcodes import ExitCode
-from cachemgr.model import BcacheBacking, CacheMode, CacheSet, human
+from cachemgr.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, human
 from cachemgr.render import status_table
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
-from cachemgr.targets import resolve_backing, resolve_cache_set
+from cachemgr.targets import find_dmcache, resolve_backing, resolve_cache_set
 
 log = logging.getLogger("cachemgr")
 
@@ -38,7 +38,7 @@ def _sysfs(args: argparse.Namespace) -> Sysfs:
 
 def cmd_status(args: argparse.Namespace) -> int:
     while True:
-        snap = snapshot_mod.take(_sysfs(args))
+        snap = snapshot_mod.take(_sysfs(args), probe_unregistered=not args.watch)
         if args.json:
             print(json.dumps(snapshot_mod.to_json(snap), indent=None if args.watch else 2),
                   flush=True)
@@ -85,7 +85,11 @@ def cmd_mode(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown cache mode {args.mode!r}",
                          hint="use writethrough, writeback, writearound or none") from None
     sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.target, sysfs)
+    snap = snapshot_mod.take(sysfs)
+    dm = find_dmcache(snap, args.target, sysfs)
+    if dm is not None:
+        return _dm_mode(args, sysfs, dm, mode)
+    b = resolve_backing(snap, args.target, sysfs)
     _root("changing a cache mode")
     try:
         changes = [bcache.set_mode(sysfs, b, mode)]
@@ -104,6 +108,47 @@ def cmd_mode(args: argparse.Namespace) -> int:
     return _emit(args, changes)
 
 
+def _dm_mode(args: argparse.Namespace, sysfs: Sysfs, dm: DmCacheDevice, mode: CacheMode) -> int:
+    """dm-cache: suspend/reload/resume; passthrough while dirty is refused (exit 3) unless
+    --drain, which flushes and then loads the new mode directly."""
+    if not args.drain:
+        return _emit(args, [dmcache.set_mode(sysfs, dm, mode)])
+    if dm.mode == mode:
+        return _dm_drain(args, sysfs, dm)
+    rep = _DrainReporter()
+    try:
+        res = dmcache.flush(sysfs, dm, timeout=args.timeout, stall_timeout=args.stall_timeout,
+                            progress=None if args.json else rep, final_mode=mode)
+    finally:
+        rep.done()
+    return _emit(args, [bcache.Change(dm.node, "cache_mode", dm.mode.value, mode.value)]
+                 if res.final_table else [])
+
+
+def _dm_drain(args: argparse.Namespace, sysfs: Sysfs, dm: DmCacheDevice) -> int:
+    if getattr(args, "resume", False):
+        restored = dmcache.restore_saved(sysfs, dm)
+        if not restored:
+            raise AlreadyError(f"{dm.node}: no interrupted flush to resume")
+        print(f"{dm.node}: restored table {restored['table']}", file=sys.stderr)
+        dm = dmcache.find(sysfs, dm.name)
+    rep = _DrainReporter()
+    try:
+        res = dmcache.flush(sysfs, dm, timeout=args.timeout, stall_timeout=args.stall_timeout,
+                            progress=None if args.json else rep)
+    finally:
+        rep.done()
+    if args.json:
+        print(json.dumps({"schema": 1, "device": res.device, "clean": True,
+                          "drained_bytes": res.start_bytes, "seconds": round(res.elapsed_s, 2),
+                          "restored": res.restored}))
+    else:
+        print(f"{res.device}: clean after {res.elapsed_s:.1f} s ({human(res.start_bytes)} "
+              f"written back); mode {res.restored.get('mode', dm.mode.value)} and policy "
+              f"{res.restored.get('policy', dm.table.policy)} restored")
+    return ExitCode.OK
+
+
 class _DrainReporter:
     """Drain progress on stderr: rewritten in place on a terminal, a line every 5 s if not."""
 
@@ -111,7 +156,7 @@ class _DrainReporter:
         self.tty = sys.stderr.isatty()
         self.last = 0.0
 
-    def __call__(self, p: drain_mod.DrainProgress) -> None:
+    def __call__(self, p: drain_mod.DrainProgress | dmcache.FlushProgress) -> None:
         now = time.monotonic()
         if not self.tty and now - self.last < 5:
             return
@@ -143,7 +188,11 @@ def _drain(args: argparse.Namespace, sysfs: Sysfs, b: BcacheBacking) -> drain_mo
 
 def cmd_drain(args: argparse.Namespace) -> int:
     sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.target, sysfs)
+    snap = snapshot_mod.take(sysfs)
+    dm = find_dmcache(snap, args.target, sysfs)
+    if dm is not None:
+        return _dm_drain(args, sysfs, dm)
+    b = resolve_backing(snap, args.target, sysfs)
     _root("draining")
     if args.resume:
         restored = drain_mod.restore_saved(sysfs, b)
@@ -185,8 +234,10 @@ def cmd_detach(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    if args.kind != "bcache":
-        raise UsageError(f"create {args.kind}: not supported yet", hint="create bcache ...")
+    if args.kind == "dm-cache":
+        return _dm_create(args)
+    if args.name or args.origin or args.metadata or args.block_size:
+        raise UsageError("NAME, --origin, --metadata and --block-size are for create dm-cache")
     mode = None
     if args.mode:
         try:
@@ -199,11 +250,37 @@ def cmd_create(args: argparse.Namespace) -> int:
     return _emit(args, changes)
 
 
+def _dm_create(args: argparse.Namespace) -> int:
+    if not (args.name and args.origin and args.cache and args.metadata):
+        raise UsageError("create dm-cache needs NAME, --origin DEV, --cache DEV and "
+                         "--metadata DEV")
+    if args.backing or args.bucket:
+        raise UsageError("--backing and --bucket are for create bcache (dm-cache: --origin)")
+    try:
+        mode = CacheMode(args.mode or "writeback")
+    except ValueError:
+        raise UsageError(f"unknown cache mode {args.mode!r}",
+                         hint="writeback, writethrough or passthrough") from None
+    block = dmcache.parse_size(args.block_size) if args.block_size else None
+    return _emit(args, dmcache.create(_sysfs(args), args.name, origin=args.origin,
+                                      cache=args.cache, metadata=args.metadata, mode=mode,
+                                      block_bytes=block, force=args.force))
+
+
 def cmd_remove(args: argparse.Namespace) -> int:
     """Safe decommission: a backing device is detached (flushes), then stopped; a cache set
     is unregistered once nothing is attached to it."""
     sysfs = _sysfs(args)
     snap = snapshot_mod.take(sysfs)
+    dm = find_dmcache(snap, args.target, sysfs)
+    if dm is not None:
+        rep = _DrainReporter()
+        try:
+            return _emit(args, dmcache.remove(
+                sysfs, dm, keep_device=args.keep_device, timeout=args.timeout,
+                stall_timeout=args.stall_timeout, progress=None if args.json else rep))
+        finally:
+            rep.done()
     _root("removing")
     try:
         b = resolve_backing(snap, args.target, sysfs)
@@ -231,9 +308,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
             settings.append((name, int(value)))
         except ValueError:
             raise UsageError(f"{name}: {value!r} is not an integer") from None
+    dm = find_dmcache(snap, args.target, sysfs)
+    if dm is not None:
+        for name, _ in settings:
+            if name != "migration_threshold":
+                raise UsageError(f"unknown dm-cache tunable {name!r}",
+                                 hint="dm-cache has: migration_threshold (sectors)")
     _root("tuning")
     changes: list[bcache.Change] = []
     unchanged = 0
+    if dm is not None:
+        for _, value in settings:
+            try:
+                changes.append(dmcache.set_migration_threshold(sysfs, dm, value))
+            except AlreadyError as exc:
+                unchanged += 1
+                print(f"cachemgr: {exc}", file=sys.stderr)
+        _emit(args, changes)
+        return ExitCode.ALREADY if not changes and unchanged else ExitCode.OK
     try:
         b: BcacheBacking | None = resolve_backing(snap, args.target, sysfs)
         c: CacheSet | None = None
@@ -413,8 +505,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_detach)
 
-    s = sub.add_parser("create", help="create a cache: create bcache --backing DEV --cache DEV")
+    s = sub.add_parser("create", help="create a cache: create bcache --backing DEV --cache DEV "
+                       "| create dm-cache NAME --origin DEV --cache DEV --metadata DEV")
     s.add_argument("kind", choices=("bcache", "dm-cache"))
+    s.add_argument("name", nargs="?", metavar="NAME", help="dm-cache: the dm name to create")
+    s.add_argument("--origin", metavar="DEV", help="dm-cache: the slow device (data kept)")
+    s.add_argument("--metadata", metavar="DEV", help="dm-cache: the metadata device")
+    s.add_argument("--block-size", metavar="SIZE",
+                   help="dm-cache block size (multiple of 32k; default 64k, larger for big "
+                        "caches)")
     s.add_argument("--backing", action="append", metavar="DEV")
     s.add_argument("--cache", metavar="DEV")
     s.add_argument("--mode", metavar="MODE")
@@ -427,6 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("remove", help="safe decommission: flush, detach, stop / unregister")
     s.add_argument("target", metavar="TARGET")
     s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="dm-cache: stop if dirty blocks do not go down for S seconds")
+    s.add_argument("--keep-device", action="store_true",
+                   help="dm-cache: keep the device (as a linear mapping of the origin) so "
+                        "that its users keep running")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_remove)
 

@@ -313,6 +313,27 @@ class CacheSet:
 
 
 @dataclass(frozen=True)
+class UnregisteredBcache:
+    """A block device with a bcache superblock that the kernel has not registered.
+
+    Seen after a cache SSD failed (lab, 7.2): bcache stops and unregisters every backing
+    device that held dirty data; its superblock still says ``dirty`` and names the lost cache
+    set. From ``bcache-super-show`` (sb.version, dev.uuid, cset.uuid, dev.data.cache_state).
+    """
+
+    identity: Identity
+    kind: str  # "backing" or "cache"
+    uuid: str | None  # dev.uuid
+    cset_uuid: str | None
+    sb_state: str | None  # backing devices: "no cache", "clean", "dirty", "stale"
+    sb_mode: str | None
+
+    @property
+    def dirty_data_lost_with_cache(self) -> bool:
+        return self.kind == "backing" and self.sb_state == "dirty"
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything cachemgr knows about the host's caches, read once.
 
@@ -325,6 +346,170 @@ class Snapshot:
     cache_sets: tuple[CacheSet, ...]
     backings: tuple[BcacheBacking, ...]
     warnings: tuple[str, ...] = ()
+    dmcaches: tuple[DmCacheDevice, ...] = ()  # dm-cache devices (cachemgr/dmcache.py)
+    # devices carrying a bcache superblock that are not registered (live systems only)
+    unregistered: tuple[UnregisteredBcache, ...] = ()
 
     def cache_set(self, uuid: str) -> CacheSet | None:
         return next((c for c in self.cache_sets if c.uuid == uuid), None)
+
+
+# ---------------------------------------------------------------------------------------
+# dm-cache (Documentation/admin-guide/device-mapper/cache.rst, drivers/md/dm-cache-target.c).
+# The parsers live in cachemgr/dmcache.py; these are the typed results.
+
+DM_CACHE_MODES = (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH)
+
+
+@dataclass(frozen=True)
+class DmCacheTable:
+    """One ``cache`` target line of ``dmsetup table``: the constructor arguments.
+
+    ``0 2097152 cache 98:32 98:16 253:0 64 1 writeback smq 0`` (7.2). The kernel prints the
+    features and policy arguments as they were loaded; devices as ``major:minor``.
+    """
+
+    start: int
+    length: int  # sectors
+    metadata_dev: str  # "98:32"
+    cache_dev: str
+    origin_dev: str
+    block_sectors: int
+    features: tuple[str, ...]
+    policy: str
+    policy_args: tuple[str, ...]
+
+    @property
+    def mode(self) -> CacheMode:
+        """writeback when no mode feature is given (the kernel's default)."""
+        for f in self.features:
+            if f in ("writeback", "writethrough", "passthrough"):
+                return CacheMode(f)
+        return CacheMode.WRITEBACK
+
+    def with_mode(self, mode: CacheMode) -> DmCacheTable:
+        modes = {m.value for m in DM_CACHE_MODES}
+        rest = tuple(f for f in self.features if f not in modes)
+        return DmCacheTable(self.start, self.length, self.metadata_dev, self.cache_dev,
+                            self.origin_dev, self.block_sectors, (mode.value, *rest),
+                            self.policy, self.policy_args)
+
+    def with_policy(self, policy: str, args: tuple[str, ...]) -> DmCacheTable:
+        return DmCacheTable(self.start, self.length, self.metadata_dev, self.cache_dev,
+                            self.origin_dev, self.block_sectors, self.features, policy, args)
+
+    def line(self) -> str:
+        """The table line ``dmsetup load --table`` takes (and ``dmsetup table`` prints)."""
+        return " ".join([
+            str(self.start), str(self.length), "cache", self.metadata_dev, self.cache_dev,
+            self.origin_dev, str(self.block_sectors), str(len(self.features)), *self.features,
+            self.policy, str(len(self.policy_args)), *self.policy_args,
+        ])
+
+
+@dataclass(frozen=True)
+class DmCacheStatus:
+    """The status line of a healthy dm-cache target, every field by its position::
+
+        <md block size> <used md>/<total md> <cache block size> <used>/<total>
+        <read hits> <read misses> <write hits> <write misses> <demotions> <promotions>
+        <dirty> <#features> <features>* <#core args> <core args>* <policy>
+        <#policy args> <policy args>* <ro|rw> <needs_check|->
+
+    Block counts are in cache blocks (``block_sectors`` sectors each), metadata in
+    ``metadata_block_sectors``. ``dirty`` is its own field: never ``used``.
+    """
+
+    metadata_block_sectors: int
+    metadata_used: int
+    metadata_total: int
+    block_sectors: int
+    used: int
+    total: int
+    read_hits: int
+    read_misses: int
+    write_hits: int
+    write_misses: int
+    demotions: int
+    promotions: int
+    dirty: int
+    features: tuple[str, ...]
+    core_args: tuple[tuple[str, str], ...]
+    policy: str
+    policy_args: tuple[str, ...]
+    metadata_mode: str  # "rw", or "ro" when the metadata went read-only (errors)
+    needs_check: bool
+
+    @property
+    def mode(self) -> CacheMode:
+        for f in self.features:
+            if f in ("writeback", "writethrough", "passthrough"):
+                return CacheMode(f)
+        return CacheMode.WRITEBACK
+
+    @property
+    def migration_threshold(self) -> int | None:
+        for k, v in self.core_args:
+            if k == "migration_threshold" and v.isdigit():
+                return int(v)
+        return None
+
+    @property
+    def dirty_bytes(self) -> int:
+        return self.dirty * self.block_sectors * 512
+
+    @property
+    def hit_ratio(self) -> float | None:
+        hits = self.read_hits + self.write_hits
+        total = hits + self.read_misses + self.write_misses
+        return hits / total if total else None
+
+
+@dataclass(frozen=True)
+class DmCacheDevice:
+    """A device-mapper device whose (single) target is ``cache``.
+
+    ``status`` is None when the kernel reports the cache as ``Fail`` (or ``Error``): then
+    ``failure`` holds that word and nothing about dirty blocks is known.
+    """
+
+    name: str  # the dm name: /dev/mapper/<name>
+    kernel_name: str  # dm-1
+    devno: str | None  # "253:1"
+    uuid: str | None  # dm UUID; "LVM-..." when LVM owns the device
+    table: DmCacheTable
+    status: DmCacheStatus | None
+    failure: str | None  # "Fail" / "Error" from the kernel, else None
+    metadata: Identity | None
+    cache: Identity | None
+    origin: Identity | None
+    open_count: int | None = None
+    suspended: bool | None = None
+    holders: tuple[str, ...] = ()
+
+    @property
+    def node(self) -> str:
+        return f"/dev/mapper/{self.name}"
+
+    @property
+    def lvm_owned(self) -> bool:
+        return bool(self.uuid and self.uuid.startswith("LVM-"))
+
+    @property
+    def mode(self) -> CacheMode:
+        return self.status.mode if self.status else self.table.mode
+
+    @property
+    def state(self) -> CacheState:
+        if self.status is None:
+            return CacheState.FAILED
+        return CacheState.DIRTY if self.status.dirty else CacheState.CLEAN
+
+    @property
+    def dirty_bytes(self) -> int | None:
+        """None when unknown (failed cache): never 0 then."""
+        return self.status.dirty_bytes if self.status else None
+
+    @property
+    def block_bytes(self) -> int:
+        return self.table.block_sectors * 512

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cachemgr.model import BcacheBacking, Snapshot, human
+from cachemgr.model import BcacheBacking, DmCacheDevice, Snapshot, human
 
 
 def _short(n: int | None) -> str:
@@ -34,7 +34,8 @@ def dirty_text(b: BcacheBacking) -> str:
 
 
 def status_table(snap: Snapshot) -> str:
-    """One line per backing device, then one per cache set. Fits 80 columns for bcache0-9."""
+    """One line per backing device and per dm-cache device, then one per cache set and per
+    dm-cache device. Fits 80 columns for bcache0-9."""
     lines = []
     if not snap.bcache_loaded:
         lines.append("bcache: module not loaded (modprobe bcache)")
@@ -50,6 +51,7 @@ def status_table(snap: Snapshot) -> str:
             f"{b.io_errors if b.io_errors is not None else '?':>4} "
             f"{(b.cset_uuid or '-')[:8]}"
         )
+    lines.extend(_dm_row(d) for d in snap.dmcaches)
     if not snap.backings:
         lines.append("(no bcache backing devices)")
     for c in snap.cache_sets:
@@ -58,9 +60,52 @@ def status_table(snap: Snapshot) -> str:
         errs = sum(x.io_errors or 0 for x in c.caches)
         lines.append(f"cset {c.uuid}: cache {ssd}, {len(c.backing_names)} backing, "
                      f"used {used}, io errors {errs}")
+    lines.extend(_dm_detail(d) for d in snap.dmcaches)
+    for u in snap.unregistered:
+        line = f"unregistered bcache {u.kind} {u.identity.node}: superblock {u.sb_state or '?'}"
+        if u.cset_uuid and snap.cache_set(u.cset_uuid) is None:
+            line += f", its cache set {u.cset_uuid[:8]} is not registered"
+        lines.append(line)
+        if u.dirty_data_lost_with_cache:
+            lines.append(f"  {u.identity.node} had dirty data on that cache: bring the cache "
+                         "SSD back and register it; running it without the cache "
+                         "(force-run) risks filesystem corruption")
     for w in snap.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _bare(node: str | None) -> str:
+    return (node or "?").removeprefix("/dev/")
+
+
+def _dm_row(d: DmCacheDevice) -> str:
+    """A dm-cache device in the same columns: DEVICE is its dm name (a valid TARGET),
+    BACKING its origin, CSET its cache device; no per-interval stats, rate or errors."""
+    st = d.status
+    ratio = st.hit_ratio if st else None
+    dirty = _short(d.dirty_bytes) if st else "?"
+    return (f"{d.name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
+            f"{d.mode.value:<13}{d.state.value:<9}{dirty:>7}{'-':>6}"
+            f"{'-' if ratio is None else f'{100 * ratio:.0f}%':>5}{'-':>8}{'-':>4} "
+            f"{_bare(d.cache.node if d.cache else d.table.cache_dev)}")
+
+
+def _dm_detail(d: DmCacheDevice) -> str:
+    st = d.status
+    parts = [f"dm-cache {d.node}: cache {d.cache.node if d.cache else d.table.cache_dev}",
+             f"metadata {d.metadata.node if d.metadata else d.table.metadata_dev}",
+             f"block {human(d.block_bytes)}"]
+    if st:
+        parts += [f"used {st.used}/{st.total}", f"dirty {st.dirty} blocks",
+                  f"policy {st.policy}", f"migration_threshold {st.migration_threshold}"]
+    else:
+        parts.append(f"status {d.failure}")
+    if d.lvm_owned:
+        parts.append("owned by LVM (change it with lvchange/lvconvert)")
+    if d.open_count:
+        parts.append(f"open {d.open_count}")
+    return ", ".join(parts)
 
 
 __all__ = ["dirty_text", "human", "status_table"]
