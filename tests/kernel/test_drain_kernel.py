@@ -33,8 +33,10 @@ def run_cm(*args: str, timeout: float = 300) -> tuple[int, str, str]:
 
 def setup_dirty(lab_disks: list[str], delay_ms: int = 4, dirty: str = "48M") -> Sysfs:
     """bcache over a dm-delay 'HDD' (dm-linear underneath, so tests can swap in errors),
-    writeback mode, ``dirty`` of dirty data held with writeback_running=0, then writeback
-    re-enabled with the kernel's defaults (writeback_percent 10: the 4 KiB/s floor)."""
+    writeback mode, ``dirty`` of dirty data held with writeback_running=0 and otherwise the
+    kernel's defaults (writeback_percent 10: the 4 KiB/s floor). Writeback stays off until the
+    test has IO running (``light_load``): an idle set would write everything back at once
+    (FACTS.md), as the slow qemu guest showed."""
     hdd, ssd = lab_disks[0], lab_disks[1]
     sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
     runner.run(["dmsetup", "create", "hddraw", "--table", f"0 {sectors} linear {hdd} 0"])
@@ -47,11 +49,30 @@ def setup_dirty(lab_disks: list[str], delay_ms: int = 4, dirty: str = "48M") -> 
     runner.run(["fio", "--name=fill", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=64k",
                 "--size=256M", f"--io_size={dirty}", "--direct=1", "--iodepth=8",
                 "--ioengine=libaio", "--output-format=json"], timeout=300)
-    sysfs.write(f"{B}/writeback_running", "1")
     b = snapshot.take(sysfs).backings[0]
     assert b.dirty is not None and b.dirty.bytes > 16 << 20, b.dirty
     assert b.writeback_percent == 10 and b.writeback_delay == 30
     return sysfs
+
+
+def light_load() -> subprocess.Popen[str]:
+    """A VM that keeps reading (50 IOPS): keeps bcache from seeing an idle set."""
+    Path("/run/stop-light").unlink(missing_ok=True)
+    return subprocess.Popen(
+        ["fio", "--name=reader", "--filename=/dev/bcache0", "--rw=randread", "--bs=4k",
+         "--size=256M", "--direct=1", "--time_based", "--runtime=600", "--rate_iops=50",
+         "--trigger-file=/run/stop-light", "--output-format=json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+
+
+def stop_light(p: subprocess.Popen[str]) -> None:
+    Path("/run/stop-light").touch()
+    p.wait(timeout=60)
+
+
+def writeback_on(sysfs: Sysfs) -> None:
+    time.sleep(0.5)  # let the load start first
+    sysfs.write(f"{B}/writeback_running", "1")
 
 
 def tunables(sysfs: Sysfs) -> tuple[str, str, str]:
@@ -72,6 +93,7 @@ def test_drain_under_write_load_restores_tunables(lab_disks: list[str]) -> None:
          "--verify_backlog=64", "--verify_state_save=0", "--trigger-file=/run/stop-load",
          "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd="/tmp")  # fio may leave a verify state file in its working directory
+    writeback_on(sysfs)
     try:
         rc, out, err = run_cm("drain", "/dev/bcache0", "--json", "--stall-timeout", "60")
     finally:
@@ -91,6 +113,8 @@ def test_drain_under_write_load_restores_tunables(lab_disks: list[str]) -> None:
 @pytest.mark.kernel(disks="1G,256M", timeout=400)
 def test_drain_killed_then_resume_restores(lab_disks: list[str]) -> None:
     sysfs = setup_dirty(lab_disks, delay_ms=20, dirty="64M")
+    reader = light_load()
+    writeback_on(sysfs)
     p = cm("drain", "/dev/bcache0")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and sysfs.read(f"{B}/writeback_percent") != "0":
@@ -104,6 +128,7 @@ def test_drain_killed_then_resume_restores(lab_disks: list[str]) -> None:
     assert len(journals) == 1
     assert json.loads(journals[0].read_text())["original"]["writeback_percent"] == 10
     rc, _out, err = run_cm("drain", "/dev/bcache0", "--resume")
+    stop_light(reader)
     assert rc == 0, err
     assert "restored" in err
     assert tunables(sysfs) == ("10", "30", "1")
