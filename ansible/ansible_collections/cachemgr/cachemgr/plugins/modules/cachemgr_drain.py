@@ -1,0 +1,43 @@
+#!/usr/bin/python
+# GPL-2.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cachemgr_drain
+short_description: Drain a cache until clean (fast; tunables restored)
+options:
+  device: {description: the cached device, type: str, required: true}
+  timeout: {description: seconds before giving up, type: int, default: 86400}
+  cachemgr_bin: {description: path of the cachemgr command, type: str, default: cachemgr}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cachemgr.cachemgr.plugins.module_utils.cachemgr_cli import (
+    ALREADY,
+    COMMON_ARGS,
+    find_device,
+    run_json,
+)
+
+
+def main() -> None:
+    spec = dict(COMMON_ARGS)
+    spec.update(device={"type": "str", "required": True}, timeout={"type": "int",
+                                                                   "default": 86400})
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    p = module.params
+    _, status, _ = run_json(module, ["status", "--json"], allow_already=False)
+    dev = find_device(status, p["device"])
+    if dev is None:
+        module.fail_json(msg=f"{p['device']} is not a cached device on this host")
+    if dev.get("dirty_bytes") == 0 and dev.get("state") in ("clean", "no cache"):
+        module.exit_json(changed=False, device=dev["device"])
+    if module.check_mode:
+        module.exit_json(changed=True, device=dev["device"])
+    rc, res, _ = run_json(module, ["drain", p["device"], "--json", "--timeout",
+                                   str(p["timeout"])])
+    module.exit_json(changed=rc != ALREADY, device=dev["device"], result=res)
+
+
+if __name__ == "__main__":
+    main()
