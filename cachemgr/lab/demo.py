@@ -2,17 +2,19 @@
 
 Builds a slow "HDD" (dm-delay, a few ms per IO) over the first scratch disk, a bcache device
 over it with the second scratch disk as the caching "SSD", switches it to writeback, runs a
-short Zipf-distributed QD1 random-write fio job on it, and prints ``cachemgr status``.
+short Zipf-distributed QD1 random-write fio job on it, and prints ``cachemgr status``. On an
+interactive lab (``LabSpec(interactive=True)``: the guest has the host's terminal) it then
+opens the TUI on that cache with a workload running.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import subprocess
 import sys
 import time
 
-from cachemgr import bcache, runner, snapshot
+from cachemgr import bcache, bench, runner, snapshot
 from cachemgr.model import CacheMode
 from cachemgr.render import status_table
 from cachemgr.sysfs import Sysfs
@@ -20,15 +22,17 @@ from cachemgr.sysfs import Sysfs
 DELAY_MS = 8
 
 
-def fio_iops(target: str, seconds: int) -> float:
-    out = runner.run(
-        ["fio", "--name=demo", f"--filename={target}", "--rw=randwrite", "--bs=4k",
-         "--direct=1", "--ioengine=psync", "--iodepth=1", "--random_distribution=zipf:1.2",
-         "--size=256M", "--time_based", f"--runtime={seconds}", "--output-format=json"],
-        timeout=seconds + 60,
-    ).stdout
-    job = json.loads(out[out.index("{"):])["jobs"][0]
-    return float(job["write"]["iops"])
+def fio_run(target: str, seconds: int) -> bench.FioResult:
+    """QD1 4k random writes, Zipf(1.2), through the bench module (job file, JSON parsing)."""
+    spec = bench.JobSpec(rw="randwrite", iodepth=1, distribution="zipf:1.2", size="256M",
+                         runtime=seconds)
+    t = bench.Target(label="demo", spec=target, device=target, name=None)
+    return bench.run_fio(spec, t, seed=1)[0]
+
+
+def _p99(r: bench.FioResult) -> str:
+    p = r.latency.p99_us if r.latency else None
+    return f"{p / 1000:.2f} ms" if p is not None else "?"
 
 
 def main() -> int:
@@ -47,8 +51,10 @@ def main() -> int:
                 f"0 {sectors} delay {hdd_raw} 0 {DELAY_MS}"])
     hdd = "/dev/mapper/slowhdd"
     print(f"demo: slow HDD {hdd} = {hdd_raw} + {DELAY_MS} ms per IO (dm-delay)")
-    bare = fio_iops(hdd, 5)
-    print(f"demo: bare slow HDD, QD1 4k random writes (Zipf 1.2): {bare:.0f} IOPS")
+    bare_r = fio_run(hdd, 5)
+    bare = bare_r.iops
+    print(f"demo: bare slow HDD, QD1 4k random writes (Zipf 1.2): {bare:.0f} IOPS, "
+          f"p99 {_p99(bare_r)}")
     bcache.make_bcache(backing=[hdd], cache=ssd, bucket="128k", wipe=True)
     for dev in (hdd, ssd):
         bcache.register(sysfs, dev)
@@ -58,13 +64,41 @@ def main() -> int:
     snap = snapshot.take(sysfs)
     bcache.set_mode(sysfs, snap.backings[0], CacheMode.WRITEBACK)
     print("demo: bcache0 = slow HDD cached by", ssd, "in writeback mode")
-    cached = fio_iops("/dev/bcache0", 5)
-    print(f"demo: through bcache, same job: {cached:.0f} IOPS ({cached / bare:.0f}x)")
+    cached_r = fio_run("/dev/bcache0", 5)
+    cached = cached_r.iops
+    print(f"demo: through bcache, same job: {cached:.0f} IOPS ({cached / bare:.0f}x), "
+          f"p99 {_p99(cached_r)}")
+    print("demo: the full comparison (repetitions, percentiles, plots): cachemgr bench demo")
     time.sleep(0.5)
     print()
     print("$ cachemgr status")
     print(status_table(snapshot.take(sysfs)))
+    # an interactive lab (LabSpec(interactive=True)) gives the command the host's terminal
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return tui_with_workload("/dev/bcache0")
     return 0
+
+
+def workload(target: str) -> subprocess.Popen[bytes]:
+    """A VM-like load so that the dashboard's numbers move: Zipf 1.2 random reads and
+    writes at a modest rate (dirty data builds up in writeback, the hit ratio climbs)."""
+    return subprocess.Popen(
+        ["fio", "--name=vm", f"--filename={target}", "--rw=randrw", "--rwmixread=60",
+         "--bs=4k", "--direct=1", "--ioengine=psync", "--random_distribution=zipf:1.2",
+         "--size=256M", "--rate_iops=150", "--time_based", "--runtime=86400",
+         "--output=/dev/null"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def tui_with_workload(target: str) -> int:
+    """The end of an interactive demo: the TUI (`cachemgr tui`, a separate process: the
+    library never imports textual) on the demo's cache while a workload runs."""
+    load = workload(target)
+    try:
+        return subprocess.run([sys.executable, "-m", "cachemgr", "tui"]).returncode
+    finally:
+        load.terminate()
+        load.wait(timeout=30)
 
 
 if __name__ == "__main__":
