@@ -1,0 +1,172 @@
+"""The TUI on a real kernel: the actions that change state, run headless (App.run_test)
+inside the lab, each checked through the snapshot; then the real app in tmux, driven by
+keys and checked from the captured screen (mode change and drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import OptionList
+
+from cachemgr import bcache, runner, snapshot
+from cachemgr.model import BcacheBacking, CacheMode, CacheState
+from cachemgr.sysfs import Sysfs
+
+pytestmark = pytest.mark.kernel(disks="1G,256M")
+
+
+def make_dirty(lab_disks: list[str]) -> Sysfs:
+    """bcache in writeback over the first disk, 12 MiB dirty held (writeback_running=0)."""
+    hdd, ssd = lab_disks[0], lab_disks[1]
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="128k", mode=CacheMode.WRITEBACK)
+    b = snapshot.take(sysfs).backings[0]
+    bcache.set_tunable(sysfs, b, "writeback_running", 0)
+    runner.run(["fio", "--name=w", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+                "--size=64M", "--io_size=12M", "--direct=1", "--output-format=json"],
+               timeout=120)
+    b = snapshot.take(sysfs).backings[0]
+    assert b.dirty is not None and b.dirty.bytes > 4 << 20
+    return sysfs
+
+
+def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.unit.tui_helpers import settle
+    from tui.app import CacheMgrApp
+    from tui.dialogs.confirm import ConfirmDialog
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    sysfs = make_dirty(lab_disks)
+    key = snapshot.take(sysfs).backings[0].key
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    def b0() -> BcacheBacking:
+        return snapshot.take(sysfs).backings[0]
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: key in app.query_one(DeviceTable).keys, tries=200)
+            app.query_one(DeviceTable).select_key(key)
+            await settle(pilot, lambda: app.selected_key == key)
+            # mode: writeback -> writethrough (dirty data keeps being written back)
+            await pilot.press("m")
+            app.screen.query_one(OptionList).highlighted = 0
+            await pilot.press("enter")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.click("#b-switch")
+            await settle(pilot, lambda: "cache_mode writeback -> writethrough" in log(app),
+                         tries=400)
+            assert b0().mode == CacheMode.WRITETHROUGH
+            # drain, with its progress dialog, until clean; tunables restored
+            await pilot.press("d")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: "clean after" in log(app), tries=2400)
+            b = b0()
+            assert b.state == CacheState.CLEAN and b.dirty is not None and b.dirty.is_zero(512)
+            assert b.writeback_running is False and b.writeback_percent == 10
+            # tune
+            await settle(pilot, lambda: app.check_action("tune", ()) is True)
+            app.selected_key = key
+            await pilot.press("t")
+            ol = app.screen.query_one(OptionList)
+            ids = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
+            ol.highlighted = ids.index("writeback_percent")
+            await pilot.press("enter")
+            from textual.widgets import Input
+
+            app.screen.query_one(Input).value = "5"
+            await pilot.press("enter")
+            await settle(pilot, lambda: "writeback_percent 10 -> 5" in log(app), tries=400)
+            assert b0().writeback_percent == 5
+            # detach, then attach again
+            await pilot.press("x")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: "/dev/bcache0: detach" in log(app), tries=2400)
+            assert b0().state == CacheState.NO_CACHE
+            await settle(pilot, lambda: app.check_action("attach", ()) is True, tries=200)
+            await pilot.press("a")
+            await pilot.press("enter")
+            await settle(pilot, lambda: "/dev/bcache0: attach None -> " in log(app), tries=400)
+            assert b0().cset_uuid is not None
+            # remove: detach (flush) then stop; /dev/bcache0 goes away
+            await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
+            await pilot.press("delete")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: "/dev/bcache0: stop running -> None" in log(app),
+                         tries=2400)
+            await settle(pilot, lambda: not any(r.kind == "bcache" for r in app.rows),
+                         tries=200)
+            assert snapshot.take(sysfs).backings == ()
+
+    asyncio.run(go())
+
+
+def test_tui_in_tmux_mode_and_drain(lab_disks: list[str], tmp_path: Path) -> None:
+    """The real app (`cachemgr tui`) on a 100x30 tmux pane, keys sent like a person would."""
+    sysfs = make_dirty(lab_disks)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "TERM": "xterm-256color",
+           "CACHEMGR_STATE_DIR": str(tmp_path / "state")}
+    rc_file = tmp_path / "rc"
+    cmd = (f"cd {shlex.quote(os.getcwd())} && {shlex.quote(sys.executable)} -m cachemgr tui; "
+           f"echo rc=$? > {rc_file}; sleep 30")
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(["tmux", *args], env=env, capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+
+    def screen() -> str:
+        return tmux("capture-pane", "-p", "-t", "t")
+
+    def wait(text: str, timeout: float = 60) -> str:
+        end = time.monotonic() + timeout
+        while True:
+            s = screen()
+            if text in s:
+                return s
+            if time.monotonic() > end:
+                raise AssertionError(f"{text!r} not on the screen:\n{s}")
+            time.sleep(0.3)
+
+    tmux("new-session", "-d", "-s", "t", "-x", "100", "-y", "30", cmd)
+    try:
+        wait("bcache0")
+        tmux("send-keys", "-t", "t", "Down")  # from the cache set to bcache0
+        time.sleep(0.5)
+        tmux("send-keys", "-t", "t", "m")
+        wait("Cache mode of /dev/bcache0")
+        tmux("send-keys", "-t", "t", "Up", "Enter")  # writeback (current) -> writethrough
+        wait("Switch to writethrough")
+        tmux("send-keys", "-t", "t", "BTab", "BTab", "Enter")  # Cancel has the focus
+        s = wait("cache_mode writeback -> writethrough")
+        print(s)
+        assert snapshot.take(sysfs).backings[0].mode == CacheMode.WRITETHROUGH
+        tmux("send-keys", "-t", "t", "d")
+        wait("Drain /dev/bcache0")
+        tmux("send-keys", "-t", "t", "BTab", "Enter")
+        s = wait("clean after", timeout=180)
+        print(s)
+        assert "tunables restored" in s
+        b = snapshot.take(sysfs).backings[0]
+        assert b.state == CacheState.CLEAN and b.dirty is not None and b.dirty.is_zero(512)
+        tmux("send-keys", "-t", "t", "q")
+        end = time.monotonic() + 30
+        while not rc_file.exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        assert rc_file.read_text().strip() == "rc=0"
+        after = screen()
+        print(after)
+        assert "Traceback" not in after and "Error" not in after
+    finally:
+        subprocess.run(["tmux", "kill-server"], env=env, timeout=30, check=False)

@@ -1,0 +1,76 @@
+"""Helpers for the TUI's pilot tests: captures, a copied capture that answers writes the way
+the kernel does, and waiting on the app."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cachemgr.sysfs import Sysfs
+from tui.app import CacheMgrApp
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def fx(prefix: str) -> Path:
+    return next(FIXTURES.glob(f"{prefix}-*")) / "sys"
+
+
+def copy_capture(tmp_path: Path, prefix: str) -> Path:
+    """A writable copy of a capture (links kept), named like the original."""
+    src = fx(prefix).parent
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst, symlinks=True)
+    return dst / "sys"
+
+
+def kernel_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Make writes to a copied capture read back as the kernel's would: a choice file
+    (cache_mode) shows the written word in brackets, other attributes read back the value
+    written (the real write(2) keeps the old tail: "0" over "10" reads "00"). Returns the
+    writes, in order, as (relative path, value)."""
+    done: list[tuple[str, str]] = []
+    real = Sysfs.write
+
+    def write(self: Sysfs, rel: str, value: str) -> None:
+        real(self, rel, value)  # the same error paths (missing file: SysfsError)
+        done.append((rel, value))
+        p = self.path(rel)
+        old = p.read_text()
+        if rel.endswith("/cache_mode"):
+            words = [w.strip("[]") for w in old.split()]
+            p.write_text(" ".join(f"[{w}]" if w == value else w for w in words) + "\n")
+        elif rel.endswith("/detach"):
+            base = p.parent
+            (base / "state").write_text("no cache\n")
+            (base / "dirty_data").write_text("0.0k\n")
+            if (base / "cache").is_symlink():
+                os.unlink(base / "cache")
+        else:
+            p.write_text(value + "\n")
+
+    monkeypatch.setattr(Sysfs, "write", write)
+    return done
+
+
+async def settle(pilot: object, until: Callable[[], bool], tries: int = 100,
+                 step: float = 0.05) -> None:
+    for _ in range(tries):
+        if until():
+            return
+        await pilot.pause(step)  # type: ignore[attr-defined]
+    app = getattr(pilot, "app", None)
+    raise AssertionError("the app did not get there in time; screen "
+                         f"{getattr(app, 'screen', None)!r}; log:\n"
+                         + "\n".join(getattr(app, "log_history", [])))
+
+
+def app_on(root: Path, **kw: object) -> CacheMgrApp:
+    kw.setdefault("read_only", False)
+    kw.setdefault("interval", 3600)
+    kw.setdefault("wallclock", lambda: 0.0)
+    return CacheMgrApp(str(root), **kw)  # type: ignore[arg-type]

@@ -1,0 +1,112 @@
+"""Trends for the sparklines: per device, hit ratio, dirty data and IOPS over recent polls.
+
+Pure data (no textual). Hit ratio here is the ratio *between two polls* (from the counters'
+deltas), not the kernel's five-minute figure: bcache folds its counters every ~13.6 s
+(drivers/md/bcache/stats.c, accounting_delay), so between folds the delta is empty and the
+last value is carried. IOPS come from the block layer's completed-IO counters of the cached
+device (``/sys/block/<dev>/stat`` fields 1 and 5), which never wrap like bcache's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from cachemgr.model import BcacheBacking, CacheSet, DmCacheDevice, Snapshot
+from cachemgr.sysfs import Sysfs
+from tui import view
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    hit: float | None  # 0..1
+    dirty: int | None  # bytes
+    iops: float | None
+
+
+def completed_ios(sysfs: Sysfs, name: str | None) -> int | None:
+    """Reads + writes completed, from ``block/<name>/stat`` (Documentation/block/stat.rst)."""
+    if not name:
+        return None
+    text = sysfs.read_opt(f"block/{name}/stat")
+    if not text:
+        return None
+    f = text.split()
+    try:
+        return int(f[0]) + int(f[4])
+    except (IndexError, ValueError):
+        return None
+
+
+def counters(obj: BcacheBacking | CacheSet | DmCacheDevice) -> tuple[int, int] | None:
+    """(hits, misses) since the start, where the kernel counts them."""
+    if isinstance(obj, DmCacheDevice):
+        st = obj.status
+        if st is None:
+            return None
+        return st.read_hits + st.write_hits, st.read_misses + st.write_misses
+    s = obj.stats.get("total")
+    if s is None or s.hits is None or s.misses is None:
+        return None
+    return s.hits, s.misses
+
+
+def io_counts(sysfs: Sysfs, snap: Snapshot) -> dict[str, int]:
+    """Completed IOs per row key (read in the poll worker, next to the snapshot)."""
+    out: dict[str, int] = {}
+    for r in view.rows(snap):
+        obj = view.find(snap, r.key)
+        if obj is None:
+            continue
+        n = completed_ios(sysfs, view.block_name(obj))
+        if n is not None:
+            out[r.key] = n
+    return out
+
+
+class History:
+    """A ring of samples per device key; ``maxlen`` polls (10 min at the default 1 s)."""
+
+    def __init__(self, maxlen: int = 600) -> None:
+        self.maxlen = maxlen
+        self.samples: dict[str, deque[Sample]] = {}
+        self._last: dict[str, tuple[float, tuple[int, int] | None, int | None]] = {}
+
+    def add(self, t: float, snap: Snapshot, ios: dict[str, int]) -> None:
+        for r in view.rows(snap):
+            obj = view.find(snap, r.key)
+            if obj is None:
+                continue
+            cnt = counters(obj)
+            io = ios.get(r.key)
+            prev = self._last.get(r.key)
+            ring = self.samples.setdefault(r.key, deque(maxlen=self.maxlen))
+            hit: float | None = ring[-1].hit if ring else None
+            iops: float | None = None
+            if prev is not None:
+                pt, pcnt, pio = prev
+                dt = t - pt
+                if cnt is not None and pcnt is not None:
+                    dh, dm = cnt[0] - pcnt[0], cnt[1] - pcnt[1]
+                    if dh >= 0 and dm >= 0 and dh + dm > 0:
+                        hit = dh / (dh + dm)
+                if io is not None and pio is not None and dt > 0 and io >= pio:
+                    iops = (io - pio) / dt
+            self._last[r.key] = (t, cnt, io)
+            ring.append(Sample(t, hit, r.dirty_bytes, iops))
+
+    def series(self, key: str, what: str, n: int | None = None) -> list[float]:
+        """Values for a sparkline (unknowns as 0), the last ``n`` samples."""
+        ring = list(self.samples.get(key, ()))
+        if n is not None:
+            ring = ring[-n:]
+        vals: list[float] = []
+        for s in ring:
+            v = getattr(s, what)
+            vals.append(float(v) if v is not None else 0.0)
+        return vals
+
+    def last(self, key: str) -> Sample | None:
+        ring = self.samples.get(key)
+        return ring[-1] if ring else None

@@ -1,0 +1,54 @@
+"""Typed messages: what workers report back to the UI thread (STYLE.md principle 10)."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from cachemgr.model import Snapshot
+
+
+class SnapshotReady(Message):
+    """A poll finished: the snapshot and the block layer's IO counters, read together."""
+
+    def __init__(self, snap: Snapshot, ios: dict[str, int], t: float) -> None:
+        super().__init__()
+        self.snap = snap
+        self.ios = ios
+        self.t = t
+
+
+class OpProgress(Message):
+    """Progress of a running operation; bursts merge (only the newest line matters)."""
+
+    def __init__(self, op_id: int, line: str, fraction: float | None = None,
+                 eta_s: float | None = None) -> None:
+        super().__init__()
+        self.op_id = op_id
+        self.line = line
+        self.fraction = fraction
+        self.eta_s = eta_s
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, OpProgress) and message.op_id == self.op_id
+
+
+class OpSaid(Message):
+    """A line an operation says (replace-ssd's steps, bench's runs): every one is kept."""
+
+    def __init__(self, op_id: int, line: str) -> None:
+        super().__init__()
+        self.op_id = op_id
+        self.line = line
+
+
+class OpFinished(Message):
+    """An operation ended (done, already so, refused, failed or cancelled)."""
+
+    def __init__(self, op_id: int, title: str, ok: bool, lines: list[str],
+                 result: object = None) -> None:
+        super().__init__()
+        self.op_id = op_id
+        self.title = title
+        self.ok = ok
+        self.lines = lines
+        self.result = result

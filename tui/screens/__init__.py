@@ -1,0 +1,1 @@
+"""Screens: the dashboard, a device's detail, the SSD replacement, bench, help."""

@@ -1,0 +1,194 @@
+"""Benchmark a device or compare modes (cachemgr/bench.py, fio), with progress and charts:
+IOPS bars and latency percentiles in the terminal; PNG/SVG plots (cachemgr/plot.py) saved
+next to the result JSON."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Checkbox, Footer, Header, Input, Label, RichLog, Static
+
+from cachemgr.errors import UsageError
+from tui import ops
+
+BAR = 36
+
+
+def iops_bars(doc: Mapping[str, Any]) -> Text:
+    res = doc.get("results", [])
+    top = max((r.get("iops") or 0 for r in res), default=0) or 1
+    t = Text("IOPS (median)\n", style="bold")
+    for r in res:
+        v = r.get("iops") or 0
+        n = max(1 if v else 0, round(BAR * v / top))
+        ratio = f"  {r['iops_ratio']:.1f}x" if r.get("iops_ratio") else ""
+        t.append(f"{str(r['label'])[:12]:<12} ")
+        t.append("█" * n, style="green")
+        t.append(f" {v:,.0f}{ratio}\n")
+    return t
+
+
+def latency_chart(doc: Mapping[str, Any]) -> Text:
+    """Completion-latency percentiles per target on a log scale (µs)."""
+    keys = (("p50", "lat_p50_us"), ("p90", "lat_p90_us"), ("p99", "lat_p99_us"),
+            ("p99.9", "lat_p99_9_us"))
+    vals = [r.get(k) for r in doc.get("results", []) for _, k in keys if r.get(k)]
+    t = Text("completion latency, µs (log scale)\n", style="bold")
+    if not vals:
+        return t.append("no latency percentiles\n")
+    lo, hi = math.log10(min(vals)), math.log10(max(vals))
+    span = max(hi - lo, 1e-9)
+    for r in doc.get("results", []):
+        t.append(f"{str(r['label'])[:12]}\n")
+        for name, k in keys:
+            v = r.get(k)
+            if not v:
+                continue
+            n = 1 + round((BAR - 1) * (math.log10(v) - lo) / span)
+            t.append(f"  {name:<6}")
+            t.append("▇" * n, style="cyan")
+            t.append(f" {v:,.1f}\n")
+    return t
+
+
+def result_view(doc: Mapping[str, Any], saved: list[str]) -> RenderableType:
+    from cachemgr import bench
+
+    parts: list[RenderableType] = [Text(bench.table(doc)), Text(""), iops_bars(doc),
+                                   latency_chart(doc)]
+    if saved:
+        parts.append(Text("saved: " + "\n       ".join(saved), style="dim"))
+    return Group(*parts)
+
+
+def run_bench(sysfs: Any, values: dict[str, str], ctl: ops.Control) -> ops.Outcome:
+    """The same as ``cachemgr bench compare`` (bench_cli): spec, options, compare, save,
+    plot. Runs in a worker; cancelling takes effect at the next run's progress report."""
+    from cachemgr import bench
+
+    targets = values["targets"].split()
+    if not targets:
+        raise UsageError("bench needs at least one TARGET")
+    try:
+        spec = bench.JobSpec(rw=values["rw"], bs=values["bs"], iodepth=int(values["iodepth"]),
+                             distribution=f"zipf:{float(values['zipf']):g}",
+                             runtime=float(values["runtime"]))
+        opts = bench.CompareOptions(repeat=int(values["repeat"]), force=bool(values["force"]))
+    except ValueError as exc:
+        raise UsageError(f"bad bench option: {exc}") from None
+    spec.validate()
+    c = bench.compare(sysfs, spec, targets, opts, progress=ctl.report,
+                      argv=["cachemgr", "tui", "bench", *targets])
+    doc = bench.to_json(c)
+    out_dir = os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR
+    saved: list[str] = []
+    path = bench.save(doc, out_dir)
+    saved.append(str(path))
+    try:
+        from cachemgr import plot
+
+        saved += [str(p) for p in plot.write_plots(doc, path.parent, stem=path.stem)]
+    except ImportError as exc:  # plotting is optional at run time (as in bench_cli)
+        saved.append(f"(no plots: {exc})")
+    return ops.Outcome(lines=[f"bench {' '.join(targets)}: saved {path}"],
+                       data={"doc": doc, "saved": saved})
+
+
+class BenchScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "run", "Run", priority=True),
+        Binding("ctrl+l", "load", "Last result", priority=True),
+        Binding("escape", "app.pop_screen", "Back"),
+    ]
+
+    def __init__(self, device: str, is_bcache: bool = True) -> None:
+        super().__init__()
+        self.device = device
+        self.is_bcache = is_bcache
+        self.doc: dict[str, Any] | None = None
+
+    def compose(self) -> ComposeResult:
+        targets = (f"wb={self.device}:writeback wt={self.device}:writethrough"
+                   if self.is_bcache else self.device)
+        yield Header(icon="≡")
+        with VerticalScroll(id="bench-form"):
+            with Horizontal(classes="row"):
+                yield Label("targets")
+                yield Input(targets, id="targets",
+                            placeholder="[LABEL=]DEVICE[:MODE] ... (first = baseline)")
+            with Horizontal(classes="row"):
+                yield Label("rw")
+                yield Input("randwrite", id="rw")
+                yield Label("bs")
+                yield Input("4k", id="bs")
+                yield Label("QD")
+                yield Input("1", id="iodepth")
+            with Horizontal(classes="row"):
+                yield Label("zipf")
+                yield Input("1.2", id="zipf")
+                yield Label("runtime s")
+                yield Input("5", id="runtime")
+                yield Label("repeat")
+                yield Input("3", id="repeat")
+            yield Checkbox("force: write even to a device that holds data (destroys it)",
+                           id="force")
+        yield RichLog(id="oplog", wrap=True, markup=False, max_lines=200)
+        with VerticalScroll(id="bench-result"):
+            yield Static("Ctrl+R runs the benchmark (fio); results and charts show here.",
+                         id="result")
+        yield Footer(compact=True, show_command_palette=False)
+
+    def values(self) -> dict[str, str]:
+        keys = ("targets", "rw", "bs", "iodepth", "zipf", "runtime", "repeat")
+        out = {k: self.query_one(f"#{k}", Input).value.strip() for k in keys}
+        out["force"] = "1" if self.query_one("#force", Checkbox).value else ""
+        return out
+
+    def action_run(self) -> None:
+        try:
+            import cachemgr.bench  # noqa: F401
+        except ImportError as exc:
+            self.query_one("#result", Static).update(f"the bench module is not available: {exc}")
+            return
+        app: Any = self.app
+        values = self.values()
+        self.query_one("#oplog", RichLog).clear()
+
+        def progress(line: object) -> None:
+            app.call_from_thread(self.query_one("#oplog", RichLog).write, str(line))
+
+        def fn(ctl: ops.Control) -> ops.Outcome:
+            inner = ops.Control(progress=progress, cancel=ctl.cancel, what=ctl.what)
+            return run_bench(app.sysfs, values, inner)
+
+        def done(out: ops.Outcome) -> None:
+            self.doc = out.data.get("doc")
+            if self.doc is not None:
+                self.query_one("#result", Static).update(
+                    result_view(self.doc, out.data.get("saved", [])))
+
+        app.start_op(f"bench {values['targets']}", fn, on_done=done)
+
+    def action_load(self) -> None:
+        """Show the newest saved result (bench.load), e.g. one run from the CLI."""
+        from pathlib import Path
+
+        from cachemgr import bench
+
+        d = Path(os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR)
+        files = sorted(d.glob("**/*.json"), key=lambda p: p.stat().st_mtime) if d.is_dir() \
+            else []
+        if not files:
+            self.notify(f"no saved result under {d}")
+            return
+        self.doc = bench.load(files[-1])
+        self.query_one("#result", Static).update(result_view(self.doc, [str(files[-1])]))

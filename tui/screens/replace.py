@@ -1,0 +1,212 @@
+"""Replace the cache SSD of a set: the plan, each step's progress, the operator's swap
+prompt, resume and rollback of interrupted runs (cachemgr/replace.py does the work)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Label, RichLog, Static
+
+from cachemgr import replace
+from cachemgr.errors import CacheMgrError
+from tui import ops
+from tui.dialogs import when
+from tui.dialogs.choose import ChoiceDialog
+from tui.dialogs.confirm import ConfirmDialog
+
+
+class SwapPrompt(ConfirmDialog):
+    """replace.py's prompt callback: the operator swaps the disk, then confirms."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("Physical swap", text, [("done", "Done: the disk is in", "primary")])
+
+
+def step_lines(done: list[str], current: str | None, failed: str | None) -> str:
+    out = []
+    for i, (name, _) in enumerate(replace.STEPS, 1):
+        if name in done:
+            mark = "✓"
+        elif name == failed:
+            mark = "✗"
+        elif name == current:
+            mark = "▶"
+        else:
+            mark = "·"
+        out.append(f"{mark} {i:2d} {name}")
+    return "\n".join(out)
+
+
+class ReplaceScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("p", "plan", "Plan"),
+        Binding("g", "start", "Start"),
+        Binding("r", "resume", "Resume"),
+        Binding("u", "rollback", "Rollback"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("escape", "app.pop_screen", "Back"),
+    ]
+
+    # the keys act on the screen; Tab reaches the two inputs
+    AUTO_FOCUS = "#oplog"
+
+    def __init__(self, cset: str) -> None:
+        super().__init__()
+        self.cset = cset
+        self.journal: replace.Journal | None = None
+        self.current: str | None = None
+        self.op: Any = None
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="≡")
+        with Horizontal(classes="row"):
+            yield Label("new SSD")
+            yield Input("same", id="new", placeholder="same | any | /dev/sdX | wwn:...")
+            yield Label("interim mode")
+            yield Input("none", id="interim", placeholder="none|writearound|writethrough")
+        yield Static(f"cache set {self.cset}: press p for the plan (changes nothing), g to "
+                     "start, r to resume an interrupted run.", id="plan", markup=False)
+        with Horizontal(classes="two-cols"):
+            yield Static(step_lines([], None, None), id="steps")
+            with Vertical():
+                yield RichLog(id="oplog", wrap=True, markup=False)
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.set_interval(0.5, self.show_steps)
+
+    def say(self, line: str) -> None:
+        if line.startswith("[") and "] " in line:
+            self.current = line.split("] ", 1)[1].strip()
+        self.query_one("#oplog", RichLog).write(line)
+        self.app.log_line(f"  replace-ssd: {line}")  # type: ignore[attr-defined]
+        self.show_steps()
+
+    def show_steps(self) -> None:
+        j = self.journal
+        failed = None
+        if j is not None and j.status == "failed" and j.error:
+            failed = j.error.split(":", 1)[0]
+        self.query_one("#steps", Static).update(
+            step_lines(list(j.done) if j else [], self.current, failed))
+
+    def options(self) -> replace.Options:
+        return replace.Options(new=self.query_one("#new", Input).value.strip() or "same",
+                               interim_mode=self.query_one("#interim", Input).value.strip()
+                               or "none")
+
+    # ---------------------------------------------------------------- plan
+
+    def action_plan(self, then_start: bool = False) -> None:
+        self.make_plan(self.options(), then_start)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="replace-plan")
+    def make_plan(self, opts: replace.Options, then_start: bool) -> None:
+        try:
+            j = replace.plan(self.app.sysfs, self.cset, opts)  # type: ignore[attr-defined]
+        except CacheMgrError as exc:
+            self.app.call_from_thread(self.plan_failed, str(exc))
+            return
+        self.app.call_from_thread(self.planned, j, then_start)
+
+    def plan_failed(self, text: str) -> None:
+        self.query_one("#plan", Static).update(f"refused: {text}")
+        self.app.log_line(f"✗ replace-ssd plan: {text}", "red")  # type: ignore[attr-defined]
+
+    def planned(self, j: replace.Journal, then_start: bool) -> None:
+        self.journal = j
+        self.query_one("#plan", Static).update("\n".join(replace.describe(j)[:3]))
+        log = self.query_one("#oplog", RichLog)
+        for line in replace.describe(j):
+            log.write(line)
+        self.show_steps()
+        if then_start:
+            self.confirm_start(j)
+
+    # ---------------------------------------------------------------- run
+
+    def action_start(self) -> None:
+        if self.journal is None or self.journal.status != "running" or self.journal.done:
+            self.action_plan(then_start=True)
+        else:
+            self.confirm_start(self.journal)
+
+    def confirm_start(self, j: replace.Journal) -> None:
+        body = ("\n".join(replace.describe(j)) + "\n\nThe VMs' bcache devices stay up "
+                "(passthrough while detached). Every step is journaled: an interrupted run "
+                "resumes (r) or, before 'unregister', rolls back (u).")
+        self.app.push_screen(ConfirmDialog(f"Replace the SSD of {j.cset[:8]}", body,
+                                           [("go", "Start replacement", "error")]),
+                             when(lambda b: self.execute(j)))
+
+    def execute(self, j: replace.Journal) -> None:
+        self.journal = j
+        app: Any = self.app
+
+        def fn(ctl: ops.Control) -> ops.Outcome:
+            def say(line: str) -> None:
+                if ctl.cancel.is_set():
+                    raise ops.Cancelled("replacement cancelled by the operator",
+                                        hint="the journal keeps its place")
+                app.call_from_thread(self.say, line)
+
+            def prompt(text: str) -> None:
+                if not app.ask_from_thread(SwapPrompt(text), ctl.cancel):
+                    raise ops.Cancelled("the operator did not confirm the swap")
+
+            done = replace.execute(app.sysfs, j, say=say, prompt=prompt)
+            return ops.Outcome(lines=[
+                f"{done.id}: done; cache set {done.new.get('cset')} on "
+                f"{done.new.get('node')} caches "
+                + ", ".join(b["device"] or b["node"] for b in done.backings)])
+
+        self.query_one("#oplog", RichLog).write(
+            f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
+        self.op = app.start_op(f"replace-ssd {j.cset[:8]}", fn)
+
+    def action_cancel(self) -> None:
+        if self.op is not None and self.op.id in self.app.ops:  # type: ignore[attr-defined]
+            self.op.ctl.cancel.set()
+            self.query_one("#oplog", RichLog).write("cancelling at the next step report...")
+
+    # ---------------------------------------------------------------- resume / rollback
+
+    def _pick_run(self, title: str, then: Any) -> None:
+        runs = [j for j in replace.list_runs() if j.status != "done"]
+        choices = [(j.id, f"{j.id}  {j.status}  cset {j.cset[:8]}  last: "
+                    f"{(j.done or ['-'])[-1]}" + (f"  ({j.error})" if j.error else ""))
+                   for j in runs]
+        self.app.push_screen(ChoiceDialog(title, choices, empty="no interrupted run"),
+                             when(lambda rid: then(replace.Journal.load(rid))))
+
+    def action_resume(self) -> None:
+        self._pick_run("Resume which run?", self._resume)
+
+    def _resume(self, j: replace.Journal) -> None:
+        self.journal = j
+        self.show_steps()
+        self.execute(j)
+
+    def action_rollback(self) -> None:
+        self._pick_run("Roll back which run?", self._confirm_rollback)
+
+    def _confirm_rollback(self, j: replace.Journal) -> None:
+        app: Any = self.app
+
+        def fn(ctl: ops.Control) -> ops.Outcome:
+            done = replace.rollback(app.sysfs, j,
+                                    say=lambda m: app.call_from_thread(self.say, m))
+            return ops.Outcome(lines=[f"{done.id}: rolled back"])
+
+        app.push_screen(ConfirmDialog(f"Roll back {j.id}",
+                                      "Put the modes back and re-attach what was detached "
+                                      "(possible only before 'unregister').",
+                                      [("go", "Roll back", "warning")]),
+                        when(lambda b: app.start_op(f"replace-ssd rollback {j.id}", fn)))
+
+

@@ -1,0 +1,213 @@
+"""What the dashboard shows, as plain data: rows of the device tree from a Snapshot.
+
+No textual here: the rows are computed (and unit-tested) apart from the widgets that draw
+them. Words and formats follow ``cachemgr status`` (cachemgr/render.py): the same ``lost?``
+for dirty data on a missing cache set, the same kernel words for modes and states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cachemgr.model import (
+    BcacheBacking,
+    CacheSet,
+    CacheState,
+    DmCacheDevice,
+    Snapshot,
+    Stats,
+)
+from cachemgr.render import dirty_text
+
+__all__ = ["Row", "dirty_text", "rows"]
+
+# kinds of selectable objects
+BCACHE = "bcache"
+CSET = "cset"
+DM = "dm"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the device tree. ``key`` is stable across polls (uuid or dm name)."""
+
+    key: str
+    kind: str  # BCACHE, CSET or DM
+    device: str  # what the first column shows (tree-indented)
+    disk: str  # the backing device, the SSD, or the dm origin
+    mode: str
+    state: str
+    dirty: str
+    hit5m: str
+    hit: str
+    wbrate: str
+    used: str
+    errors: str
+    target: str  # what the CLI takes as TARGET for this object
+    dirty_bytes: int | None = None
+    alert: bool = False  # failed, lost dirty data, IO errors
+
+    def cells(self) -> tuple[str, ...]:
+        return (self.device, self.disk, self.mode, self.state, self.dirty, self.hit5m,
+                self.hit, self.wbrate, self.used, self.errors)
+
+
+COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
+    # (key, label, width, right-aligned): 76 columns with the separators, so the table
+    # fits 80 with its scrollbar
+    ("device", "DEVICE", 10, False),
+    ("disk", "DISK", 8, False),
+    ("mode", "MODE", 12, False),
+    ("state", "STATE", 8, False),
+    ("dirty", "DIRTY", 6, True),
+    ("hit5m", "HIT5m", 5, True),
+    ("hit", "HIT", 4, True),
+    ("wbrate", "WB/s", 6, True),
+    ("used", "USED", 4, True),
+    ("errors", "ERR", 3, True),
+)
+
+
+def short(n: int | None) -> str:
+    """Compact sizes: 0, 512B, 4.0K, 58.5M, 1.2G (as `cachemgr status`)."""
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n}B" if n else "0"
+    v = float(n)
+    for unit in "KMGTP":
+        v /= 1024
+        if v < 1024 or unit == "P":
+            return f"{v:.1f}{unit}"
+    raise AssertionError("unreachable")
+
+
+def pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.0f}%"
+
+
+def ratio(stats: dict[str, Stats], interval: str) -> float | None:
+    s = stats.get(interval)
+    return s.computed_hit_ratio if s else None
+
+
+def bare(node: str | None) -> str:
+    return (node or "?").removeprefix("/dev/")
+
+
+def backing_dirty_bytes(b: BcacheBacking) -> int | None:
+    """None when unknown (the dirty data sits on a cache set that is not registered)."""
+    if b.dirty is None:
+        return None
+    if b.cset_uuid is None and b.state == CacheState.DIRTY:
+        return None
+    return b.dirty.bytes
+
+
+def backing_row(b: BcacheBacking, prefix: str) -> Row:
+    rate = "-" if b.writeback_rate is None or b.mode is None else short(b.writeback_rate.bytes)
+    lost = b.cset_uuid is None and b.state == CacheState.DIRTY
+    return Row(
+        key=b.key, kind=BCACHE,
+        device=prefix + (b.device_name or "(stopped)"),
+        disk=bare(b.identity.node),
+        mode=b.mode.value if b.mode else "?",
+        state=b.state.value,
+        dirty=dirty_text(b),
+        hit5m=pct(ratio(b.stats, "five_minute")),
+        hit=pct(ratio(b.stats, "total")),
+        wbrate=rate,
+        used="",
+        errors="?" if b.io_errors is None else str(b.io_errors),
+        target=b.device or b.identity.node,
+        dirty_bytes=backing_dirty_bytes(b),
+        alert=lost or bool(b.io_errors) or b.state == CacheState.INCONSISTENT,
+    )
+
+
+def cset_row(c: CacheSet, members: list[BcacheBacking]) -> Row:
+    errs = sum(x.io_errors or 0 for x in c.caches)
+    known = [backing_dirty_bytes(b) for b in members]
+    dirty = None if any(d is None for d in known) else sum(d or 0 for d in known)
+    return Row(
+        key=f"cset:{c.uuid}", kind=CSET,
+        device=f"cset {c.uuid[:5]}",
+        disk=",".join(bare(x.identity.node) for x in c.caches) or "?",
+        mode="",
+        state="errors" if c.errors and c.errors not in ("0", "none") and errs else "",
+        dirty=short(dirty) if members else "",
+        hit5m=pct(ratio(c.stats, "five_minute")),
+        hit=pct(ratio(c.stats, "total")),
+        wbrate="",
+        used="?" if c.cache_available_percent is None else
+        f"{100 - c.cache_available_percent}%",
+        errors=str(errs),
+        target=c.uuid,
+        dirty_bytes=dirty,
+        alert=bool(errs),
+    )
+
+
+def dm_row(d: DmCacheDevice) -> Row:
+    st = d.status
+    return Row(
+        key=f"dm:{d.name}", kind=DM,
+        device=d.name,
+        disk=bare(d.origin.node if d.origin else d.table.origin_dev),
+        mode=d.mode.value,
+        state=d.state.value,
+        dirty=short(d.dirty_bytes) if st else "?",
+        hit5m="-",
+        hit=pct(st.hit_ratio if st else None),
+        wbrate="-",
+        used=f"{100 * st.used // st.total}%" if st and st.total else "?",
+        errors=d.failure or ("ro" if st and st.metadata_mode == "ro" else "0"),
+        target=d.name,
+        dirty_bytes=d.dirty_bytes,
+        alert=st is None or (st is not None and (st.metadata_mode == "ro" or st.needs_check)),
+    )
+
+
+def rows(snap: Snapshot) -> list[Row]:
+    """The device tree: each cache set with its backing devices under it, then backing
+    devices on no (registered) set, then dm-cache devices."""
+    out: list[Row] = []
+    seen: set[str] = set()
+    for c in snap.cache_sets:
+        members = [b for b in snap.backings if b.cset_uuid == c.uuid]
+        out.append(cset_row(c, members))
+        for i, b in enumerate(members):
+            out.append(backing_row(b, "└ " if i == len(members) - 1 else "├ "))
+            seen.add(b.key)
+    for b in snap.backings:
+        if b.key not in seen:
+            out.append(backing_row(b, ""))
+    out.extend(dm_row(d) for d in snap.dmcaches)
+    return out
+
+
+def find(snap: Snapshot, key: str) -> BcacheBacking | CacheSet | DmCacheDevice | None:
+    """The snapshot's object behind a row key."""
+    if key.startswith("cset:"):
+        return snap.cache_set(key[5:])
+    if key.startswith("dm:"):
+        return next((d for d in snap.dmcaches if d.name == key[3:]), None)
+    return next((b for b in snap.backings if b.key == key), None)
+
+
+def most_dirty(snap: Snapshot) -> str | None:
+    """The key of the cached device holding the most dirty data (what to drain first)."""
+    best: tuple[int, str] | None = None
+    for r in rows(snap):
+        if r.kind != CSET and r.dirty_bytes and (best is None or r.dirty_bytes > best[0]):
+            best = (r.dirty_bytes, r.key)
+    return best[1] if best else None
+
+
+def block_name(obj: BcacheBacking | CacheSet | DmCacheDevice) -> str | None:
+    """The kernel block device whose IO counters measure the device's IOPS."""
+    if isinstance(obj, BcacheBacking):
+        return obj.device_name
+    if isinstance(obj, DmCacheDevice):
+        return obj.kernel_name
+    return None

@@ -1,0 +1,1 @@
+"""Widgets of the dashboard: the device tree, the trend sparklines, the action log."""

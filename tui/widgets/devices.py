@@ -1,0 +1,69 @@
+"""The device tree as a table: cache sets with their backing devices under them, then
+backing devices on no set, then dm-cache devices. Rows are updated in place when the set of
+devices did not change (cheap at 64+ devices), rebuilt when it did (hotplug)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from tui import view
+
+
+def _fit(value: str, width: int, right: bool) -> str:
+    if len(value) > width:
+        value = value[: width - 1] + "…"
+    return value.rjust(width) if right else value.ljust(width)
+
+
+class DeviceTable(DataTable[Text]):
+    def __init__(self, **kw: object) -> None:
+        # no cell padding: the cells carry their own one-space separator, so that ten
+        # columns fit in 80
+        super().__init__(cursor_type="row", zebra_stripes=False, cell_padding=0,
+                         **kw)  # type: ignore[arg-type]
+        self.keys: list[str] = []
+        self.shown: dict[str, tuple[str, ...]] = {}
+
+    def on_mount(self) -> None:
+        for key, label, width, right in view.COLUMNS:
+            self.add_column(Text(_fit(label, width, right) + " "), key=key, width=width + 1)
+
+    @staticmethod
+    def _cells(r: view.Row) -> list[Text]:
+        style = "bold red" if r.alert else ("bold" if r.kind == view.CSET else "")
+        cells = [Text(_fit(c, w, right) + " ", style=style)
+                 for c, (_, _, w, right) in zip(r.cells(), view.COLUMNS, strict=True)]
+        if r.state == "dirty" and not r.alert:
+            cells[3].stylize("yellow")
+        return cells
+
+    def show(self, rows: list[view.Row]) -> None:
+        keys = [r.key for r in rows]
+        if keys == self.keys:
+            for r in rows:
+                cells = r.cells()
+                if self.shown.get(r.key) == cells:
+                    continue
+                for (ckey, *_), value in zip(view.COLUMNS, self._cells(r), strict=True):
+                    self.update_cell(r.key, ckey, value)
+                self.shown[r.key] = cells
+            return
+        selected = self.selected_key
+        self.clear()
+        for r in rows:
+            self.add_row(*self._cells(r), key=r.key)
+            self.shown[r.key] = r.cells()
+        self.keys = keys
+        if selected in keys:
+            self.move_cursor(row=keys.index(selected), animate=False)
+
+    @property
+    def selected_key(self) -> str | None:
+        if not self.keys or self.cursor_row < 0 or self.cursor_row >= len(self.keys):
+            return None
+        return self.keys[self.cursor_row]
+
+    def select_key(self, key: str) -> None:
+        if key in self.keys:
+            self.move_cursor(row=self.keys.index(key), animate=False)

@@ -1,0 +1,38 @@
+"""Sparklines of the selected device: hit ratio, dirty data and IOPS over the last minutes."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label, Sparkline
+
+from cachemgr.model import human
+from tui.history import History
+
+
+class TrendPanel(Vertical):
+    """Three labelled sparklines; ``n`` samples (the width of the panel)."""
+
+    def compose(self) -> ComposeResult:
+        for key, label in (("hit", "hit"), ("dirty", "dirty"), ("iops", "IOPS")):
+            with Horizontal(classes="trend"):
+                yield Label(label, classes="trend-label")
+                yield Sparkline([], id=f"spark-{key}", classes="trend-spark")
+                yield Label("-", id=f"now-{key}", classes="trend-now")
+
+    def show(self, history: History, key: str | None, n: int = 120) -> None:
+        last = history.last(key) if key else None
+        for what in ("hit", "dirty", "iops"):
+            data = history.series(key, what, n) if key else []
+            spark = self.query_one(f"#spark-{what}", Sparkline)
+            spark.data = data if len(data) >= 2 else []
+            now = self.query_one(f"#now-{what}", Label)
+            v = getattr(last, what) if last else None
+            if v is None:
+                now.update("-")
+            elif what == "hit":
+                now.update(f"{100 * v:.0f}%")
+            elif what == "dirty":
+                now.update(human(int(v)))
+            else:
+                now.update(f"{v:.0f}/s")
