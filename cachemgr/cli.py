@@ -413,7 +413,11 @@ def cmd_lab_shell(args: argparse.Namespace) -> int:
 def cmd_lab_demo(args: argparse.Namespace) -> int:
     from cachemgr.lab import core
 
-    spec = _lab_spec(args)
+    # on a terminal the demo ends in the TUI over its caches (a workload keeps numbers
+    # moving); without one (CI, pipes) it prints `cachemgr status` and returns
+    tty = sys.stdin.isatty() and sys.stdout.isatty()
+    size = os.get_terminal_size() if tty else os.terminal_size((80, 24))
+    spec = _lab_spec(args, interactive=tty, rows=size.lines, cols=size.columns)
     if not args.disks:
         spec = core.LabSpec(**{**spec.__dict__, "disks": core.parse_disks("2G,512M")})
     return core.run([sys.executable, "-m", "cachemgr.lab.demo"], spec).returncode
@@ -436,8 +440,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
     import importlib
 
     app_mod = importlib.import_module("tui.app")
-    app_mod.CacheMgrApp(args.sysfs_root, args.interval).run()
-    return ExitCode.OK
+    # tui.app.run: the app's own exit code (0); nothing is printed on quitting
+    return int(app_mod.run(args.sysfs_root, args.interval))
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -453,7 +457,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 # Command groups that live in their own modules (each has ``register(subparsers)``), so a
 # subsystem's face sits next to it and this file does not grow without end.
-EXTENSIONS: list[str] = ["cachemgr.replace_cli"]
+EXTENSIONS: list[str] = ["cachemgr.replace_cli", "cachemgr.metrics_cli", "cachemgr.bench_cli",
+                           "cachemgr.udev_cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -552,8 +557,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_stop_set)
 
-    s = sub.add_parser("tui", help="the interactive dashboard (Textual)")
-    s.add_argument("--interval", type=float, default=1.0, metavar="S")
+    s = sub.add_parser("tui", help="the interactive dashboard and actions (Textual; also "
+                       "cachemgr-tui)")
+    s.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="refresh interval in seconds (default 1; +/- in the app)")
     s.set_defaults(func=cmd_tui)
 
     s = sub.add_parser("capture", help="copy this kernel's bcache/dm state into a fixture dir")

@@ -19,6 +19,11 @@ def _short(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def _tail(text: str, width: int) -> str:
+    """Keep the end of a long name (/dev/mapper/vm-disk-7 -> ~/vm-disk-7): it tells more."""
+    return text if len(text) <= width else "~" + text[-(width - 1):]
+
+
 def _ratio(b: BcacheBacking, interval: str) -> str:
     s = b.stats.get(interval)
     r = s.computed_hit_ratio if s else None
@@ -45,7 +50,7 @@ def status_table(snap: Snapshot) -> str:
         rate = "-" if b.writeback_rate is None or b.mode is None else \
             _short(b.writeback_rate.bytes) + "/s"
         lines.append(
-            f"{b.device or '(stopped)':<13.13}{b.identity.node:<13.13}"
+            f"{b.device or '(stopped)':<12.12} {_tail(b.identity.node, 12):<12} "
             f"{(b.mode.value if b.mode else '?'):<13}{b.state.value:<9}{dirty_text(b):>7}"
             f"{_ratio(b, 'five_minute'):>6}{_ratio(b, 'total'):>5}{rate:>8}"
             f"{b.io_errors if b.io_errors is not None else '?':>4} "

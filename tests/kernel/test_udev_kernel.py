@@ -1,0 +1,371 @@
+"""udev-triggered auto-attach on the lab kernel, with systemd-udevd running.
+
+Each test starts cold: scsi_debug disks (``per_host_store=1``: one host, one store, one WWN
+per disk) are formatted with make-bcache while bcache-tools' 69-bcache.rules registers them,
+then unregistered and pulled out of the kernel (SCSI ``device/delete``). Only then are the
+policy and udev/90-cachemgr.rules installed, and the disks come back by a SCSI rescan of
+their host: a real hot-add, with the add uevents udevd sees on a host.
+
+The end state (attached to the policy's cache set, in the policy's mode, with its tunables)
+is awaited with a timeout; the time from the last device event to that state is measured
+and printed (and appended to $CACHEMGR_UDEV_LATENCY_LOG when set). The worker's action
+journal (/var/lib/cachemgr/autoattach/actions.jsonl) is how duplicate work is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cachemgr import bcache, runner, scsi
+from cachemgr.scsi import ScsiDisk
+from cachemgr.sysfs import Sysfs
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = Path("/var/lib/cachemgr")
+ACTIONS = STATE / "autoattach" / "actions.jsonl"
+POLICY = Path("/etc/cachemgr/cachemgr.toml")
+
+
+@pytest.fixture(autouse=True)
+def _default_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the udev worker runs with udev's environment: the default state dir
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(STATE))
+    monkeypatch.delenv("CACHEMGR_POLICY", raising=False)
+
+
+@dataclass
+class Disk:
+    host: str  # host0
+    wwn: str  # naa.…
+    serial: str
+    uuid: str  # bcache dev.uuid
+
+    def find(self, sysfs: Sysfs) -> ScsiDisk | None:
+        return next((d for d in scsi.disks(sysfs) if d.wwid == self.wwn), None)
+
+
+def settle() -> None:
+    runner.run(["udevadm", "settle", "--timeout=30"], timeout=40)
+
+
+def wait(pred: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> float:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n"
+                                 + debug_state())
+        time.sleep(interval)
+    return time.monotonic() - t0
+
+
+def debug_state() -> str:
+    out = [f"records: {json.dumps(records(), indent=None)}", f"worker.log:\n{worker_log()}"]
+    q = STATE / "autoattach" / "queue"
+    out.append(f"queue: {sorted(os.listdir(q)) if q.is_dir() else None}")
+    r = subprocess.run(["bash", "-c", "ls /etc/udev/rules.d; for d in /sys/block/sd*; do "
+                        "echo $d $(cat $d/device/wwid) $(ls $d/bcache 2>/dev/null | head -3) "
+                        "$(readlink $d/bcache/cache) $(cat $d/bcache/cache_mode 2>/dev/null); "
+                        "done; ls /sys/fs/bcache; dmesg | tail -20"],
+                       capture_output=True, text=True, check=False)
+    out.append(r.stdout + r.stderr)
+    return "\n".join(out)
+
+
+def super_uuid(node: str) -> str:
+    out = runner.run(["bcache-super-show", node]).stdout
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("dev.uuid"))
+
+
+def prepare(n_backing: int, size_mb: int = 64) -> tuple[Sysfs, Disk, list[Disk]]:
+    """scsi_debug disks: one cache SSD and ``n_backing`` backing devices, formatted, then
+    unregistered and removed from the kernel (their stores keep the superblocks)."""
+    sysfs = Sysfs()
+    found = scsi.load_scsi_debug(sysfs, dev_size_mb=size_mb, per_host_store=1,
+                                 add_host=1 + n_backing)
+    settle()
+    found = tuple(sorted(found, key=lambda d: int(d.host[4:])))
+    ssd, backs = found[0], found[1:]
+    bcache.make_bcache(cache=ssd.node, bucket="64k")
+    for b in backs:
+        bcache.make_bcache(backing=[b.node])
+    settle()
+    disks = [Disk(d.host, d.wwid or "", d.serial or "", super_uuid(d.node)) for d in found]
+    # 69-bcache.rules registered them on the change events: undo that, then pull the disks
+    for b in backs:
+        rel = f"block/{b.name}/bcache"
+        if sysfs.exists(rel):
+            sysfs.write(f"{rel}/stop", "1")
+    for cset in sysfs.listdir("fs/bcache"):
+        if sysfs.is_dir(f"fs/bcache/{cset}"):
+            sysfs.write(f"fs/bcache/{cset}/unregister", "1")
+    wait(lambda: not any(sysfs.exists(f"block/{d.name}/bcache") for d in found), 20,
+         "bcache to let go of the disks")
+    settle()
+    for d in found:
+        scsi.remove(sysfs, d.name)
+    settle()
+    return sysfs, disks[0], disks[1:]
+
+
+def policy_text(ssd: Disk, backs: list[Disk], *, mode: str = "writeback",
+                fmt: bool = False) -> str:
+    lines = ["version = 1", "", "[cache.ssd0]",
+             f'device = "/dev/disk/by-id/wwn-0x{ssd.wwn.removeprefix("naa.")}"',
+             f"format_blank_ssd = {'true' if fmt else 'false'}", 'bucket_size = "64k"', ""]
+    for i, b in enumerate(backs):
+        ident = f"serial:{b.serial}" if i % 2 else b.wwn
+        lines += [f"[backing.vm{i}]", f'device = "{ident}"', 'cache = "ssd0"',
+                  f'mode = "{mode}"', "writeback_percent = 20", 'sequential_cutoff = "1M"', ""]
+    return "\n".join(lines)
+
+
+def install(text: str) -> None:
+    POLICY.parent.mkdir(parents=True, exist_ok=True)
+    POLICY.write_text(text)
+    runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--python", sys.executable,
+                "--no-systemd"])
+    assert Path("/etc/udev/rules.d/90-cachemgr.rules").exists()
+
+
+def records() -> list[dict[str, object]]:
+    if not ACTIONS.exists():
+        return []
+    return [json.loads(line) for line in ACTIONS.read_text().splitlines() if line]
+
+
+def acts(kind: str | None = None) -> list[dict[str, object]]:
+    return [r for r in records() if r["kind"] not in ("pass", "note", "policy-error")
+            and (kind is None or r["kind"] == kind) and r.get("result") == "done"]
+
+
+def rescan(sysfs: Sysfs, d: Disk) -> ScsiDisk:
+    scsi.rescan(sysfs, d.host)
+    return scsi.wait_for_disk(sysfs, d.wwn, 20)
+
+
+def backing_ok(sysfs: Sysfs, d: Disk, mode: str = "writeback") -> bool:
+    disk = d.find(sysfs)
+    if disk is None:
+        return False
+    rel = f"block/{disk.name}/bcache"
+    link = sysfs.readlink(f"{rel}/cache")
+    mode_text = sysfs.read_opt(f"{rel}/cache_mode") or ""
+    return (link is not None and f"[{mode}]" in mode_text
+            and sysfs.read_opt(f"{rel}/writeback_percent") == "20"
+            and sysfs.read_opt(f"{rel}/sequential_cutoff") == "1.0M")
+
+
+def cset_of(sysfs: Sysfs, d: Disk) -> str | None:
+    disk = d.find(sysfs)
+    link = sysfs.readlink(f"block/{disk.name}/bcache/cache") if disk else None
+    return os.path.basename(link) if link else None
+
+
+def report(name: str, **values: object) -> None:
+    line = json.dumps({"test": name, **values})
+    print(line)
+    path = os.environ.get("CACHEMGR_UDEV_LATENCY_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def worker_log() -> str:
+    p = STATE / "autoattach" / "worker.log"
+    return p.read_text() if p.exists() else ""
+
+
+@pytest.mark.kernel(udev=True, timeout=240)
+@pytest.mark.parametrize("order", ["cache-first", "backing-first"])
+def test_hot_add_in_either_order(order: str) -> None:
+    sysfs, ssd, backs = prepare(2)
+    install(policy_text(ssd, backs))
+    first, rest = ([ssd], backs) if order == "cache-first" else (backs, [ssd])
+    for d in first:
+        rescan(sysfs, d)
+    settle()
+    if order == "backing-first":
+        # no cache yet: registered (by 69-bcache.rules or us), mode and tunables applied
+        wait(lambda: all(sysfs.read_opt(f"block/{d.find(sysfs).name}/bcache/cache_mode")  # type: ignore[union-attr]
+                         is not None for d in backs), 10, "backing devices registered")
+    for d in rest:
+        scsi.rescan(sysfs, d.host)
+    t_last = time.monotonic()
+    for d in rest:
+        scsi.wait_for_disk(sysfs, d.wwn, 20)
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15,
+         "the policy's attachments and modes")
+    latency = time.monotonic() - t_last
+    csets = {cset_of(sysfs, b) for b in backs}
+    assert len(csets) == 1 and None not in csets
+    ssd_disk = ssd.find(sysfs)
+    assert ssd_disk is not None
+    assert sysfs.readlink(f"block/{ssd_disk.name}/bcache/set") is not None
+    settle()
+    time.sleep(0.5)
+    passes = [r for r in records() if r["kind"] == "pass"]
+    report(f"hot_add_{order}", seconds_from_last_rescan=round(latency, 3),
+           worker_latency_s=[p["latency_s"] for p in passes],
+           events=sum(int(p["events"]) for p in passes), passes=len(passes),
+           actions=[(r["kind"], r["result"]) for r in records() if r["kind"] != "pass"])
+    assert latency < 10, f"{latency:.2f} s from the last rescan to the end state"
+    # each backing device attached once, its mode set at most once (make-bcache's default
+    # mode is writethrough), never a failure
+    assert len(acts("attach")) <= len(backs)
+    assert not [r for r in records() if r.get("result") == "failed"], records()
+    # idempotent: the same events again change nothing
+    before = len(acts())
+    runner.run(["udevadm", "trigger", "--action=change", "--subsystem-match=block"])
+    settle()
+    time.sleep(1.0)
+    assert len(acts()) == before, records()
+
+
+def passes() -> list[dict[str, object]]:
+    return [r for r in records() if r["kind"] == "pass"]
+
+
+def wait_idle(n_passes: int = 1, timeout: float = 20) -> None:
+    """udev has run every rule, and the worker has made at least ``n_passes`` passes and
+    holds no queued event."""
+    settle()
+    q = STATE / "autoattach" / "queue"
+    wait(lambda: len(passes()) >= n_passes and not [p for p in os.listdir(q)
+                                                    if not p.startswith(".")],
+         timeout, f"{n_passes} worker pass(es) and an empty queue")
+    time.sleep(0.5)
+
+
+@pytest.mark.kernel(udev=True, timeout=240)
+def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
+    """The old cache is gone (wiped) and the SSD comes back blank in its slot: with
+    format_blank_ssd the worker makes a new cache set on it and attaches the backing."""
+    sysfs, ssd, backs = prepare(1)
+    install(policy_text(ssd, backs, fmt=True))
+    for d in (ssd, *backs):
+        rescan(sysfs, d)
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15, "first assembly")
+    old = cset_of(sysfs, backs[0])
+    # the replacement (as replace-ssd does it) with the rules out of the way
+    runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--uninstall", "--no-systemd"])
+    b = backs[0].find(sysfs)
+    s = ssd.find(sysfs)
+    assert b is not None and s is not None and old is not None
+    sysfs.write(f"block/{b.name}/bcache/detach", "1")
+    wait(lambda: sysfs.read_opt(f"block/{b.name}/bcache/state") == "no cache", 20, "detach")
+    sysfs.write(f"fs/bcache/{old}/unregister", "1")
+    wait(lambda: not sysfs.exists(f"fs/bcache/{old}"), 20, "unregister")
+    runner.run(["wipefs", "-a", s.node])
+    settle()
+    scsi.remove(sysfs, s.name)
+    settle()
+    n_before = len(records())
+    install(policy_text(ssd, backs, fmt=True))
+    scsi.rescan(sysfs, ssd.host)
+    t_last = time.monotonic()
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs) and cset_of(sysfs, backs[0]) != old,
+         20, "the backing attached to a new cache set on the re-inserted SSD")
+    latency = time.monotonic() - t_last
+    new = records()[n_before:]
+    fmt = [r for r in new if r["kind"] == "format" and r["result"] == "done"]
+    report("reinserted_blank_ssd", seconds_from_rescan=round(latency, 3),
+           actions=[(r["kind"], r["result"]) for r in new if r["kind"] != "pass"])
+    assert len(fmt) == 1, new
+    assert [r for r in new if r["kind"] == "attach" and r["result"] == "done"], new
+    assert cset_of(sysfs, backs[0]) not in (None, old)
+
+
+@pytest.mark.kernel(udev=True, timeout=240)
+def test_unrelated_disks_do_nothing() -> None:
+    sysfs, ssd, backs = prepare(1)
+    install(policy_text(ssd, backs))
+    for d in (ssd, *backs):
+        rescan(sysfs, d)
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15, "assembly")
+    wait_idle()
+    n_before = len(records())
+    # two disks the policy does not name arrive; one carries a bcache backing superblock
+    for _ in range(2):
+        Path("/sys/bus/pseudo/drivers/scsi_debug/add_host").write_text("1")
+    settle()
+    known = {d.wwn for d in (ssd, *backs)}
+    wait(lambda: len([d for d in scsi.disks(sysfs) if d.wwid not in known]) == 2, 20,
+         "the unrelated disks")
+    other = [d for d in scsi.disks(sysfs) if d.wwid not in known]
+    bcache.make_bcache(backing=[other[0].node])
+    runner.run(["udevadm", "trigger", "--action=change", f"--name-match={other[1].node}"])
+    wait_idle(len(passes()) + 1)
+    new = records()[n_before:]
+    assert [r for r in new if r["kind"] == "pass"], "the events reached the worker"
+    assert [r for r in new if r["kind"] != "pass"] == [], new
+    # 69-bcache.rules registered the unrelated backing device; nobody attached it
+    rel = f"block/{other[0].name}/bcache"
+    wait(lambda: sysfs.exists(f"{rel}/cache_mode"), 10, "69-bcache.rules registering it")
+    assert sysfs.readlink(f"{rel}/cache") is None
+    report("unrelated", passes=len([r for r in new if r["kind"] == "pass"]), actions=0)
+
+
+@pytest.mark.kernel(udev=True, timeout=300, mem=2048)
+def test_event_storm_is_handled_without_duplicate_work() -> None:
+    n = 5
+    sysfs, ssd, backs = prepare(n)
+    install(policy_text(ssd, backs))
+    t0 = time.monotonic()
+    for d in (*backs, ssd):  # every host at once, the cache last
+        scsi.rescan(sysfs, d.host)
+    t_last = time.monotonic()
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 30, "all attachments")
+    latency = time.monotonic() - t_last
+    # and two more storms of change events over every block device
+    for _ in range(2):
+        runner.run(["udevadm", "trigger", "--action=change", "--subsystem-match=block"])
+    wait_idle()
+    settle()
+    time.sleep(1.0)
+    rs = records()
+    done = [(r["kind"], r["device"], r.get("name")) for r in rs if r.get("result") == "done"]
+    events = sum(int(p["events"]) for p in passes())  # type: ignore[call-overload]
+    report("storm", devices=n + 1, events=events, passes=len(passes()),
+           seconds_from_last_rescan=round(latency, 3), total_s=round(time.monotonic() - t0, 3),
+           worker_latency_s=[p["latency_s"] for p in passes()],
+           done=len(done))
+    assert len(done) == len(set(done)), f"duplicate work: {done}"
+    assert len([d for d in done if d[0] == "attach"]) == n
+    assert not [r for r in rs if r.get("result") == "failed"], rs
+    assert len(passes()) < events, "events were coalesced into fewer passes"
+
+
+@pytest.mark.kernel(udev=True, timeout=240)
+def test_malformed_policy_acts_on_nothing_and_says_why() -> None:
+    sysfs, ssd, backs = prepare(1)
+    text = policy_text(ssd, backs).replace('mode = "writeback"', 'mode = "writebak"')
+    bad_line = text.splitlines().index('mode = "writebak"') + 1
+    install(text)
+    for d in (ssd, *backs):
+        rescan(sysfs, d)
+    wait_idle(0)
+    wait(lambda: any(r["kind"] == "policy-error" for r in records()), 15, "the policy error")
+    rs = records()
+    assert all(r["kind"] == "policy-error" for r in rs), rs
+    assert f"cachemgr.toml:{bad_line}: mode: unknown cache mode 'writebak'" in str(rs[0]["error"])
+    assert f":{bad_line}: mode" in worker_log()
+    b = backs[0].find(sysfs)
+    assert b is not None
+    # 69-bcache.rules registered both; nothing was attached or changed
+    assert sysfs.readlink(f"block/{b.name}/bcache/cache") is None
+    assert "[writethrough]" in (sysfs.read_opt(f"block/{b.name}/bcache/cache_mode") or "")
+    for argv in (["policy", "check"], ["autoattach"]):
+        r = subprocess.run([sys.executable, "-m", "cachemgr.cli", *argv], capture_output=True,
+                           text=True, check=False)
+        assert r.returncode == 2, r
+        assert f"cachemgr.toml:{bad_line}: mode: unknown cache mode" in r.stderr
+    assert sysfs.readlink(f"block/{b.name}/bcache/cache") is None
