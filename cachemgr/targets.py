@@ -2,7 +2,8 @@
 
 Accepted (DESIGN.md): /dev/bcache0, a backing device (/dev/sdb, /dev/disk/by-id/..., any
 symlink to it), a bcache backing UUID, /dev/bcache/by-uuid/UUID, a cset UUID, the cache
-device of a set. Errors name the target and say how to list valid ones.
+device of a set; for dm-cache: /dev/mapper/NAME, /dev/dm-N, the dm name, the dm UUID, or any
+link to the device. Errors name the target and say how to list valid ones.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 
 from cachemgr.errors import UsageError
-from cachemgr.model import BcacheBacking, CacheSet, Snapshot
+from cachemgr.model import BcacheBacking, CacheSet, DmCacheDevice, Snapshot
 from cachemgr.sysfs import Sysfs
 
 
@@ -53,3 +54,27 @@ def resolve_cache_set(snap: Snapshot, target: str, sysfs: Sysfs | None = None) -
         f"{target} is not a registered bcache cache set or cache device",
         hint="cachemgr status lists the cache sets; register the SSD first if it is not",
     )
+
+
+def find_dmcache(snap: Snapshot, target: str, sysfs: Sysfs | None = None
+                 ) -> DmCacheDevice | None:
+    """The dm-cache device ``target`` names, or None when it names none (then the bcache
+    resolvers get their turn, so bcache paths keep working unchanged)."""
+    for d in snap.dmcaches:
+        if target in (d.name, d.node, d.kernel_name, f"/dev/{d.kernel_name}") or (
+                d.uuid and target == d.uuid):
+            return d
+    if target.startswith("/dev/") and os.path.exists(target) and sysfs is not None:
+        name = sysfs.block_name_of(target)
+        for d in snap.dmcaches:
+            if name is not None and name == d.kernel_name:
+                return d
+    return None
+
+
+def resolve_dmcache(snap: Snapshot, target: str, sysfs: Sysfs | None = None) -> DmCacheDevice:
+    d = find_dmcache(snap, target, sysfs)
+    if d is None:
+        raise UsageError(f"{target} is not a dm-cache device",
+                         hint="cachemgr status lists them; use /dev/mapper/NAME or the dm name")
+    return d

@@ -8,7 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$here/.venv/bin/python}
-all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback scsi-ssd-in-use"
+all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback dmcache-states dmcache-failed scsi-ssd-in-use"
 
 if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
     backend=uml
@@ -72,6 +72,69 @@ dmcache-writeback)
     dmsetup create vmcache --table "0 $sz cache $meta $ssd /dev/mapper/slow 64 1 writeback smq 0"
     write /dev/mapper/vmcache 8M
     cap "a dm-cache device in writeback mode over a dm-delay origin, with dirty blocks"
+    ;;
+dmcache-states)
+    # four dm-cache devices over dm-linear slices of the three disks: writethrough clean
+    # (metadata2, 128 KiB blocks, migration_threshold changed by message: status and table
+    # differ), writeback dirty owned by "LVM" (a faked LVM- UUID), passthrough, and writeback
+    # switched to the cleaner policy (writethrough) while dirty blocks remain. The last two
+    # are written over 2 ms dm-delay origins, then at once their writes are slowed to 2 s and their
+    # migration_threshold set to 64 (one block in flight): most of their dirty blocks are
+    # still there when the capture runs.
+    hs=$(( $(blockdev --getsz "$hdd") / 4 )); cs=$(( $(blockdev --getsz "$ssd") / 4 ))
+    ms=$(( $(blockdev --getsz "$meta") / 4 ))
+    for i in 0 1 2 3; do
+        dmsetup create "o$i" --table "0 $hs linear $hdd $((i * hs))"
+        dmsetup create "c$i" --table "0 $cs linear $ssd $((i * cs))"
+        dmsetup create "m$i" --table "0 $ms linear $meta $((i * ms))"
+        dd if=/dev/zero of="/dev/mapper/m$i" bs=4k count=1 oflag=direct 2>/dev/null
+    done
+    dmsetup create slow1 --table "0 $hs delay /dev/mapper/o1 0 2"
+    dmsetup create slow3 --table "0 $hs delay /dev/mapper/o3 0 2"
+    ct() { echo "0 $hs cache /dev/mapper/m$1 /dev/mapper/c$1 $2"; }
+    dmsetup create wt --table "$(ct 0 /dev/mapper/o0) 256 2 metadata2 writethrough smq 0"
+    dmsetup message wt 0 migration_threshold 4096
+    dmsetup create --uuid LVM-fakeVGuuid0000000000000000000fakeLVuuid000000000000000000000 \
+        vg0-lv0 --table "$(ct 1 /dev/mapper/slow1) 64 1 writeback smq 0"
+    dmsetup create pt --table "$(ct 2 /dev/mapper/o2) 64 1 passthrough smq 0"
+    dmsetup create flushing --table "$(ct 3 /dev/mapper/slow3) 64 1 writeback smq 0"
+    write /dev/mapper/wt 4M
+    write /dev/mapper/pt 4M
+    fio --name=r --filename=/dev/mapper/wt --rw=randread --bs=4k --size=64M --io_size=4M \
+        --direct=1 --random_distribution=zipf:1.2 --output-format=terse >/dev/null
+    slow() {
+        dmsetup message "$1" 0 migration_threshold 64
+        dmsetup suspend "$2"
+        # reads stay fast (blkid in the capture reads every device), writes take 2 s
+        dmsetup load "$2" --table "0 $hs delay /dev/mapper/o$3 0 0 /dev/mapper/o$3 0 2000"
+        dmsetup resume "$2"
+    }
+    write /dev/mapper/vg0-lv0 16M
+    slow vg0-lv0 slow1 1
+    write /dev/mapper/flushing 16M
+    slow flushing slow3 3
+    dmsetup suspend flushing
+    dmsetup load flushing --table \
+        "$(ct 3 /dev/mapper/slow3) 64 1 writethrough cleaner 2 migration_threshold 64"
+    dmsetup resume flushing
+    cap "four dm-cache devices over dm-linear slices: wt (writethrough, metadata2, 128 KiB blocks, migration_threshold 4096 set by message), vg0-lv0 (writeback, dirty, dm UUID LVM-...: LVM-owned), pt (passthrough), flushing (writethrough + cleaner policy, dirty blocks left); vg0-lv0 and flushing over dm-delay origins with 2 s writes, migration_threshold 64"
+    ;;
+dmcache-failed)
+    # the metadata device (a dm-linear) starts failing every IO; the next writes make the
+    # kernel abort the metadata transaction and fail the cache: status reads "Fail" (the
+    # first status after the errors read "Error" in the lab)
+    sz=$(blockdev --getsz "$hdd"); msz=$(blockdev --getsz "$meta")
+    dmsetup create meta --table "0 $msz linear $meta 0"
+    dd if=/dev/zero of=/dev/mapper/meta bs=4k count=1 oflag=direct 2>/dev/null
+    dmsetup create failing --table "0 $sz cache /dev/mapper/meta $ssd $hdd 64 1 writeback smq 0"
+    write /dev/mapper/failing 8M
+    dmsetup suspend meta; dmsetup load meta --table "0 $msz error"; dmsetup resume meta
+    write /dev/mapper/failing 4M
+    for _ in $(seq 50); do
+        dmsetup status failing | grep -q ' Fail' && break
+        write /dev/mapper/failing 1M; sleep 0.1
+    done
+    cap "a writeback dm-cache device whose metadata device failed (every IO errors): dmsetup status reads Fail"
     ;;
 scsi-ssd-in-use)
     # Not in $all: run it by name (scripts/capture-fixtures.sh scsi-ssd-in-use).
