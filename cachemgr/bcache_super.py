@@ -22,8 +22,8 @@ import logging
 import re
 
 from cachemgr import bcache, identity, runner
-from cachemgr.errors import CommandError, KernelFormatError
-from cachemgr.model import UnregisteredBcache
+from cachemgr.errors import CommandError, KernelFormatError, UnsafeError
+from cachemgr.model import Snapshot, UnregisteredBcache
 from cachemgr.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
@@ -86,3 +86,19 @@ def scan_unregistered(sysfs: Sysfs) -> tuple[UnregisteredBcache, ...]:
             sb_mode=fields.get("dev.data.cache_mode"),
         ))
     return tuple(found)
+
+
+def refuse_orphaned_dirt(snap: Snapshot, cset: str) -> None:
+    """A backing device that bcache stopped (IO errors, a failed set) while dirty is no
+    longer listed in the set, but its dirty data still lives on this SSD (seen in the lab:
+    the undrainable-dirty-data test). Replacing or unregistering the set would lose it."""
+    lost = [u for u in snap.unregistered
+            if u.kind == "backing" and u.cset_uuid == cset and u.sb_state == "dirty"]
+    if lost:
+        names = ", ".join(u.identity.node for u in lost)
+        raise UnsafeError(
+            f"cache set {cset} holds dirty data of {names}, which bcache stopped (see dmesg: "
+            "usually IO errors on that backing device); replacing the SSD would lose it",
+            hint=f"repair {lost[0].identity.node} and register it again "
+                 f"(echo {lost[0].identity.node} > /sys/fs/bcache/register) so its dirty data "
+                 "can be written back, then run replace-ssd again")

@@ -161,14 +161,14 @@ def drain(
             restore_saved(sysfs, b)
 
 
-def _gone(b: BcacheBacking, dev: str) -> StallError:
+def _gone(b: BcacheBacking, dev: str, cset: str | None) -> StallError:
     # Seen in the lab (7.2): a backing device failing every write makes bcache stop it after
     # io_error_limit errors ("too many IO errors on backing device"); the dirty data stays
     # in the cache set, which stays registered.
     return StallError(
         f"{dev}: bcache stopped the device during the drain (see dmesg: most likely IO "
         f"errors on the backing device {b.identity.node}); its dirty data ({b.dirty}) stays "
-        f"in cache set {b.cset_uuid}: do not unregister, wipe or replace that cache device",
+        f"in cache set {cset}: do not unregister, wipe or replace that cache device",
         hint=f"repair {b.identity.node}, then register it again "
              f"(echo {b.identity.node} > /sys/fs/bcache/register) to resume writeback",
     )
@@ -177,6 +177,7 @@ def _gone(b: BcacheBacking, dev: str) -> StallError:
 def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, timeout: float,
          stall_timeout: float, confirm: float, interval: float,
          progress: Callable[[DrainProgress], None] | None) -> DrainResult:
+    cset = b.cset_uuid  # known now; bcache may drop the link before it stops the device
     try:
         for name, value in DRAIN_SETTINGS.items():
             try:
@@ -188,7 +189,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
                 raise
             b = _reread(sysfs, b)
     except DeviceGone:
-        raise _gone(b, dev) from None
+        raise _gone(b, dev, cset) from None
     t0 = time.monotonic()
     start = b.dirty.bytes if b.dirty else None
     best = start
@@ -202,7 +203,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
         try:
             b = _reread(sysfs, b)
         except DeviceGone:
-            raise _gone(b, dev) from None
+            raise _gone(b, dev, cset) from None
         dirty = b.dirty.bytes if b.dirty else None
         if dirty is not None:
             if last is not None and now > last[0]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cachemgr import bcache, drain, runner, scsi, snapshot, state
+from cachemgr import bcache, bcache_super, drain, runner, scsi, snapshot, state
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
@@ -175,8 +175,9 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
                                  CacheMode.WRITEAROUND.value):
         raise UsageError(f"interim mode {opts.interim_mode!r} would keep making dirty data",
                          hint="use none (default), writearound or writethrough")
-    snap = snapshot.take(sysfs)
+    snap = snapshot.take(sysfs, probe_unregistered=True)
     cset = resolve_cache_set(snap, cache, sysfs)
+    bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
     if len(cset.caches) != 1:
         raise UnsafeError(f"cache set {cset.uuid} has {len(cset.caches)} cache devices; "
                           "replace-ssd handles sets with exactly one")
@@ -317,10 +318,11 @@ def s_detach(c: Ctx) -> None:
 
 
 def s_unregister(c: Ctx) -> None:
-    snap = c.snap()
+    snap = snapshot.take(c.sysfs, probe_unregistered=True)
     cset = snap.cache_set(c.j.cset)
     if cset is None:
         return
+    bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
     bcache.unregister_cache_set(c.sysfs, cset, snap.backings)
     c.say(f"cache set {c.j.cset} unregistered")
 

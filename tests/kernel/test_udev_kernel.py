@@ -264,7 +264,9 @@ def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
     wait(lambda: sysfs.read_opt(f"block/{b.name}/bcache/state") == "no cache", 20, "detach")
     sysfs.write(f"fs/bcache/{old}/unregister", "1")
     wait(lambda: not sysfs.exists(f"fs/bcache/{old}"), 20, "unregister")
-    runner.run(["wipefs", "-a", s.node])
+    # the cache device is released a moment after its set is gone ("Device or resource busy")
+    wait(lambda: runner.run(["wipefs", "-a", s.node], check=False).returncode == 0, 20,
+         "wipefs of the released cache device")
     settle()
     scsi.remove(sysfs, s.name)
     settle()
