@@ -17,7 +17,9 @@ step "ruff"
 .venv/bin/ruff check cachemgr tui tests
 step "mypy"
 .venv/bin/mypy
-step "unit and kernel tests (UML kernel)"
-"$py" -m pytest -p no:cacheprovider tests --lab-backend=uml
+step "unit tests"
+"$py" -m pytest -p no:cacheprovider tests/unit
+step "kernel tests (UML kernel; each test boots its own guest, two at a time)"
+"$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 2
 step "kernel smoke set (qemu, Debian 12 kernel)"
 "$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu
