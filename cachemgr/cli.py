@@ -136,6 +136,11 @@ def _dm_drain(args: argparse.Namespace, sysfs: Sysfs, dm: DmCacheDevice) -> int:
     try:
         res = dmcache.flush(sysfs, dm, timeout=args.timeout, stall_timeout=args.stall_timeout,
                             progress=None if args.json else rep)
+    except AlreadyError:
+        if not getattr(args, "resume", False):
+            raise
+        print(f"{dm.node}: already clean", file=sys.stderr)
+        return ExitCode.OK
     finally:
         rep.done()
     if args.json:
@@ -286,6 +291,9 @@ def cmd_remove(args: argparse.Namespace) -> int:
         b = resolve_backing(snap, args.target, sysfs)
     except UsageError:
         c = resolve_cache_set(snap, args.target, sysfs)
+        from cachemgr.bcache_super import refuse_orphaned_dirt
+
+        refuse_orphaned_dirt(snapshot_mod.take(sysfs, probe_unregistered=True), c.uuid)
         return _emit(args, [bcache.unregister_cache_set(sysfs, c, snap.backings)])
     changes = []
     if b.cset_uuid is not None:

@@ -246,6 +246,17 @@ def test_mode_switches_under_load_and_passthrough_refusal(lab_disks: list[str]) 
     finally:
         job = stop_load(load, "/run/stop-load")
     assert table() == before
+    # idle, smq writes the dirty blocks back by itself (after a second); then passthrough
+    # without --drain is accepted (cachemgr goes writeback -> writethrough -> passthrough)
+    deadline = time.monotonic() + 30
+    while dirty() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert dirty() == 0
+    rc, _, err = run_cm("mode", "vc", "passthrough")
+    assert rc == 0, err
+    assert table().split()[7:9] == ["1", "passthrough"] and not suspended()
+    assert run_cm("mode", "vc", "writeback")[0] == 0
+    assert table() == before
     # suspend -> load -> resume keeps the kernel's hit counters across every switch
     assert int(fields()[7]) + int(fields()[9]) >= hits
     assert int(job["write"]["total_ios"]) > 0  # type: ignore[index]
@@ -331,7 +342,7 @@ def test_flush_interrupted_restores_table(lab_disks: list[str]) -> None:
     dm("load", "hdd", "--table", f"0 {sectors} delay {hdd} 0 5")
     dm("resume", "hdd")
     rc, _, err = run_cm("drain", "vc", "--resume")
-    assert rc == 0, err
+    assert rc == 0, err  # restored, then flushed (or found clean: the cleaner ran on)
     assert "restored table" in err
     assert table() == before and not suspended() and journals() == []
     assert dirty() == 0
@@ -346,9 +357,12 @@ def test_remove_leaves_every_byte_on_the_origin(lab_disks: list[str]) -> None:
     fill("/dev/mapper/vc", "24M", *verify, "--do_verify=0")
     hold_writeback()
     assert dirty() > 0
+    # the dirty blocks are only in the cache so far: the origin itself differs. The origin
+    # first: a whole-device read through the cache promotes blocks, and making room for them
+    # writes dirty blocks back (seen on 6.1).
+    origin_before = sha256("/dev/mapper/hdd")
     through_cache = sha256("/dev/mapper/vc")
-    # the dirty blocks are only in the cache so far: the origin itself differs
-    assert sha256("/dev/mapper/hdd") != through_cache
+    assert origin_before != through_cache
     t0 = time.monotonic()
     rc, out, err = run_cm("remove", "vc")
     assert rc == 0, err
