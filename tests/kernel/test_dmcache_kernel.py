@@ -263,7 +263,6 @@ def test_mode_switches_under_load_and_passthrough_refusal(lab_disks: list[str]) 
 
 
 @pytest.mark.kernel(disks=DISKS, timeout=400)
-@pytest.mark.qemu_smoke
 def test_flush_under_continuous_writes(lab_disks: list[str]) -> None:
     make(lab_disks)
     assert run_cm("tune", "vc", "migration_threshold=4096")[0] == 0

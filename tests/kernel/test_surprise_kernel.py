@@ -26,7 +26,6 @@ def fio(dev: str, *extra: str, check: bool = True) -> runner.Completed:
 
 
 @pytest.mark.kernel(disks="512M,512M", timeout=300)
-@pytest.mark.qemu_smoke
 def test_ssd_pulled_while_one_device_dirty_and_one_clean(lab_disks: list[str]) -> None:
     sysfs = Sysfs()
     (ssd,) = scsi.load_scsi_debug(sysfs, dev_size_mb=160, per_host_store=1)
