@@ -324,6 +324,18 @@ def s_unregister(c: Ctx) -> None:
         return
     bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
     bcache.unregister_cache_set(c.sysfs, cset, snap.backings)
+    # The set's directory goes first; the cache device's own bcache/ directory and its
+    # holders link follow a little later (a loaded lab host showed the gap): wait for them,
+    # or the next steps would find the SSD still "in use" and refuse.
+    name = c.j.old["name"]
+
+    def released() -> bool:
+        return not c.sysfs.is_dir(f"block/{name}/bcache") and not c.sysfs.listdir(
+            f"block/{name}/holders")
+
+    if not bcache.wait_for(released, 60, 0.2):
+        raise CacheMgrError(f"{c.j.old['node']} is still held by bcache 60 s after its cache "
+                            "set was unregistered")
     c.say(f"cache set {c.j.cset} unregistered")
 
 
@@ -346,7 +358,7 @@ def s_wipe_old(c: Ctx) -> None:
     d = _old_present(c)
     if d is None:
         return
-    if c.sysfs.exists(f"block/{d.name}/bcache"):
+    if not bcache.wait_for(lambda: not c.sysfs.exists(f"block/{d.name}/bcache"), 30, 0.2):
         raise UnsafeError(f"{d.node} is still registered with bcache; refusing to wipe it")
     if _signature(d.node) is None:
         return
