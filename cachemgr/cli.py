@@ -489,7 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("mode", help="switch the cache mode of a cached device")
     s.add_argument("target", metavar="TARGET")
-    s.add_argument("mode", metavar="MODE", help="writethrough|writeback|writearound|none")
+    s.add_argument("mode", metavar="MODE", help="bcache: writethrough|writeback|writearound|"
+                   "none; dm-cache: writeback|writethrough|passthrough")
     s.add_argument("--drain", action="store_true", help="then drain until clean")
     s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
     s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S")

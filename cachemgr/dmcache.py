@@ -760,9 +760,10 @@ def _flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean:
     state.write_json(path, {"device": d.node, "name": d.name, "uuid": d.uuid,
                             "original": restore_line, "flush": flush_line,
                             "started": time.time()})
-    done = False
+    switched = done = False
     try:
-        _switch(d.name, live_line, flush_line)
+        _switch(d.name, live_line, flush_line)  # on failure the live table runs on
+        switched = True
         start = _poll_clean(d, timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
                             interval=interval, progress=progress, t0=t0)
         _switch(d.name, flush_line, final_line, require_clean=require_clean)
@@ -771,7 +772,7 @@ def _flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean:
                            {"mode": original.mode.value, "policy": original.policy},
                            final_line)
     finally:
-        if not done:
+        if switched and not done:
             try:
                 _switch(d.name, flush_line, restore_line)
                 log.info("%s: original table restored: %s", d.node, restore_line)
