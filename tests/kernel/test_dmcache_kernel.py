@@ -268,7 +268,6 @@ def test_mode_switches_under_load_and_passthrough_refusal(lab_disks: list[str]) 
 
 
 @pytest.mark.kernel(disks=DISKS)
-@pytest.mark.qemu_smoke
 def test_flush_under_continuous_writes(lab_disks: list[str]) -> None:
     make(lab_disks)
     assert run_cm("tune", "vc", "migration_threshold=4096")[0] == 0
@@ -354,7 +353,6 @@ def test_flush_interrupted_restores_table(lab_disks: list[str]) -> None:
 
 
 @pytest.mark.kernel(disks="256M,64M,16M")  # smaller: every byte is read four times
-@pytest.mark.qemu_smoke
 def test_remove_leaves_every_byte_on_the_origin(lab_disks: list[str]) -> None:
     make(lab_disks, delay_ms=2)
     raw, ssd, meta = lab_disks  # /dev/mapper/hdd is "delay raw 0 2": the same bytes

@@ -81,7 +81,6 @@ def tunables(sysfs: Sysfs) -> tuple[str, str, str]:
 
 
 @pytest.mark.kernel(disks="1G,256M", timeout=400)
-@pytest.mark.qemu_smoke
 def test_drain_under_write_load_restores_tunables(lab_disks: list[str]) -> None:
     sysfs = setup_dirty(lab_disks)
     assert run_cm("mode", "/dev/bcache0", "none")[0] == 0
