@@ -70,6 +70,10 @@ def scan_unregistered(sysfs: Sysfs) -> tuple[UnregisteredBcache, ...]:
             continue
         if (sysfs.read_int(f"{rel}/size") or 0) == 0 or sysfs.listdir(f"{rel}/holders"):
             continue
+        # a suspended dm device blocks every read until it is resumed: probing one during a
+        # table switch (ours or LVM's) hung `cachemgr status` in the lab
+        if (sysfs.read_opt(f"{rel}/dm/suspended") or "0").strip() == "1":
+            continue
         node = f"/dev/{name}"
         sb = identity.probe_superblock(node)
         if sb is None or sb.type != "bcache":
