@@ -5,7 +5,7 @@ from __future__ import annotations
 from cachemgr.model import BcacheBacking, DmCacheDevice, Snapshot, human
 
 
-def _short(n: int | None) -> str:
+def short(n: int | None) -> str:
     """Compact sizes for the table: 0, 512B, 4.0K, 58.5M, 1.2G."""
     if n is None:
         return "?"
@@ -35,7 +35,7 @@ def dirty_text(b: BcacheBacking) -> str:
         return "?"
     if b.cset_uuid is None and b.state.value == "dirty":
         return "lost?"  # the dirty data is on a cache set that is not registered
-    return _short(b.dirty.bytes)
+    return short(b.dirty.bytes)
 
 
 def status_table(snap: Snapshot) -> str:
@@ -48,7 +48,7 @@ def status_table(snap: Snapshot) -> str:
                  f"{'HIT5m':>6}{'HIT':>5}{'WBRATE':>8}{'ERR':>4} CSET")
     for b in snap.backings:
         rate = "-" if b.writeback_rate is None or b.mode is None else \
-            _short(b.writeback_rate.bytes) + "/s"
+            short(b.writeback_rate.bytes) + "/s"
         lines.append(
             f"{b.device or '(stopped)':<12.12} {_tail(b.identity.node, 12):<12} "
             f"{(b.mode.value if b.mode else '?'):<13}{b.state.value:<9}{dirty_text(b):>7}"
@@ -89,7 +89,7 @@ def _dm_row(d: DmCacheDevice) -> str:
     BACKING its origin, CSET its cache device; no per-interval stats, rate or errors."""
     st = d.status
     ratio = st.hit_ratio if st else None
-    dirty = _short(d.dirty_bytes) if st else "?"
+    dirty = short(d.dirty_bytes) if st else "?"
     return (f"{d.name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
             f"{d.mode.value:<13}{d.state.value:<9}{dirty:>7}{'-':>6}"
             f"{'-' if ratio is None else f'{100 * ratio:.0f}%':>5}{'-':>8}{'-':>4} "

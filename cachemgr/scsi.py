@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cachemgr import runner
+from cachemgr.bcache import wait_for
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
@@ -470,13 +471,7 @@ def _node_ready(node: str) -> bool:
 
 
 def _poll(pred: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
+    return wait_for(pred, timeout, interval)
 
 
 def wait_for_disk(sysfs: Sysfs, match: str | Hctl, timeout: float, *, interval: float = 0.1,

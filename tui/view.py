@@ -17,7 +17,7 @@ from cachemgr.model import (
     Snapshot,
     Stats,
 )
-from cachemgr.render import dirty_text
+from cachemgr.render import dirty_text, short
 
 __all__ = ["Row", "dirty_text", "rows"]
 
@@ -66,20 +66,6 @@ COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
     ("used", "USED", 4, True),
     ("errors", "ERR", 3, True),
 )
-
-
-def short(n: int | None) -> str:
-    """Compact sizes: 0, 512B, 4.0K, 58.5M, 1.2G (as `cachemgr status`)."""
-    if n is None:
-        return "?"
-    if n < 1024:
-        return f"{n}B" if n else "0"
-    v = float(n)
-    for unit in "KMGTP":
-        v /= 1024
-        if v < 1024 or unit == "P":
-            return f"{v:.1f}{unit}"
-    raise AssertionError("unreachable")
 
 
 def pct(r: float | None) -> str:
