@@ -42,18 +42,24 @@ class DeviceTable(DataTable[Text]):
         keys = [r.key for r in rows]
         if keys == self.keys:
             for r in rows:
-                cells = r.cells()
-                if self.shown.get(r.key) == cells:
+                cells = (*r.cells(), str(r.alert))
+                before = self.shown.get(r.key)
+                if before == cells:
                     continue
-                for (ckey, *_), value in zip(view.COLUMNS, self._cells(r), strict=True):
-                    self.update_cell(r.key, ckey, value)
+                # only the cells that changed (each update_cell refreshes the table), all of
+                # them when the row's alert style changed
+                restyle = before is None or before[-1] != cells[-1]
+                for i, ((ckey, *_), value) in enumerate(zip(view.COLUMNS, self._cells(r),
+                                                            strict=True)):
+                    if restyle or before is None or before[i] != cells[i]:
+                        self.update_cell(r.key, ckey, value)
                 self.shown[r.key] = cells
             return
         selected = self.selected_key
         self.clear()
         for r in rows:
             self.add_row(*self._cells(r), key=r.key)
-            self.shown[r.key] = r.cells()
+            self.shown[r.key] = (*r.cells(), str(r.alert))
         self.keys = keys
         if selected in keys:
             self.move_cursor(row=keys.index(selected), animate=False)
