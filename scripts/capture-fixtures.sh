@@ -186,5 +186,31 @@ PY
     lsblk -J -b -o NAME,SERIAL,WWN,MODEL,SIZE,FSTYPE,UUID >"$out/lsblk.json"
     blkid -p -o export /dev/sda /dev/sdb "$hdd" >"$out/blkid.txt" || true
     ;;
+bcache-64-backing)
+    # Not in $all: run it by name. 64 backing devices (dm-linear slices of the HDD, as
+    # benchmarks/scan_bench.py builds them) on one cache set, every fourth in writeback with a
+    # little dirty data held, for the TUI's responsiveness test. Stored packed
+    # (tests/fixtures/bcache-64-backing-uml.tar.xz, ~10k small files); tests unpack it.
+    n=64; total=$(blockdev --getsz "$hdd"); sl=$((total / n)); devs=()
+    for i in $(seq 0 $((n - 1))); do
+        name=$(printf vm%03d "$i")
+        dmsetup create "$name" --table "0 $sl linear $hdd $((i * sl))"
+        devs+=("/dev/mapper/$name")
+    done
+    make-bcache --bucket 128k -B "${devs[@]}" -C "$ssd" >/dev/null
+    reg "$ssd" "${devs[@]}"
+    for _ in $(seq 300); do
+        [ "$(ls /sys/fs/bcache/*/ | grep -c '^bdev')" -ge "$n" ] && break; sleep 0.1
+    done
+    for i in $(seq 0 4 $((n - 1))); do
+        b=/sys/block/bcache$i/bcache
+        echo writeback > "$b/cache_mode"; echo 0 > "$b/writeback_running"
+        fio --name=w --filename="/dev/bcache$i" --rw=randwrite --bs=4k --size=8M \
+            --io_size=$(( (i / 4 + 1) * 64 ))k --direct=1 --output-format=terse >/dev/null
+    done
+    cap "64 backing devices (dm-linear slices of one disk) attached to one cache set; bcache0, 4, 8, ... 60 in writeback with dirty data held (writeback_running=0, 64k..1M), the rest writethrough and clean"
+    tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
+    rm -rf "$out"
+    ;;
 *) echo "unknown scenario $s" >&2; exit 2 ;;
 esac

@@ -20,6 +20,17 @@ def fx(prefix: str) -> Path:
     return next(FIXTURES.glob(f"{prefix}-*")) / "sys"
 
 
+def unpack(prefix: str, dest: Path) -> Path:
+    """A capture stored packed (tests/fixtures/<scenario>-<backend>.tar.xz: the large ones,
+    e.g. 64 backing devices) unpacked under ``dest``; returns its sys/ tree."""
+    import tarfile
+
+    packed = next(FIXTURES.glob(f"{prefix}-*.tar.xz"))
+    with tarfile.open(packed) as tar:
+        tar.extractall(dest)  # trusted: the repository's own capture
+    return dest / packed.name.removesuffix(".tar.xz") / "sys"
+
+
 def copy_capture(tmp_path: Path, prefix: str) -> Path:
     """A writable copy of a capture (links kept), named like the original."""
     src = fx(prefix).parent
