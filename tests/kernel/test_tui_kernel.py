@@ -5,6 +5,7 @@ keys and checked from the captured screen (mode change and drain)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import shlex
 import subprocess
@@ -170,3 +171,132 @@ def test_tui_in_tmux_mode_and_drain(lab_disks: list[str], tmp_path: Path) -> Non
         assert "Traceback" not in after and "Error" not in after
     finally:
         subprocess.run(["tmux", "kill-server"], env=env, timeout=30, check=False)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _text(app: object, selector: str) -> str:
+    from textual.widgets import Static
+
+    return str(app.screen.query_one(selector, Static).render())  # type: ignore[attr-defined]
+
+
+async def _fill_form(pilot: object, app: object, values: dict[str, str]) -> None:
+    from textual.widgets import Input
+
+    for key, value in values.items():
+        app.screen.query_one(f"#f-{key}", Input).value = value  # type: ignore[attr-defined]
+    await pilot.pause(0.05)  # type: ignore[attr-defined]
+
+
+async def _pick(pilot: object, app: object, option_id: str) -> None:
+    """In a ChoiceDialog: highlight the option ``option_id`` and press Enter."""
+    ol = app.screen.query_one(OptionList)  # type: ignore[attr-defined]
+    ids = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
+    ol.highlighted = ids.index(option_id)
+    await pilot.press("enter")  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- create, bench
+
+
+@pytest.mark.kernel(disks="512M,128M", timeout=400)
+def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """From an empty host: create a bcache (form, confirmation, make-bcache), run a
+    writeback-vs-writethrough bench on it (progress, charts, PNG/SVG plots written, mode
+    restored), then remove the backing device and unregister the cache set."""
+    from tests.unit.tui_helpers import settle
+    from tui import view
+    from tui.app import CacheMgrApp
+    from tui.dialogs.choose import ChoiceDialog
+    from tui.dialogs.confirm import ConfirmDialog
+    from tui.dialogs.form import FormDialog
+    from tui.screens.bench import BenchScreen
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    bench_dir = tmp_path / "bench"
+    monkeypatch.setenv("CACHEMGR_BENCH_DIR", str(bench_dir))
+    hdd, ssd = lab_disks
+    sysfs = Sysfs()
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: app.polls > 0, tries=200)
+            assert "No caches on this host (c: create one)" in _text(app, "#banner")
+            # create: kind, form, confirmation naming the devices to be formatted
+            await pilot.press("c")
+            assert isinstance(app.screen, ChoiceDialog)
+            await _pick(pilot, app, "bcache")
+            assert isinstance(app.screen, FormDialog)
+            await _fill_form(pilot, app, {"backing": hdd, "cache": ssd, "mode": "writeback",
+                                          "bucket": "128k"})
+            await pilot.click("#b-ok")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert f"Format {hdd} {ssd} with make-bcache" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: any(r.kind == view.BCACHE and r.mode == "writeback"
+                                            for r in app.rows), tries=600)
+            snap = snapshot.take(sysfs)
+            assert len(snap.backings) == 1 and len(snap.cache_sets) == 1
+            b = snap.backings[0]
+            assert b.cset_uuid == snap.cache_sets[0].uuid and b.mode == CacheMode.WRITEBACK
+            assert b.identity.node == hdd and snap.cache_sets[0].caches[0].identity.node == ssd
+            assert "✗" not in log(app)
+            # bench: writeback vs writethrough on bcache0, a short run
+            app.query_one(DeviceTable).select_key(b.key)
+            await settle(pilot, lambda: app.selected_key == b.key)
+            await pilot.press("b")
+            assert isinstance(app.screen, BenchScreen)
+            from textual.widgets import Input, RichLog, Static
+
+            for k, v in {"runtime": "2", "repeat": "1", "zipf": "1.2"}.items():
+                app.screen.query_one(f"#{k}", Input).value = v
+            bench = app.screen
+            await pilot.press("ctrl+r")
+            await settle(pilot, lambda: len(bench.query_one("#oplog", RichLog).lines) > 0,
+                         tries=600)  # progress lines while it runs
+            await settle(pilot, lambda: ": saved " in log(app) or "✗" in log(app), tries=3000)
+            assert "✗" not in log(app), log(app)
+            assert bench.doc is not None
+            assert [r["label"] for r in bench.doc["results"]] == ["wb", "wt"]
+            assert all(r["iops"] > 0 for r in bench.doc["results"])
+            from rich.console import Console
+
+            con = Console(width=100, record=True, file=io.StringIO())
+            con.print(bench.query_one("#result", Static).content)
+            shown = con.export_text()
+            assert "IOPS (median)" in shown and "completion latency" in shown
+            assert "saved:" in shown
+            # the mode the bench switched is back
+            assert snapshot.take(sysfs).backings[0].mode == CacheMode.WRITEBACK
+            await pilot.press("escape")
+            # remove the backing device, then unregister the (now empty) cache set
+            await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
+            await pilot.press("delete")
+            assert "Decommission /dev/bcache0" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: "/dev/bcache0: stop running -> None" in log(app),
+                         tries=2400)
+            await settle(pilot, lambda: [r.kind for r in app.rows] == [view.CSET], tries=200)
+            app.query_one(DeviceTable).select_key(app.rows[0].key)
+            await settle(pilot, lambda: app.selected_key == app.rows[0].key)
+            await pilot.press("delete")
+            assert "Unregister cache set" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: not app.rows, tries=600)
+            assert "✗" not in log(app), log(app)
+        print(log(app))
+
+    asyncio.run(go())
+    snap = snapshot.take(sysfs)
+    assert snap.backings == () and snap.cache_sets == ()
+    files = sorted(p.name for p in bench_dir.rglob("*") if p.is_file())
+    for suffix in (".json", "-iops.png", "-iops.svg", "-latency.png", "-latency.svg"):
+        assert any(f.endswith(suffix) for f in files), (suffix, files)
