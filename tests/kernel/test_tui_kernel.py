@@ -300,3 +300,154 @@ def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path
     files = sorted(p.name for p in bench_dir.rglob("*") if p.is_file())
     for suffix in (".json", "-iops.png", "-iops.svg", "-latency.png", "-latency.svg"):
         assert any(f.endswith(suffix) for f in files), (suffix, files)
+
+
+# --------------------------------------------------------------------------- dm-cache
+
+
+def _dm(*args: str) -> str:
+    return runner.run(["dmsetup", *args], timeout=60).stdout
+
+
+def _dm_dirty(name: str = "vc") -> int:
+    return int(_dm("status", name).split()[13])
+
+
+def _dm_fill_and_hold(io_size: str) -> None:
+    """Dirty blocks that stay: writes, then migration_threshold 1 (below one block: smq is
+    never told the device is idle, so it never writes back) until the counts stand still."""
+    runner.run(["fio", "--name=fill", "--filename=/dev/mapper/vc", "--rw=randwrite",
+                "--bs=4k", "--direct=1", "--size=128M", f"--io_size={io_size}",
+                "--random_distribution=zipf:1.2", "--output-format=json"],
+               timeout=300, cwd="/tmp")
+    _dm("message", "vc", "0", "migration_threshold", "1")
+    last = ""
+    for _ in range(50):
+        cur = " ".join(_dm("status", "vc").split()[6:14])
+        if cur == last:
+            break
+        last = cur
+        time.sleep(0.3)
+    assert _dm_dirty() > 0
+
+
+@pytest.mark.kernel(disks="256M,64M,8M", timeout=400)
+def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """dm-cache through the TUI on the kernel: create over a dm-delay 'HDD'; passthrough
+    refused while dirty (the library's words); switch + drain to passthrough; back to
+    writeback; drain (cleaner policy, original table back); tune migration_threshold;
+    remove. Each step checked with dmsetup."""
+    from tests.unit.tui_helpers import settle
+    from tui.app import CacheMgrApp
+    from tui.dialogs.choose import ChoiceDialog
+    from tui.dialogs.confirm import ConfirmDialog, MessageDialog
+    from tui.dialogs.form import FormDialog
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    hdd, ssd, meta = lab_disks
+    sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
+    _dm("create", "hdd", "--table", f"0 {sectors} delay {hdd} 0 2")
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    def failed(app: CacheMgrApp) -> list[str]:
+        return [line for line in app.log_history if line.startswith("✗")]
+
+    def table() -> list[str]:
+        return _dm("table", "vc").split()
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: app.polls > 0, tries=200)
+
+            async def select_vc() -> None:
+                await settle(pilot, lambda: "dm:vc" in app.query_one(DeviceTable).keys,
+                             tries=200)
+                app.query_one(DeviceTable).select_key("dm:vc")
+                await settle(pilot, lambda: app.selected_key == "dm:vc")
+
+            async def mode(to: str, button: str) -> None:
+                await select_vc()
+                await pilot.press("m")
+                assert isinstance(app.screen, ChoiceDialog)
+                await _pick(pilot, app, to)
+                assert isinstance(app.screen, ConfirmDialog)
+                await pilot.click(f"#b-{button}")
+
+            # create (origin data kept; cache and metadata overwritten)
+            await pilot.press("c")
+            await _pick(pilot, app, "dm-cache")
+            assert isinstance(app.screen, FormDialog)
+            await _fill_form(pilot, app, {"name": "vc", "origin": "/dev/mapper/hdd",
+                                          "cache": ssd, "metadata": meta})
+            await pilot.click("#b-ok")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert f"Create /dev/mapper/vc over /dev/mapper/hdd (its data is kept). The " \
+                   f"contents of {ssd} and {meta} are overwritten." in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await select_vc()
+            t = table()
+            assert t[2] == "cache" and t[7:11] == ["1", "writeback", "smq", "0"], t
+            _dm_fill_and_hold("8M")
+            await settle(pilot, lambda: any(r.key == "dm:vc" and r.state == "dirty"
+                                            for r in app.rows), tries=200)
+            # passthrough while dirty: the confirmation says so, the switch is refused
+            await mode("passthrough", "switch")
+            await settle(pilot, lambda: isinstance(app.screen, MessageDialog), tries=400)
+            assert "refused as unsafe" in _text(app, ".dialog-title")
+            assert "dm-cache accepts passthrough only when every block is clean" in \
+                _text(app, ".dialog-body")
+            await pilot.press("escape")
+            assert len(failed(app)) == 1  # logged too
+            assert table()[8] == "writeback" and _dm_dirty() > 0
+            # switch + drain: flushed first, then passthrough
+            await mode("passthrough", "drain")
+            await settle(pilot, lambda: "cache_mode writeback -> passthrough" in log(app)
+                         or len(failed(app)) > 1, tries=2400)
+            assert len(failed(app)) == 1, log(app)
+            assert table()[8] == "passthrough" and _dm_dirty() == 0
+            # back to writeback (plain switch)
+            await mode("writeback", "switch")
+            await settle(pilot, lambda: "cache_mode passthrough -> writeback" in log(app),
+                         tries=600)
+            assert table()[8] == "writeback"
+            # drain: the cleaner policy until clean, then the original table back
+            _dm_fill_and_hold("4M")
+            await select_vc()
+            await pilot.press("d")
+            assert "cleaner policy" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: "clean after" in log(app) or len(failed(app)) > 1,
+                         tries=2400)
+            assert len(failed(app)) == 1, log(app)
+            assert "mode writeback and policy smq restored" in log(app)
+            t = table()
+            assert t[8:10] == ["writeback", "smq"] and _dm_dirty() == 0, t
+            # tune migration_threshold (1, as the hold left it, -> 4096)
+            await select_vc()
+            await pilot.press("t")
+            await _pick(pilot, app, "migration_threshold")
+            from textual.widgets import Input
+
+            assert isinstance(app.screen, FormDialog)
+            app.screen.query_one(Input).value = "4096"
+            await pilot.press("enter")
+            await settle(pilot, lambda: "migration_threshold 1 -> 4096" in log(app),
+                         tries=600)
+            assert "migration_threshold 4096" in _dm("status", "vc")
+            # remove: flush, linear table, dmsetup remove
+            await select_vc()
+            await pilot.press("delete")
+            assert "Remove dm-cache /dev/mapper/vc" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: "dm:vc" not in app.query_one(DeviceTable).keys,
+                         tries=1200)
+            assert len(failed(app)) == 1, log(app)
+        print(log(app))
+
+    asyncio.run(go())
+    assert "vc" not in _dm("ls").split()
