@@ -7,6 +7,10 @@ and failure text come back and are reported as the test's own. Inside the guest
 
     @pytest.mark.kernel(disks="1G,256M", udev=False, timeout=300)
 
+``systemd=True`` boots systemd as PID 1 and runs the test as a service once multi-user.target
+is up; ``setup=[argv...]`` runs a command first (before systemd), e.g. what a host has on its
+disks and in /etc when it boots.
+
 ``--lab-backend=uml|qemu`` picks the kernel; ``--no-lab`` skips kernel tests (they are then
 reported as skipped with the reason, never as passed).
 """
@@ -96,6 +100,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         cwd=str(ROOT),
         rw_paths=(str(resdir),),
         env={"CACHEMGR_LAB_RESULT": str(result_file), "PYTHONDONTWRITEBYTECODE": "1"},
+        systemd=bool(kw.get("systemd", False)),
+        setup=tuple(kw.get("setup", ())),
     )
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
             "--no-header", "-rN", "--tb=short", "--color=no", item.nodeid]

@@ -81,6 +81,10 @@ class LabSpec:
     keep: bool = False
     rows: int = 24
     cols: int = 80
+    # boot systemd as PID 1 and run the command as a service once multi-user.target is up
+    systemd: bool = False
+    # run first (before systemd starts, if it does) in the command's environment
+    setup: tuple[str, ...] = ()
 
 
 @dataclass
@@ -184,6 +188,7 @@ def run(
             f.truncate(size)
         disks.append(p)
     (rundir / "argv").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+    (rundir / "setup-argv").write_bytes(b"".join(a.encode() + b"\0" for a in spec.setup))
     (rundir / "env").write_bytes(
         b"".join(f"{k}={v}".encode() + b"\0" for k, v in _guest_env(spec).items())
     )
@@ -199,6 +204,7 @@ def run(
         "LAB_CWD": cwd,
         "LAB_TIMEOUT": str(int(spec.timeout)),
         "LAB_UDEV": "1" if spec.udev else "0",
+        "LAB_SYSTEMD": "1" if spec.systemd else "0",
         "LAB_INTERACTIVE": "1" if spec.interactive else "0",
         "LAB_ROWS": str(spec.rows),
         "LAB_COLS": str(spec.cols),

@@ -6,6 +6,9 @@
 # host paths, /proc /sys /dev mounted). It loads the lab's modules, optionally starts udevd,
 # runs the command with stdout, stderr and a control channel on separate serial lines, and
 # powers the guest off. Settings come from $labrun/lab.env (written by cachemgr.lab.core).
+# With LAB_SYSTEMD=1 it execs systemd instead (the host's enabled units and generators left
+# out), which runs the command as lab-command.service (this script with --command) once
+# multi-user.target is up. A setup command ($labrun/setup-argv) runs before either.
 set -u
 labrun=${labrun:?labrun= missing from the kernel command line}
 . "$labrun/lab.env"
@@ -19,6 +22,50 @@ poweroff_now() {
     sleep 10
 }
 trap poweroff_now EXIT
+
+# run_argv FILE: the NUL-separated argv in FILE, in the command's environment and directory,
+# with stdout and stderr on their serial lines; sets rc.
+run_argv() {
+    local -a argv
+    mapfile -d '' -t argv <"$1"
+    (
+        # the command's environment: what the host passed, plus the lab's own variables
+        while IFS= read -r -d '' kv; do export "$kv"; done <"$labrun/env"
+        export CACHEMGR_IN_LAB=1 LAB_BACKEND LAB_DISKS LAB_RUNDIR="$labrun" HOME=${HOME:-/root}
+        cd "$LAB_CWD" || exit 127
+        if [ "$LAB_INTERACTIVE" = 1 ]; then
+            stty -F "$LAB_TTY_TERM" sane rows "$LAB_ROWS" cols "$LAB_COLS" 2>/dev/null
+            export TERM=${TERM:-xterm-256color}
+            exec timeout -k 5 "$LAB_TIMEOUT" setsid -w -c "${argv[@]}" \
+                <"$LAB_TTY_TERM" >"$LAB_TTY_TERM" 2>"$LAB_TTY_TERM"
+        fi
+        exec timeout -k 5 "$LAB_TIMEOUT" "${argv[@]}" <"$LAB_STDIN" >"$LAB_TTY_OUT" 2>"$LAB_TTY_ERR"
+    )
+    rc=$?
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        ctl "timeout $LAB_TIMEOUT"
+    fi
+}
+
+run_command() {
+    run_argv "$labrun/argv"
+    ctl "rc=$rc"
+    exit "$rc"
+}
+
+# The setup command (LabSpec.setup) runs first, before systemd when there is one: what a host
+# has on its disks and in /etc when it boots. Its failure ends the run with its exit code.
+run_setup() {
+    [ -s "$labrun/setup-argv" ] || return 0
+    run_argv "$labrun/setup-argv"
+    [ "$rc" = 0 ] || { ctl "setup-failed rc=$rc"; ctl "rc=$rc"; exit "$rc"; }
+}
+
+# Under systemd (LAB_SYSTEMD=1) the command runs as lab-command.service (ExecStart: this
+# script with --command) once lab.target's dependencies are up; the guest was set up already.
+if [ "${1:-}" = --command ]; then
+    run_command
+fi
 
 mountpoint -q /proc || mount -t proc proc /proc
 mountpoint -q /sys || mount -t sysfs sysfs /sys
@@ -46,7 +93,53 @@ for m in $LAB_MODULES_LOAD; do
     modprobe "$m" 2>>"$labrun/modprobe.err" || ctl "modprobe-failed $m"
 done
 
-if [ "$LAB_UDEV" = 1 ]; then
+# Under systemd the command waits for the boot (multi-user.target) as a service; systemd
+# starts udevd itself. The setup command runs between prepare_systemd and start_systemd.
+prepare_systemd() {
+    [ -x /lib/systemd/systemd ] || { ctl "systemd-missing"; ctl "rc=125"; exit; }
+    # the host's own configuration is not the guest's: none of the services the host enables,
+    # no generators (fstab, getty, cryptsetup...: they would act on the host's setup)
+    rm -f /etc/systemd/system/*.wants/* /etc/systemd/system/default.target
+    mkdir -p /etc/systemd/system-generators
+    for g in /lib/systemd/system-generators/* /usr/lib/systemd/system-generators/*; do
+        [ -e "$g" ] && ln -sfn /dev/null "/etc/systemd/system-generators/${g##*/}"
+    done
+}
+start_systemd() {
+    # runtime units; /run/systemd/system appears only now (sd_booted(3) tests for it)
+    local units=/run/systemd/system
+    mkdir -p "$units"
+    cat >"$units/lab.target" <<EOF
+[Unit]
+Description=cachemgr lab: the booted guest and its command
+Requires=basic.target
+Wants=multi-user.target lab-command.service
+After=basic.target multi-user.target
+AllowIsolate=yes
+EOF
+    cat >"$units/lab-command.service" <<EOF
+[Unit]
+Description=cachemgr lab: the command
+After=multi-user.target
+
+[Service]
+Type=exec
+Environment=labrun=$labrun
+ExecStart=/bin/bash $LAB_STAGE2 --command
+StandardInput=null
+StandardOutput=journal+console
+EOF
+    ctl "systemd-exec"
+    exec /lib/systemd/systemd --unit=lab.target --log-target=console --show-status=1
+}
+
+if [ "${LAB_SYSTEMD:-0}" = 1 ]; then
+    prepare_systemd
+    export DM_DISABLE_UDEV=1  # for the setup command: udevd is not running yet
+    run_setup
+    unset DM_DISABLE_UDEV
+    start_systemd
+elif [ "$LAB_UDEV" = 1 ]; then
     udevd=""
     for c in /lib/systemd/systemd-udevd /usr/lib/systemd/systemd-udevd /sbin/udevd; do
         [ -x "$c" ] && { udevd=$c; break; }
@@ -66,25 +159,5 @@ else
     export DM_DISABLE_UDEV=1
 fi
 
-# the command's environment: what the host passed, plus the lab's own variables
-while IFS= read -r -d '' kv; do export "$kv"; done <"$labrun/env"
-export CACHEMGR_IN_LAB=1 LAB_BACKEND LAB_DISKS LAB_RUNDIR="$labrun" HOME=${HOME:-/root}
-
-mapfile -d '' -t ARGV <"$labrun/argv"
-cd "$LAB_CWD" || { ctl "rc=127"; exit; }
-
-if [ "$LAB_INTERACTIVE" = 1 ]; then
-    stty -F "$LAB_TTY_TERM" sane rows "$LAB_ROWS" cols "$LAB_COLS" 2>/dev/null
-    export TERM=${TERM:-xterm-256color}
-    timeout -k 5 "$LAB_TIMEOUT" setsid -w -c "${ARGV[@]}" \
-        <"$LAB_TTY_TERM" >"$LAB_TTY_TERM" 2>"$LAB_TTY_TERM"
-    rc=$?
-else
-    timeout -k 5 "$LAB_TIMEOUT" "${ARGV[@]}" <"$LAB_STDIN" >"$LAB_TTY_OUT" 2>"$LAB_TTY_ERR"
-    rc=$?
-fi
-if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    ctl "timeout $LAB_TIMEOUT"
-fi
-ctl "rc=$rc"
-exit "$rc"
+run_setup
+run_command
