@@ -3,16 +3,20 @@
 #
 #   scripts/install-udev.sh                      # rule + boot unit, udev rules reloaded
 #   scripts/install-udev.sh --policy /etc/x.toml # a policy somewhere else
-#   scripts/install-udev.sh --uninstall
+#   scripts/install-udev.sh --metrics --textfile # also the metrics units (systemd/README.md)
+#   scripts/install-udev.sh --uninstall          # everything it installed
 #
 # Options: --python PATH (the interpreter with cachemgr; default: the one next to the
 # `cachemgr` on PATH, else this checkout's .venv), --rules-dir DIR (/etc/udev/rules.d),
-# --unit-dir DIR (/etc/systemd/system), --no-systemd (rule only), --no-reload.
+# --unit-dir DIR (/etc/systemd/system), --no-systemd (rule only), --no-reload, --metrics
+# (enable cachemgr-metrics.service, /metrics on :9563), --textfile (enable
+# cachemgr-textfile.timer). Units are enabled with systemctl also when systemd is not
+# running (an image or chroot being built); they are started only on a running systemd.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rules_dir=/etc/udev/rules.d
 unit_dir=/etc/systemd/system
-python= policy= systemd=1 reload=1 uninstall=0
+python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0
 while [ $# -gt 0 ]; do
     case $1 in
     --python) python=$2; shift ;;
@@ -22,17 +26,31 @@ while [ $# -gt 0 ]; do
     --no-systemd) systemd=0 ;;
     --no-reload) reload=0 ;;
     --uninstall) uninstall=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --metrics) metrics=1 ;;
+    --textfile) textfile=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install-udev: unknown option $1" >&2; exit 2 ;;
     esac
     shift
 done
 say() { echo "install-udev: $*" >&2; }
+units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.service
+    cachemgr-textfile.timer"
+# sd_booted(3): systemd is PID 1 (else systemctl only edits unit files, offline)
+booted() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
 
 if [ "$uninstall" = 1 ]; then
-    rm -f "$rules_dir/90-cachemgr.rules" "$unit_dir/cachemgr-autoattach.service"
-    [ -L "$unit_dir/sysinit.target.wants/cachemgr-autoattach.service" ] &&
-        rm -f "$unit_dir/sysinit.target.wants/cachemgr-autoattach.service"
+    for u in $units; do
+        [ -e "$unit_dir/$u" ] || continue
+        if booted; then
+            systemctl disable --now "$u" >&2 || true
+        elif command -v systemctl >/dev/null; then
+            systemctl disable "$u" >&2 || true
+        fi
+        rm -f "$unit_dir/$u" "$unit_dir"/*.wants/"$u"
+    done
+    rm -f "$rules_dir/90-cachemgr.rules"
+    booted && systemctl daemon-reload
     [ "$reload" = 1 ] && command -v udevadm >/dev/null && udevadm control --reload || true
     say "removed"
     exit 0
@@ -62,15 +80,40 @@ sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$args|g" "$here/udev/90-cachemgr.rule
 mv "$rules_dir/90-cachemgr.rules.tmp" "$rules_dir/90-cachemgr.rules"
 say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.udev_cli)"
 
-if [ "$systemd" = 1 ]; then
+# install_unit NAME: systemd/NAME with @CACHEMGR@ (and @ARGS@, the policy) filled in
+install_unit() {
     mkdir -p "$unit_dir"
     sed -e "s|@CACHEMGR@|$cachemgr|g" -e "s|@ARGS@|$args|g" \
         -e "s|ConditionPathExists=/etc/cachemgr/cachemgr.toml|ConditionPathExists=${policy:-/etc/cachemgr/cachemgr.toml}|" \
-        "$here/systemd/cachemgr-autoattach.service" >"$unit_dir/cachemgr-autoattach.service"
-    say "installed $unit_dir/cachemgr-autoattach.service"
-    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+        "$here/systemd/$1" >"$unit_dir/$1.tmp"
+    mv "$unit_dir/$1.tmp" "$unit_dir/$1"
+    say "installed $unit_dir/$1"
+}
+enable=() start=()
+if [ "$systemd" = 1 ]; then
+    install_unit cachemgr-autoattach.service
+    enable+=(cachemgr-autoattach.service)
+fi
+if [ "$metrics" = 1 ]; then
+    install_unit cachemgr-metrics.service
+    enable+=(cachemgr-metrics.service) start+=(cachemgr-metrics.service)
+fi
+if [ "$textfile" = 1 ]; then
+    install_unit cachemgr-textfile.service
+    install_unit cachemgr-textfile.timer
+    enable+=(cachemgr-textfile.timer) start+=(cachemgr-textfile.timer)
+fi
+if [ ${#enable[@]} -gt 0 ] && command -v systemctl >/dev/null; then
+    if booted; then
         systemctl daemon-reload
-        systemctl enable cachemgr-autoattach.service >&2
+        systemctl enable "${enable[@]}" >&2
+        # the boot pass is for boot; the listener and the timer start now
+        if [ ${#start[@]} -gt 0 ]; then
+            systemctl restart "${start[@]}"
+            say "started ${start[*]}"
+        fi
+    else
+        systemctl enable "${enable[@]}" >&2
     fi
 fi
 if [ "$reload" = 1 ] && command -v udevadm >/dev/null && [ -S /run/udev/control ]; then
