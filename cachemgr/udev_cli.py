@@ -76,11 +76,23 @@ def setup_logging(*, stderr: bool = True, level: int = logging.INFO) -> None:
             log.addHandler(h)
         except OSError:
             pass
+    if os.environ.get("JOURNAL_STREAM") and _stderr_is_journal() and any(
+            isinstance(h, logging.handlers.SysLogHandler) for h in log.handlers):
+        stderr = False  # a systemd unit: stderr is the journal too, every line came twice
     if stderr and not logging.getLogger().handlers and logging.StreamHandler not in have:
         s = logging.StreamHandler(sys.stderr)
         s.setFormatter(logging.Formatter(
             "%(asctime)s cachemgr-autoattach[%(process)d]: %(levelname)s: %(message)s"))
         log.addHandler(s)
+
+
+def _stderr_is_journal() -> bool:
+    """systemd.exec(5): JOURNAL_STREAM is "DEV:INODE" of the journal stream on stderr."""
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return False
+    return os.environ.get("JOURNAL_STREAM") == f"{st.st_dev}:{st.st_ino}"
 
 
 # ---------------------------------------------------------------------------------------

@@ -300,3 +300,25 @@ def test_reconcile_executes_and_journals(monkeypatch: pytest.MonkeyPatch) -> Non
     assert [(r["kind"], r["result"]) for r in lines] == [
         ("attach", "done"), ("mode", "done"), ("tunable", "done")]
     assert lines[0]["stable_id"] == f"uuid:{BUUID}"
+
+
+def test_worker_under_systemd_logs_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker started by systemd-run has the journal on stderr (JOURNAL_STREAM names it):
+    with syslog in use too, the stderr handler would log every decision twice."""
+    import logging
+    import logging.handlers
+    import os
+
+    from cachemgr import udev_cli
+
+    st = os.fstat(2)
+    monkeypatch.setattr(udev_cli.log, "handlers", [logging.handlers.SysLogHandler(
+        address=("127.0.0.1", 9))])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+    assert udev_cli._stderr_is_journal()
+    udev_cli.setup_logging()
+    assert not [h for h in udev_cli.log.handlers if type(h) is logging.StreamHandler]
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")  # inherited, but stderr is elsewhere
+    udev_cli.setup_logging()
+    assert [h for h in udev_cli.log.handlers if type(h) is logging.StreamHandler]
