@@ -1,0 +1,270 @@
+"""The systemd units under a real systemd (PID 1 in the lab guest: ``kernel(systemd=True)``).
+
+* Boot: the disks carry bcache superblocks (a backing device and a cache, not attached), the
+  policy, the udev rule, the boot unit and a stand-in for libvirtd are installed with
+  ``scripts/install-udev.sh`` before systemd starts (``setup=``: this module run as a
+  script, like an image being built: systemctl enables offline). The stand-in records what it
+  finds when it starts; the boot pass must have attached the device by then.
+* Hotplug: a scsi_debug hot-add after boot goes udev -> 90-cachemgr.rules -> ``systemd-run``
+  (a transient unit, not the fork fallback) and ends attached as the policy says.
+* Metrics: ``install-udev.sh --metrics --textfile`` on the running system starts the
+  listener (/metrics matches ``status --json``) and the timer, which writes the textfile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cachemgr import bcache, runner
+from cachemgr.model import CacheMode
+from cachemgr.sysfs import Sysfs
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL = ROOT / "scripts" / "install-udev.sh"
+STATE = Path("/var/lib/cachemgr")
+POLICY = Path("/etc/cachemgr/cachemgr.toml")
+SAW = Path("/run/libvirtd-stand-in.json")
+TEXTFILE = Path("/var/lib/prometheus/node-exporter/cachemgr.prom")
+SETUP = [sys.executable, "-m", "tests.kernel.test_systemd_kernel"]
+
+# What libvirtd would find: every bcache device, its cache set and mode, when it starts.
+LIBVIRTD_STAND_IN = f"""\
+[Unit]
+Description=stand-in for libvirtd (records the bcache devices it finds at start)
+After=network.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={sys.executable} -c 'import glob, json, os; \\
+json.dump({{os.path.basename(d): {{"cache": os.path.exists(d + "/bcache/cache"), \\
+"mode": open(d + "/bcache/cache_mode").read().strip()}} \\
+for d in glob.glob("/sys/block/bcache*")}}, open("{SAW}", "w"))'
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+                       env={**os.environ, "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"})
+    if check and r.returncode != 0:
+        raise AssertionError(f"{argv} exited {r.returncode}: {r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def show(unit: str, *props: str) -> dict[str, str]:
+    out = sh("systemctl", "show", unit, *(f"--property={p}" for p in props))
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def wait(pred: Callable[[], bool], timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n"
+                                 + sh("journalctl", "-b", "--no-pager", "-n", "60",
+                                      check=False))
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def super_field(node: str, field: str) -> str:
+    out = runner.run(["bcache-super-show", node]).stdout
+    return next(line.split()[1] for line in out.splitlines() if line.startswith(field))
+
+
+def install(*opts: str) -> None:
+    runner.run([str(INSTALL), "--python", sys.executable, *opts], timeout=120)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def status_json() -> dict:  # type: ignore[type-arg]
+    out = sh(sys.executable, "-m", "cachemgr", "status", "--json")
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def journal(*match: str) -> list[dict[str, str]]:
+    out = sh("journalctl", "-b", "--no-pager", "-o", "json", *match, check=False)
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def report(name: str, **values: object) -> None:
+    """Print what was measured (and append it to $CACHEMGR_SYSTEMD_REPORT when set)."""
+    line = json.dumps({"test": name, **values})
+    print(line)
+    path = os.environ.get("CACHEMGR_SYSTEMD_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def actions() -> list[dict[str, object]]:
+    p = STATE / "autoattach" / "actions.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line] if p.exists() else []
+
+
+# ------------------------------------------------------------------------------ boot
+
+
+def boot_setup() -> None:
+    """Before systemd starts (no udevd yet): what a host has when it boots."""
+    backing, cache = os.environ["LAB_DISKS"].split()[:2]
+    bcache.make_bcache(cache=cache, bucket="64k")
+    bcache.make_bcache(backing=[backing])
+    sysfs = Sysfs()
+    assert not sysfs.exists(f"block/{os.path.basename(backing)}/bcache"), "registered early"
+    POLICY.parent.mkdir(parents=True, exist_ok=True)
+    POLICY.write_text(f"""version = 1
+
+[cache.ssd0]
+cset = "{super_field(cache, 'cset.uuid')}"
+
+[backing.vm-disks]
+device = "uuid:{super_field(backing, 'dev.uuid')}"
+cache = "ssd0"
+mode = "writeback"
+writeback_percent = 20
+""")
+    Path("/etc/systemd/system/libvirtd.service").write_text(LIBVIRTD_STAND_IN)
+    sh("systemctl", "enable", "libvirtd.service")
+    install("--metrics")  # systemd is not running: enabled offline, nothing started
+    wants = Path("/etc/systemd/system/sysinit.target.wants/cachemgr-autoattach.service")
+    assert wants.is_symlink(), "install-udev.sh did not enable the boot unit"
+
+
+@pytest.mark.kernel(systemd=True, disks="256M,64M", setup=SETUP, timeout=240)
+def test_boot_pass_attaches_before_libvirtd() -> None:
+    assert sh("systemctl", "is-system-running", check=False).strip() == "running", \
+        sh("systemctl", "--failed", "--no-legend", check=False)
+    aa = show("cachemgr-autoattach.service", "Result", "ExecMainStatus",
+              "ExecMainStartTimestampMonotonic", "ExecMainExitTimestampMonotonic")
+    lv = show("libvirtd.service", "ActiveState", "ExecMainStartTimestampMonotonic")
+    assert aa["Result"] == "success" and aa["ExecMainStatus"] == "0", aa
+    assert lv["ActiveState"] == "active", lv
+    # ordered: the boot pass had ended when the stand-in started
+    assert 0 < int(aa["ExecMainExitTimestampMonotonic"]) <= \
+        int(lv["ExecMainStartTimestampMonotonic"]), (aa, lv)
+    saw = json.loads(SAW.read_text())
+    assert saw == {"bcache0": {"cache": True,
+                               "mode": "writethrough [writeback] writearound none"}}, saw
+    sysfs = Sysfs()
+    assert sysfs.read("block/bcache0/bcache/writeback_percent") == "20"
+    # the boot pass's decisions are in the journal under its own unit
+    logged = journal("-t", "cachemgr-autoattach")
+    units = {e.get("_SYSTEMD_UNIT", "") for e in logged}
+    assert "cachemgr-autoattach.service" in units or any(
+        u.startswith("cachemgr-autoattach-") for u in units), logged
+    assert not [a for a in actions() if a.get("result") == "failed"], actions()
+    # the listener installed before boot came up with it
+    assert show("cachemgr-metrics.service", "ActiveState")["ActiveState"] == "active"
+    report("boot", boot_pass=aa, libvirtd=lv, log_units=sorted(units),
+           actions=[(a["kind"], a.get("result")) for a in actions()],
+           startup=sh("systemd-analyze", check=False).splitlines()[:1])
+
+
+# ------------------------------------------------------------------------------ hotplug
+
+
+@pytest.mark.kernel(systemd=True, timeout=240)
+def test_hot_add_runs_the_worker_as_a_transient_unit() -> None:
+    from tests.kernel.test_udev_kernel import backing_ok, policy_text, prepare, rescan
+
+    sysfs, ssd, backs = prepare(1)
+    POLICY.parent.mkdir(parents=True, exist_ok=True)
+    POLICY.write_text(policy_text(ssd, backs))
+    install()  # the rule and the boot unit, udev rules reloaded, on a running systemd
+    assert show("cachemgr-autoattach.service", "UnitFileState")["UnitFileState"] == "enabled"
+    t0 = time.monotonic()
+    for d in (ssd, *backs):
+        rescan(sysfs, d)
+    took = wait(lambda: all(backing_ok(sysfs, b) for b in backs), 20,
+                "the policy's attachment and mode")
+    runner.run(["udevadm", "settle", "--timeout=30"], timeout=40)
+    # the worker ran as a transient unit started by systemd-run (not the forked fallback)
+    logged = journal("-t", "cachemgr-autoattach")
+    units = {e.get("_SYSTEMD_UNIT", "") for e in logged}
+    transient = sorted(u for u in units if u.startswith("cachemgr-autoattach-"))
+    assert transient, logged
+    assert not (STATE / "autoattach" / "worker.log").exists()
+    # systemd's own word on those units: none failed (--collect unloads them when they end)
+    runs = [e.get("MESSAGE", "") for e in journal("-u", "cachemgr-autoattach-*")]
+    assert not [m for m in runs if "Failed with result" in m or "status=" in m], runs
+    # each decision logged once (syslog), not a second time through stderr -> journal
+    attaches = [e for e in logged if "attach " in e.get("MESSAGE", "") and ": done" in
+                e.get("MESSAGE", "")]
+    dup = [e["MESSAGE"] for e in journal(*(f"_SYSTEMD_UNIT={u}" for u in transient))
+           if "INFO: " in e.get("MESSAGE", "")]
+    assert attaches and not dup, (attaches, dup)
+    assert not [a for a in actions() if a.get("result") == "failed"], actions()
+    report("hot_add", seconds_from_rescan=round(time.monotonic() - t0, 3),
+           waited=round(took, 3), transient_units=transient)
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+@pytest.mark.kernel(systemd=True, disks="256M,64M", timeout=240)
+def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="64k",
+                  mode=CacheMode.WRITEBACK)
+    sysfs.write("block/bcache0/bcache/writeback_running", "0")
+    runner.run(["fio", "--name=w", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+                "--size=32M", "--io_size=4M", "--direct=1", "--output-format=json"])
+    install("--metrics", "--textfile")
+    assert show("cachemgr-metrics.service", "ActiveState")["ActiveState"] == "active"
+    assert show("cachemgr-textfile.timer", "ActiveState")["ActiveState"] == "active"
+    text = ""
+
+    def scrape() -> bool:
+        nonlocal text
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:9563/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return False
+        return True
+
+    wait(scrape, 30, "the listener on :9563")
+    status = status_json()
+    d = status["devices"][0]
+    got = samples(text)
+    labels = (("device", d["device"]), ("kind", "bcache"))
+    # writeback is off: the dirty amount cannot change between the two reads
+    assert got[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"] > 0
+    assert got[("cachemgr_cache_mode", (*labels, ("mode", "writeback")))] == 1.0
+    assert got[("cachemgr_cache_state", (*labels, ("state", "dirty")))] == 1.0
+    # the timer (OnBootSec=30s) starts the textfile service, which writes the file
+    took = wait(lambda: TEXTFILE.exists(), 45, f"{TEXTFILE} from the timer")
+    tf = samples(TEXTFILE.read_text())
+    assert tf[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"]
+    ts = show("cachemgr-textfile.service", "Result", "ExecMainStatus")
+    assert ts == {"Result": "success", "ExecMainStatus": "0"}, ts
+    # uninstall stops and removes everything
+    runner.run([str(INSTALL), "--uninstall"], timeout=120)
+    assert not scrape()
+    for u in ("cachemgr-metrics.service", "cachemgr-textfile.timer",
+              "cachemgr-autoattach.service"):
+        assert show(u, "LoadState")["LoadState"] == "not-found", u
+    report("metrics", textfile_wait_s=round(took, 1),
+           uptime_s=float(Path("/proc/uptime").read_text().split()[0]))
+
+
+if __name__ == "__main__":
+    boot_setup()
