@@ -78,7 +78,10 @@ def setup_logging(*, stderr: bool = True, level: int = logging.INFO) -> None:
             pass
     if os.environ.get("JOURNAL_STREAM") and _stderr_is_journal() and any(
             isinstance(h, logging.handlers.SysLogHandler) for h in log.handlers):
-        stderr = False  # a systemd unit: stderr is the journal too, every line came twice
+        # a systemd unit: stderr is the journal too, and each line came twice (three times
+        # under the CLI, whose own handler on the root logger also writes to stderr)
+        stderr = False
+        log.propagate = False
     if stderr and not logging.getLogger().handlers and logging.StreamHandler not in have:
         s = logging.StreamHandler(sys.stderr)
         s.setFormatter(logging.Formatter(

@@ -170,6 +170,10 @@ def test_boot_pass_attaches_before_libvirtd() -> None:
     units = {e.get("_SYSTEMD_UNIT", "") for e in logged}
     assert "cachemgr-autoattach.service" in units or any(
         u.startswith("cachemgr-autoattach-") for u in units), logged
+    # each decision once in the journal (syslog), not again through stderr
+    dup = [e["MESSAGE"] for e in journal("_SYSTEMD_UNIT=cachemgr-autoattach.service")
+           if "INFO: " in e.get("MESSAGE", "")]
+    assert not dup, dup
     assert not [a for a in actions() if a.get("result") == "failed"], actions()
     # the listener installed before boot came up with it
     assert show("cachemgr-metrics.service", "ActiveState")["ActiveState"] == "active"
