@@ -579,3 +579,32 @@ def test_dialogs_are_keyboard_driven(tmp_path: Path, monkeypatch: pytest.MonkeyP
             await settle(pilot, lambda: "cache_mode writeback -> writethrough" in log_text(app))
 
     asyncio.run(go())
+
+
+def test_long_confirmation_keeps_its_buttons_on_screen() -> None:
+    """The replacement's confirmation shows the whole plan (~25 lines): at 80x24 the body
+    scrolls and the buttons stay visible (they were pushed below the screen)."""
+    from textual.widgets import Button
+
+    from tui.screens.replace import ReplaceScreen
+
+    async def go() -> None:
+        app = app_on(fx("scsi-ssd-in-use"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, app.rows[0].key)
+            await pilot.press("s")
+            assert isinstance(app.screen, ReplaceScreen)
+            await pilot.press("g")
+            await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            body = str(app.screen.query_one(".dialog-body", Static).render())
+            assert "replace the cache SSD /dev/sda" in body and "15" in body
+            assert len(body.splitlines()) > 18  # more than fits under the title at 24 rows
+            for bid in ("#b-go", "#b-cancel"):
+                region = app.screen.query_one(bid, Button).region
+                assert region.height > 0 and region.bottom <= 24, (bid, region)
+            await pilot.hover("#b-go")  # raises OutOfBounds when it is off the screen
+            await pilot.click("#b-cancel")
+            assert isinstance(app.screen, ReplaceScreen)
+
+    asyncio.run(go())

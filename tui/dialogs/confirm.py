@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -30,7 +30,9 @@ class ConfirmDialog(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(self.title_text, classes="dialog-title")
-            yield Static(self.body, classes="dialog-body", markup=False)
+            # a long body (the replacement plan) scrolls: the buttons stay on the screen
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(self.body, classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 for bid, label, variant in self.buttons:
                     yield Button(label, id=f"b-{bid}", variant=variant)  # type: ignore[arg-type]
@@ -62,7 +64,8 @@ class MessageDialog(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog error" if self.error else "dialog"):
             yield Static(self.title_text, classes="dialog-title")
-            yield Static(self.body, classes="dialog-body", markup=False)
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(self.body, classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Close", id="b-close", variant="primary")
 
