@@ -6,7 +6,10 @@ the documented exit code comes back and nothing changed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,13 +21,28 @@ import jsonschema
 import pytest
 
 from cachemgr import runner
+from cachemgr.cli import main
 
 SCHEMA = json.loads(Path("docs/schema/status.schema.json").read_text())
 
 pytestmark = pytest.mark.kernel(disks="1G,256M,512M")
 
 
-def cm(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+def cm(*args: str, user: str | None = None, process: bool = False
+       ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI: in this process (argument parsing, dispatch, output and exit code as
+    ``python -m cachemgr`` has them, without an interpreter start per call, which costs
+    seconds on the qemu/TCG kernel), or as its own process when asked or as another user."""
+    if not (process or user):
+        out, err = io.StringIO(), io.StringIO()
+        logging.root.handlers.clear()  # main() binds its log handler to this call's stderr
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                rc = exc.code if isinstance(exc.code, int) else 2
+        logging.root.handlers.clear()
+        return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
     argv = [sys.executable, "-m", "cachemgr", *args]
     if user:
         argv = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups", *argv]
@@ -45,10 +63,11 @@ def device(data: dict[str, Any], node: str) -> dict[str, Any]:
     return next(d for d in data["devices"] if node in (d["device"], d["backing"]))
 
 
+@pytest.mark.qemu_smoke
 def test_cli_lifecycle(lab_disks: list[str]) -> None:
     hdd, ssd, hdd2 = lab_disks
     r = cm("create", "bcache", "--backing", hdd, "--cache", ssd, "--bucket", "128k",
-           "--mode", "writeback", "--json")
+           "--mode", "writeback", "--json", process=True)  # the installed entry point too
     assert r.returncode == 0, r.stderr
     data = status()
     d = device(data, hdd)
@@ -110,6 +129,7 @@ def test_cli_lifecycle(lab_disks: list[str]) -> None:
     assert status()["caches"] == []
 
 
+@pytest.mark.qemu_smoke
 def test_cli_refusals_change_nothing(lab_disks: list[str]) -> None:
     hdd, ssd, other = lab_disks
     assert cm("create", "bcache", "--backing", hdd, "--cache", ssd, "--bucket", "128k"

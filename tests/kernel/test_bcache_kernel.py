@@ -24,7 +24,6 @@ def _make(lab_disks: list[str]) -> tuple[Sysfs, str, str]:
 
 
 @pytest.mark.kernel(disks="1G,256M")
-@pytest.mark.qemu_smoke
 def test_create_mode_switch_dirty_readback(lab_disks: list[str]) -> None:
     sysfs, backing, ssd = _make(lab_disks)
     snap = snapshot.take(sysfs)
