@@ -11,6 +11,8 @@ and failure text come back and are reported as the test's own. Inside the guest
 is up; ``setup=[argv...]`` runs a command first (before systemd), e.g. what a host has on its
 disks and in /etc when it boots.
 
+A ``timeout`` given for UML is tripled on qemu (TCG), unless ``qemu_timeout`` says otherwise.
+
 ``--lab-backend=uml|qemu`` picks the kernel; ``--no-lab`` skips kernel tests (they are then
 reported as skipped with the reason, never as passed).
 """
@@ -89,6 +91,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     kw = marker.kwargs
     disks = core.parse_disks(kw.get("disks", "")) if kw.get("disks") else ()
     timeout = float(kw.get("timeout", 300 if backend == "uml" else 900))
+    if backend == "qemu" and "timeout" in kw:  # TCG runs guest code 5-20x slower than UML
+        timeout = float(kw.get("qemu_timeout", 3 * timeout))
     resdir = Path(tempfile.mkdtemp(prefix="kernel-test-", dir=core.runs_dir()))
     result_file = resdir / "result.json"
     spec = core.LabSpec(
