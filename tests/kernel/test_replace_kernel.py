@@ -108,7 +108,8 @@ def status_modes(sysfs: Sysfs) -> tuple[str, dict[str, str]]:
                                      if b.mode}
 
 
-@pytest.mark.kernel(disks="512M,512M", timeout=600)
+@pytest.mark.kernel(disks="512M,512M", timeout=900)
+@pytest.mark.qemu_smoke
 def test_replace_same_ssd_under_verify_load(lab_disks: list[str]) -> None:
     sysfs, devices, ssds = setup(lab_disks)
     old, modes = status_modes(sysfs)
@@ -145,12 +146,20 @@ def test_replace_with_a_different_disk(lab_disks: list[str]) -> None:
     verify_pre(devices)
 
 
-@pytest.mark.kernel(disks="512M,512M", timeout=1500, mem=2048)
-def test_killed_after_each_step_then_resumed(lab_disks: list[str]) -> None:
+# every step but the last is a kill point; three groups, so that the suite's workers share
+# them (each group is one guest and one fio load; a kill and resume is a full replacement)
+KILL_POINTS = replace.STEP_NAMES[:-1]
+KILL_GROUPS = [KILL_POINTS[i::3] for i in range(3)]
+
+
+@pytest.mark.kernel(disks="512M,512M", timeout=900, mem=2048)
+@pytest.mark.parametrize("group", range(len(KILL_GROUPS)))
+def test_killed_after_each_step_then_resumed(lab_disks: list[str], group: int) -> None:
+    assert sorted(s for g in KILL_GROUPS for s in g) == sorted(KILL_POINTS)
     sysfs, devices, _ssds = setup(lab_disks)
     load = start_load(devices)
     try:
-        for step in replace.STEP_NAMES[:-1]:
+        for step in KILL_GROUPS[group]:
             old, modes = status_modes(sysfs)
             ssd = snapshot.take(sysfs).cache_sets[0].caches[0].identity.node
             r = cm("replace-ssd", ssd, "--yes", env={replace.KILL_AFTER_ENV: step})
