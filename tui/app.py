@@ -750,6 +750,14 @@ class CacheMgrApp(App[int]):
         dev = obj.node if isinstance(obj, DmCacheDevice) else r.target
         self.push_screen(BenchScreen(dev, is_bcache=isinstance(obj, BcacheBacking)))
 
+    def on_unmount(self) -> None:
+        """Quitting while operations run cancels them, as their Cancel button does (the
+        library puts back what it changed at its next progress report; a prompt waiting for
+        the operator gives up): otherwise the process could not end until they finished, or
+        never, for a prompt nobody can answer any more."""
+        for op in list(self.ops.values()):
+            op.ctl.cancel.set()
+
     # ------------------------------------------------------------------ thread helpers
 
     def ask_from_thread(self, screen: ModalScreen[Any], cancel: threading.Event) -> Any:

@@ -608,3 +608,35 @@ def test_long_confirmation_keeps_its_buttons_on_screen() -> None:
             assert isinstance(app.screen, ReplaceScreen)
 
     asyncio.run(go())
+
+
+def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:
+    """An operation waiting at an operator prompt (the SSD swap) when the app quits gives up
+    (Cancelled, its finally blocks run) instead of keeping the process alive for ever."""
+    seen: list[BaseException] = []
+
+    def waits(app: CacheMgrApp, ctl: ops.Control) -> ops.Outcome:
+        try:
+            app.ask_from_thread(ConfirmDialog("Physical swap", "insert the disk"), ctl.cancel)
+        except ops.Cancelled as exc:
+            seen.append(exc)
+            raise
+        return ops.Outcome()
+
+    app = app_on(fx("bcache-unattached"))
+
+    async def go() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            app.start_op("replace-ssd", lambda ctl: waits(app, ctl))
+            await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("q")
+
+    t = threading.Thread(target=asyncio.run, args=(go(),), daemon=True)
+    t.start()
+    t.join(20)
+    alive = t.is_alive()
+    for op in list(app.ops.values()):  # let a failing run end too
+        op.ctl.cancel.set()
+    assert not alive, "the app did not end: its operation still waits for an answer"
+    assert len(seen) == 1 and "cancelled while waiting for the operator" in str(seen[0])
