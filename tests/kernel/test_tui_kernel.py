@@ -451,3 +451,102 @@ def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_pat
 
     asyncio.run(go())
     assert "vc" not in _dm("ls").split()
+
+
+# --------------------------------------------------------------------------- replace-ssd
+
+
+@pytest.mark.kernel(disks="256M", timeout=500)
+def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guided SSD replacement on the kernel, the cache on scsi_debug: the plan, the run
+    up to the physical swap prompt (the new SSD is not in yet: its disk was pulled), the
+    operator cancels there (an interrupted run past 'unregister'), resumes it from the
+    screen, inserts the new disk (a rescan of its host) and confirms; the run finishes with
+    the backing device on a new cache set on the new SSD, its mode restored."""
+    from cachemgr import replace, scsi
+    from tests.unit.tui_helpers import settle
+    from tui import view
+    from tui.app import CacheMgrApp
+    from tui.dialogs.choose import ChoiceDialog
+    from tui.dialogs.confirm import ConfirmDialog, MessageDialog
+    from tui.screens.replace import ReplaceScreen, SwapPrompt
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    sysfs = Sysfs()
+    old_ssd, new_ssd = scsi.load_scsi_debug(sysfs, dev_size_mb=64, per_host_store=1,
+                                            add_host=2)
+    assert old_ssd.wwid and new_ssd.wwid and old_ssd.wwid != new_ssd.wwid
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=old_ssd.node, bucket="64k",
+                  mode=CacheMode.WRITEBACK)
+    runner.run(["fio", "--name=w", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+                "--size=64M", "--io_size=4M", "--direct=1", "--output-format=json"],
+               timeout=120)
+    old_cset = snapshot.take(sysfs).cache_sets[0].uuid
+    scsi.remove(sysfs, new_ssd.name)  # the new SSD is still on the shelf
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: any(r.kind == view.CSET for r in app.rows), tries=200)
+            cset_key = next(r.key for r in app.rows if r.kind == view.CSET)
+            app.query_one(DeviceTable).select_key(cset_key)
+            await settle(pilot, lambda: app.selected_key == cset_key)
+            await pilot.press("s")
+            screen = app.screen
+            assert isinstance(screen, ReplaceScreen)
+            from textual.widgets import Input, Static
+
+            screen.query_one("#new", Input).value = new_ssd.wwid or ""
+            await pilot.press("g")  # plan, then the confirmation showing it
+            await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog), tries=400)
+            body = _text(app, ".dialog-body")
+            assert f"replace the cache SSD {old_ssd.node}" in body and new_ssd.wwid in body
+            await pilot.click("#b-go")
+            # the steps run up to the swap prompt
+            await settle(pilot, lambda: isinstance(app.screen, SwapPrompt), tries=2400)
+            assert "Insert the new SSD" in _text(app, ".dialog-body")
+            steps = str(screen.query_one("#steps", Static).render())
+            assert "✓  6 unregister" in steps and "✓  8 scsi-remove" in steps, steps
+            assert "▶  9 wait-new" in steps, steps
+            # the operator cancels (Escape): the run stops, journaled, past the point of no
+            # return
+            await pilot.pause(0.3)  # the prompt is laid out
+            await pilot.press("escape")
+            await settle(pilot, lambda: isinstance(app.screen, MessageDialog), tries=400)
+            assert "the operator did not confirm the swap" in _text(app, ".dialog-body")
+            await pilot.press("escape")
+            (run,) = [j for j in replace.list_runs() if j.status != "done"]
+            assert run.status == "failed" and run.done[-1] == "scsi-remove"
+            assert snapshot.take(sysfs).cache_sets == ()  # the old set is gone
+            # resume it from the screen; this time the disk goes in, then Done
+            assert app.screen is screen
+            await pilot.press("r")
+            assert isinstance(app.screen, ChoiceDialog)
+            assert run.id in str(app.screen.choices)
+            await pilot.press("enter")
+            await settle(pilot, lambda: isinstance(app.screen, SwapPrompt), tries=600)
+            scsi.rescan(sysfs, new_ssd.host)  # the operator inserts the new SSD
+            await pilot.pause(0.3)
+            await pilot.click("#b-done")
+            await settle(pilot, lambda: "done; cache set" in log(app)
+                         or log(app).count("✗") > 1, tries=3000)
+            assert log(app).count("✗") == 1, log(app)
+            await pilot.pause(0.6)  # the step list is redrawn every 0.5 s
+            steps = str(screen.query_one("#steps", Static).render())
+            assert steps.count("✓") == len(replace.STEPS), steps
+        print(log(app))
+
+    asyncio.run(go())
+    snap = snapshot.take(sysfs)
+    (cset,) = snap.cache_sets
+    assert cset.uuid != old_cset
+    assert scsi.scsi_disk(sysfs, cset.caches[0].identity.name).wwid == new_ssd.wwid
+    (b,) = snap.backings
+    assert b.cset_uuid == cset.uuid and b.mode == CacheMode.WRITEBACK
+    assert b.writeback_percent == 10 and b.writeback_delay == 30
+    assert [j.status for j in replace.list_runs()] == ["done"]
