@@ -338,7 +338,7 @@ def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_pat
     refused while dirty (the library's words); switch + drain to passthrough; back to
     writeback; drain (cleaner policy, original table back); tune migration_threshold;
     remove. Each step checked with dmsetup."""
-    from tests.unit.tui_helpers import settle
+    from tests.unit.tui_helpers import settle, shown
     from tui.app import CacheMgrApp
     from tui.dialogs.choose import ChoiceDialog
     from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -397,7 +397,7 @@ def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_pat
                                             for r in app.rows), tries=200)
             # passthrough while dirty: the confirmation says so, the switch is refused
             await mode("passthrough", "switch")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog), tries=400)
+            await settle(pilot, lambda: shown(app, MessageDialog), tries=400)
             assert "refused as unsafe" in _text(app, ".dialog-title")
             assert "dm-cache accepts passthrough only when every block is clean" in \
                 _text(app, ".dialog-body")
@@ -465,7 +465,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
     screen, inserts the new disk (a rescan of its host) and confirms; the run finishes with
     the backing device on a new cache set on the new SSD, its mode restored."""
     from cachemgr import replace, scsi
-    from tests.unit.tui_helpers import settle
+    from tests.unit.tui_helpers import settle, shown
     from tui import view
     from tui.app import CacheMgrApp
     from tui.dialogs.choose import ChoiceDialog
@@ -503,12 +503,12 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
 
             screen.query_one("#new", Input).value = new_ssd.wwid or ""
             await pilot.press("g")  # plan, then the confirmation showing it
-            await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog), tries=400)
+            await settle(pilot, lambda: shown(app, ConfirmDialog), tries=400)
             body = _text(app, ".dialog-body")
             assert f"replace the cache SSD {old_ssd.node}" in body and new_ssd.wwid in body
             await pilot.click("#b-go")
             # the steps run up to the swap prompt
-            await settle(pilot, lambda: isinstance(app.screen, SwapPrompt), tries=2400)
+            await settle(pilot, lambda: shown(app, SwapPrompt), tries=2400)
             assert "Insert the new SSD" in _text(app, ".dialog-body")
             steps = str(screen.query_one("#steps", Static).render())
             assert "✓  6 unregister" in steps and "✓  8 scsi-remove" in steps, steps
@@ -517,7 +517,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
             # return
             await pilot.pause(0.3)  # the prompt is laid out
             await pilot.press("escape")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog), tries=400)
+            await settle(pilot, lambda: shown(app, MessageDialog), tries=400)
             assert "the operator did not confirm the swap" in _text(app, ".dialog-body")
             await pilot.press("escape")
             (run,) = [j for j in replace.list_runs() if j.status != "done"]
@@ -529,7 +529,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
             assert isinstance(app.screen, ChoiceDialog)
             assert run.id in str(app.screen.choices)
             await pilot.press("enter")
-            await settle(pilot, lambda: isinstance(app.screen, SwapPrompt), tries=600)
+            await settle(pilot, lambda: shown(app, SwapPrompt), tries=600)
             scsi.rescan(sysfs, new_ssd.host)  # the operator inserts the new SSD
             await pilot.pause(0.3)
             await pilot.click("#b-done")

@@ -22,7 +22,7 @@ from cachemgr.model import (
     CacheState,
 )
 from cachemgr.sysfs import Sysfs
-from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, unpack
+from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, shown, unpack
 from tui import ops, view
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
@@ -345,7 +345,7 @@ def test_drain_cancel_restores_tunables(tmp_path: Path, monkeypatch: pytest.Monk
                 app.screen.query_one("#line", Static).render()))
             assert (base / "writeback_percent").read_text().strip() == "0"
             await pilot.click("#b-cancel")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            await settle(pilot, lambda: shown(app, MessageDialog))
             body = str(app.screen.query_one(".dialog-body", Static).render())
             assert "cancelled by the operator" in body
 
@@ -420,7 +420,7 @@ def test_remove_cache_set_refused_with_library_words(tmp_path: Path,
             assert isinstance(app.screen, ConfirmDialog)
             assert app.screen.focused is not None and app.screen.focused.id == "b-cancel"
             await pilot.click("#b-go")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            await settle(pilot, lambda: shown(app, MessageDialog))
             body = str(app.screen.query_one(".dialog-body", Static).render())
             assert "holds dirty data of /dev/bcache0" in body
             assert "hint: detach or drain those first" in body
@@ -463,7 +463,7 @@ def test_dmcache_passthrough_refused_while_dirty(tmp_path: Path) -> None:
             app.screen.query_one(OptionList).highlighted = 2  # passthrough
             await pilot.press("enter")
             await pilot.click("#b-switch")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            await settle(pilot, lambda: shown(app, MessageDialog))
             body = str(app.screen.query_one(".dialog-body", Static).render())
             assert "dm-cache accepts passthrough only when every block is clean" in body
             assert "hint: flush first: cachemgr mode vmcache passthrough --drain" in body
@@ -485,7 +485,7 @@ def test_create_refuses_missing_device() -> None:
             assert "Format /dev/cachemgr-no-such-disk" in str(
                 app.screen.query_one(".dialog-body", Static).render())
             await pilot.click("#b-go")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            await settle(pilot, lambda: shown(app, MessageDialog))
             body = str(app.screen.query_one(".dialog-body", Static).render())
             assert "/dev/cachemgr-no-such-disk: no such device" in body
 
@@ -545,7 +545,7 @@ def test_bench_screen_refusal_and_charts(monkeypatch: pytest.MonkeyPatch) -> Non
                 "wb=/dev/bcache0:writeback wt=/dev/bcache0:writethrough"
             app.screen.query_one("#targets", Input).value = "/dev/cachemgr-no-such-disk"
             await pilot.press("ctrl+r")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            await settle(pilot, lambda: shown(app, MessageDialog))
             assert "cachemgr-no-such-disk" in str(app.screen.query_one(
                 ".dialog-body", Static).render())
 
@@ -596,7 +596,7 @@ def test_long_confirmation_keeps_its_buttons_on_screen() -> None:
             await pilot.press("s")
             assert isinstance(app.screen, ReplaceScreen)
             await pilot.press("g")
-            await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await settle(pilot, lambda: shown(app, ConfirmDialog))
             body = str(app.screen.query_one(".dialog-body", Static).render())
             assert "replace the cache SSD /dev/sda" in body and "15" in body
             assert len(body.splitlines()) > 18  # more than fits under the title at 24 rows
@@ -629,7 +629,7 @@ def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:
         async with app.run_test(size=(80, 24)) as pilot:
             await started(pilot, app)
             app.start_op("replace-ssd", lambda ctl: waits(app, ctl))
-            await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await settle(pilot, lambda: shown(app, ConfirmDialog))
             await pilot.press("q")
 
     t = threading.Thread(target=asyncio.run, args=(go(),), daemon=True)
@@ -640,3 +640,299 @@ def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:
         op.ctl.cancel.set()
     assert not alive, "the app did not end: its operation still waits for an answer"
     assert len(seen) == 1 and "cancelled while waiting for the operator" in str(seen[0])
+
+
+# ------------------------------------------------------------------------- every action
+
+
+WRITE_KEYS = {"mode": "m", "drain": "d", "detach": "x", "tune": "t", "remove": "delete",
+              "replace": "s", "bench": "b", "create": "c"}
+
+
+@pytest.mark.parametrize("action", sorted(WRITE_KEYS))
+def test_read_only_refuses_every_write_action(action: str) -> None:
+    """Not root: each write action is disabled (dimmed in the footer, absent from the
+    palette) and its key opens nothing; the same action is enabled for root."""
+    async def go(read_only: bool) -> tuple[bool | None, bool, int]:
+        app = app_on(fx("bcache-writeback-dirty"), read_only=read_only)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, app.rows[1].key)  # bcache0, attached: all apply
+            enabled = app.check_action(action, ())
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            await pilot.press(WRITE_KEYS[action])
+            await pilot.pause(0.05)
+            return enabled, any(t.endswith(f"({WRITE_KEYS[action]})")
+                                or (t.endswith("(Del)") and action == "remove")
+                                for t in titles), len(app.screen_stack)
+
+    assert asyncio.run(go(True)) == (None, False, 1)
+    enabled, in_palette, stack = asyncio.run(go(False))
+    assert enabled is True and in_palette and stack == 2
+
+
+@pytest.mark.parametrize(("key", "row", "button"), [
+    ("m", 1, None), ("d", 1, "go"), ("x", 1, "go"), ("delete", 1, "go"), ("delete", 0, "go"),
+])
+def test_cancel_in_a_confirmation_changes_nothing(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, key: str,
+                                                  row: int, button: str | None) -> None:
+    """Escape (or Cancel, which has the focus: Enter alone) on every confirmation: no write,
+    no operation started."""
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    writes = kernel_writes(monkeypatch)
+
+    async def go() -> None:
+        app = app_on(root)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, app.rows[row].key)
+            await pilot.press(key)
+            if button is None:  # the mode's choice list first
+                assert isinstance(app.screen, ChoiceDialog)
+                await pilot.press("up", "enter")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert app.screen.focused is not None and app.screen.focused.id == "b-cancel"
+            await pilot.press("enter")  # Cancel
+            assert len(app.screen_stack) == 1
+            await pilot.press(key)
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            assert len(app.screen_stack) == 1
+            assert not app.ops and not any(line.startswith("▶") for line in app.log_history)
+
+    asyncio.run(go())
+    assert writes == []
+
+
+def test_attach_from_the_cache_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cache set, 'a' lists the detached backing devices; the pick is attached."""
+    root = copy_capture(tmp_path, "bcache-unattached")
+    writes = kernel_writes(monkeypatch)
+
+    async def go() -> None:
+        app = app_on(root)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, "cset:3a85497b-f234-4651-a39a-c547edabc679")
+            await pilot.press("a")
+            assert isinstance(app.screen, ChoiceDialog)
+            assert app.screen.title_text == "Attach which backing device to 3a85497b?"
+            assert [c for c, _ in app.screen.choices] == ["/dev/bcache0"]
+            await pilot.press("enter")
+            await settle(pilot, lambda: "/dev/bcache0: attach None -> 3a85497b" in log_text(app))
+
+    asyncio.run(go())
+    assert writes == [("block/ubda/bcache/attach", "3a85497b-f234-4651-a39a-c547edabc679")]
+
+
+def test_tune_refusal_shows_library_words_and_cache_set_tune_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    writes = kernel_writes(monkeypatch)
+
+    async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
+        await pilot.press("t")  # type: ignore[attr-defined]
+        assert isinstance(app.screen, ChoiceDialog)
+        ol = app.screen.query_one(OptionList)
+        names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
+        ol.highlighted = names.index(name)
+        await pilot.press("enter")  # type: ignore[attr-defined]
+        assert isinstance(app.screen, FormDialog)
+        app.screen.query_one(Input).value = value
+        await pilot.press("enter")  # type: ignore[attr-defined]
+
+    async def go() -> None:
+        app = app_on(root)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, bcache0_key(root))
+            await tune(pilot, app, "writeback_percent", "41")
+            await settle(pilot, lambda: shown(app, MessageDialog))
+            body = str(app.screen.query_one(".dialog-body", Static).render())
+            assert "writeback_percent must be between 0 and 40, not 41" in body
+            assert "bad usage or input" in str(app.screen.query_one(".dialog-title",
+                                                                    Static).render())
+            await pilot.press("escape")
+            await select(pilot, app, app.rows[0].key)  # the cache set
+            await tune(pilot, app, "congested_read_threshold_us", "0")
+            await settle(pilot, lambda: "congested_read_threshold_us" in log_text(app)
+                         and "-> 0" in log_text(app))
+
+    asyncio.run(go())
+    assert writes == [("fs/bcache/fb5bd09d-aace-4719-84d5-79fbb9e849bf/"
+                       "congested_read_threshold_us", "0")]
+
+
+def test_dmcache_lvm_owned_refused_with_the_lvm_command() -> None:
+    """An LVM-owned dm-cache: mode and tune are refused before any dmsetup call, with the
+    lvchange command to use instead (the library's words)."""
+    async def go() -> None:
+        app = app_on(fx("dmcache-states"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, "dm:vg0-lv0")
+            await pilot.press("m")
+            app.screen.query_one(OptionList).highlighted = 1  # writethrough
+            await pilot.press("enter")
+            await pilot.click("#b-switch")
+            await settle(pilot, lambda: shown(app, MessageDialog))
+            body = str(app.screen.query_one(".dialog-body", Static).render())
+            assert "belongs to LVM" in body, body
+            assert "hint: use LVM: lvchange --cachemode writethrough vg0/lv0" in body, body
+            await pilot.press("escape")
+            await pilot.press("t")
+            assert isinstance(app.screen, ChoiceDialog)
+            assert [c for c, _ in app.screen.choices] == ["migration_threshold"]
+            await pilot.press("enter")
+            app.screen.query_one(Input).value = "8192"
+            await pilot.press("enter")
+            await settle(pilot, lambda: shown(app, MessageDialog))
+            body = str(app.screen.query_one(".dialog-body", Static).render())
+            assert "belongs to LVM" in body and "lvchange --cachesettings" in body, body
+
+    asyncio.run(go())
+
+
+def test_dmcache_drain_and_remove_confirmations() -> None:
+    async def go() -> None:
+        app = app_on(fx("dmcache-writeback"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, "dm:vmcache")
+            await pilot.press("d")
+            body = str(app.screen.query_one(".dialog-body", Static).render())
+            assert "Drain vmcache: write its 4.5M of dirty data back to mapper/slow" in body
+            assert "cleaner policy" in body
+            await pilot.press("escape")
+            await pilot.press("delete")
+            assert isinstance(app.screen, ConfirmDialog)
+            body = str(app.screen.query_one(".dialog-body", Static).render())
+            assert "flush every dirty block to mapper/slow" in body
+            assert [b for b, *_ in app.screen.buttons] == ["go", "keep"]
+            await pilot.press("escape")
+            assert app.check_action("detach", ()) is None  # bcache only
+            assert app.check_action("replace", ()) is None
+
+    asyncio.run(go())
+
+
+def test_replace_refused_for_a_non_scsi_ssd_and_nothing_to_roll_back() -> None:
+    from tui.screens.replace import ReplaceScreen
+
+    async def go() -> None:
+        app = app_on(fx("bcache-writeback-dirty"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, app.rows[0].key)
+            await pilot.press("s")
+            assert isinstance(app.screen, ReplaceScreen)
+            plan = app.screen.query_one("#plan", Static)
+            await pilot.press("g")
+            await settle(pilot, lambda: str(plan.render()).startswith("refused"))
+            assert "/dev/ubdb is not a SCSI disk" in str(plan.render())
+            assert isinstance(app.screen, ReplaceScreen)  # nothing to confirm
+            assert "✗ replace-ssd plan: /dev/ubdb is not a SCSI disk" in log_text(app)
+            await pilot.press("u")
+            assert isinstance(app.screen, ChoiceDialog)
+            assert "no interrupted run" in str(app.screen.query_one(".dialog-body",
+                                                                    Static).render())
+
+    asyncio.run(go())
+
+
+def test_bench_shows_the_last_saved_result(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl+L on the bench screen: the newest result saved under the bench directory (e.g.
+    from `cachemgr bench compare`), with its table and charts."""
+    import json
+
+    from tui.screens.bench import BenchScreen
+
+    d = tmp_path / "bench" / "2026"
+    d.mkdir(parents=True)
+    doc = {"schema": 1, "job_description": "randwrite 4k QD1", "options": {"repeat": 1},
+           "results": [{"label": "wb", "iops": 15000.0, "iops_ratio": None,
+                        "lat_p50_us": 50.0, "lat_p99_us": 120.0, "hit_ratio": 0.9}]}
+    (d / "old.json").write_text(json.dumps({**doc, "results": []}))
+    time.sleep(0.01)
+    (d / "new.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("CACHEMGR_BENCH_DIR", str(tmp_path / "bench"))
+
+    async def go() -> None:
+        app = app_on(fx("bcache-writeback-dirty"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, app.rows[1].key)
+            await pilot.press("b")
+            assert isinstance(app.screen, BenchScreen)
+            await pilot.press("ctrl+l")
+            assert app.screen.doc is not None
+            assert [r["label"] for r in app.screen.doc["results"]] == ["wb"]
+            from rich.console import Console
+
+            con = Console(width=80, record=True, file=io.StringIO())
+            con.print(app.screen.query_one("#result", Static).content)
+            text = con.export_text()
+            assert "IOPS (median)" in text and "15,000" in text
+            assert "new.json" in text.replace("\n", "")  # the path may wrap
+
+    asyncio.run(go())
+
+
+def test_hidden_drain_shows_in_the_banner_and_quit_restores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain hidden (Escape on its progress) goes on, its line in the banner; quitting
+    cancels it and its tunables are put back."""
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    kernel_writes(monkeypatch)
+    base = root / "block/ubda/bcache"
+
+    async def go() -> None:
+        app = app_on(root)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, bcache0_key(root))
+            await pilot.press("d")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
+            await pilot.press("escape")
+            assert len(app.screen_stack) == 1 and app.ops
+            await settle(pilot, lambda: "» drain /dev/bcache0:" in str(
+                app.query_one("#banner", Static).render()))
+            assert (base / "writeback_percent").read_text().strip() == "0"
+            await pilot.press("q")
+
+    t = threading.Thread(target=asyncio.run, args=(go(),), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    assert (base / "writeback_percent").read_text().strip() == "10"
+    assert (base / "writeback_delay").read_text().strip() == "30"
+
+
+def test_interval_log_toggle_and_actions_from_the_detail_view() -> None:
+    from tui.widgets.logpanel import LogPanel
+
+    async def go() -> None:
+        app = app_on(fx("bcache-writeback-dirty"), interval=1.0)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await pilot.press("plus")
+            assert app.interval == 2.0
+            await pilot.press("minus", "minus")
+            assert app.interval == 0.5
+            assert "refresh every 0.5 s" in log_text(app)
+            assert "refresh 0.5s" in str(app.query_one("#banner", Static).render())
+            panel = app.query_one(LogPanel)
+            shown = panel.display
+            await pilot.press("l")
+            assert panel.display is not shown
+            await select(pilot, app, app.rows[1].key)
+            await pilot.press("enter")
+            assert isinstance(app.screen, DetailScreen)
+            await pilot.press("m")  # the actions work from the detail view too
+            assert isinstance(app.screen, ChoiceDialog)
+            assert app.screen.title_text == "Cache mode of /dev/bcache0 (now writeback)"
+
+    asyncio.run(go())

@@ -80,6 +80,12 @@ async def settle(pilot: object, until: Callable[[], bool], tries: int = 100,
                          + "\n".join(getattr(app, "log_history", [])))
 
 
+def shown(app: object, cls: type) -> bool:
+    """The app shows a dialog of type ``cls``, composed (its body is there to read)."""
+    screen = getattr(app, "screen", None)
+    return isinstance(screen, cls) and bool(screen.query(".dialog-body"))
+
+
 def app_on(root: Path, **kw: object) -> CacheMgrApp:
     kw.setdefault("read_only", False)
     kw.setdefault("interval", 3600)
