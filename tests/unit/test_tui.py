@@ -936,3 +936,30 @@ def test_interval_log_toggle_and_actions_from_the_detail_view() -> None:
             assert app.screen.title_text == "Cache mode of /dev/bcache0 (now writeback)"
 
     asyncio.run(go())
+
+
+def test_resume_and_rollback_list_only_interrupted_runs() -> None:
+    """A finished or rolled-back run can be neither resumed nor rolled back: the lists offer
+    only the interrupted ones (a rolled-back run was offered and its resume refused)."""
+    from cachemgr import replace
+    from tui.screens.replace import ReplaceScreen
+
+    for i, status in enumerate(("rolled-back", "failed", "done", "running")):
+        replace.Journal(id=f"20261122-00000{i}-fb5bd09d", cset="fb5bd09d", options={},
+                        old={}, backings=[], status=status).save()
+
+    async def go() -> None:
+        app = app_on(fx("bcache-writeback-dirty"))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot, app)
+            await select(pilot, app, app.rows[0].key)
+            await pilot.press("s")
+            assert isinstance(app.screen, ReplaceScreen)
+            for key in ("r", "u"):
+                await pilot.press(key)
+                assert isinstance(app.screen, ChoiceDialog)
+                assert [c for c, _ in app.screen.choices] == [
+                    "20261122-000001-fb5bd09d", "20261122-000003-fb5bd09d"]
+                await pilot.press("escape")
+
+    asyncio.run(go())

@@ -177,7 +177,8 @@ class ReplaceScreen(Screen[None]):
     # ---------------------------------------------------------------- resume / rollback
 
     def _pick_run(self, title: str, then: Any) -> None:
-        runs = [j for j in replace.list_runs() if j.status != "done"]
+        # finished and rolled-back runs can be neither resumed nor rolled back
+        runs = [j for j in replace.list_runs() if j.status not in ("done", "rolled-back")]
         choices = [(j.id, f"{j.id}  {j.status}  cset {j.cset[:8]}  last: "
                     f"{(j.done or ['-'])[-1]}" + (f"  ({j.error})" if j.error else ""))
                    for j in runs]
