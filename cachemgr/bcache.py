@@ -429,14 +429,21 @@ def _read_tunable(sysfs: Sysfs, path: str, name: str) -> int:
     return int(text)
 
 
-def set_tunable(sysfs: Sysfs, backing: BcacheBacking, name: str, value: int) -> Change:
-    """Set one writeback/caching tunable of a backing device; "already so" if equal."""
-    if name not in BACKING_TUNABLES:
-        raise UsageError(f"unknown bcache tunable {name!r}",
-                         hint="one of: " + ", ".join(sorted(BACKING_TUNABLES)))
-    lo, hi = BACKING_TUNABLES[name]
+def check_tunable(name: str, value: int, *, cache_set: bool = False) -> None:
+    """A usage error unless ``name`` is a backing device's (or with ``cache_set``, a cache
+    set's) tunable and ``value`` within its bounds; writes nothing."""
+    table, what = (SET_TUNABLES, "cache-set") if cache_set else (BACKING_TUNABLES, "bcache")
+    if name not in table:
+        raise UsageError(f"unknown {what} tunable {name!r}",
+                         hint="one of: " + ", ".join(sorted(table)))
+    lo, hi = table[name]
     if not lo <= value <= hi:
         raise UsageError(f"{name} must be between {lo} and {hi}, not {value}")
+
+
+def set_tunable(sysfs: Sysfs, backing: BcacheBacking, name: str, value: int) -> Change:
+    """Set one writeback/caching tunable of a backing device; "already so" if equal."""
+    check_tunable(name, value)
     rel = backing_rel(sysfs, backing.identity.name)
     before_text = sysfs.read(f"{rel}/{name}")
     before = _read_tunable(sysfs, f"{rel}/{name}", name)
@@ -455,12 +462,7 @@ def set_tunable(sysfs: Sysfs, backing: BcacheBacking, name: str, value: int) -> 
 
 
 def set_cache_set_tunable(sysfs: Sysfs, cset: CacheSet, name: str, value: int) -> Change:
-    if name not in SET_TUNABLES:
-        raise UsageError(f"unknown cache-set tunable {name!r}",
-                         hint="one of: " + ", ".join(sorted(SET_TUNABLES)))
-    lo, hi = SET_TUNABLES[name]
-    if not lo <= value <= hi:
-        raise UsageError(f"{name} must be between {lo} and {hi}, not {value}")
+    check_tunable(name, value, cache_set=True)
     path = f"fs/bcache/{cset.uuid}/{name}"
     before = sysfs.read(path)
     if int(before) == value:

@@ -16,12 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cachemgr import bcache, dmcache
+from cachemgr import bcache, dmcache, tuning
 from cachemgr import drain as drain_mod
 from cachemgr import snapshot as snapshot_mod
-from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
+from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
 from cachemgr.exitcodes import ExitCode
-from cachemgr.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, human
+from cachemgr.model import BcacheBacking, CacheMode, DmCacheDevice, human
 from cachemgr.render import status_table
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.targets import find_dmcache, resolve_backing, resolve_cache_set
@@ -73,9 +73,7 @@ def _progress(what: str, b: BcacheBacking) -> None:
           file=sys.stderr, flush=True)
 
 
-def _root(action: str) -> None:
-    if os.geteuid() != 0:
-        raise UsageError(f"{action} needs root", hint="run it as root (sudo)")
+_root = require_root
 
 
 def cmd_mode(args: argparse.Namespace) -> int:
@@ -306,51 +304,11 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     sysfs = _sysfs(args)
-    snap = snapshot_mod.take(sysfs)
-    settings = []
-    for kv in args.settings:
-        name, sep, value = kv.partition("=")
-        if not sep:
-            raise UsageError(f"bad setting {kv!r}", hint="use NAME=VALUE, e.g. writeback_percent=0")
-        try:
-            settings.append((name, int(value)))
-        except ValueError:
-            raise UsageError(f"{name}: {value!r} is not an integer") from None
-    dm = find_dmcache(snap, args.target, sysfs)
-    if dm is not None:
-        for name, _ in settings:
-            if name != "migration_threshold":
-                raise UsageError(f"unknown dm-cache tunable {name!r}",
-                                 hint="dm-cache has: migration_threshold (sectors)")
-    _root("tuning")
-    changes: list[bcache.Change] = []
-    unchanged = 0
-    if dm is not None:
-        for _, value in settings:
-            try:
-                changes.append(dmcache.set_migration_threshold(sysfs, dm, value))
-            except AlreadyError as exc:
-                unchanged += 1
-                print(f"cachemgr: {exc}", file=sys.stderr)
-        _emit(args, changes)
-        return ExitCode.ALREADY if not changes and unchanged else ExitCode.OK
-    try:
-        b: BcacheBacking | None = resolve_backing(snap, args.target, sysfs)
-        c: CacheSet | None = None
-    except UsageError:
-        b, c = None, resolve_cache_set(snap, args.target, sysfs)
-    for name, value in settings:
-        try:
-            if b is not None:
-                changes.append(bcache.set_tunable(sysfs, b, name, value))
-            else:
-                assert c is not None
-                changes.append(bcache.set_cache_set_tunable(sysfs, c, name, value))
-        except AlreadyError as exc:
-            unchanged += 1
-            print(f"cachemgr: {exc}", file=sys.stderr)
+    changes, already = tuning.tune(sysfs, snapshot_mod.take(sysfs), args.target, args.settings)
+    for msg in already:
+        print(msg, file=sys.stderr)
     _emit(args, changes)
-    return ExitCode.ALREADY if not changes and unchanged else ExitCode.OK
+    return ExitCode.ALREADY if not changes and already else ExitCode.OK
 
 
 def cmd_force_run(args: argparse.Namespace) -> int:

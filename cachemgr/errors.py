@@ -111,3 +111,12 @@ class CommandTimeout(CommandError):
 
 class LabError(CacheMgrError):
     """The lab (the real-kernel guest) could not be set up or booted."""
+
+
+def require_root(action: str) -> None:
+    """Refuse ``action`` before anything is written unless running as root (exit 2). The
+    CLI, the TUI and the procedures say the same words."""
+    import os
+
+    if os.geteuid() != 0:
+        raise UsageError(f"{action} needs root", hint="run it as root (sudo)")

@@ -15,16 +15,15 @@ bench restores its hygiene). A thread is never killed from outside.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachemgr import bcache, dmcache
+from cachemgr import bcache, dmcache, tuning
 from cachemgr import drain as drain_mod
 from cachemgr import snapshot as snapshot_mod
-from cachemgr.errors import AlreadyError, CacheMgrError, UsageError
+from cachemgr.errors import AlreadyError, CacheMgrError, UsageError, require_root
 from cachemgr.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, human
 from cachemgr.sysfs import Sysfs
 from cachemgr.targets import find_dmcache, resolve_backing, resolve_cache_set
@@ -59,10 +58,7 @@ class Control:
         self.progress(p)
 
 
-def root(action: str) -> None:
-    """cli._root: the same words."""
-    if os.geteuid() != 0:
-        raise UsageError(f"{action} needs root", hint="run it as root (sudo)")
+root = require_root  # the CLI's words
 
 
 def change_lines(changes: list[bcache.Change]) -> list[str]:
@@ -332,49 +328,9 @@ def tunables_of(obj: object) -> dict[str, tuple[int, int]]:
 
 def tune(sysfs: Sysfs, target: str, settings: list[str]) -> Outcome:
     """cli.cmd_tune: NAME=VALUE settings; "already so" for each unchanged one."""
-    snap = snapshot_mod.take(sysfs)
-    parsed: list[tuple[str, int]] = []
-    for kv in settings:
-        name, sep, value = kv.partition("=")
-        if not sep:
-            raise UsageError(f"bad setting {kv!r}", hint="use NAME=VALUE, e.g. writeback_percent=0")
-        try:
-            parsed.append((name, int(value)))
-        except ValueError:
-            raise UsageError(f"{name}: {value!r} is not an integer") from None
-    dm = find_dmcache(snap, target, sysfs)
-    if dm is not None:
-        for name, _ in parsed:
-            if name != "migration_threshold":
-                raise UsageError(f"unknown dm-cache tunable {name!r}",
-                                 hint="dm-cache has: migration_threshold (sectors)")
-    root("tuning")
+    changes, already = tuning.tune(sysfs, snapshot_mod.take(sysfs), target, settings)
     out = Outcome()
-    changes: list[bcache.Change] = []
-    unchanged = 0
-    if dm is not None:
-        for _, ivalue in parsed:
-            try:
-                changes.append(dmcache.set_migration_threshold(sysfs, dm, ivalue))
-            except AlreadyError as exc:
-                unchanged += 1
-                out.notes.append(f"cachemgr: {exc}")
-    else:
-        try:
-            b: BcacheBacking | None = resolve_backing(snap, target, sysfs)
-            c: CacheSet | None = None
-        except UsageError:
-            b, c = None, resolve_cache_set(snap, target, sysfs)
-        for tname, tvalue in parsed:
-            try:
-                if b is not None:
-                    changes.append(bcache.set_tunable(sysfs, b, tname, tvalue))
-                else:
-                    assert c is not None
-                    changes.append(bcache.set_cache_set_tunable(sysfs, c, tname, tvalue))
-            except AlreadyError as exc:
-                unchanged += 1
-                out.notes.append(f"cachemgr: {exc}")
+    out.notes.extend(already)
     out.lines = change_lines(changes)
-    out.already = not changes and unchanged > 0
+    out.already = not changes and bool(already)
     return out
