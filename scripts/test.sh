@@ -21,7 +21,8 @@ step "ruff"
 step "mypy"
 .venv/bin/mypy
 step "unit tests"
-"$py" -m pytest -p no:cacheprovider tests/unit
+# a hung test (a Textual pilot waiting forever) fails after 5 minutes instead of holding CI
+"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300
 step "kernel tests (UML kernel; each test boots its own guest, two at a time)"
 "$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 2
 step "kernel smoke set (qemu, Debian 12 kernel)"
