@@ -214,7 +214,11 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
     if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
         raise UsageError("--new any needs an operator to swap the disk",
                          hint="run it on a terminal, or pass --yes once the disk is in")
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + cset.uuid[:8]
+    base = time.strftime("%Y%m%d-%H%M%S") + "-" + cset.uuid[:8]
+    run_id, n = base, 1
+    while state.journal_path("replace", run_id).exists():  # a second run in the same second
+        n += 1
+        run_id = f"{base}-{n}"
     j = Journal(
         id=run_id,
         cset=cset.uuid,
