@@ -24,6 +24,6 @@ step "unit tests"
 # a hung test (a Textual pilot waiting forever) fails after 5 minutes instead of holding CI
 "$py" -m pytest -p no:cacheprovider tests/unit --timeout=300
 step "kernel tests (UML kernel; each test boots its own guest, two at a time)"
-"$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 2
+"$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 2 --durations=15
 step "kernel smoke set (qemu, Debian 12 kernel)"
-"$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu
+"$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu --durations=15

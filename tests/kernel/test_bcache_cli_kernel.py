@@ -129,7 +129,6 @@ def test_cli_lifecycle(lab_disks: list[str]) -> None:
     assert status()["caches"] == []
 
 
-@pytest.mark.qemu_smoke
 def test_cli_refusals_change_nothing(lab_disks: list[str]) -> None:
     hdd, ssd, other = lab_disks
     assert cm("create", "bcache", "--backing", hdd, "--cache", ssd, "--bucket", "128k"
