@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachemgr import bcache, runner
 from cachemgr.model import CacheMode
 from cachemgr.sysfs import Sysfs
+from tests.kernel import measure
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install-udev.sh"
@@ -106,12 +107,7 @@ def journal(*match: str) -> list[dict[str, str]]:
 
 def report(name: str, **values: object) -> None:
     """Print what was measured (and append it to $CACHEMGR_SYSTEMD_REPORT when set)."""
-    line = json.dumps({"test": name, **values})
-    print(line)
-    path = os.environ.get("CACHEMGR_SYSTEMD_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
+    measure.report("CACHEMGR_SYSTEMD_REPORT", name, **values)
 
 
 def actions() -> list[dict[str, object]]:

@@ -28,6 +28,7 @@ import pytest
 from cachemgr import bcache, runner, scsi
 from cachemgr.scsi import ScsiDisk
 from cachemgr.sysfs import Sysfs
+from tests.kernel import measure
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = Path("/var/lib/cachemgr")
@@ -171,12 +172,7 @@ def cset_of(sysfs: Sysfs, d: Disk) -> str | None:
 
 
 def report(name: str, **values: object) -> None:
-    line = json.dumps({"test": name, **values})
-    print(line)
-    path = os.environ.get("CACHEMGR_UDEV_LATENCY_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
+    measure.report("CACHEMGR_UDEV_LATENCY_LOG", name, **values)
 
 
 def worker_log() -> str:
