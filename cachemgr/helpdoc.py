@@ -14,7 +14,8 @@ from cachemgr.cli import build_parser
 WIDTH = "96"
 
 
-def _subs(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name ({} when it has none)."""
     for a in p._actions:
         if isinstance(a, argparse._SubParsersAction):
             return dict(a.choices)
@@ -36,7 +37,7 @@ def render() -> str:
         def walk(p: argparse.ArgumentParser, depth: int) -> None:
             out.extend([f"{'#' * min(depth, 4)} `{p.prog}`", "", "```",
                         p.format_help().rstrip(), "```", ""])
-            for sp in _subs(p).values():
+            for sp in subcommands(p).values():
                 walk(sp, depth + 1)
 
         walk(parser, 2)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cachemgr.cli import build_parser
+from cachemgr.helpdoc import subcommands as subparsers
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
@@ -17,13 +18,6 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
 # a command line: "cachemgr" then words, up to the end of an inline code span, a table cell,
 # a shell comment, a pipe or "&&"
 LINE = re.compile(r"(?:^|[\s`(/])cachemgr((?:\s+[^\s`|#;&)]+)+)")
-
-
-def subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in p._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            return dict(a.choices)
-    return {}
 
 
 def options(p: argparse.ArgumentParser) -> set[str]:
