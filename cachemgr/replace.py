@@ -317,7 +317,9 @@ def s_detach(c: Ctx) -> None:
             continue
         if b.cset_uuid != c.j.cset:
             raise UnsafeError(f"{c.dev(e)} is attached to another cache set {b.cset_uuid}")
-        bcache.detach(c.sysfs, b, timeout=c.opts.drain_timeout)
+        # drained already, so the detach is quick: poll its state often (0.5 s cost ~0.5 s
+        # per device on every replacement)
+        bcache.detach(c.sysfs, b, timeout=c.opts.drain_timeout, interval=0.1)
         c.say(f"{c.dev(e)}: detached (passthrough, still serving IO)")
 
 
@@ -537,7 +539,9 @@ def s_restore(c: Ctx) -> None:
         except AlreadyError:
             pass
     for e in c.j.backings:
-        b = c.backing(e["uuid"])
+        # set_mode compares with the mode read here (nothing else changes it meanwhile: the
+        # run holds the lock); set_tunable reads each current value itself
+        b = c.backing(e["uuid"], snap)
         if e["mode"]:
             try:
                 bcache.set_mode(c.sysfs, b, CacheMode(e["mode"]))
@@ -546,8 +550,7 @@ def s_restore(c: Ctx) -> None:
                 pass
         for name, value in e["tunables"].items():
             try:
-                bcache.set_tunable(c.sysfs, bcache.reread(c.sysfs, b.identity.name), name,
-                                   int(value))
+                bcache.set_tunable(c.sysfs, b, name, int(value))
             except AlreadyError:
                 pass
 
