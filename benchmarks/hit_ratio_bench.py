@@ -9,8 +9,8 @@
     .venv/bin/python benchmarks/hit_ratio_bench.py models
 
 ``lab BUCKET``: makes bcache from the two scratch disks (32 MiB cache, BUCKET buckets), runs
-`cachemgr bench run` (256 MiB region, Zipf 1.2, QD1 reads, `--warmup auto`) and prints one
-JSON line: measured and Che-predicted hit ratio, and the cache's occupancy from
+`cachemgr bench run` (256 MiB region, Zipf 1.2, QD1 reads for 10 s, `--warmup auto`) and
+prints one JSON line: measured and Che-predicted hit ratio, and the cache's occupancy from
 priority_stats (read once, after the run: never on a normal scan).
 
 ``models``: has fio (null engine: no device) write the request log of the same job, then
@@ -47,7 +47,7 @@ def lab(bucket: str) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out:
         p = subprocess.run([sys.executable, "-m", "cachemgr", "bench", "run", "/dev/bcache0",
                             "--rw", "randread", "--size", "256M", "--zipf", str(THETA),
-                            "--runtime", "5", "--warmup", "auto", "--json", "--out", out,
+                            "--runtime", "10", "--warmup", "auto", "--json", "--out", out,
                             "--no-plot"], capture_output=True, text=True, check=True)
     doc = json.loads(p.stdout)
     res, run = doc["results"][0], doc["runs"][0]

@@ -1027,6 +1027,19 @@ def _cache_names(sysfs: Sysfs, backing_name: str) -> tuple[str | None, str | Non
     return b.identity.name, cache
 
 
+def short_for_hit_ratio(reads: int, prediction: che.Prediction | None) -> str | None:
+    """A flag when a read run is too short for a steady hit ratio: fewer reads than 2x Che's
+    characteristic time. In the lab, 5 s runs of 50,000-100,000 reads (Che's T: 70,000) read
+    0.874-0.899 where 10 s runs read 0.903-0.910 (docs/benchmarks.md)."""
+    if not reads or prediction is None or not math.isfinite(prediction.characteristic_requests):
+        return None
+    need = int(2 * prediction.characteristic_requests)
+    if reads >= need:
+        return None
+    return (f"hit ratio from {reads:,} reads, fewer than 2x Che's characteristic time "
+            f"({need:,}): not steady yet, run longer")
+
+
 def warmup_requests(opts: CompareOptions, prediction: che.Prediction | None) -> int | None:
     """Requests to warm up with: as asked, or 3x Che's characteristic time (at least 10,000)
     when ``warmup_auto``; the LRU state is then close to its steady state."""
@@ -1107,6 +1120,9 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
             sample.cache_available_percent_min < 50:
         flags.append(f"cache_available_percent fell to {sample.cache_available_percent_min}: "
                      "writeback stops caching between 40 and 70 % dirty buckets")
+    short = short_for_hit_ratio(sample.reads if spec.reads else 0, prediction)
+    if short:
+        flags.append(short)
     return RunResult(target.label, rep, seed, started, res, sample, jf, warmup_s=warm_s,
                      fresh_cache=fresh, flags=tuple(flags))
 

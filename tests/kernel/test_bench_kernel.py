@@ -82,13 +82,14 @@ def test_compare_writeback_vs_dm_delay_hdd(lab_disks: list[str], tmp_path: Path)
 def test_read_hit_ratio_matches_che(lab_disks: list[str], tmp_path: Path) -> None:
     # The "HDD" is the bare disk: the hit ratio does not depend on its speed and the warm-up
     # (3x Che's characteristic time, ~210,000 requests) stays short. 256 MiB region (65,536
-    # blocks), 32 MiB cache with 32 KiB buckets (1,024): Che says 0.920 at theta 1.2; bcache
-    # measured 0.883-0.886 (bucket-granular eviction is not quite LRU). A 64 MiB cache read
-    # 0.895-0.929 against 0.950 and converged more slowly.
+    # blocks), 32 MiB cache with 32 KiB buckets (1,024): Che says 0.920 at theta 1.2. bcache
+    # measured 0.903-0.909 in six 10 s runs (160,000-200,000 reads each, another guest busy on
+    # the host); 5 s runs (50,000-100,000 reads) ranged 0.874-0.899: a 10 s run is what keeps
+    # the figure steady (docs/benchmarks.md).
     hdd, ssd = lab_disks[0], lab_disks[1]
     bcache.create(Sysfs(), backings=[hdd], cache=ssd, bucket="32k")
     rc, stdout, err = cm("bench", "run", "/dev/bcache0", "--rw", "randread", "--size", "256M",
-                         "--zipf", "1.2", "--runtime", "5", "--warmup", "auto", "--json",
+                         "--zipf", "1.2", "--runtime", "10", "--warmup", "auto", "--json",
                          "--out", str(tmp_path), "--no-plot")
     assert rc == 0, err
     res = json.loads(stdout)["results"][0]
@@ -98,8 +99,7 @@ def test_read_hit_ratio_matches_che(lab_disks: list[str], tmp_path: Path) -> Non
                       "kernel": run["cache"]["hit_ratio_kernel"]}))
     assert res["prediction"]["items"] == 65536 and res["prediction"]["cache_items"] == 8192
     assert res["hit_ratio"] is not None and res["expected_hit_ratio"] is not None
-    # bcache evicts whole buckets by priority, not exactly LRU: measured 0.034-0.058 below
-    # Che's LRU prediction in the lab (docs/benchmarks.md); the 0.05 is not met
-    # reliably, so this asserts the model's reach (0.08) and the docs report the gap
-    assert abs(res["hit_ratio"] - res["expected_hit_ratio"]) <= 0.08
+    # the acceptance: within 0.05 of Che's LRU figure (bcache is not exactly LRU and
+    # stays 0.01-0.02 below it)
+    assert abs(res["hit_ratio"] - res["expected_hit_ratio"]) <= 0.05
     assert run["cache"]["reads"] > 10_000 and run["cache"]["bypass_misses"] in (0, None)

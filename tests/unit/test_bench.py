@@ -336,3 +336,16 @@ def test_served_ratio_counts_bypass_hits() -> None:
     assert bench.counted_served(80, 10, 5, 5) == 0.85
     assert bench.counted_served(0, 0, 0, 0) is None
     assert bench.counted_served(None, 1, 0, 0) is None
+
+
+def test_short_read_run_is_flagged_against_ches_characteristic_time() -> None:
+    from cachemgr import che
+
+    p = che.predict(items=65536, cache_items=8192, theta=1.2)
+    t = p.characteristic_requests
+    assert 10_000 < t < 1_000_000
+    flag = bench.short_for_hit_ratio(int(t), p)
+    assert flag is not None and f"{int(2 * t):,}" in flag
+    assert bench.short_for_hit_ratio(int(2 * t) + 1, p) is None
+    assert bench.short_for_hit_ratio(0, p) is None  # a write run: no hit ratio to judge
+    assert bench.short_for_hit_ratio(10, None) is None  # no Zipf prediction
