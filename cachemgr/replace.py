@@ -25,8 +25,10 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -289,25 +291,57 @@ def s_mode_interim(c: Ctx) -> None:
             pass
 
 
+class _Stopped(Exception):
+    """A drain stopped because another one failed (or the run was interrupted)."""
+
+
 def s_drain(c: Ctx) -> None:
-    for e in c.j.backings:
-        b = c.backing(e["uuid"])
-        if b.cset_uuid != c.j.cset:
-            continue
+    """Drain every attached device at the same time, each in its own thread: a drain is mostly
+    waiting (for bcache's writeback thread, then the clean confirmation), and one after the
+    other those waits added up (~4-6 s per device on the lab). The first failure, Ctrl-C, or
+    the face's ``say`` raising (the TUI's cancel) stops the other drains at their next
+    progress report (every 0.5 s); each drain restores its own tunables on the way out."""
+    snap = c.snap()
+    todo = [(e, b) for e in c.j.backings
+            if (b := c.backing(e["uuid"], snap)).cset_uuid == c.j.cset]
+    if not todo:
+        return
+    stop = threading.Event()
+    say_lock = threading.Lock()
+
+    def say(msg: str) -> None:
+        with say_lock:
+            c.say(msg)
+
+    def one(e: dict[str, Any], b: BcacheBacking) -> None:
         last = [0.0]
 
-        def prog(p: drain.DrainProgress, last: list[float] = last) -> None:
+        def prog(p: drain.DrainProgress) -> None:
+            if stop.is_set():
+                raise _Stopped
             if time.monotonic() - last[0] >= 2:
                 last[0] = time.monotonic()
-                c.say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
-                      + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
+                say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
+                    + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
 
         try:
             res = drain.drain(c.sysfs, b, timeout=c.opts.drain_timeout,
                               stall_timeout=c.opts.stall_timeout, progress=prog)
-            c.say(f"{c.dev(e)}: clean after {res.elapsed_s:.1f} s")
+            say(f"{c.dev(e)}: clean after {res.elapsed_s:.1f} s")
         except AlreadyError:
-            c.say(f"{c.dev(e)}: already clean")
+            say(f"{c.dev(e)}: already clean")
+
+    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="drain") as pool:
+        futures = [pool.submit(one, e, b) for e, b in todo]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # Ctrl-C while waiting
+            stop.set()
+            raise
+        errors = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
+        if errors:
+            stop.set()  # leaving the with block waits for the others to stop and restore
+            raise errors[0]
 
 
 def s_detach(c: Ctx) -> None:
