@@ -152,6 +152,9 @@ def test_boot_pass_attaches_before_libvirtd() -> None:
               "ExecMainStartTimestampMonotonic", "ExecMainExitTimestampMonotonic")
     lv = show("libvirtd.service", "ActiveState", "ExecMainStartTimestampMonotonic")
     assert aa["Result"] == "success" and aa["ExecMainStatus"] == "0", aa
+    # the pass waited for udev's coldplug (the by-id links a policy may name) first
+    pre = show("cachemgr-autoattach.service", "ExecStartPre")["ExecStartPre"]
+    assert "udevadm settle" in pre and "code=exited ; status=0 }" in pre, pre
     assert lv["ActiveState"] == "active", lv
     # ordered: the boot pass had ended when the stand-in started
     assert 0 < int(aa["ExecMainExitTimestampMonotonic"]) <= \
