@@ -10,6 +10,9 @@ progress (dirty bytes, rate, ETA), detects stalls, and restores every tunable it
 the end, on error, on Ctrl-C, and after a crash (the saved journal is restored by the next run
 or by ``--resume``).
 
+Writeback may start only after the thread's current ``writeback_delay`` pause (the original
+value, 30 s by default) ends: nothing written to sysfs cuts that sleep short.
+
 "Clean" means state ``clean`` and dirty data certainly 0, read twice ``confirm`` seconds apart:
 ``state`` can lag behind ``dirty_data`` by ``writeback_delay``, and writes that overlap keys
 under writeback can bring dirty data back transiently even in ``none`` mode.
@@ -161,6 +164,21 @@ def drain(
             restore_saved(sysfs, b)
 
 
+def stall_hint(original: dict[str, int], stall_timeout: float, *, progressed: bool) -> str:
+    """What to check after a stall. bcache's writeback thread sleeps ``writeback_delay``
+    seconds after each full pass and only a detach cuts that sleep short (writeback.c; seen in
+    the lab: drains under load reached 0 only ~28 s in, at the default 30): a stall timeout
+    shorter than that pause can fire before writeback even resumed."""
+    hint = ("check the backing device for errors (dmesg) and whether new writes keep "
+            "dirtying the cache (switch the mode to none first)")
+    pause = original.get("writeback_delay", 0)
+    if not progressed and pause >= stall_timeout:
+        hint = (f"bcache's writeback thread may still be in its writeback_delay pause "
+                f"({pause} s, not cut short by the drain): run again with --stall-timeout "
+                f"above {pause}; otherwise {hint}")
+    return hint
+
+
 def _gone(b: BcacheBacking, dev: str, cset: str | None) -> StallError:
     # Seen in the lab (7.2): a backing device failing every write makes bcache stop it after
     # io_error_limit errors ("too many IO errors on backing device"); the dirty data stays
@@ -233,8 +251,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
                 f"{dev}: no progress for {stall_timeout:g} s (dirty {b.dirty}, state "
                 f"{b.state}, writeback rate {b.writeback_rate}); the dirty data stays safe in "
                 "the cache",
-                hint="check the backing device for errors (dmesg) and whether new writes keep "
-                     "dirtying the cache (switch the mode to none first)")
+                hint=stall_hint(original, stall_timeout, progressed=best_at > t0))
         if now - t0 > timeout:
             raise TimeoutExpired(f"{dev}: still {b.dirty} dirty after {timeout:g} s of draining")
         time.sleep(interval)

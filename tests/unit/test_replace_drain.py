@@ -122,3 +122,12 @@ def test_ctrl_c_stops_every_drain(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(KeyboardInterrupt):
         replace.s_drain(c)
     assert sorted(stopped) == sorted(e["uuid"] for e in c.j.backings)
+
+
+def test_stall_hint_names_the_writeback_pause_only_when_it_can_explain_the_stall() -> None:
+    h = drain.stall_hint({"writeback_delay": 30}, 10, progressed=False)
+    assert "writeback_delay pause (30 s" in h and "--stall-timeout above 30" in h
+    for hint in (drain.stall_hint({"writeback_delay": 30}, 10, progressed=True),
+                 drain.stall_hint({"writeback_delay": 30}, 60, progressed=False),
+                 drain.stall_hint({}, 10, progressed=False)):
+        assert "pause" not in hint and "dmesg" in hint
