@@ -6,10 +6,7 @@ the documented exit code comes back and nothing changed.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -21,7 +18,7 @@ import jsonschema
 import pytest
 
 from cachemgr import runner
-from cachemgr.cli import main
+from tests.kernel import clirun
 
 SCHEMA = json.loads(Path("docs/schema/status.schema.json").read_text())
 
@@ -34,15 +31,7 @@ def cm(*args: str, user: str | None = None, process: bool = False
     ``python -m cachemgr`` has them, without an interpreter start per call, which costs
     seconds on the qemu/TCG kernel), or as its own process when asked or as another user."""
     if not (process or user):
-        out, err = io.StringIO(), io.StringIO()
-        logging.root.handlers.clear()  # main() binds its log handler to this call's stderr
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = main(list(args))
-            except SystemExit as exc:  # argparse's usage errors
-                rc = exc.code if isinstance(exc.code, int) else 2
-        logging.root.handlers.clear()
-        return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
+        return clirun.in_process(*args)
     argv = [sys.executable, "-m", "cachemgr", *args]
     if user:
         argv = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups", *argv]

@@ -3,10 +3,7 @@ slowed with dm-delay), fio writing and verifying on every /dev/bcacheN throughou
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -16,9 +13,9 @@ from typing import Any
 import pytest
 
 from cachemgr import bcache, replace, runner, scsi, snapshot, state
-from cachemgr.cli import main
 from cachemgr.model import CacheMode
 from cachemgr.sysfs import Sysfs
+from tests.kernel import clirun
 
 FIO_COMMON = ["--bs=4k", "--direct=1", "--verify=crc32c", "--verify_state_save=0"]
 
@@ -31,18 +28,7 @@ def cm(*args: str, env: dict[str, str] | None = None,
                           env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
 
 
-def cm_here(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in this process: parsing, dispatch, output and exit code as ``python -m
-    cachemgr`` has them, without an interpreter start and imports per call (~1 s on UML)."""
-    out, err = io.StringIO(), io.StringIO()
-    logging.root.handlers.clear()  # main() binds its log handler to this call's stderr
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:  # argparse's usage errors
-            rc = exc.code if isinstance(exc.code, int) else 2
-    logging.root.handlers.clear()
-    return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
+cm_here = clirun.in_process  # the CLI in this process (runs that need not die of SIGKILL)
 
 
 def setup(lab_disks: list[str], hosts: int = 1) -> tuple[Sysfs, list[str], list[scsi.ScsiDisk]]:

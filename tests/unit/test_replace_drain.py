@@ -44,6 +44,21 @@ def report(b: BcacheBacking) -> drain.DrainProgress:
     return drain.DrainProgress(str(b.uuid), 4096, 8192, None, None, 0.0, CacheState.DIRTY)
 
 
+def endless(stopped: list[str]) -> Any:
+    """A drain that never ends, reporting progress as drain.drain does; when it is stopped
+    it records its device where drain.drain would restore the tunables."""
+
+    def fake(sysfs: Sysfs, b: BcacheBacking, *, progress: Any, **kw: Any) -> drain.DrainResult:
+        try:
+            while True:
+                progress(report(b))
+                time.sleep(0.01)
+        finally:
+            stopped.append(str(b.uuid))
+
+    return fake
+
+
 def test_devices_drain_at_the_same_time(tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     c, said = ctx(tmp_path, monkeypatch)
@@ -63,16 +78,13 @@ def test_a_failed_drain_stops_the_other_and_fails_the_step(
     c, _ = ctx(tmp_path, monkeypatch)
     stopped: list[str] = []
 
+    long = endless(stopped)
+
     def fake(sysfs: Sysfs, b: BcacheBacking, *, progress: Any, **kw: Any) -> drain.DrainResult:
         if b.uuid == c.j.backings[1]["uuid"]:
             time.sleep(0.05)
             raise drain.StallError("no progress")
-        try:
-            while True:  # a long drain, reporting progress as drain.drain does
-                progress(report(b))
-                time.sleep(0.01)
-        finally:
-            stopped.append(str(b.uuid))  # drain.drain restores its tunables here
+        return long(sysfs, b, progress=progress, **kw)
 
     monkeypatch.setattr(replace.drain, "drain", fake)
     with pytest.raises(drain.StallError):
@@ -90,16 +102,7 @@ def test_a_cancel_in_say_stops_every_drain(tmp_path: Path,
 
     c, _ = ctx(tmp_path, monkeypatch, say=say)
     stopped: list[str] = []
-
-    def fake(sysfs: Sysfs, b: BcacheBacking, *, progress: Any, **kw: Any) -> drain.DrainResult:
-        try:
-            while True:
-                progress(report(b))
-                time.sleep(0.01)
-        finally:
-            stopped.append(str(b.uuid))
-
-    monkeypatch.setattr(replace.drain, "drain", fake)
+    monkeypatch.setattr(replace.drain, "drain", endless(stopped))
     with pytest.raises(Cancelled):
         replace.s_drain(c)
     assert sorted(stopped) == sorted(e["uuid"] for e in c.j.backings)
@@ -108,16 +111,7 @@ def test_a_cancel_in_say_stops_every_drain(tmp_path: Path,
 def test_ctrl_c_stops_every_drain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c, _ = ctx(tmp_path, monkeypatch)
     stopped: list[str] = []
-
-    def fake(sysfs: Sysfs, b: BcacheBacking, *, progress: Any, **kw: Any) -> drain.DrainResult:
-        try:
-            while True:
-                progress(report(b))
-                time.sleep(0.01)
-        finally:
-            stopped.append(str(b.uuid))
-
-    monkeypatch.setattr(replace.drain, "drain", fake)
+    monkeypatch.setattr(replace.drain, "drain", endless(stopped))
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt):
         replace.s_drain(c)
