@@ -11,9 +11,13 @@ import asyncio
 import io
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, Static
 
 from cachemgr import bcache
@@ -49,6 +53,32 @@ async def started(pilot: object, app: CacheMgrApp) -> None:
 async def select(pilot: object, app: CacheMgrApp, key: str) -> None:
     app.query_one(DeviceTable).select_key(key)
     await settle(pilot, lambda: app.selected_key == key)
+
+
+@asynccontextmanager
+async def piloted(app: CacheMgrApp, at: int | str | None = None) -> AsyncIterator[Pilot[Any]]:
+    """``app`` run under Textual's pilot at 80x24 once its first poll is in; with ``at``,
+    that row selected first (an index into ``app.rows``, or a row key)."""
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(pilot, app)
+        if at is not None:
+            await select(pilot, app, app.rows[at].key if isinstance(at, int) else at)
+        yield pilot
+
+
+@asynccontextmanager
+async def running(root: Path, at: int | str | None = None,
+                  **kw: object) -> AsyncIterator[tuple[CacheMgrApp, Pilot[Any]]]:
+    """The app on the capture ``root`` (``kw``: app_on's options), piloted(): yields
+    (app, pilot)."""
+    app = app_on(root, **kw)
+    async with piloted(app, at) as pilot:
+        yield app, pilot
+
+
+def rendered(node: Any, selector: str) -> str:
+    """The text a Static under ``node`` (the app, or its screen) shows now."""
+    return str(node.query_one(selector, Static).render())
 
 
 def log_text(app: CacheMgrApp) -> str:
@@ -109,14 +139,12 @@ def test_dirty_consequence_words() -> None:
 
 def test_dashboard_shows_every_cache() -> None:
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
+        async with running(fx("bcache-writeback-dirty")) as (app, pilot):
             table = app.query_one(DataTable)
             assert table.row_count == 2
             row = [str(c).strip() for c in table.get_row_at(1)]
             assert row[:5] == ["└ bcache0", "ubda", "writeback", "dirty", "4.4M"]
-            banner = str(app.query_one("#banner", Static).render())
+            banner = rendered(app, "#banner")
             assert "most dirty: bcache0 4.4M" in banner
             await pilot.press("g")
             assert app.selected_key == app.rows[1].key
@@ -126,11 +154,8 @@ def test_dashboard_shows_every_cache() -> None:
 
 def test_read_only_view_says_so_and_acts_on_nothing() -> None:
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"), read_only=True)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[1].key)
-            assert "READ-ONLY" in str(app.query_one("#banner", Static).render())
+        async with running(fx("bcache-writeback-dirty"), at=1, read_only=True) as (app, pilot):
+            assert "READ-ONLY" in rendered(app, "#banner")
             assert app.check_action("mode", ()) is None  # shown dimmed, does nothing
             await pilot.press("m", "d", "delete", "c")
             assert len(app.screen_stack) == 1
@@ -141,10 +166,7 @@ def test_read_only_view_says_so_and_acts_on_nothing() -> None:
 
 def test_detail_help_and_palette() -> None:
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[1].key)
+        async with running(fx("bcache-writeback-dirty"), at=1) as (app, pilot):
             await pilot.press("enter")
             assert isinstance(app.screen, DetailScreen)
             from rich.console import Console
@@ -170,9 +192,7 @@ def test_detail_help_and_palette() -> None:
 
 def test_hotplug_shows_up_without_restart(tmp_path: Path) -> None:
     async def go() -> None:
-        app = app_on(fx("bcache-unattached"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
+        async with running(fx("bcache-unattached")) as (app, pilot):
             assert {r.kind for r in app.rows} == {view.CSET, view.BCACHE}
             # the host's devices change under the app (here: another tree)
             from cachemgr.sysfs import Sysfs
@@ -286,16 +306,13 @@ def test_mode_change_writes_cache_mode(tmp_path: Path, monkeypatch: pytest.Monke
     writes = kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("m")
             assert isinstance(app.screen, ChoiceDialog)
             ol = app.screen.query_one(OptionList)
             ol.highlighted = 0  # writethrough
             await pilot.pause(0.05)
-            explain = str(app.screen.query_one("#explain", Static).render())
+            explain = rendered(app.screen, "#explain")
             assert "4.4 MiB of dirty data" in explain
             await pilot.press("enter")
             assert isinstance(app.screen, ConfirmDialog)
@@ -311,10 +328,7 @@ def test_mode_change_writes_cache_mode(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_mode_already_so_is_said(tmp_path: Path) -> None:
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[1].key)
+        async with running(fx("bcache-writeback-dirty"), at=1) as (app, pilot):
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 1  # writeback (current)
             await pilot.press("enter")
@@ -333,20 +347,16 @@ def test_drain_cancel_restores_tunables(tmp_path: Path, monkeypatch: pytest.Monk
     base = root / "block/ubda/bcache"
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("d")
             assert isinstance(app.screen, ConfirmDialog)
             await pilot.click("#b-go")
             await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
-            await settle(pilot, lambda: "drain /dev/bcache0:" in str(
-                app.screen.query_one("#line", Static).render()))
+            await settle(pilot, lambda: "drain /dev/bcache0:" in rendered(app.screen, "#line"))
             assert (base / "writeback_percent").read_text().strip() == "0"
             await pilot.click("#b-cancel")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "cancelled by the operator" in body
 
     asyncio.run(go())
@@ -362,10 +372,7 @@ def test_tune_writes_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("t")
             ol = app.screen.query_one(OptionList)
             names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
@@ -385,11 +392,8 @@ def test_detach_then_attach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     writes = kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            key = bcache0_key(root)
-            await select(pilot, app, key)
+        key = bcache0_key(root)
+        async with running(root, at=key) as (app, pilot):
             await pilot.press("x")
             await pilot.click("#b-go")
             await settle(pilot, lambda: "/dev/bcache0: detach" in log_text(app))
@@ -412,20 +416,16 @@ def test_remove_cache_set_refused_with_library_words(tmp_path: Path,
     writes = kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[0].key)  # the cache set
+        async with running(root, at=0) as (app, pilot):  # at the cache set
             await pilot.press("delete")
             assert isinstance(app.screen, ConfirmDialog)
             assert app.screen.focused is not None and app.screen.focused.id == "b-cancel"
             await pilot.click("#b-go")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "holds dirty data of /dev/bcache0" in body
             assert "hint: detach or drain those first" in body
-            assert "refused as unsafe" in str(app.screen.query_one(".dialog-title",
-                                                                    Static).render())
+            assert "refused as unsafe" in rendered(app.screen, ".dialog-title")
 
     asyncio.run(go())
     assert writes == []  # nothing was changed
@@ -437,10 +437,7 @@ def test_remove_backing_detaches_then_stops(tmp_path: Path,
     writes = kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (_, pilot):
             await pilot.press("delete")
             await pilot.click("#b-go")
             # the capture's kernel never takes the device away: stop_backing times out
@@ -455,16 +452,13 @@ def test_remove_backing_detaches_then_stops(tmp_path: Path,
 
 def test_dmcache_passthrough_refused_while_dirty(tmp_path: Path) -> None:
     async def go() -> None:
-        app = app_on(fx("dmcache-writeback"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, "dm:vmcache")
+        async with running(fx("dmcache-writeback"), at="dm:vmcache") as (app, pilot):
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 2  # passthrough
             await pilot.press("enter")
             await pilot.click("#b-switch")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "dm-cache accepts passthrough only when every block is clean" in body
             assert "hint: flush first: cachemgr mode vmcache passthrough --drain" in body
 
@@ -473,20 +467,17 @@ def test_dmcache_passthrough_refused_while_dirty(tmp_path: Path) -> None:
 
 def test_create_refuses_missing_device() -> None:
     async def go() -> None:
-        app = app_on(fx("bcache-unattached"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
+        async with running(fx("bcache-unattached")) as (app, pilot):
             await pilot.press("c")
             await pilot.press("enter")  # bcache
             assert isinstance(app.screen, FormDialog)
             app.screen.query_one("#f-backing", Input).value = "/dev/cachemgr-no-such-disk"
             await pilot.click("#b-ok")
             assert isinstance(app.screen, ConfirmDialog)
-            assert "Format /dev/cachemgr-no-such-disk" in str(
-                app.screen.query_one(".dialog-body", Static).render())
+            assert "Format /dev/cachemgr-no-such-disk" in rendered(app.screen, ".dialog-body")
             await pilot.click("#b-go")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "/dev/cachemgr-no-such-disk: no such device" in body
 
     asyncio.run(go())
@@ -496,10 +487,7 @@ def test_replace_screen_plans_and_lists(tmp_path: Path) -> None:
     from tui.screens.replace import ReplaceScreen
 
     async def go() -> None:
-        app = app_on(fx("scsi-ssd-in-use"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[0].key)
+        async with running(fx("scsi-ssd-in-use"), at=0) as (app, pilot):
             await pilot.press("s")
             assert isinstance(app.screen, ReplaceScreen)
             await pilot.press("p")
@@ -509,7 +497,7 @@ def test_replace_screen_plans_and_lists(tmp_path: Path) -> None:
             await settle(pilot, lambda: "replace the cache SSD" in str(plan.render())
                          or "refused" in str(plan.render()))
             assert "replace the cache SSD /dev/sda" in str(plan.render())
-            steps = str(app.screen.query_one("#steps", Static).render())
+            steps = rendered(app.screen, "#steps")
             assert "·  1 preflight" in steps and "· 15 verify" in steps
             await pilot.press("r")
             assert isinstance(app.screen, ChoiceDialog)  # no interrupted run: says so
@@ -535,10 +523,7 @@ def test_bench_screen_refusal_and_charts(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "IOPS (median)" in text and "█" in text and "p99.9" in text
 
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[1].key)
+        async with running(fx("bcache-writeback-dirty"), at=1) as (app, pilot):
             await pilot.press("b")
             assert isinstance(app.screen, BenchScreen)
             assert app.screen.query_one("#targets", Input).value == \
@@ -546,17 +531,14 @@ def test_bench_screen_refusal_and_charts(monkeypatch: pytest.MonkeyPatch) -> Non
             app.screen.query_one("#targets", Input).value = "/dev/cachemgr-no-such-disk"
             await pilot.press("ctrl+r")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            assert "cachemgr-no-such-disk" in str(app.screen.query_one(
-                ".dialog-body", Static).render())
+            assert "cachemgr-no-such-disk" in rendered(app.screen, ".dialog-body")
 
     asyncio.run(go())
 
 
 def test_quit_returns_zero() -> None:
     async def go() -> int | None:
-        app = app_on(fx("bcache-unattached"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
+        async with running(fx("bcache-unattached")) as (app, pilot):
             await pilot.press("q")
         return app.return_code
 
@@ -569,10 +551,7 @@ def test_dialogs_are_keyboard_driven(tmp_path: Path, monkeypatch: pytest.MonkeyP
     kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("m", "up", "enter")
             assert isinstance(app.screen, ConfirmDialog)
             await pilot.press("shift+tab", "shift+tab", "enter")
@@ -589,15 +568,12 @@ def test_long_confirmation_keeps_its_buttons_on_screen() -> None:
     from tui.screens.replace import ReplaceScreen
 
     async def go() -> None:
-        app = app_on(fx("scsi-ssd-in-use"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[0].key)
+        async with running(fx("scsi-ssd-in-use"), at=0) as (app, pilot):
             await pilot.press("s")
             assert isinstance(app.screen, ReplaceScreen)
             await pilot.press("g")
             await settle(pilot, lambda: shown(app, ConfirmDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "replace the cache SSD /dev/sda" in body and "15" in body
             assert len(body.splitlines()) > 18  # more than fits under the title at 24 rows
             for bid in ("#b-go", "#b-cancel"):
@@ -626,8 +602,7 @@ def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:
     app = app_on(fx("bcache-unattached"))
 
     async def go() -> None:
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
+        async with piloted(app) as pilot:
             app.start_op("replace-ssd", lambda ctl: waits(app, ctl))
             await settle(pilot, lambda: shown(app, ConfirmDialog))
             await pilot.press("q")
@@ -654,10 +629,9 @@ def test_read_only_refuses_every_write_action(action: str) -> None:
     """Not root: each write action is disabled (dimmed in the footer, absent from the
     palette) and its key opens nothing; the same action is enabled for root."""
     async def go(read_only: bool) -> tuple[bool | None, bool, int]:
-        app = app_on(fx("bcache-writeback-dirty"), read_only=read_only)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[1].key)  # bcache0, attached: all apply
+        # at bcache0, attached: all apply
+        async with running(fx("bcache-writeback-dirty"), at=1,
+                           read_only=read_only) as (app, pilot):
             enabled = app.check_action(action, ())
             titles = [c.title for c in app.get_system_commands(app.screen)]
             await pilot.press(WRITE_KEYS[action])
@@ -683,10 +657,7 @@ def test_cancel_in_a_confirmation_changes_nothing(tmp_path: Path,
     writes = kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[row].key)
+        async with running(root, at=row) as (app, pilot):
             await pilot.press(key)
             if button is None:  # the mode's choice list first
                 assert isinstance(app.screen, ChoiceDialog)
@@ -711,10 +682,8 @@ def test_attach_from_the_cache_set(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     writes = kernel_writes(monkeypatch)
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, "cset:3a85497b-f234-4651-a39a-c547edabc679")
+        cset = "cset:3a85497b-f234-4651-a39a-c547edabc679"
+        async with running(root, at=cset) as (app, pilot):
             await pilot.press("a")
             assert isinstance(app.screen, ChoiceDialog)
             assert app.screen.title_text == "Attach which backing device to 3a85497b?"
@@ -743,16 +712,12 @@ def test_tune_refusal_shows_library_words_and_cache_set_tune_writes(
         await pilot.press("enter")  # type: ignore[attr-defined]
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
             await tune(pilot, app, "writeback_percent", "41")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "writeback_percent must be between 0 and 40, not 41" in body
-            assert "bad usage or input" in str(app.screen.query_one(".dialog-title",
-                                                                    Static).render())
+            assert "bad usage or input" in rendered(app.screen, ".dialog-title")
             await pilot.press("escape")
             await select(pilot, app, app.rows[0].key)  # the cache set
             await tune(pilot, app, "congested_read_threshold_us", "0")
@@ -768,16 +733,13 @@ def test_dmcache_lvm_owned_refused_with_the_lvm_command() -> None:
     """An LVM-owned dm-cache: mode and tune are refused before any dmsetup call, with the
     lvchange command to use instead (the library's words)."""
     async def go() -> None:
-        app = app_on(fx("dmcache-states"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, "dm:vg0-lv0")
+        async with running(fx("dmcache-states"), at="dm:vg0-lv0") as (app, pilot):
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 1  # writethrough
             await pilot.press("enter")
             await pilot.click("#b-switch")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "belongs to LVM" in body, body
             assert "hint: use LVM: lvchange --cachemode writethrough vg0/lv0" in body, body
             await pilot.press("escape")
@@ -788,7 +750,7 @@ def test_dmcache_lvm_owned_refused_with_the_lvm_command() -> None:
             app.screen.query_one(Input).value = "8192"
             await pilot.press("enter")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "belongs to LVM" in body and "lvchange --cachesettings" in body, body
 
     asyncio.run(go())
@@ -796,18 +758,15 @@ def test_dmcache_lvm_owned_refused_with_the_lvm_command() -> None:
 
 def test_dmcache_drain_and_remove_confirmations() -> None:
     async def go() -> None:
-        app = app_on(fx("dmcache-writeback"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, "dm:vmcache")
+        async with running(fx("dmcache-writeback"), at="dm:vmcache") as (app, pilot):
             await pilot.press("d")
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "Drain vmcache: write its 4.5M of dirty data back to mapper/slow" in body
             assert "cleaner policy" in body
             await pilot.press("escape")
             await pilot.press("delete")
             assert isinstance(app.screen, ConfirmDialog)
-            body = str(app.screen.query_one(".dialog-body", Static).render())
+            body = rendered(app.screen, ".dialog-body")
             assert "flush every dirty block to mapper/slow" in body
             assert [b for b, *_ in app.screen.buttons] == ["go", "keep"]
             await pilot.press("escape")
@@ -821,10 +780,7 @@ def test_replace_refused_for_a_non_scsi_ssd_and_nothing_to_roll_back() -> None:
     from tui.screens.replace import ReplaceScreen
 
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[0].key)
+        async with running(fx("bcache-writeback-dirty"), at=0) as (app, pilot):
             await pilot.press("s")
             assert isinstance(app.screen, ReplaceScreen)
             plan = app.screen.query_one("#plan", Static)
@@ -835,8 +791,7 @@ def test_replace_refused_for_a_non_scsi_ssd_and_nothing_to_roll_back() -> None:
             assert "✗ replace-ssd plan: /dev/ubdb is not a SCSI disk" in log_text(app)
             await pilot.press("u")
             assert isinstance(app.screen, ChoiceDialog)
-            assert "no interrupted run" in str(app.screen.query_one(".dialog-body",
-                                                                    Static).render())
+            assert "no interrupted run" in rendered(app.screen, ".dialog-body")
 
     asyncio.run(go())
 
@@ -860,10 +815,7 @@ def test_bench_shows_the_last_saved_result(tmp_path: Path,
     monkeypatch.setenv("CACHEMGR_BENCH_DIR", str(tmp_path / "bench"))
 
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[1].key)
+        async with running(fx("bcache-writeback-dirty"), at=1) as (app, pilot):
             await pilot.press("b")
             assert isinstance(app.screen, BenchScreen)
             await pilot.press("ctrl+l")
@@ -889,17 +841,13 @@ def test_hidden_drain_shows_in_the_banner_and_quit_restores(
     base = root / "block/ubda/bcache"
 
     async def go() -> None:
-        app = app_on(root)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, bcache0_key(root))
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("d")
             await pilot.click("#b-go")
             await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
             await pilot.press("escape")
             assert len(app.screen_stack) == 1 and app.ops
-            await settle(pilot, lambda: "» drain /dev/bcache0:" in str(
-                app.query_one("#banner", Static).render()))
+            await settle(pilot, lambda: "» drain /dev/bcache0:" in rendered(app, "#banner"))
             assert (base / "writeback_percent").read_text().strip() == "0"
             await pilot.press("q")
 
@@ -915,15 +863,13 @@ def test_interval_log_toggle_and_actions_from_the_detail_view() -> None:
     from tui.widgets.logpanel import LogPanel
 
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"), interval=1.0)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
+        async with running(fx("bcache-writeback-dirty"), interval=1.0) as (app, pilot):
             await pilot.press("plus")
             assert app.interval == 2.0
             await pilot.press("minus", "minus")
             assert app.interval == 0.5
             assert "refresh every 0.5 s" in log_text(app)
-            assert "refresh 0.5s" in str(app.query_one("#banner", Static).render())
+            assert "refresh 0.5s" in rendered(app, "#banner")
             panel = app.query_one(LogPanel)
             shown = panel.display
             await pilot.press("l")
@@ -949,10 +895,7 @@ def test_resume_and_rollback_list_only_interrupted_runs() -> None:
                         old={}, backings=[], status=status).save()
 
     async def go() -> None:
-        app = app_on(fx("bcache-writeback-dirty"))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await started(pilot, app)
-            await select(pilot, app, app.rows[0].key)
+        async with running(fx("bcache-writeback-dirty"), at=0) as (app, pilot):
             await pilot.press("s")
             assert isinstance(app.screen, ReplaceScreen)
             for key in ("r", "u"):
