@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import subprocess
+import sys
 
 from cachemgr.cli import main
 
@@ -23,3 +25,18 @@ def in_process(*args: str) -> subprocess.CompletedProcess[str]:
             rc = exc.code if isinstance(exc.code, int) else 2
     logging.root.handlers.clear()
     return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
+
+
+def process(*args: str) -> subprocess.Popen[str]:
+    """``python -m cachemgr ARGS`` started as its own process (to be killed, or run alongside
+    the test), stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, "-m", "cachemgr", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def run_process(*args: str, timeout: float = 300) -> tuple[int, str, str]:
+    """``python -m cachemgr ARGS`` as its own process, waited for: (exit code, out, err)."""
+    p = process(*args)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,21 +21,14 @@ import pytest
 
 from cachemgr import runner, snapshot, state
 from cachemgr.sysfs import Sysfs
+from tests.kernel import clirun
 
 DISKS = "512M,128M,16M"
 HOLD = "1"  # a migration_threshold below one block: smq never sees "idle", never writes back
 
 
-def cm(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cachemgr", *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
-
-
-def run_cm(*args: str, timeout: float = 300) -> tuple[int, str, str]:
-    p = cm(*args)
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out, err
+cm = clirun.process  # the CLI as its own process (killed, or run alongside the test)
+run_cm = clirun.run_process
 
 
 def dm(*args: str) -> str:

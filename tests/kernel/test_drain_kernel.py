@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,20 +13,13 @@ import pytest
 from cachemgr import bcache, runner, snapshot, state
 from cachemgr.model import CacheMode
 from cachemgr.sysfs import Sysfs
+from tests.kernel import clirun
 
 B = "block/bcache0/bcache"
 
 
-def cm(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cachemgr", *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
-
-
-def run_cm(*args: str, timeout: float = 300) -> tuple[int, str, str]:
-    p = cm(*args)
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out, err
+cm = clirun.process  # the CLI as its own process (killed, or run alongside the test)
+run_cm = clirun.run_process
 
 
 def setup_dirty(lab_disks: list[str], delay_ms: int = 4, dirty: str = "48M") -> Sysfs:

@@ -13,19 +13,13 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cachemgr import bcache, runner
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from tests.kernel import scenarios
 
 
 @pytest.mark.kernel(disks="1G,256M")
 def test_scrape_matches_status(lab_disks: list[str]) -> None:
-    sysfs = Sysfs()
-    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="128k",
-                  mode=CacheMode.WRITEBACK)
-    sysfs.write("block/bcache0/bcache/writeback_running", "0")
-    runner.run(["fio", "--name=w", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
-                "--size=64M", "--io_size=8M", "--direct=1", "--output-format=json"])
+    scenarios.bcache_holding_dirty(lab_disks[0], lab_disks[1], bucket="128k", size="64M",
+                                   io_size="8M")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     status = json.loads(subprocess.run([sys.executable, "-m", "cachemgr", "status", "--json"],
                                        capture_output=True, text=True, env=env,

@@ -26,9 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachemgr import bcache, runner
-from cachemgr.model import CacheMode
 from cachemgr.sysfs import Sysfs
-from tests.kernel import measure
+from tests.kernel import measure, scenarios
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install-udev.sh"
@@ -224,12 +223,8 @@ def test_hot_add_runs_the_worker_as_a_transient_unit() -> None:
 
 @pytest.mark.kernel(systemd=True, disks="256M,64M", timeout=240)
 def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
-    sysfs = Sysfs()
-    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="64k",
-                  mode=CacheMode.WRITEBACK)
-    sysfs.write("block/bcache0/bcache/writeback_running", "0")
-    runner.run(["fio", "--name=w", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
-                "--size=32M", "--io_size=4M", "--direct=1", "--output-format=json"])
+    scenarios.bcache_holding_dirty(lab_disks[0], lab_disks[1], bucket="64k", size="32M",
+                                   io_size="4M")
     install("--metrics", "--textfile")
     assert show("cachemgr-metrics.service", "ActiveState")["ActiveState"] == "active"
     assert show("cachemgr-textfile.timer", "ActiveState")["ActiveState"] == "active"
