@@ -107,6 +107,9 @@ class Op:
         self.dialog: ProgressDialog | None = None
         self.worker: Worker[Any] | None = None
         self.last_line = ""
+        # (cancellable, cancel note) of an operation shown with a progress dialog: hidden, it
+        # can be shown again ("o") and cancelled from there
+        self.progress: tuple[bool, str] | None = None
 
 
 class CacheMgrApp(App[int]):
@@ -132,6 +135,7 @@ class CacheMgrApp(App[int]):
         Binding("plus,equals_sign", "interval(1)", "Slower", show=False),
         Binding("minus", "interval(-1)", "Faster", show=False),
         Binding("l", "toggle_log", "Log", show=False),
+        Binding("o", "operations", "Operations", show=False),
     ]
     INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -303,7 +307,7 @@ class CacheMgrApp(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         own = WRITE_ACTIONS | set(DEVICE_ACTIONS) | {"most_dirty", "refresh", "interval",
-                                                     "toggle_log", "help"}
+                                                     "toggle_log", "help", "operations"}
         if isinstance(self.screen, ModalScreen) and action in own:
             return False  # a dialog is open: its keys only (Tab, Escape, ... still work)
         if (action in WRITE_ACTIONS or action in DEVICE_ACTIONS) and not isinstance(
@@ -391,10 +395,37 @@ class CacheMgrApp(App[int]):
         self.ops[op_id] = op
         self.log_line(f"▶ {title}")
         if progress:
-            op.dialog = ProgressDialog(op_id, title, cancellable, cancel_note)
-            self.push_screen(op.dialog, lambda r: self._progress_closed(op, r))
+            op.progress = (cancellable, cancel_note)
+            self._show_progress(op)
         op.worker = self._run_op(op, fn)
         return op
+
+    def _show_progress(self, op: Op) -> None:
+        assert op.progress is not None
+        op.dialog = ProgressDialog(op.id, op.title, *op.progress,
+                                   line=op.last_line or "starting...")
+        self.push_screen(op.dialog, lambda r: self._progress_closed(op, r))
+
+    def action_operations(self) -> None:
+        """Show again the progress of an operation hidden in the background (Escape on its
+        dialog), where it can be cancelled; with several, pick one."""
+        hidden = [op for op in self.ops.values() if op.progress and op.dialog is None]
+        if not hidden:
+            self.notify("no operation is running in the background")
+            return
+        if len(hidden) == 1:
+            self._show_progress(hidden[0])
+            return
+
+        def picked(op_id: str | None) -> None:
+            op = self.ops.get(int(op_id)) if op_id else None
+            if op is not None and op.dialog is None:
+                self._show_progress(op)
+
+        self.push_screen(ChoiceDialog(
+            "Operations in the background",
+            [(str(op.id), f"{op.title}: {op.last_line or 'starting...'}") for op in hidden]),
+            picked)
 
     @work(thread=True, exit_on_error=False, group="ops")
     def _run_op(self, op: Op, fn: Callable[[ops.Control], ops.Outcome]) -> ops.Outcome:

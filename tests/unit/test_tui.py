@@ -859,6 +859,38 @@ def test_hidden_drain_shows_in_the_banner_and_quit_restores(
     assert (base / "writeback_delay").read_text().strip() == "30"
 
 
+def test_a_hidden_drain_is_shown_again_with_o_and_cancelled_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Escape hides a drain's progress; "o" shows it again (with its last line), and Cancel
+    there stops the drain and puts its tunables back. With nothing hidden, "o" says so."""
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    kernel_writes(monkeypatch)
+    base = root / "block/ubda/bcache"
+
+    async def go() -> None:
+        async with running(root, at=bcache0_key(root)) as (app, pilot):
+            await pilot.press("o")
+            assert len(app.screen_stack) == 1  # nothing in the background: a notice only
+            await pilot.press("d")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
+            await pilot.press("escape")
+            await settle(pilot, lambda: "» drain /dev/bcache0:" in rendered(app, "#banner"))
+            assert len(app.screen_stack) == 1 and len(app.ops) == 1
+            await pilot.press("o")
+            await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
+            assert "drain /dev/bcache0" in rendered(app.screen, "#line")
+            await pilot.press("o")  # a dialog is open: no second one
+            assert sum(isinstance(s, ProgressDialog) for s in app.screen_stack) == 1
+            await pilot.press("c")
+            await settle(pilot, lambda: not app.ops, tries=400)
+            assert "cancel" in log_text(app)
+            assert (base / "writeback_percent").read_text().strip() == "10"
+            assert (base / "writeback_delay").read_text().strip() == "30"
+
+    asyncio.run(go())
+
+
 def test_interval_log_toggle_and_actions_from_the_detail_view() -> None:
     from tui.widgets.logpanel import LogPanel
 

@@ -19,8 +19,9 @@ class ProgressDialog(ModalScreen[str | None]):
                                              ("c", "cancel_op", "Cancel")]
 
     def __init__(self, op_id: int, title: str, cancellable: bool = True,
-                 cancel_note: str = "") -> None:
+                 cancel_note: str = "", *, line: str = "starting...") -> None:
         super().__init__()
+        self.line = line
         self.op_id = op_id
         self.title_text = title
         self.cancellable = cancellable
@@ -30,7 +31,7 @@ class ProgressDialog(ModalScreen[str | None]):
         with Vertical(classes="dialog"):
             yield Static(self.title_text, classes="dialog-title")
             yield ProgressBar(total=1.0, show_eta=False, id="bar")
-            yield Static("starting...", id="line", markup=False)
+            yield Static(self.line, id="line", markup=False)
             yield Static("", id="eta")
             if self.cancel_note:
                 yield Static(self.cancel_note, classes="dialog-note", markup=False)

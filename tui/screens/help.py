@@ -25,6 +25,7 @@ cachemgr: bcache and dm-cache on this host.  Keys (also in the footer and in Ctr
   Del Remove     safe decommission: flush, detach, stop / unregister (confirmed)
   s  SSD         replace the cache SSD of a set: plan, steps, swap prompt, resume
   b  Bench       benchmark a device or compare modes (fio), with charts
+  o              operations hidden with Esc: show their progress again, cancel there
   r  refresh now   +/-  refresh interval   l  log panel   q  quit   Esc  back
 
 Columns: MODE and STATE are the kernel's words.  DIRTY is data that lives only on the
