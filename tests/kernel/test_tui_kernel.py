@@ -114,6 +114,63 @@ def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
     asyncio.run(go())
 
 
+def test_tui_cache_set_side_tune_and_attach(lab_disks: list[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the cache set's row: tune a cache-set tunable, then attach a detached backing
+    device to that set (the kernel's files checked through the snapshot)."""
+    from textual.widgets import Input
+
+    from tests.unit.tui_helpers import settle
+    from tui import view
+    from tui.app import CacheMgrApp
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="128k")
+    bcache.detach(sysfs, snapshot.take(sysfs).backings[0])
+    snap = snapshot.take(sysfs)
+    cset = snap.cache_sets[0]
+    assert snap.backings[0].cset_uuid is None and cset.congested_read_threshold_us == 2000
+    key = f"cset:{cset.uuid}"
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: key in app.query_one(DeviceTable).keys, tries=200)
+            app.query_one(DeviceTable).select_key(key)
+            await settle(pilot, lambda: app.selected_key == key)
+            assert app.selected_row() is not None and app.selected_row().kind == view.CSET
+            # tune on the set: congested_read_threshold_us 2000 -> 0
+            await settle(pilot, lambda: app.check_action("tune", ()) is True)
+            await pilot.press("t")
+            ol = app.screen.query_one(OptionList)
+            ids = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
+            assert "congested_read_threshold_us" in ids and "writeback_percent" not in ids
+            ol.highlighted = ids.index("congested_read_threshold_us")
+            await pilot.press("enter")
+            app.screen.query_one(Input).value = "0"
+            await pilot.press("enter")
+            await settle(pilot, lambda: "congested_read_threshold_us 2000 -> 0" in log(app),
+                         tries=400)
+            assert snapshot.take(sysfs).cache_sets[0].congested_read_threshold_us == 0
+            # attach from the set's side: the detached backing device is offered
+            app.selected_key = key
+            await settle(pilot, lambda: app.check_action("attach", ()) is True, tries=200)
+            await pilot.press("a")
+            ol = app.screen.query_one(OptionList)
+            assert ol.option_count == 1
+            await pilot.press("enter")
+            await settle(pilot, lambda: snapshot.take(sysfs).backings[0].cset_uuid == cset.uuid,
+                         tries=400)
+            await settle(pilot, lambda: "attach" in log(app) and "->" in log(app), tries=200)
+
+    asyncio.run(go())
+
+
 def test_tui_in_tmux_mode_and_drain(lab_disks: list[str], tmp_path: Path) -> None:
     """The real app (`cachemgr tui`) on a 100x30 tmux pane, keys sent like a person would."""
     sysfs = make_dirty(lab_disks)
