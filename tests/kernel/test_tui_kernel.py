@@ -510,6 +510,47 @@ def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_pat
     assert "vc" not in _dm("ls").split()
 
 
+@pytest.mark.kernel(disks="256M,64M,8M", timeout=400)
+def test_tui_dmcache_remove_keep_device_while_in_use(lab_disks: list[str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove with "Keep device" on a dm-cache device a process holds open: its dirty blocks
+    are flushed to the origin and the device stays as a linear mapping of it, same data."""
+    from cachemgr import dmcache
+    from tests.unit.tui_helpers import settle
+    from tui.app import CacheMgrApp
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    hdd, ssd, meta = lab_disks
+    dmcache.create(Sysfs(), "vc", origin=hdd, cache=ssd, metadata=meta)
+    _dm_fill_and_hold("16M")
+    before = runner.run(["sha256sum", "/dev/mapper/vc"], timeout=120).stdout.split()[0]
+    holder = open("/dev/mapper/vc", "rb")  # a VM still using the disk  # noqa: SIM115
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: "dm:vc" in app.query_one(DeviceTable).keys, tries=200)
+            app.query_one(DeviceTable).select_key("dm:vc")
+            await settle(pilot, lambda: app.selected_key == "dm:vc")
+            await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
+            await pilot.press("delete")
+            await pilot.click("#b-keep")
+            await settle(pilot, lambda: "dm:vc" not in app.query_one(DeviceTable).keys,
+                         tries=1200)
+            await settle(pilot, lambda: not app.ops, tries=200)
+            assert not [x for x in app.log_history if x.startswith("✗")], app.log_history
+
+    try:
+        asyncio.run(go())
+        table = _dm("table", "vc").split()
+        assert table[2] == "linear", table
+    finally:
+        holder.close()
+    assert runner.run(["sha256sum", "/dev/mapper/vc"], timeout=120).stdout.split()[0] == before
+    assert runner.run(["sha256sum", hdd], timeout=120).stdout.split()[0] == before
+
+
 # --------------------------------------------------------------------------- replace-ssd
 
 
