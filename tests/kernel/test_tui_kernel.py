@@ -551,6 +551,54 @@ def test_tui_dmcache_remove_keep_device_while_in_use(lab_disks: list[str], tmp_p
     assert runner.run(["sha256sum", hdd], timeout=120).stdout.split()[0] == before
 
 
+@pytest.mark.kernel(disks="256M,64M,8M", timeout=400)
+def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`b` on a dm-cache device: a short run through the bench screen, results saved and
+    shown, the device untouched (same table)."""
+    from textual.widgets import Input, RichLog
+
+    from cachemgr import dmcache
+    from tests.unit.tui_helpers import settle
+    from tui.app import CacheMgrApp
+    from tui.screens.bench import BenchScreen
+    from tui.widgets.devices import DeviceTable
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    bench_dir = tmp_path / "bench"
+    monkeypatch.setenv("CACHEMGR_BENCH_DIR", str(bench_dir))
+    hdd, ssd, meta = lab_disks
+    dmcache.create(Sysfs(), "vc", origin=hdd, cache=ssd, metadata=meta)
+    table_before = _dm("table", "vc")
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, lambda: "dm:vc" in app.query_one(DeviceTable).keys, tries=200)
+            app.query_one(DeviceTable).select_key("dm:vc")
+            await settle(pilot, lambda: app.selected_key == "dm:vc")
+            await settle(pilot, lambda: app.check_action("bench", ()) is True, tries=200)
+            await pilot.press("b")
+            bench = app.screen
+            assert isinstance(bench, BenchScreen)
+            assert bench.query_one("#targets", Input).value == "/dev/mapper/vc"
+            for k, v in {"runtime": "2", "repeat": "1", "zipf": "1.2"}.items():
+                bench.query_one(f"#{k}", Input).value = v
+            await pilot.press("ctrl+r")
+            await settle(pilot, lambda: len(bench.query_one("#oplog", RichLog).lines) > 0,
+                         tries=600)
+            log = lambda: "\n".join(app.log_history)  # noqa: E731
+            await settle(pilot, lambda: ": saved " in log() or "✗" in log(), tries=3000)
+            assert "✗" not in log(), log()
+            assert bench.doc is not None
+            (res,) = bench.doc["results"]
+            assert res["iops"] > 0 and res["lat_p99_us"] > 0
+
+    asyncio.run(go())
+    assert _dm("table", "vc") == table_before
+    assert list(bench_dir.rglob("*.json"))
+
+
 # --------------------------------------------------------------------------- replace-ssd
 
 
