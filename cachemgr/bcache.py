@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import logging
 import os
 import re
@@ -697,6 +698,21 @@ def create(
             with contextlib.suppress(AlreadyError):
                 changes.append(set_mode(sysfs, b, mode))
     return changes
+
+
+def claimed(node: str) -> bool:
+    """Whether someone holds the block device ``node`` exclusively (bcache, a mount, md, dm):
+    an O_EXCL open fails with EBUSY then, as wipefs's does. A missing node is not held."""
+    try:
+        fd = os.open(node, os.O_RDONLY | os.O_EXCL)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return True
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+    os.close(fd)
+    return False
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:

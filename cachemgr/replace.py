@@ -364,14 +364,15 @@ def s_unregister(c: Ctx) -> None:
         return
     bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
     bcache.unregister_cache_set(c.sysfs, cset, snap.backings)
-    # The set's directory goes first; the cache device's own bcache/ directory and its
-    # holders link follow a little later (a loaded lab host showed the gap): wait for them,
-    # or the next steps would find the SSD still "in use" and refuse.
+    # The set's directory goes first; the cache device's own bcache/ directory, its holders
+    # link and last its exclusive claim on the device follow a little later (a loaded lab
+    # host showed each gap; wipefs then failed with EBUSY): wait for all three, or the next
+    # steps would find the SSD still "in use" and refuse.
     name = c.j.old["name"]
 
     def released() -> bool:
         return not c.sysfs.is_dir(f"block/{name}/bcache") and not c.sysfs.listdir(
-            f"block/{name}/holders")
+            f"block/{name}/holders") and not (c.sysfs.live and bcache.claimed(f"/dev/{name}"))
 
     if not bcache.wait_for(released, 60, 0.2):
         raise CacheMgrError(f"{c.j.old['node']} is still held by bcache 60 s after its cache "
@@ -400,6 +401,9 @@ def s_wipe_old(c: Ctx) -> None:
         return
     if not bcache.wait_for(lambda: not c.sysfs.exists(f"block/{d.name}/bcache"), 30, 0.2):
         raise UnsafeError(f"{d.node} is still registered with bcache; refusing to wipe it")
+    if c.sysfs.live and not bcache.wait_for(lambda: not bcache.claimed(d.node), 30, 0.2):
+        raise UnsafeError(f"{d.node} is still held by another user (an exclusive open fails "
+                          "with EBUSY); refusing to wipe it")
     if _signature(d.node) is None:
         return
     runner.run(["wipefs", "-a", d.node], timeout=60)

@@ -34,6 +34,11 @@ class Sysfs:
     def __repr__(self) -> str:
         return f"Sysfs({str(self.root)!r})"
 
+    @property
+    def live(self) -> bool:
+        """The running kernel's /sys (not a capture): /dev nodes then match its devices."""
+        return self.root == Path(DEFAULT_ROOT)
+
     def path(self, rel: str) -> Path:
         rel = rel.lstrip("/")
         return self.root / rel if rel else self.root
