@@ -235,8 +235,9 @@ class CacheMgrApp(App[int]):
         self.history.add(msg.t, msg.snap, msg.ios)
         self.rows = view.rows(msg.snap)
         d = self.dashboard()
-        if d is not None:
-            table = d.query_one(DeviceTable)
+        # no table while the app quits (its screens' widgets go away; a poll can come late)
+        table = next(iter(d.query(DeviceTable)), None) if d is not None else None
+        if table is not None:
             table.show(self.rows)
             if self.selected_key not in table.keys:
                 self.selected_key = table.selected_key
@@ -250,9 +251,12 @@ class CacheMgrApp(App[int]):
         d = self.dashboard()
         if d is None or self.snap is None:
             return
-        d.query_one(TrendPanel).show(self.history, self.selected_key)
-        d.query_one("#summary", Static).update(self._summary())
-        d.query_one("#banner", Static).update(self._banner())
+        try:
+            d.query_one(TrendPanel).show(self.history, self.selected_key)
+            d.query_one("#summary", Static).update(self._summary())
+            d.query_one("#banner", Static).update(self._banner())
+        except NoMatches:  # the app is quitting (a poll or progress message came late)
+            return
         self.refresh_bindings()
 
     def _banner(self) -> str:

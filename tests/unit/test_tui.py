@@ -896,6 +896,24 @@ def test_a_hidden_drain_is_shown_again_with_o_and_cancelled_there(
     asyncio.run(go())
 
 
+def test_a_poll_arriving_while_the_widgets_go_away_is_dropped() -> None:
+    """At quit the dashboard's widgets are removed while a poll result can still arrive (a
+    kernel test crashed on it: NoMatches for DeviceTable): the result is dropped quietly and
+    polling goes on."""
+
+    async def go() -> None:
+        async with running(fx("bcache-writeback-dirty")) as (app, _pilot):
+            assert app.snap is not None
+            polls = app.polls
+            d = app.dashboard()
+            assert d is not None
+            await d.query_one(DeviceTable).remove()
+            app.on_snapshot_ready(SnapshotReady(app.snap, {}, time.monotonic()))
+            assert app.polls == polls + 1
+
+    asyncio.run(go())
+
+
 def test_interval_log_toggle_and_actions_from_the_detail_view() -> None:
     from tui.widgets.logpanel import LogPanel
 
