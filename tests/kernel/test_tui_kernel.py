@@ -43,7 +43,6 @@ def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
     from tests.unit.tui_helpers import settle
     from tui.app import CacheMgrApp
     from tui.dialogs.confirm import ConfirmDialog
-    from tui.widgets.devices import DeviceTable
 
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
     sysfs = make_dirty(lab_disks)
@@ -58,9 +57,7 @@ def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
     async def go() -> None:
         app = CacheMgrApp("/sys", interval=0.5, read_only=False)
         async with app.run_test(size=(100, 30)) as pilot:
-            await settle(pilot, lambda: key in app.query_one(DeviceTable).keys, tries=200)
-            app.query_one(DeviceTable).select_key(key)
-            await settle(pilot, lambda: app.selected_key == key)
+            await _select(pilot, app, key)
             # mode: writeback -> writethrough (dirty data keeps being written back)
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 0
@@ -123,7 +120,6 @@ def test_tui_cache_set_side_tune_and_attach(lab_disks: list[str], tmp_path: Path
     from tests.unit.tui_helpers import settle
     from tui import view
     from tui.app import CacheMgrApp
-    from tui.widgets.devices import DeviceTable
 
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
     sysfs = Sysfs()
@@ -140,9 +136,7 @@ def test_tui_cache_set_side_tune_and_attach(lab_disks: list[str], tmp_path: Path
     async def go() -> None:
         app = CacheMgrApp("/sys", interval=0.5, read_only=False)
         async with app.run_test(size=(100, 30)) as pilot:
-            await settle(pilot, lambda: key in app.query_one(DeviceTable).keys, tries=200)
-            app.query_one(DeviceTable).select_key(key)
-            await settle(pilot, lambda: app.selected_key == key)
+            await _select(pilot, app, key)
             assert app.selected_row() is not None and app.selected_row().kind == view.CSET
             # tune on the set: congested_read_threshold_us 2000 -> 0
             await settle(pilot, lambda: app.check_action("tune", ()) is True)
@@ -245,6 +239,17 @@ async def _fill_form(pilot: object, app: object, values: dict[str, str]) -> None
     for key, value in values.items():
         app.screen.query_one(f"#f-{key}", Input).value = value  # type: ignore[attr-defined]
     await pilot.pause(0.05)  # type: ignore[attr-defined]
+
+
+async def _select(pilot: object, app: object, key: str) -> None:
+    """Wait for row ``key`` to be listed (polls), then select it."""
+    from tests.unit.tui_helpers import settle
+    from tui.widgets.devices import DeviceTable
+
+    table = app.query_one(DeviceTable)  # type: ignore[attr-defined]
+    await settle(pilot, lambda: key in table.keys, tries=200)
+    table.select_key(key)
+    await settle(pilot, lambda: app.selected_key == key)  # type: ignore[attr-defined]
 
 
 async def _pick(pilot: object, app: object, option_id: str) -> None:
@@ -422,10 +427,7 @@ def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_pat
             await settle(pilot, lambda: app.polls > 0, tries=200)
 
             async def select_vc() -> None:
-                await settle(pilot, lambda: "dm:vc" in app.query_one(DeviceTable).keys,
-                             tries=200)
-                app.query_one(DeviceTable).select_key("dm:vc")
-                await settle(pilot, lambda: app.selected_key == "dm:vc")
+                await _select(pilot, app, "dm:vc")
 
             async def mode(to: str, button: str) -> None:
                 await select_vc()
@@ -530,9 +532,7 @@ def test_tui_dmcache_remove_keep_device_while_in_use(lab_disks: list[str], tmp_p
     async def go() -> None:
         app = CacheMgrApp("/sys", interval=0.5, read_only=False)
         async with app.run_test(size=(100, 30)) as pilot:
-            await settle(pilot, lambda: "dm:vc" in app.query_one(DeviceTable).keys, tries=200)
-            app.query_one(DeviceTable).select_key("dm:vc")
-            await settle(pilot, lambda: app.selected_key == "dm:vc")
+            await _select(pilot, app, "dm:vc")
             await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
             await pilot.press("delete")
             await pilot.click("#b-keep")
@@ -562,7 +562,6 @@ def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
     from tests.unit.tui_helpers import settle
     from tui.app import CacheMgrApp
     from tui.screens.bench import BenchScreen
-    from tui.widgets.devices import DeviceTable
 
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
     bench_dir = tmp_path / "bench"
@@ -574,9 +573,7 @@ def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
     async def go() -> None:
         app = CacheMgrApp("/sys", interval=0.5, read_only=False)
         async with app.run_test(size=(100, 30)) as pilot:
-            await settle(pilot, lambda: "dm:vc" in app.query_one(DeviceTable).keys, tries=200)
-            app.query_one(DeviceTable).select_key("dm:vc")
-            await settle(pilot, lambda: app.selected_key == "dm:vc")
+            await _select(pilot, app, "dm:vc")
             await settle(pilot, lambda: app.check_action("bench", ()) is True, tries=200)
             await pilot.press("b")
             bench = app.screen

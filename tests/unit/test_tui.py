@@ -837,6 +837,17 @@ def test_bench_shows_the_last_saved_result(tmp_path: Path,
     asyncio.run(go())
 
 
+async def drain_hidden(pilot: Pilot[Any], app: CacheMgrApp) -> None:
+    """Start a drain of the selected bcache0 and hide its progress (Escape): it goes on, its
+    line in the banner, the dashboard alone on the screen."""
+    await pilot.press("d")
+    await pilot.click("#b-go")
+    await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
+    await pilot.press("escape")
+    await settle(pilot, lambda: "» drain /dev/bcache0:" in rendered(app, "#banner"))
+    assert len(app.screen_stack) == 1 and len(app.ops) == 1
+
+
 def test_hidden_drain_shows_in_the_banner_and_quit_restores(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A drain hidden (Escape on its progress) goes on, its line in the banner; quitting
@@ -847,12 +858,7 @@ def test_hidden_drain_shows_in_the_banner_and_quit_restores(
 
     async def go() -> None:
         async with running(root, at=bcache0_key(root)) as (app, pilot):
-            await pilot.press("d")
-            await pilot.click("#b-go")
-            await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
-            await pilot.press("escape")
-            assert len(app.screen_stack) == 1 and app.ops
-            await settle(pilot, lambda: "» drain /dev/bcache0:" in rendered(app, "#banner"))
+            await drain_hidden(pilot, app)
             assert (base / "writeback_percent").read_text().strip() == "0"
             await pilot.press("q")
 
@@ -876,12 +882,7 @@ def test_a_hidden_drain_is_shown_again_with_o_and_cancelled_there(
         async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("o")
             assert len(app.screen_stack) == 1  # nothing in the background: a notice only
-            await pilot.press("d")
-            await pilot.click("#b-go")
-            await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
-            await pilot.press("escape")
-            await settle(pilot, lambda: "» drain /dev/bcache0:" in rendered(app, "#banner"))
-            assert len(app.screen_stack) == 1 and len(app.ops) == 1
+            await drain_hidden(pilot, app)
             await pilot.press("o")
             await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
             assert "drain /dev/bcache0" in rendered(app.screen, "#line")
