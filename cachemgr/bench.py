@@ -72,8 +72,6 @@ DEFAULT_RESULTS_DIR = "/var/lib/cachemgr/bench"
 PERCENTILES = (1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0,
                99.5, 99.9, 99.95, 99.99)
 RW_MODES = ("randread", "randwrite", "randrw", "read", "write", "rw")
-# bcache's stats fold interval: accounting_delay = HZ * 300 / 22 jiffies (stats.c)
-ACCOUNTING_INTERVAL_S = 300 / 22
 DEFAULT_TOLERANCE = 0.2
 
 
@@ -85,10 +83,6 @@ class FioFormatError(CacheMgrError):
                          hint="is this fio's --output-format=json output (fio >= 3.x)?")
         self.field_path = field_path
         self.problem = problem
-
-
-class BenchError(CacheMgrError):
-    """A benchmark run failed (fio could not run or reported IO errors)."""
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -405,7 +399,7 @@ def parse_fio(text: str) -> FioResult:
     """fio's ``--output-format=json`` output -> :class:`FioResult`.
 
     Accepts what fio prints before the JSON (``fio: ...`` notices on stdout, e.g. after a
-    SIGINT: FACTS.md). Sample (fio 3.33, trimmed)::
+    SIGINT: docs/kernel-notes.md, "fio output"). Sample (fio 3.33, trimmed)::
 
         {"fio version": "fio-3.33", "jobs": [{"jobname": "bare", "error": 0,
           "job_runtime": 5006, "write": {"total_ios": 494, "iops": 98.86, "bw": 395,
@@ -840,8 +834,8 @@ def fresh_cache(sysfs: Sysfs, backing_name: str, *, timeout: float = 600) -> lis
     """Rebuild the cache set of one backing device: detach (flushes), unregister, wipe and
     format the cache device again with the same bucket size, register, attach, same mode.
 
-    A reused cache gives false hits (FACTS.md). Refused when the set serves other backing
-    devices or flash volumes.
+    A reused cache gives false hits (docs/kernel-notes.md, "Benchmarking traps"). Refused
+    when the set serves other backing devices or flash volumes.
     """
     b = _backing(sysfs, backing_name)
     cset = _cache_set(sysfs, b)
@@ -1163,10 +1157,6 @@ class Comparison:
     identities: Mapping[str, Any]
     created: float
     argv: tuple[str, ...] = ()
-
-    @property
-    def baseline(self) -> TargetSummary:
-        return self.summaries[0]
 
 
 def fio_version() -> str | None:

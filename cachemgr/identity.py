@@ -1,8 +1,8 @@
-"""Stable identities of block devices, and the resolver from what an admin types to a disk.
+"""Stable identities of block devices.
 
 Kernel names (``sdb``, ``bcache0``, ``dm-3``) change across boots and hotplug: a re-inserted SSD
-can come back as another ``sdX`` (FACTS.md "SCSI hotplug and udev"). What survives is the
-serial, the WWN, the udev ``/dev/disk/by-id`` links and the superblock UUID. :func:`identify`
+can come back as another ``sdX`` (docs/kernel-notes.md, "SCSI and NVMe hotplug"). What
+survives is the serial, the WWN, the udev ``/dev/disk/by-id`` links and the superblock UUID. :func:`identify`
 gathers them into the model's :class:`~cachemgr.model.Identity` from four sources, each turned
 into typed data where it is read:
 
@@ -10,7 +10,7 @@ into typed data where it is read:
    and the kernel's ``device/wwid``, ``device/serial`` (7.2; absent on 6.1), ``device/model``.
 2. **the udev database** through pyudev (:func:`udev_info`), only once udevd has processed the
    device (``USEC_INITIALIZED``; pyudev enumerates /sys without udevd, but then has no ``ID_*``
-   properties, FACTS.md): ``ID_SCSI_SERIAL`` / ``ID_SERIAL_SHORT`` / ``ID_SERIAL``,
+   properties: docs/kernel-notes.md, "udev and pyudev"): ``ID_SCSI_SERIAL`` / ``ID_SERIAL_SHORT`` / ``ID_SERIAL``,
    ``ID_WWN_WITH_EXTENSION`` / ``ID_WWN``, ``ID_PATH``, ``ID_FS_TYPE``, ``ID_FS_UUID`` and the
    device links.
 3. **libblkid** through pylibblkid (:func:`probe_superblock`): the superblock's TYPE and UUID
@@ -341,11 +341,6 @@ class UdevInfo:
         """The serial as lsblk shows it: ID_SCSI_SERIAL, ID_SERIAL_SHORT, then ID_SERIAL."""
         return self.scsi_serial or self.serial_short or self.serial
 
-    @property
-    def serials(self) -> tuple[str, ...]:
-        """Every serial-like value (what ``serial:X`` may name)."""
-        return tuple(s for s in (self.scsi_serial, self.serial_short, self.serial) if s)
-
 
 UdevLookup = Callable[[str], UdevInfo | None]
 
@@ -406,7 +401,8 @@ def udev_info(name: str) -> UdevInfo | None:
 
     pyudev finds the device in /sys even without udevd, but then ``is_initialized`` is false
     and its properties are only the kernel's uevent (DEVNAME, MAJOR...): that is "no udev
-    data" here, never an empty identity (FACTS.md, seen in the lab without ``--udev``).
+    data" here, never an empty identity (docs/kernel-notes.md, "udev and pyudev"; seen in
+    the lab without ``--udev``).
     """
     global _context
     try:
@@ -619,121 +615,3 @@ def identify_all(sysfs: Sysfs, *, udev: UdevArg = AUTO,
     return {name: _identify(sysfs, name, rel, lookup, prober)
             for name, rel in sorted(bcache.block_dirs(sysfs).items())}
 
-
-# ---------------------------------------------------------------------------------------
-# resolve
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    name: str
-    identity: Identity
-    udev: UdevInfo | None
-
-    @property
-    def serials(self) -> set[str]:
-        out = {self.identity.serial} if self.identity.serial else set()
-        if self.udev:
-            out.update(self.udev.serials)
-        return out
-
-    @property
-    def links(self) -> tuple[str, ...]:
-        return self.udev.links if self.udev else ()
-
-
-def _one(found: list[str], what: str, text: str) -> str:
-    if not found:
-        raise UsageError(f"no such device: no block device has {what} {text!r}",
-                         hint=NO_DEVICE_HINT)
-    if len(found) > 1:
-        raise UsageError(
-            f"{what} {text!r} is ambiguous: {', '.join(sorted(found))} all have it",
-            hint="several paths to one disk (multipath?) or cloned disks; name the kernel "
-                 "device (/dev/sdX) instead")
-    return found[0]
-
-
-def resolve(sysfs: Sysfs, text: str, *, udev: UdevArg = AUTO) -> str:
-    """The kernel name of the block device an admin means by ``text``.
-
-    Accepted: a kernel name (``sdb``) or node (``/dev/sdb``, ``/dev/mapper/NAME``); any udev
-    link (``/dev/disk/by-id/…``, ``/dev/disk/by-path/…``, ``/dev/disk/by-uuid/…``); a WWN
-    (``naa.5000…``, ``0x5000…``, ``wwn-0x5000…``, ``eui.…``); ``serial:XYZ``; a by-id or
-    by-path link name without its directory (``wwn-0x…``, ``scsi-3…``,
-    ``pci-0000:00:1f.2-ata-1``); or a bare serial. Serial and WWN matches consider whole disks
-    only. Without udevd a ``/dev/disk/by-id/wwn-0x…`` path still resolves (by its WWN).
-
-    Raises UsageError ("no such device" with a hint, or "ambiguous" listing the matches).
-    """
-    t = text.strip()
-    if not t:
-        raise UsageError("no device given", hint=NO_DEVICE_HINT)
-    dirs = bcache.block_dirs(sysfs)
-    lookup = _udev_lookup(sysfs, udev)
-    live = is_live(sysfs)
-
-    if t.startswith("/dev/"):
-        return _resolve_path(sysfs, t, dirs, lookup, live)
-    if t.lower().startswith("serial:"):
-        serial = t[len("serial:"):].strip()
-        cands = _candidates(sysfs, dirs, lookup)
-        return _one([c.name for c in cands if serial in c.serials], "serial", serial)
-    if t in dirs:
-        return t
-    if looks_like_wwn(t):
-        wwn = normalize_wwn(t)
-        cands = _candidates(sysfs, dirs, lookup)
-        found = [c.name for c in cands if c.identity.wwn is not None and c.identity.wwn == wwn]
-        if found or not t.lower().startswith("wwn-"):
-            return _one(found, "WWN", t)
-    cands = _candidates(sysfs, dirs, lookup, whole_disks=False)
-    by_link = [c.name for c in cands
-               if any(os.path.basename(link) == t for link in c.links)
-               or (c.udev is not None and c.udev.path == t)]
-    if by_link:
-        return _one(by_link, "link", t)
-    cands = [c for c in cands if c.identity.partition_of is None]
-    return _one([c.name for c in cands if t in c.serials], "serial, name or WWN", t)
-
-
-def _candidates(sysfs: Sysfs, dirs: Mapping[str, str], lookup: UdevLookup | None,
-                whole_disks: bool = True) -> list[_Candidate]:
-    out = []
-    for name, rel in sorted(dirs.items()):
-        if whole_disks and sysfs.exists(f"{rel}/partition"):
-            continue
-        u = lookup(name) if lookup else None
-        out.append(_Candidate(name, _merge(sysfs, bcache.identity(sysfs, name, rel), rel, u,
-                                           None), u))
-    return out
-
-
-def _resolve_path(sysfs: Sysfs, path: str, dirs: Mapping[str, str],
-                  lookup: UdevLookup | None, live: bool) -> str:
-    rest = path[len("/dev/"):]
-    if live and os.path.exists(path):
-        # the node or link itself is the truth: its major:minor names the device
-        name = sysfs.block_name_of(path)
-        if name is None:
-            raise UsageError(f"{path} is not a block device", hint=NO_DEVICE_HINT)
-        return name
-    if rest in dirs:
-        return rest
-    if rest.startswith("mapper/"):
-        dm = rest[len("mapper/"):]
-        found = [n for n, rel in dirs.items()
-                 if (sysfs.read_opt(f"{rel}/dm/name") or "").strip() == dm]
-        if found:
-            return _one(found, "device-mapper name", dm)
-    cands = _candidates(sysfs, dirs, lookup, whole_disks=False)
-    found = [c.name for c in cands if path in c.links]
-    if found:
-        return _one(found, "link", path)
-    base = os.path.basename(path)
-    if path.startswith(BY_ID) and base.lower().startswith("wwn-0x"):
-        # without udevd there are no links, but the name carries the WWN
-        wwn = normalize_wwn(base)
-        return _one([c.name for c in cands
-                     if c.identity.partition_of is None and c.identity.wwn == wwn], "WWN", base)
-    raise UsageError(f"no such device: {path}", hint=NO_DEVICE_HINT)

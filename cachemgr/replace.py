@@ -40,7 +40,15 @@ from cachemgr.errors import (
     UnsafeError,
     UsageError,
 )
-from cachemgr.model import BcacheBacking, CacheMode, CacheSet, CacheState, Size, Snapshot
+from cachemgr.model import (
+    BcacheBacking,
+    CacheMode,
+    CacheSet,
+    CacheState,
+    DrainProgress,
+    Size,
+    Snapshot,
+)
 from cachemgr.sysfs import Sysfs
 from cachemgr.targets import resolve_cache_set
 
@@ -66,9 +74,6 @@ STEPS: tuple[tuple[str, str], ...] = (
 STEP_NAMES = tuple(name for name, _ in STEPS)
 # Steps after which a rollback is no longer possible (the old set is gone).
 POINT_OF_NO_RETURN = "unregister"
-# Tunables of each backing device that the procedure remembers and restores.
-REMEMBERED = ("writeback_percent", "writeback_delay", "writeback_rate_minimum",
-              "sequential_cutoff", "writeback_running")
 # Fault injection for the crash tests: SIGKILL ourselves right after this step is journaled.
 KILL_AFTER_ENV = "CACHEMGR_FAULT_KILL_AFTER"
 # bcache refuses a cache with fewer buckets ("ca->sb.nbuckets is too small", 7.2 lab).
@@ -316,7 +321,7 @@ def s_drain(c: Ctx) -> None:
     def one(e: dict[str, Any], b: BcacheBacking) -> None:
         last = [0.0]
 
-        def prog(p: drain.DrainProgress) -> None:
+        def prog(p: DrainProgress) -> None:
             if stop.is_set():
                 raise _Stopped
             if time.monotonic() - last[0] >= 2:

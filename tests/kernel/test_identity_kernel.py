@@ -14,7 +14,6 @@ import os
 import pytest
 
 from cachemgr import bcache, identity, runner, scsi
-from cachemgr.errors import UsageError
 from cachemgr.identity import normalize_wwn
 from cachemgr.scsi import ScsiDisk
 from cachemgr.sysfs import Sysfs
@@ -87,10 +86,6 @@ def test_identity_without_udevd() -> None:
         # the VPD pages, parsed here, say what the kernel says
         assert identity.vpd_serial(sysfs, f"block/{d.name}") == serial
         assert identity.vpd_wwid(sysfs, f"block/{d.name}") == wwn
-        # and the resolver needs no udev for WWNs and serials
-        assert identity.resolve(sysfs, wwn) == d.name
-        assert identity.resolve(sysfs, f"serial:{serial}") == d.name
-        assert identity.resolve(sysfs, f"/dev/disk/by-id/wwn-0x{wwn[4:]}") == d.name
 
 
 @pytest.mark.kernel()
@@ -107,26 +102,3 @@ def test_blkid_sees_bcache_after_make_bcache() -> None:
     assert ident.fs_type == "bcache" and ident.fs_uuid == sb.uuid == dev_uuid
     blkid = runner.run(["blkid", "-p", "-o", "value", "-s", "UUID", d.node]).stdout.strip()
     assert blkid == dev_uuid
-
-
-@pytest.mark.kernel(disks="64M", udev=True)
-def test_resolve_what_an_admin_types(lab_disks: list[str]) -> None:
-    sysfs, found = load(dev_size_mb=16, num_tgts=2)
-    runner.run(["udevadm", "settle", "--timeout=30"])
-    for d in found:
-        serial, wwn = scsi_debug_ids(d)
-        props = udev_props(d.node)
-        for text in (d.node, d.name, f"/dev/disk/by-id/wwn-{props['ID_WWN']}",
-                     f"/dev/disk/by-id/scsi-{props['ID_SERIAL']}", f"scsi-{props['ID_SERIAL']}",
-                     wwn, props["ID_WWN"], f"serial:{serial}", serial):
-            assert identity.resolve(sysfs, text) == d.name, text
-    # a lab disk by its by-path link, and by the bare ID_PATH
-    hdd = lab_disks[0]
-    path = udev_props(hdd)["ID_PATH"]
-    name = os.path.basename(hdd)
-    assert identity.resolve(sysfs, f"/dev/disk/by-path/{path}") == name
-    assert identity.resolve(sysfs, path) == name
-    for bad in ("/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", "naa.5000c500a1b2c3d4", "serial:nope",
-                "/dev/sdq"):
-        with pytest.raises(UsageError, match="no such device"):
-            identity.resolve(sysfs, bad)
