@@ -92,17 +92,19 @@ def scan_unregistered(sysfs: Sysfs) -> tuple[UnregisteredBcache, ...]:
     return tuple(found)
 
 
-def refuse_orphaned_dirt(snap: Snapshot, cset: str) -> None:
+def refuse_orphaned_dirt(snap: Snapshot, cset: str, doing: str = "replacing the SSD",
+                         then: str = "run replace-ssd again") -> None:
     """A backing device that bcache stopped (IO errors, a failed set) while dirty is no
     longer listed in the set, but its dirty data still lives on this SSD (seen in the lab:
-    the undrainable-dirty-data test). Replacing or unregistering the set would lose it."""
+    the undrainable-dirty-data test). Replacing or unregistering the set would lose it.
+    ``snap`` must have been taken with ``probe_unregistered=True``."""
     lost = [u for u in snap.unregistered
             if u.kind == "backing" and u.cset_uuid == cset and u.sb_state == "dirty"]
     if lost:
         names = ", ".join(u.identity.node for u in lost)
         raise UnsafeError(
             f"cache set {cset} holds dirty data of {names}, which bcache stopped (see dmesg: "
-            "usually IO errors on that backing device); replacing the SSD would lose it",
+            f"usually IO errors on that backing device); {doing} would lose it",
             hint=f"repair {lost[0].identity.node} and register it again "
                  f"(echo {lost[0].identity.node} > /sys/fs/bcache/register) so its dirty data "
-                 "can be written back, then run replace-ssd again")
+                 f"can be written back, then {then}")

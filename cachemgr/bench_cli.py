@@ -1,4 +1,4 @@
-"""``cachemgr bench``: run, compare and plot fio benchmarks of caches (DESIGN.md contract).
+"""``cachemgr bench``: run, compare and plot fio benchmarks of caches (docs/cli.md).
 
     cachemgr bench run TARGET [job options] [--json] [--out DIR]
     cachemgr bench compare TARGET... [--rw randwrite|randread|randrw] [--bs 4k] [--iodepth N]
@@ -26,11 +26,9 @@ from typing import Any
 from cachemgr import bench
 from cachemgr.errors import UsageError
 from cachemgr.exitcodes import ExitCode
+from cachemgr.ops import bench as bench_ops
+from cachemgr.ops.control import Control
 from cachemgr.sysfs import Sysfs
-
-
-def results_dir(args: argparse.Namespace) -> str:
-    return str(args.out or os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR)
 
 
 def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: int = 3) -> None:
@@ -134,44 +132,25 @@ class _Reporter:
             print(file=sys.stderr)
 
 
-def _finish(args: argparse.Namespace, doc: dict[str, Any]) -> int:
-    saved: list[str] = []
-    if not args.no_save:
-        path = bench.save(doc, results_dir(args))
-        saved.append(str(path))
-        if not args.no_plot:
-            saved += [str(p) for p in _plots(doc, path)]
-        doc["saved"] = saved
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(bench.table(doc))
-        for p in saved:
-            print(f"saved: {p}")
-    errors = any(r.get("error") or r.get("total_err") for r in doc["runs"])
-    return ExitCode.FAILED if errors else ExitCode.OK
-
-
-def _plots(doc: dict[str, Any], path: Path) -> list[Path]:
-    try:
-        from cachemgr import plot
-    except ImportError as exc:  # the plotting dependency is optional at run time
-        print(f"bench: no plots ({exc})", file=sys.stderr)
-        return []
-    return plot.write_plots(doc, path.parent, stem=path.stem)
-
-
 def _compare(args: argparse.Namespace, targets: list[str]) -> int:
     spec = spec_from(args)
     opts = options_from(args)
     rep = _Reporter()
     argv = ["cachemgr", *sys.argv[1:]] if sys.argv and "cachemgr" in sys.argv[0] else []
     try:
-        c = bench.compare(Sysfs(args.sysfs_root), spec, targets, opts,
-                          progress=rep, argv=argv)
+        res = bench_ops.compare(Sysfs(args.sysfs_root), spec, targets, opts,
+                                ctl=Control(progress=rep, what="bench"), out=args.out,
+                                save=not args.no_save, plots=not args.no_plot, argv=argv)
     finally:
         rep.done()
-    return _finish(args, bench.to_json(c))
+    for note in res.notes:
+        print(note, file=sys.stderr)
+    assert res.data is not None
+    if args.json:
+        print(json.dumps(res.data, indent=2))
+    else:
+        print("\n".join(res.lines))
+    return int(res.exit_code)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -252,17 +231,15 @@ def run_demo(args: argparse.Namespace) -> int:
             opts = bench.CompareOptions(repeat=args.repeat, warmup=10 if rw == "randread"
                                         else 0, settle=rw == "randread")
             try:
-                c = bench.compare(sysfs, spec, targets, opts, progress=rep)
+                res = bench_ops.compare(sysfs, spec, targets, opts,
+                                        ctl=Control(progress=rep, what="bench demo"), out=out)
             finally:
                 rep.done()
-            doc = bench.to_json(c)
-            path = bench.save(doc, out)
-            plots = _plots(doc, path)
+            for note in res.notes:
+                print(note, file=sys.stderr)
             print()
-            print(bench.table(doc))
-            for p in [path, *plots]:
-                print(f"saved: {p}")
-            if any(r.get("error") for r in doc["runs"]):
+            print("\n".join(res.lines))
+            if res.failed:
                 rc = 1
     return rc
 

@@ -13,18 +13,16 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cachemgr import bcache, dmcache, tuning
-from cachemgr import drain as drain_mod
 from cachemgr import snapshot as snapshot_mod
-from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
+from cachemgr.errors import CacheMgrError, UsageError
 from cachemgr.exitcodes import ExitCode
-from cachemgr.model import BcacheBacking, CacheMode, DmCacheDevice, human
+from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.control import Control, Result, progress_line
 from cachemgr.render import status_table
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
-from cachemgr.targets import find_dmcache, resolve_backing, resolve_cache_set
 
 log = logging.getLogger("cachemgr")
 
@@ -38,7 +36,7 @@ def _sysfs(args: argparse.Namespace) -> Sysfs:
 
 def cmd_status(args: argparse.Namespace) -> int:
     while True:
-        snap = snapshot_mod.take(_sysfs(args), probe_unregistered=not args.watch)
+        snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch)
         if args.json:
             print(json.dumps(snapshot_mod.to_json(snap), indent=None if args.watch else 2),
                   flush=True)
@@ -51,292 +49,117 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
-# ----------------------------------------------------------------------------- changes
+# ----------------------------------------------------------------------------- rendering
 
 
-def _emit(args: argparse.Namespace, changes: list[bcache.Change]) -> int:
-    """Print what changed (stdout: data) and return the exit code for it."""
+def emit(args: argparse.Namespace, res: Result) -> int:
+    """Print a command's result (stdout: data; stderr: remarks) and return its exit code."""
+    for line in res.notes:
+        print(line, file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"schema": 1, "changes": [
-            {"target": c.target, "what": c.what, "before": c.before, "after": c.after}
-            for c in changes]}))
+        print(json.dumps(res.json()))
     else:
-        for c in changes:
-            arrow = f"{c.before} -> {c.after}" if c.before or c.after else "done"
-            print(f"{c.target}: {c.what} {arrow}")
-    return ExitCode.OK
+        for line in res.text():
+            print(line)
+    return int(res.exit_code)
 
 
-def _progress(what: str, b: BcacheBacking) -> None:
-    dirty = human(b.dirty.bytes) if b.dirty else "?"
-    print(f"{what} {b.device or b.identity.node}: {b.state}, dirty {dirty}",
-          file=sys.stderr, flush=True)
+class ProgressReporter:
+    """Progress on stderr: rewritten in place on a terminal, a line every 5 s if not."""
 
-
-_root = require_root
-
-
-def cmd_mode(args: argparse.Namespace) -> int:
-    try:
-        mode = CacheMode(args.mode)
-    except ValueError:
-        raise UsageError(f"unknown cache mode {args.mode!r}",
-                         hint="use writethrough, writeback, writearound or none") from None
-    sysfs = _sysfs(args)
-    snap = snapshot_mod.take(sysfs)
-    dm = find_dmcache(snap, args.target, sysfs)
-    if dm is not None:
-        return _dm_mode(args, sysfs, dm, mode)
-    b = resolve_backing(snap, args.target, sysfs)
-    _root("changing a cache mode")
-    try:
-        changes = [bcache.set_mode(sysfs, b, mode)]
-    except AlreadyError:
-        if not args.drain:
-            raise
-        changes = []
-    if args.drain:
-        try:
-            _drain(args, sysfs, bcache.reread(sysfs, b.identity.name))
-        except AlreadyError:
-            pass
-    elif b.dirty and not b.dirty.is_zero(512) and mode != CacheMode.WRITEBACK:
-        print(f"{b.device}: {human(b.dirty.bytes)} of dirty data is still being written "
-              "back; 'cachemgr drain' (or mode --drain) makes that fast", file=sys.stderr)
-    return _emit(args, changes)
-
-
-def _dm_mode(args: argparse.Namespace, sysfs: Sysfs, dm: DmCacheDevice, mode: CacheMode) -> int:
-    """dm-cache: suspend/reload/resume; passthrough while dirty is refused (exit 3) unless
-    --drain, which flushes and then loads the new mode directly."""
-    if not args.drain:
-        return _emit(args, [dmcache.set_mode(sysfs, dm, mode)])
-    if dm.mode == mode:
-        return _dm_drain(args, sysfs, dm)
-    rep = _DrainReporter()
-    try:
-        res = dmcache.flush(sysfs, dm, timeout=args.timeout, stall_timeout=args.stall_timeout,
-                            progress=None if args.json else rep, final_mode=mode)
-    finally:
-        rep.done()
-    return _emit(args, [bcache.Change(dm.node, "cache_mode", dm.mode.value, mode.value)]
-                 if res.final_table else [])
-
-
-def _dm_drain(args: argparse.Namespace, sysfs: Sysfs, dm: DmCacheDevice) -> int:
-    if getattr(args, "resume", False):
-        restored = dmcache.restore_saved(sysfs, dm)
-        if not restored:
-            raise AlreadyError(f"{dm.node}: no interrupted flush to resume")
-        print(f"{dm.node}: restored table {restored['table']}", file=sys.stderr)
-        dm = dmcache.find(sysfs, dm.name)
-    rep = _DrainReporter()
-    try:
-        res = dmcache.flush(sysfs, dm, timeout=args.timeout, stall_timeout=args.stall_timeout,
-                            progress=None if args.json else rep)
-    except AlreadyError:
-        if not getattr(args, "resume", False):
-            raise
-        print(f"{dm.node}: already clean", file=sys.stderr)
-        return ExitCode.OK
-    finally:
-        rep.done()
-    if args.json:
-        print(json.dumps({"schema": 1, "device": res.device, "clean": True,
-                          "drained_bytes": res.start_bytes, "seconds": round(res.elapsed_s, 2),
-                          "restored": res.restored}))
-    else:
-        print(f"{res.device}: clean after {res.elapsed_s:.1f} s ({human(res.start_bytes)} "
-              f"written back); mode {res.restored.get('mode', dm.mode.value)} and policy "
-              f"{res.restored.get('policy', dm.table.policy)} restored")
-    return ExitCode.OK
-
-
-class _DrainReporter:
-    """Drain progress on stderr: rewritten in place on a terminal, a line every 5 s if not."""
-
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         self.tty = sys.stderr.isatty()
+        self.quiet = quiet
         self.last = 0.0
 
-    def __call__(self, p: drain_mod.DrainProgress | dmcache.FlushProgress) -> None:
+    def __call__(self, p: object) -> None:
+        if self.quiet:
+            return
         now = time.monotonic()
         if not self.tty and now - self.last < 5:
             return
         self.last = now
-        frac = p.fraction
-        pct = f"{100 * frac:5.1f}%" if frac is not None else "   ?% "
-        rate = f"{human(int(p.rate_bps))}/s" if p.rate_bps else "-"
-        eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "-"
-        line = (f"drain {p.device}: {pct} dirty {human(p.dirty_bytes)} rate {rate} "
-                f"ETA {eta} ({p.elapsed_s:.0f} s)")
+        line = progress_line(p)
         if self.tty:
             print("\r" + line.ljust(78), end="", file=sys.stderr, flush=True)
         else:
             print(line, file=sys.stderr, flush=True)
 
     def done(self) -> None:
-        if self.tty:
+        if self.tty and not self.quiet:
             print(file=sys.stderr)
 
 
-def _drain(args: argparse.Namespace, sysfs: Sysfs, b: BcacheBacking) -> drain_mod.DrainResult:
-    rep = _DrainReporter()
+def with_progress(args: argparse.Namespace, what: str,
+                  fn: Callable[[Control], Result]) -> int:
+    """Run a long command with progress on stderr (none with --json) and print its result."""
+    rep = ProgressReporter(quiet=getattr(args, "json", False))
     try:
-        return drain_mod.drain(sysfs, b, timeout=args.timeout, stall_timeout=args.stall_timeout,
-                               progress=None if args.json else rep)
+        res = fn(Control(progress=rep, what=what))
     finally:
         rep.done()
+    return emit(args, res)
+
+
+# ----------------------------------------------------------------------------- changes
+
+
+def cmd_mode(args: argparse.Namespace) -> int:
+    return with_progress(args, f"mode {args.mode} on {args.target}", lambda ctl: cache_ops.mode(
+        _sysfs(args), args.target, args.mode, drain=args.drain, ctl=ctl,
+        timeout=args.timeout, stall_timeout=args.stall_timeout))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    sysfs = _sysfs(args)
-    snap = snapshot_mod.take(sysfs)
-    dm = find_dmcache(snap, args.target, sysfs)
-    if dm is not None:
-        return _dm_drain(args, sysfs, dm)
-    b = resolve_backing(snap, args.target, sysfs)
-    _root("draining")
-    if args.resume:
-        restored = drain_mod.restore_saved(sysfs, b)
-        if not restored:
-            raise AlreadyError(f"{b.device}: no interrupted drain to resume")
-        print(f"{b.device}: restored tunables {restored}", file=sys.stderr)
-        try:
-            res = _drain(args, sysfs, bcache.reread(sysfs, b.identity.name))
-        except AlreadyError:
-            print(f"{b.device}: already clean", file=sys.stderr)
-            return ExitCode.OK
-    else:
-        res = _drain(args, sysfs, b)
-    if args.json:
-        print(json.dumps({"schema": 1, "device": res.device, "clean": True,
-                          "drained_bytes": res.start_bytes, "seconds": round(res.elapsed_s, 2),
-                          "restored": res.restored}))
-    else:
-        print(f"{res.device}: clean after {res.elapsed_s:.1f} s "
-              f"({human(res.start_bytes)} written back); tunables restored")
-    return ExitCode.OK
+    return with_progress(args, f"drain of {args.target}", lambda ctl: cache_ops.drain(
+        _sysfs(args), args.target, ctl=ctl, resume=args.resume, timeout=args.timeout,
+        stall_timeout=args.stall_timeout))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    sysfs = _sysfs(args)
-    snap = snapshot_mod.take(sysfs)
-    b = resolve_backing(snap, args.backing, sysfs)
-    c = resolve_cache_set(snap, args.cache, sysfs)
-    _root("attaching")
-    return _emit(args, [bcache.attach(sysfs, b, c)])
+    return emit(args, cache_ops.attach(_sysfs(args), args.backing, args.cache))
 
 
 def cmd_detach(args: argparse.Namespace) -> int:
-    sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.backing, sysfs)
-    _root("detaching")
-    return _emit(args, [bcache.detach(sysfs, b, timeout=args.timeout,
-                                      progress=None if args.json else _progress)])
+    return with_progress(args, f"detach of {args.backing}", lambda ctl: cache_ops.detach(
+        _sysfs(args), args.backing, ctl=ctl, timeout=args.timeout))
 
 
 def cmd_create(args: argparse.Namespace) -> int:
     if args.kind == "dm-cache":
-        return _dm_create(args)
+        if args.backing or args.bucket:
+            raise UsageError("--backing and --bucket are for create bcache "
+                             "(dm-cache: --origin)")
+        return emit(args, cache_ops.create_dmcache(
+            _sysfs(args), name=args.name, origin=args.origin, cache=args.cache,
+            metadata=args.metadata, mode=args.mode, block_size=args.block_size,
+            force=args.force))
     if args.name or args.origin or args.metadata or args.block_size:
         raise UsageError("NAME, --origin, --metadata and --block-size are for create dm-cache")
-    mode = None
-    if args.mode:
-        try:
-            mode = CacheMode(args.mode)
-        except ValueError:
-            raise UsageError(f"unknown cache mode {args.mode!r}") from None
-    sysfs = _sysfs(args)
-    changes = bcache.create(sysfs, backings=args.backing or [], cache=args.cache, mode=mode,
-                            bucket=args.bucket, force=args.force)
-    return _emit(args, changes)
-
-
-def _dm_create(args: argparse.Namespace) -> int:
-    if not (args.name and args.origin and args.cache and args.metadata):
-        raise UsageError("create dm-cache needs NAME, --origin DEV, --cache DEV and "
-                         "--metadata DEV")
-    if args.backing or args.bucket:
-        raise UsageError("--backing and --bucket are for create bcache (dm-cache: --origin)")
-    try:
-        mode = CacheMode(args.mode or "writeback")
-    except ValueError:
-        raise UsageError(f"unknown cache mode {args.mode!r}",
-                         hint="writeback, writethrough or passthrough") from None
-    block = dmcache.parse_size(args.block_size) if args.block_size else None
-    return _emit(args, dmcache.create(_sysfs(args), args.name, origin=args.origin,
-                                      cache=args.cache, metadata=args.metadata, mode=mode,
-                                      block_bytes=block, force=args.force))
+    return emit(args, cache_ops.create_bcache(
+        _sysfs(args), backings=args.backing or [], cache=args.cache, mode=args.mode,
+        bucket=args.bucket, force=args.force))
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    """Safe decommission: a backing device is detached (flushes), then stopped; a cache set
-    is unregistered once nothing is attached to it."""
-    sysfs = _sysfs(args)
-    snap = snapshot_mod.take(sysfs)
-    dm = find_dmcache(snap, args.target, sysfs)
-    if dm is not None:
-        rep = _DrainReporter()
-        try:
-            return _emit(args, dmcache.remove(
-                sysfs, dm, keep_device=args.keep_device, timeout=args.timeout,
-                stall_timeout=args.stall_timeout, progress=None if args.json else rep))
-        finally:
-            rep.done()
-    _root("removing")
-    try:
-        b = resolve_backing(snap, args.target, sysfs)
-    except UsageError:
-        c = resolve_cache_set(snap, args.target, sysfs)
-        from cachemgr.bcache_super import refuse_orphaned_dirt
-
-        refuse_orphaned_dirt(snapshot_mod.take(sysfs, probe_unregistered=True), c.uuid)
-        return _emit(args, [bcache.unregister_cache_set(sysfs, c, snap.backings)])
-    changes = []
-    if b.cset_uuid is not None:
-        changes.append(bcache.detach(sysfs, b, timeout=args.timeout,
-                                     progress=None if args.json else _progress))
-        b = resolve_backing(snapshot_mod.take(sysfs), b.identity.node, sysfs)
-    changes.append(bcache.stop_backing(sysfs, b))
-    return _emit(args, changes)
+    """Safe decommission (see ops.cache.remove)."""
+    return with_progress(args, f"remove of {args.target}", lambda ctl: cache_ops.remove(
+        _sysfs(args), args.target, keep_device=args.keep_device, ctl=ctl,
+        timeout=args.timeout, stall_timeout=args.stall_timeout))
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    sysfs = _sysfs(args)
-    changes, already = tuning.tune(sysfs, snapshot_mod.take(sysfs), args.target, args.settings)
-    for msg in already:
-        print(msg, file=sys.stderr)
-    _emit(args, changes)
-    return ExitCode.ALREADY if not changes and already else ExitCode.OK
+    return emit(args, cache_ops.tune(_sysfs(args), args.target, args.settings))
 
 
 def cmd_force_run(args: argparse.Namespace) -> int:
-    if not args.i_accept_data_loss:
-        raise UnsafeError(
-            "starting a backing device without its cache can corrupt its filesystem when its "
-            "dirty data was in that cache",
-            hint="bring the cache back instead; if it is gone for good, repeat with "
-                 "--i-accept-data-loss",
-        )
-    sysfs = _sysfs(args)
-    b = resolve_backing(snapshot_mod.take(sysfs), args.backing, sysfs)
-    _root("force-run")
-    return _emit(args, [bcache.force_run(sysfs, b, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
+    return emit(args, cache_ops.force_run(_sysfs(args), args.backing,
+                                          accept_data_loss=args.i_accept_data_loss))
 
 
 def cmd_stop_set(args: argparse.Namespace) -> int:
-    if not args.i_accept_data_loss:
-        raise UnsafeError(
-            "stopping a cache set stops every backing device on it (the VMs' disks vanish) "
-            "and leaves dirty data behind on the SSD",
-            hint="use 'cachemgr remove' (flushes first); to stop anyway, repeat with "
-                 "--i-accept-data-loss",
-        )
-    sysfs = _sysfs(args)
-    c = resolve_cache_set(snapshot_mod.take(sysfs), args.cache, sysfs)
-    _root("stop-set")
-    return _emit(args, [bcache.stop_cache_set(sysfs, c, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
+    return emit(args, cache_ops.stop_set(_sysfs(args), args.cache,
+                                         accept_data_loss=args.i_accept_data_loss))
 
 
 # ----------------------------------------------------------------------------- lab

@@ -52,6 +52,11 @@ class TimeoutExpired(CacheMgrError):
     exit_code = ExitCode.TIMEOUT
 
 
+class StallError(CacheMgrError):
+    """Dirty data stopped going down (a bcache drain, a dm-cache flush); the message says what
+    the device looked like, and the dirty data stays safe in the cache."""
+
+
 class KernelFormatError(CacheMgrError):
     """A kernel file or a tool's output did not have a format we know.
 
@@ -120,3 +125,9 @@ def require_root(action: str) -> None:
 
     if os.geteuid() != 0:
         raise UsageError(f"{action} needs root", hint="run it as root (sudo)")
+
+
+class Cancelled(CacheMgrError):
+    """The operator cancelled (the TUI's Cancel, quitting it): raised inside a command at its
+    next progress report, so the library's ``finally`` blocks put back what it changed, as
+    for Ctrl-C in the CLI."""

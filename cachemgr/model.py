@@ -11,7 +11,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from cachemgr.errors import KernelFormatError
+from cachemgr.errors import KernelFormatError, UsageError
 
 
 class CacheMode(enum.StrEnum):
@@ -120,6 +120,42 @@ class Size:
 
     def __str__(self) -> str:
         return human(self.low)
+
+
+# The one grammar for a size an admin types (CLI options, the TUI, policy files, fio jobs):
+#   size := digits                       bytes: "4096"
+#         | digits ["." digits] unit     "64k", "1M", "1.5G", "2TiB"
+#         | digits "B"                   bytes: "512B"
+#   unit := k|K|M|G|T, optionally followed by "B" or "iB" (any case of b: "4kb", "64KiB")
+# Units are binary (1k = 1024, as fio, bcache-tools and dmsetup read them); a fraction must
+# come out as a whole number of bytes ("0.1k" is refused). Whitespace around the size is
+# ignored, inside it refused ("4 k"). Negative, exponent, nan/inf, and anything above
+# MAX_SIZE (off_t's maximum) are refused.
+_SIZE = re.compile(r"([0-9]{1,20})(?:\.([0-9]{1,20}))?(?:([kmgt])(?:i?b)?|(b))?",
+                   re.ASCII | re.IGNORECASE)
+_SIZE_SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
+MAX_SIZE = (1 << 63) - 1
+SIZE_HINT = "a size is bytes or a number with k, M, G or T (binary: 1k = 1024), e.g. 64k, 1.5G"
+
+
+def parse_size(text: str, *, hint: str = SIZE_HINT) -> int:
+    """The byte count of a size an admin typed (the grammar above); UsageError otherwise.
+
+    Not for the kernel's ``bch_hprint`` output: that is :meth:`Size.parse_hprint`.
+    """
+    if not isinstance(text, str):
+        raise UsageError(f"bad size {text!r}: not text", hint=hint)
+    m = _SIZE.fullmatch(text.strip())
+    if not m or (m.group(2) is not None and m.group(3) is None):
+        raise UsageError(f"bad size {text!r}", hint=hint)
+    whole, frac, unit = m.group(1), m.group(2) or "", (m.group(3) or "").lower()
+    scaled = int(whole + frac) << _SIZE_SHIFT.get(unit, 0)
+    n, rest = divmod(scaled, 10 ** len(frac))
+    if rest:
+        raise UsageError(f"bad size {text!r}: not a whole number of bytes", hint=hint)
+    if n > MAX_SIZE:
+        raise UsageError(f"bad size {text!r}: larger than {MAX_SIZE} bytes", hint=hint)
+    return n
 
 
 def hprint(v: int) -> str:
@@ -276,6 +312,16 @@ class BcacheBacking:
     def key(self) -> str:
         return self.uuid or self.identity.name
 
+    @property
+    def dirty_bytes(self) -> int | None:
+        """Dirty bytes, or None when unknown: a device whose cache set is missing reads
+        ``dirty_data`` 0 while its state says dirty (the dirty data is on the missing SSD)."""
+        if self.dirty is None:
+            return None
+        if self.state == CacheState.DIRTY and self.cset_uuid is None and self.dirty.is_zero(512):
+            return None
+        return self.dirty.bytes
+
 
 @dataclass(frozen=True)
 class BcacheCache:
@@ -308,7 +354,8 @@ class CacheSet:
     io_error_halflife: int | None
     block_size: Size | None
     bucket_size: Size | None
-    dirty: Size | None  # cache-set dirty_data: only updated at GC (FACTS.md)
+    # the cache set's dirty_data: only updated at GC (docs/kernel-notes.md, "Cache-set files")
+    dirty: Size | None
     stats: dict[str, Stats] = field(default_factory=dict)
 
 
@@ -513,3 +560,25 @@ class DmCacheDevice:
     @property
     def block_bytes(self) -> int:
         return self.table.block_sectors * 512
+
+
+@dataclass(frozen=True)
+class DrainProgress:
+    """One progress report of a wait for clean: a bcache ``drain`` or ``detach``, a dm-cache
+    ``flush`` (``action``). Every face shows all three from these fields."""
+
+    action: str  # "drain", "flush", "detach"
+    device: str
+    dirty_bytes: int | None  # None: unknown (never 0 then)
+    start_bytes: int | None
+    rate_bps: float | None  # bytes per second: bcache smoothed, dm-cache mean since start
+    eta_s: float | None
+    elapsed_s: float
+    state: CacheState
+    dirty_blocks: int | None = None  # dm-cache's #dirty
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.start_bytes or self.dirty_bytes is None:
+            return None
+        return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))

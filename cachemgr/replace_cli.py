@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from typing import Any
 
-from cachemgr import replace
+from cachemgr.cli import emit
 from cachemgr.errors import UsageError
 from cachemgr.exitcodes import ExitCode
+from cachemgr.ops import replace as ops
+from cachemgr.ops.control import Control
 from cachemgr.sysfs import Sysfs
 
 
@@ -18,67 +18,42 @@ def _say(msg: str) -> None:
     print(f"replace-ssd: {msg}", file=sys.stderr, flush=True)
 
 
-def _json(j: replace.Journal) -> dict[str, Any]:
-    return {"schema": 1, "id": j.id, "status": j.status, "error": j.error, "cset": j.cset,
-            "new_cset": j.new.get("cset"), "old": j.old, "new": j.new,
-            "steps": [{"name": n, "done": n in j.done} for n in replace.STEP_NAMES],
-            "backings": [{"uuid": b["uuid"], "device": b["device"], "backing": b["node"],
-                          "mode": b["mode"]} for b in j.backings]}
+def _ask_stdin(text: str) -> bool:
+    """The operator's swap prompt on a terminal: Enter once the disk is in."""
+    print(text, file=sys.stderr, flush=True)
+    try:
+        input()
+    except EOFError:
+        raise UsageError("no operator input (stdin closed)",
+                         hint="pass --yes when the new disk is already in") from None
+    return True
 
 
 def cmd_replace(args: argparse.Namespace) -> int:
     sysfs = Sysfs(args.sysfs_root)
+    ctl = Control(what="replace-ssd", say=(lambda m: None) if args.json else _say,
+                  prompt=_ask_stdin)
     if args.list:
-        runs = replace.list_runs()
-        if args.json:
-            print(json.dumps({"schema": 1, "runs": [_json(j) for j in runs]}))
-        else:
-            for j in runs:
-                print(f"{j.id}  {j.status:<11} cset {j.cset}  done: {', '.join(j.done[-1:])}"
-                      + (f"  error: {j.error}" if j.error else ""))
-        return ExitCode.OK
-    if os.geteuid() != 0 and not args.dry_run:
-        raise UsageError("replace-ssd needs root")
+        return emit(args, ops.list_runs())
     if args.rollback:
-        j = replace.rollback(sysfs, replace.Journal.load(args.rollback), say=_say)
-        print(json.dumps(_json(j)) if args.json else f"{j.id}: rolled back")
-        return ExitCode.OK
+        return emit(args, ops.rollback(sysfs, args.rollback, ctl=ctl))
     if args.resume:
-        j = replace.Journal.load(args.resume)
-        if j.status == "done":
-            print(json.dumps(_json(j)) if args.json else f"{j.id}: already done")
-            return ExitCode.ALREADY
-    else:
-        if not args.cache:
-            raise UsageError("replace-ssd needs the CACHE (its SSD or cset UUID)",
-                             hint="or --resume ID / --list")
-        opts = replace.Options(new=args.new, interim_mode=args.interim_mode,
-                               wipe_old=not args.keep_old_signature, yes=args.yes,
-                               drain_timeout=args.drain_timeout,
-                               stall_timeout=args.stall_timeout,
-                               wait_timeout=args.wait_timeout)
-        j = replace.plan(sysfs, args.cache, opts)
-        if args.dry_run:
-            if args.json:
-                print(json.dumps({**_json(j), "status": "planned",
-                                  "plan": replace.describe(j)}))
-            else:
-                print("\n".join(replace.describe(j)))
-            return ExitCode.OK
-        if not args.yes and sys.stdin.isatty():
-            print("\n".join(replace.describe(j)), file=sys.stderr)
-            ans = input("Go ahead? [y/N] ").strip().lower()
-            if ans not in ("y", "yes"):
-                print("replace-ssd: nothing done", file=sys.stderr)
-                return ExitCode.UNSAFE
-        _say(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
-    j = replace.execute(sysfs, j, say=None if args.json else _say)
-    if args.json:
-        print(json.dumps(_json(j)))
-    else:
-        print(f"{j.id}: done; cache set {j.new.get('cset')} on {j.new.get('node')} caches "
-              + ", ".join(b["device"] or b["node"] for b in j.backings))
-    return ExitCode.OK
+        return emit(args, ops.resume(sysfs, args.resume, ctl=ctl))
+    opts = ops.Options(new=args.new, interim_mode=args.interim_mode,
+                       wipe_old=not args.keep_old_signature, yes=args.yes,
+                       drain_timeout=args.drain_timeout, stall_timeout=args.stall_timeout,
+                       wait_timeout=args.wait_timeout)
+    if args.dry_run:
+        return emit(args, ops.dry_run(sysfs, args.cache, opts))
+    j = ops.plan(sysfs, args.cache, opts, for_run=True)
+    if not args.yes and sys.stdin.isatty():
+        print("\n".join(ops.describe(j)), file=sys.stderr)
+        ans = input("Go ahead? [y/N] ").strip().lower()
+        if ans not in ("y", "yes"):
+            print("replace-ssd: nothing done", file=sys.stderr)
+            return ExitCode.UNSAFE
+    _say(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
+    return emit(args, ops.run(sysfs, j, ctl=ctl))
 
 
 def register(sub: Any) -> None:

@@ -15,7 +15,6 @@ from cachemgr import bcache, dmcache
 from cachemgr.model import (
     BcacheBacking,
     CacheSet,
-    CacheState,
     DmCacheDevice,
     Snapshot,
     Stats,
@@ -62,11 +61,7 @@ def _stats_json(s: Stats) -> dict[str, Any]:
 
 
 def _dirty(b: BcacheBacking) -> int | None:
-    if b.dirty is None:
-        return None
-    if b.state == CacheState.DIRTY and b.cset_uuid is None and b.dirty.is_zero(512):
-        return None
-    return b.dirty.bytes
+    return b.dirty_bytes
 
 
 def backing_json(b: BcacheBacking) -> dict[str, Any]:

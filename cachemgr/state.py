@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,39 @@ def journal_path(kind: str, key: str) -> Path:
     return state_dir() / kind / f"{_safe(key)}.json"
 
 
+# Locks this process holds: key -> (thread ident, depth). A command takes the lock of the
+# object it acts on, and the procedure it calls (a drain, a flush) takes the same lock again:
+# the same thread re-enters; another thread of this process (the TUI runs each operation in
+# a worker thread) is refused exactly like another process.
+_held: dict[str, tuple[int, int]] = {}
+_held_mutex = threading.Lock()
+
+
+def _busy(what: str, holder: str) -> UnsafeError:
+    return UnsafeError(
+        f"another cachemgr run is acting on {what} ({holder or 'pid unknown'})",
+        hint="wait for it to finish; two runs on one cache at once could lose data",
+    )
+
+
 @contextlib.contextmanager
 def locked(key: str, what: str) -> Iterator[None]:
-    """Hold the lock for cache object ``key``; refuse (exit 3) if another run holds it."""
+    """Hold the lock for cache object ``key``; refuse (exit 3) if another run holds it.
+    Re-entrant within one thread; another thread of this process is refused."""
+    me = threading.get_ident()
+    with _held_mutex:
+        owner = _held.get(key)
+        if owner is not None:
+            if owner[0] != me:
+                raise _busy(what, f"pid {os.getpid()}, another operation of this process")
+            _held[key] = (me, owner[1] + 1)
+    if owner is not None:
+        try:
+            yield
+        finally:
+            with _held_mutex:
+                _held[key] = (me, _held[key][1] - 1)
+        return
     d = state_dir() / "locks"
     d.mkdir(exist_ok=True)
     path = d / f"{_safe(key)}.lock"
@@ -75,12 +106,17 @@ def locked(key: str, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            raise UnsafeError(
-                f"another cachemgr run is acting on {what} ({holder or 'pid unknown'})",
-                hint="wait for it to finish; two runs on one cache at once could lose data",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-        yield
+            raise _busy(what, holder) from None
+        with _held_mutex:
+            if key in _held:  # another thread of ours won the race for the same key
+                raise _busy(what, f"pid {os.getpid()}, another operation of this process")
+            _held[key] = (me, 1)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            with _held_mutex:
+                _held.pop(key, None)
     finally:
         os.close(fd)

@@ -1,9 +1,9 @@
 """cachemgr's Textual app: a live dashboard of every cache and the CLI's operations.
 
-Structure (STYLE.md: harlequin, frogmouth, toolong, posting):
+Structure (after harlequin, frogmouth, toolong and posting):
 
-* ``view.py`` / ``history.py`` / ``ops.py``: plain data and the operations, no textual;
-  ``ops`` mirrors cachemgr/cli.py (same library calls, checks and words).
+* ``view.py`` / ``history.py``: plain data, no textual; every operation is a call into the
+  command layer (``cachemgr.ops``), the same calls, checks and words as the CLI's.
 * ``screens/``: dashboard, detail, SSD replacement, bench, help; ``dialogs/``: confirmations,
   choices, forms, progress; ``widgets/``: the device tree, trends, the log panel.
 * All IO runs in thread workers (``@work(thread=True, exclusive=True, exit_on_error=False)``);
@@ -34,10 +34,10 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
-from cachemgr import snapshot
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
+    Cancelled,
     TimeoutExpired,
     UnsafeError,
     UsageError,
@@ -49,8 +49,10 @@ from cachemgr.model import (
     DmCacheDevice,
     Snapshot,
 )
+from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.control import Control, Result, progress_line
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
-from tui import history, ops, view
+from tui import history, view
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -82,7 +84,7 @@ DEVICE_ACTIONS: dict[str, set[str]] = {
     "detail": {view.BCACHE, view.CSET, view.DM},
 }
 ERROR_WORDS: list[tuple[type[BaseException], str]] = [
-    (ops.Cancelled, "cancelled"),
+    (Cancelled, "cancelled"),
     (AlreadyError, "already so (nothing changed)"),
     (UsageError, "bad usage or input"),
     (UnsafeError, "refused as unsafe"),
@@ -98,8 +100,8 @@ def error_word(exc: BaseException) -> str:
 class Op:
     """A running operation: its control (progress out, cancel in) and how it is shown."""
 
-    def __init__(self, op_id: int, title: str, ctl: ops.Control,
-                 on_done: Callable[[ops.Outcome], None] | None) -> None:
+    def __init__(self, op_id: int, title: str, ctl: Control,
+                 on_done: Callable[[Result], None] | None) -> None:
         self.id = op_id
         self.title = title
         self.ctl = ctl
@@ -218,7 +220,7 @@ class CacheMgrApp(App[int]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="poll", name="poll")
     def poll(self) -> None:
-        snap = snapshot.take(self.sysfs)
+        snap = cache_ops.status(self.sysfs)
         ios = history.io_counts(self.sysfs, snap)
         self.post_message(SnapshotReady(snap, ios, self.clock()))
 
@@ -382,9 +384,9 @@ class CacheMgrApp(App[int]):
 
     # ------------------------------------------------------------------ operations
 
-    def start_op(self, title: str, fn: Callable[[ops.Control], ops.Outcome], *,
+    def start_op(self, title: str, fn: Callable[[Control], Result], *,
                  progress: bool = False, cancellable: bool = True, cancel_note: str = "",
-                 on_done: Callable[[ops.Outcome], None] | None = None) -> Op:
+                 on_done: Callable[[Result], None] | None = None) -> Op:
         """Run ``fn`` in a thread worker; progress (if any) in a dialog that can cancel or
         hide; the result or the error is shown and logged by the one handler."""
         op_id = self._next_op
@@ -393,9 +395,9 @@ class CacheMgrApp(App[int]):
         def report(p: object) -> None:
             frac = getattr(p, "fraction", None)
             eta = getattr(p, "eta_s", None)
-            self.post_message(OpProgress(op_id, ops.progress_line(p), frac, eta))
+            self.post_message(OpProgress(op_id, progress_line(p), frac, eta))
 
-        op = Op(op_id, title, ops.Control(progress=report, what=title), on_done)
+        op = Op(op_id, title, Control(progress=report, what=title), on_done)
         self.ops[op_id] = op
         self.log_line(f"▶ {title}")
         if progress:
@@ -432,7 +434,7 @@ class CacheMgrApp(App[int]):
             picked)
 
     @work(thread=True, exit_on_error=False, group="ops")
-    def _run_op(self, op: Op, fn: Callable[[ops.Control], ops.Outcome]) -> ops.Outcome:
+    def _run_op(self, op: Op, fn: Callable[[Control], Result]) -> Result:
         return fn(op.ctl)
 
     def _progress_closed(self, op: Op, result: str | None) -> None:
@@ -464,21 +466,22 @@ class CacheMgrApp(App[int]):
         op.dialog = None
         self.start_poll()
 
-    def op_done(self, op: Op, outcome: ops.Outcome) -> None:
+    def op_done(self, op: Op, outcome: Result) -> None:
         self._finish_op(op)
+        lines = outcome.text()
         for line in outcome.notes:
             self.log_line(f"  {line}", "yellow")
-        for line in outcome.lines:
+        for line in lines:
             self.log_line(f"✓ {line}", "green")
         if outcome.already:
             self.log_line(f"= {op.title}: already so (nothing changed)")
-        if not outcome.lines and not outcome.notes and not outcome.already:
+        if not lines and not outcome.notes and not outcome.already:
             self.log_line(f"✓ {op.title}: done", "green")
-        text = "\n".join(outcome.lines + outcome.notes) or f"{op.title}: done"
+        text = "\n".join(lines + outcome.notes) or f"{op.title}: done"
         self.notify(text, title=op.title, timeout=6)
         if op.on_done:
             op.on_done(outcome)
-        self.post_message(OpFinished(op.id, op.title, True, outcome.lines, outcome))
+        self.post_message(OpFinished(op.id, op.title, True, lines, outcome))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place worker results and failures are handled."""
@@ -496,7 +499,7 @@ class CacheMgrApp(App[int]):
         if op is None:
             return
         if event.state == WorkerState.SUCCESS:
-            assert isinstance(w.result, ops.Outcome)
+            assert isinstance(w.result, Result)
             self.op_done(op, w.result)
         else:
             self.op_failed(op, w.error)
@@ -512,7 +515,7 @@ class CacheMgrApp(App[int]):
             text = str(exc)  # message and hint, as `cachemgr` prints them
         else:
             text = "".join(traceback.format_exception(exc)).strip()
-        style = "yellow" if isinstance(exc, AlreadyError | ops.Cancelled) else "red"
+        style = "yellow" if isinstance(exc, AlreadyError | Cancelled) else "red"
         self.log_line(f"✗ {op.title}: {word}: {text}", style)
         if isinstance(exc, AlreadyError):
             self.notify(text, title=f"{op.title}: already so", timeout=6)
@@ -543,7 +546,7 @@ class CacheMgrApp(App[int]):
                    for m in modes]
 
         def explain(m: str) -> str:
-            return ops.dirty_consequence(obj, CacheMode(m))
+            return cache_ops.dirty_consequence(obj, CacheMode(m))
 
         def chosen(mode: str | None) -> None:
             if not mode:
@@ -565,7 +568,7 @@ class CacheMgrApp(App[int]):
             return
         drain = button == "drain"
         self.start_op(f"mode {target} {mode}" + (" --drain" if drain else ""),
-                      lambda ctl: ops.set_mode(self.sysfs, target, mode, drain=drain, ctl=ctl),
+                      lambda ctl: cache_ops.mode(self.sysfs, target, mode, drain=drain, ctl=ctl),
                       progress=drain, cancel_note=self._drain_cancel_note(target))
 
     @staticmethod
@@ -592,7 +595,7 @@ class CacheMgrApp(App[int]):
                          when(lambda b: self._do_drain(r.target)))
 
     def _do_drain(self, target: str) -> None:
-        self.start_op(f"drain {target}", lambda ctl: ops.drain(self.sysfs, target, ctl=ctl),
+        self.start_op(f"drain {target}", lambda ctl: cache_ops.drain(self.sysfs, target, ctl=ctl),
                       progress=True, cancel_note=self._drain_cancel_note(target))
 
     def action_detach(self) -> None:
@@ -609,7 +612,7 @@ class CacheMgrApp(App[int]):
                                        [("go", "Detach", "warning")]),
                          when(lambda x: self.start_op(
                              f"detach {r.target}",
-                             lambda ctl: ops.detach(self.sysfs, r.target, ctl=ctl),
+                             lambda ctl: cache_ops.detach(self.sysfs, r.target, ctl=ctl),
                              progress=True,
                              cancel_note="Cancel stops waiting; the kernel finishes the "
                                          "detach by itself.")))
@@ -626,8 +629,9 @@ class CacheMgrApp(App[int]):
             self.push_screen(
                 ChoiceDialog(f"Attach {r.target} to which cache set?", choices,
                              empty="no cache set is registered"),
-                when(lambda c: self.start_op(f"attach {r.target} {c[:8]}",
-                                              lambda ctl: ops.attach(self.sysfs, r.target, c))))
+                when(lambda c: self.start_op(
+                    f"attach {r.target} {c[:8]}",
+                    lambda ctl: cache_ops.attach(self.sysfs, r.target, c))))
         elif isinstance(obj, CacheSet):
             free = [b for b in snap.backings if b.cset_uuid is None]
             choices = [(b.device or b.identity.node,
@@ -636,15 +640,16 @@ class CacheMgrApp(App[int]):
             self.push_screen(
                 ChoiceDialog(f"Attach which backing device to {obj.uuid[:8]}?", choices,
                              empty="no detached backing device"),
-                when(lambda t: self.start_op(f"attach {t} {obj.uuid[:8]}",
-                                              lambda ctl: ops.attach(self.sysfs, t, obj.uuid))))
+                when(lambda t: self.start_op(
+                    f"attach {t} {obj.uuid[:8]}",
+                    lambda ctl: cache_ops.attach(self.sysfs, t, obj.uuid))))
 
     def action_tune(self) -> None:
         sel = self._target()
         if sel is None:
             return
         r, obj = sel
-        names = ops.tunables_of(obj)
+        names = cache_ops.tunables_of(obj)
 
         def current(name: str) -> str:
             if isinstance(obj, DmCacheDevice):
@@ -667,7 +672,7 @@ class CacheMgrApp(App[int]):
                              "an integer")]),
                 when(lambda v: self.start_op(
                     f"tune {r.target} {name}={v['value']}",
-                    lambda ctl: ops.tune(self.sysfs, r.target, [f"{name}={v['value']}"]))))
+                    lambda ctl: cache_ops.tune(self.sysfs, r.target, [f"{name}={v['value']}"]))))
 
         self.push_screen(ChoiceDialog(f"Tune {r.target}", choices), picked)
 
@@ -698,7 +703,7 @@ class CacheMgrApp(App[int]):
                 return
             keep = b == "keep"
             self.start_op(f"remove {r.target}" + (" --keep-device" if keep else ""),
-                          lambda ctl: ops.remove(self.sysfs, r.target, keep_device=keep,
+                          lambda ctl: cache_ops.remove(self.sysfs, r.target, keep_device=keep,
                                                  ctl=ctl),
                           progress=r.kind != view.CSET,
                           cancel_note="Cancel stops at the next progress report; a flush "
@@ -743,7 +748,7 @@ class CacheMgrApp(App[int]):
         self.push_screen(ConfirmDialog("Create bcache", body, [("go", "Format", "error")]),
                          when(lambda b: self.start_op(
                              f"create bcache {devs}",
-                             lambda ctl: ops.create_bcache(
+                             lambda ctl: cache_ops.create_bcache(
                                  self.sysfs, backings=backings, cache=v["cache"] or None,
                                  mode=v["mode"] or None, bucket=v["bucket"] or None,
                                  force=bool(v["force"])))))
@@ -756,7 +761,7 @@ class CacheMgrApp(App[int]):
         self.push_screen(ConfirmDialog("Create dm-cache", body, [("go", "Create", "error")]),
                          when(lambda b: self.start_op(
                              f"create dm-cache {v['name']}",
-                             lambda ctl: ops.create_dmcache(
+                             lambda ctl: cache_ops.create_dmcache(
                                  self.sysfs, name=v["name"], origin=v["origin"],
                                  cache=v["cache"], metadata=v["metadata"],
                                  mode=v["mode"] or None, block_size=v["block_size"] or None,
@@ -808,7 +813,7 @@ class CacheMgrApp(App[int]):
         self.call_from_thread(self.push_screen, screen, answered)
         while not done.wait(0.2):
             if cancel.is_set():
-                raise ops.Cancelled("cancelled while waiting for the operator")
+                raise Cancelled("cancelled while waiting for the operator")
         return box[0]
 
 

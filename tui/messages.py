@@ -1,4 +1,4 @@
-"""Typed messages: what workers report back to the UI thread (STYLE.md principle 10)."""
+"""Typed messages: what workers report back to the UI thread (all IO in workers, results as messages)."""
 
 from __future__ import annotations
 

@@ -21,13 +21,16 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, Static
 
 from cachemgr import bcache
+from cachemgr.errors import Cancelled
 from cachemgr.model import (
     CacheMode,
     CacheState,
 )
+from cachemgr.ops import cache as ops_cache
+from cachemgr.ops.control import Control, Result, progress_line
 from cachemgr.sysfs import Sysfs
 from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, shown, unpack
-from tui import ops, view
+from tui import view
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -115,10 +118,11 @@ def test_rows_tree_and_most_dirty() -> None:
 
 
 def test_progress_line_is_the_clis() -> None:
-    from cachemgr.drain import DrainProgress
+    from cachemgr.model import DrainProgress
 
-    p = DrainProgress("/dev/bcache0", 1 << 20, 4 << 20, 2 << 20, 0.5, 3.0, CacheState.DIRTY)
-    assert ops.progress_line(p) == ("drain /dev/bcache0:  75.0% dirty 1.0 MiB rate 2.0 MiB/s "
+    p = DrainProgress("drain", "/dev/bcache0", 1 << 20, 4 << 20, 2 << 20, 0.5, 3.0,
+                      CacheState.DIRTY)
+    assert progress_line(p) == ("drain /dev/bcache0:  75.0% dirty 1.0 MiB rate 2.0 MiB/s "
                                     "ETA 0 s (3 s)")
 
 
@@ -127,11 +131,11 @@ def test_dirty_consequence_words() -> None:
     from cachemgr.sysfs import Sysfs
 
     b = snapshot.take(Sysfs(fx("bcache-writeback-dirty"))).backings[0]
-    text = ops.dirty_consequence(b, CacheMode.NONE)
+    text = ops_cache.dirty_consequence(b, CacheMode.NONE)
     assert "4.4 MiB of dirty data" in text and "4 KiB/s" in text
-    assert "lost if the SSD dies" in ops.dirty_consequence(b, CacheMode.WRITEBACK)
+    assert "lost if the SSD dies" in ops_cache.dirty_consequence(b, CacheMode.WRITEBACK)
     d = snapshot.take(Sysfs(fx("dmcache-writeback"))).dmcaches[0]
-    assert "refused" in ops.dirty_consequence(d, CacheMode.PASSTHROUGH)
+    assert "refused" in ops_cache.dirty_consequence(d, CacheMode.PASSTHROUGH)
 
 
 # ------------------------------------------------------------------------- dashboard
@@ -596,13 +600,13 @@ def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:
     (Cancelled, its finally blocks run) instead of keeping the process alive for ever."""
     seen: list[BaseException] = []
 
-    def waits(app: CacheMgrApp, ctl: ops.Control) -> ops.Outcome:
+    def waits(app: CacheMgrApp, ctl: Control) -> Result:
         try:
             app.ask_from_thread(ConfirmDialog("Physical swap", "insert the disk"), ctl.cancel)
-        except ops.Cancelled as exc:
+        except Cancelled as exc:
             seen.append(exc)
             raise
-        return ops.Outcome()
+        return Result()
 
     app = app_on(fx("bcache-unattached"))
 

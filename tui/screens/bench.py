@@ -18,7 +18,7 @@ from textual.screen import Screen
 from textual.widgets import Checkbox, Footer, Header, Input, Label, RichLog, Static
 
 from cachemgr.errors import UsageError
-from tui import ops
+from cachemgr.ops.control import Control, Result
 
 BAR = 36
 
@@ -70,37 +70,28 @@ def result_view(doc: Mapping[str, Any], saved: list[str]) -> RenderableType:
     return Group(*parts)
 
 
-def run_bench(sysfs: Any, values: dict[str, str], ctl: ops.Control) -> ops.Outcome:
-    """The same as ``cachemgr bench compare`` (bench_cli): spec, options, compare, save,
-    plot. Runs in a worker; cancelling takes effect at the next run's progress report."""
-    from cachemgr import bench
+def run_bench(sysfs: Any, values: dict[str, str], ctl: Control) -> Result:
+    """``cachemgr bench compare`` from the form's words: the job is parsed here, run, saved
+    and plotted by the command layer. Cancelling takes effect at the next run's progress
+    report."""
+    from cachemgr.ops import bench as bench_ops
 
     targets = values["targets"].split()
-    if not targets:
-        raise UsageError("bench needs at least one TARGET")
     try:
-        spec = bench.JobSpec(rw=values["rw"], bs=values["bs"], iodepth=int(values["iodepth"]),
-                             distribution=f"zipf:{float(values['zipf']):g}",
-                             runtime=float(values["runtime"]))
-        opts = bench.CompareOptions(repeat=int(values["repeat"]), force=bool(values["force"]))
+        spec = bench_ops.JobSpec(rw=values["rw"], bs=values["bs"],
+                                 iodepth=int(values["iodepth"]),
+                                 distribution=f"zipf:{float(values['zipf']):g}",
+                                 runtime=float(values["runtime"]))
+        opts = bench_ops.CompareOptions(repeat=int(values["repeat"]),
+                                        force=bool(values["force"]))
     except ValueError as exc:
         raise UsageError(f"bad bench option: {exc}") from None
-    spec.validate()
-    c = bench.compare(sysfs, spec, targets, opts, progress=ctl.report,
-                      argv=["cachemgr", "tui", "bench", *targets])
-    doc = bench.to_json(c)
-    out_dir = os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR
-    saved: list[str] = []
-    path = bench.save(doc, out_dir)
-    saved.append(str(path))
-    try:
-        from cachemgr import plot
-
-        saved += [str(p) for p in plot.write_plots(doc, path.parent, stem=path.stem)]
-    except ImportError as exc:  # plotting is optional at run time (as in bench_cli)
-        saved.append(f"(no plots: {exc})")
-    return ops.Outcome(lines=[f"bench {' '.join(targets)}: saved {path}"],
-                       data={"doc": doc, "saved": saved})
+    res = bench_ops.compare(sysfs, spec, targets, opts, ctl=ctl,
+                            argv=["cachemgr", "tui", "bench", *targets])
+    assert res.data is not None
+    saved = list(res.data.get("saved", []))
+    return Result(lines=[f"bench {' '.join(targets)}: saved {saved[0]}"] if saved else [],
+                  notes=res.notes, data={"doc": res.data, "saved": saved + res.notes})
 
 
 class BenchScreen(Screen[None]):
@@ -166,15 +157,15 @@ class BenchScreen(Screen[None]):
         def progress(line: object) -> None:
             app.call_from_thread(self.query_one("#oplog", RichLog).write, str(line))
 
-        def fn(ctl: ops.Control) -> ops.Outcome:
-            inner = ops.Control(progress=progress, cancel=ctl.cancel, what=ctl.what)
+        def fn(ctl: Control) -> Result:
+            inner = Control(progress=progress, cancel=ctl.cancel, what=ctl.what)
             return run_bench(app.sysfs, values, inner)
 
-        def done(out: ops.Outcome) -> None:
-            self.doc = out.data.get("doc")
+        def done(out: Result) -> None:
+            self.doc = (out.data or {}).get("doc")
             if self.doc is not None:
                 self.query_one("#result", Static).update(
-                    result_view(self.doc, out.data.get("saved", [])))
+                    result_view(self.doc, (out.data or {}).get("saved", [])))
 
         app.start_op(f"bench {values['targets']}", fn, on_done=done)
 

@@ -12,9 +12,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, RichLog, Static
 
-from cachemgr import replace
 from cachemgr.errors import CacheMgrError
-from tui import ops
+from cachemgr.ops import replace
+from cachemgr.ops.control import Control, Result
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog
@@ -108,7 +108,7 @@ class ReplaceScreen(Screen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="replace-plan")
     def make_plan(self, opts: replace.Options, then_start: bool) -> None:
         try:
-            j = replace.plan(self.app.sysfs, self.cset, opts)  # type: ignore[attr-defined]
+            j = replace.plan(self.app.sysfs, self.cset, opts)
         except CacheMgrError as exc:
             self.app.call_from_thread(self.plan_failed, str(exc))
             return
@@ -148,22 +148,10 @@ class ReplaceScreen(Screen[None]):
         self.journal = j
         app: Any = self.app
 
-        def fn(ctl: ops.Control) -> ops.Outcome:
-            def say(line: str) -> None:
-                if ctl.cancel.is_set():
-                    raise ops.Cancelled("replacement cancelled by the operator",
-                                        hint="the journal keeps its place")
-                app.call_from_thread(self.say, line)
-
-            def prompt(text: str) -> None:
-                if not app.ask_from_thread(SwapPrompt(text), ctl.cancel):
-                    raise ops.Cancelled("the operator did not confirm the swap")
-
-            done = replace.execute(app.sysfs, j, say=say, prompt=prompt)
-            return ops.Outcome(lines=[
-                f"{done.id}: done; cache set {done.new.get('cset')} on "
-                f"{done.new.get('node')} caches "
-                + ", ".join(b["device"] or b["node"] for b in done.backings)])
+        def fn(ctl: Control) -> Result:
+            ctl.say = lambda line: app.call_from_thread(self.say, line)
+            ctl.prompt = lambda text: bool(app.ask_from_thread(SwapPrompt(text), ctl.cancel))
+            return replace.run(app.sysfs, j, ctl=ctl)
 
         self.query_one("#oplog", RichLog).write(
             f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
@@ -178,12 +166,12 @@ class ReplaceScreen(Screen[None]):
 
     def _pick_run(self, title: str, then: Any) -> None:
         # finished and rolled-back runs can be neither resumed nor rolled back
-        runs = [j for j in replace.list_runs() if j.status not in ("done", "rolled-back")]
+        runs = replace.runs(unfinished=True)
         choices = [(j.id, f"{j.id}  {j.status}  cset {j.cset[:8]}  last: "
                     f"{(j.done or ['-'])[-1]}" + (f"  ({j.error})" if j.error else ""))
                    for j in runs]
         self.app.push_screen(ChoiceDialog(title, choices, empty="no interrupted run"),
-                             when(lambda rid: then(replace.Journal.load(rid))))
+                             when(lambda rid: then(replace.load(rid))))
 
     def action_resume(self) -> None:
         self._pick_run("Resume which run?", self._resume)
@@ -199,10 +187,9 @@ class ReplaceScreen(Screen[None]):
     def _confirm_rollback(self, j: replace.Journal) -> None:
         app: Any = self.app
 
-        def fn(ctl: ops.Control) -> ops.Outcome:
-            done = replace.rollback(app.sysfs, j,
-                                    say=lambda m: app.call_from_thread(self.say, m))
-            return ops.Outcome(lines=[f"{done.id}: rolled back"])
+        def fn(ctl: Control) -> Result:
+            ctl.say = lambda m: app.call_from_thread(self.say, m)
+            return replace.rollback(app.sysfs, j.id, ctl=ctl)
 
         app.push_screen(ConfirmDialog(f"Roll back {j.id}",
                                       "Put the modes back and re-attach what was detached "

@@ -1,0 +1,115 @@
+"""The replace-ssd commands: plan, run, resume, rollback, list (cachemgr/replace.py does the
+steps; the journal, the cache set's lock and every refusal live there or here, never in a
+face)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cachemgr import replace
+from cachemgr.errors import Cancelled, UsageError, require_root
+from cachemgr.ops.control import Control, Result
+from cachemgr.sysfs import Sysfs
+
+Options = replace.Options
+Journal = replace.Journal
+STEPS = replace.STEPS
+STEP_NAMES = replace.STEP_NAMES
+describe = replace.describe
+
+
+def journal_json(j: replace.Journal) -> dict[str, Any]:
+    """A run as ``replace-ssd --json`` prints it (schema 1, docs/json.md)."""
+    return {"schema": 1, "id": j.id, "status": j.status, "error": j.error, "cset": j.cset,
+            "new_cset": j.new.get("cset"), "old": j.old, "new": j.new,
+            "steps": [{"name": n, "done": n in j.done} for n in replace.STEP_NAMES],
+            "backings": [{"uuid": b["uuid"], "device": b["device"], "backing": b["node"],
+                          "mode": b["mode"]} for b in j.backings]}
+
+
+def runs(*, unfinished: bool = False) -> list[replace.Journal]:
+    """Journaled runs, oldest first; ``unfinished``: only those that can be resumed or
+    rolled back (not done, not rolled back)."""
+    found = replace.list_runs()
+    if unfinished:
+        found = [j for j in found if j.status not in ("done", "rolled-back")]
+    return found
+
+
+def list_runs() -> Result:
+    found = runs()
+    return Result(
+        lines=[f"{j.id}  {j.status:<11} cset {j.cset}  done: {', '.join(j.done[-1:])}"
+               + (f"  error: {j.error}" if j.error else "") for j in found],
+        data={"schema": 1, "runs": [journal_json(j) for j in found]}, value=found)
+
+
+def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
+         for_run: bool = False) -> replace.Journal:
+    """Check everything and record what will be restored; changes nothing. ``for_run``:
+    the plan is to be run (root is required before anything else)."""
+    if for_run:
+        require_root("replace-ssd")
+    if not cache:
+        raise UsageError("replace-ssd needs the CACHE (its SSD or cset UUID)",
+                         hint="or --resume ID / --list")
+    return replace.plan(sysfs, cache, opts)
+
+
+def dry_run(sysfs: Sysfs, cache: str | None, opts: replace.Options) -> Result:
+    j = plan(sysfs, cache, opts)
+    return Result(lines=replace.describe(j), value=j,
+                  data={**journal_json(j), "status": "planned", "plan": replace.describe(j)})
+
+
+def _hooks(ctl: Control) -> dict[str, Any]:
+    def say(line: str) -> None:
+        if ctl.cancel.is_set():
+            raise Cancelled("replacement cancelled by the operator",
+                            hint="the journal keeps its place")
+        ctl.note(line)
+
+    prompt = None
+    if ctl.prompt is not None:
+        ask = ctl.prompt
+
+        def prompt(text: str) -> None:
+            if not ask(text):
+                raise Cancelled("the operator did not confirm the swap")
+
+    return {"say": say, "prompt": prompt}
+
+
+def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Result:
+    """Execute (or continue) the journaled run ``j``, step by step."""
+    require_root("replace-ssd")
+    ctl = ctl or Control(what=f"replace-ssd {j.cset[:8]}")
+    done = replace.execute(sysfs, j, **_hooks(ctl))
+    return Result(lines=[f"{done.id}: done; cache set {done.new.get('cset')} on "
+                         f"{done.new.get('node')} caches "
+                         + ", ".join(b["device"] or b["node"] for b in done.backings)],
+                  data=journal_json(done), value=done)
+
+
+def load(run_id: str) -> replace.Journal:
+    return replace.Journal.load(run_id)
+
+
+def resume(sysfs: Sysfs, run_id: str, *, ctl: Control | None = None) -> Result:
+    """Finish an interrupted run; one already done is "already so"."""
+    require_root("replace-ssd")
+    j = replace.Journal.load(run_id)
+    if j.status == "done":
+        return Result(lines=[f"{j.id}: already done"], already=True, data=journal_json(j),
+                      value=j)
+    return run(sysfs, j, ctl=ctl)
+
+
+def rollback(sysfs: Sysfs, run_id: str, *, ctl: Control | None = None) -> Result:
+    """Undo a run that stopped before the old set was unregistered."""
+    require_root("replace-ssd")
+    ctl = ctl or Control(what=f"replace-ssd rollback {run_id}")
+    say = ctl.say or ctl.progress  # not ctl.note: a rollback is not cut short halfway
+    j = replace.rollback(sysfs, replace.Journal.load(run_id), say=say)
+    return Result(lines=[f"{j.id}: rolled back"], data=journal_json(j), value=j)
+
