@@ -395,7 +395,8 @@ class AcceptDataLoss(enum.Enum):
 
     Writing ``running=1`` to a backing device whose dirty data sat in a lost cache, or
     ``stop`` to a cache set, can corrupt filesystems or make VM disks vanish
-    (bcache.rst; FACTS.md). The library never does either unless handed this.
+    (bcache.rst; docs/kernel-notes.md, "Failure"). The library never does either unless
+    handed this.
     """
 
     I_ACCEPT_DATA_LOSS = "I accept data loss"

@@ -5,7 +5,8 @@ Che's approximation (Che, Tung, Wang 2002; Fricker, Robert, Roberts 2012) for an
 *characteristic time* ``T`` solves ``sum_i (1 - exp(-p_i T)) = C``; item ``i`` is in the cache
 with probability ``1 - exp(-p_i T)``, so the hit ratio is ``sum_i p_i (1 - exp(-p_i T))``.
 For Zipf(theta) over 1 GiB in 4 KiB blocks it gives 0.93 at a 10 % cache (theta 1.2) and 0.48
-(theta 0.8), the figures in FACTS.md.
+(theta 0.8), the reference figures in docs/kernel-notes.md, "Zipf, Che's approximation and
+the speed-up ceiling".
 
 Pure Python on purpose (the library needs no numpy): the most popular ``EXACT_HEAD`` items are
 summed one by one, the tail in geometric bins whose items differ in probability by at most
@@ -157,7 +158,7 @@ def che_hit_ratio(items: int, cache_items: float, theta: float) -> float:
 
 
 def speedup_ceiling_qd1(hit_ratio: float, slow_latency: float, fast_latency: float) -> float:
-    """The most a cache can speed up a QD1 workload (Little's law, FACTS.md):
+    """The most a cache can speed up a QD1 workload (Little's law, docs/kernel-notes.md):
     ``L_slow / (h L_fast + (1 - h) L_slow)``. With one request in flight, IOPS is 1/latency."""
     if not 0.0 <= hit_ratio <= 1.0:
         raise ValueError(f"hit ratio must be within [0, 1], not {hit_ratio}")

@@ -1,18 +1,18 @@
 """Stable identities of block devices.
 
 Kernel names (``sdb``, ``bcache0``, ``dm-3``) change across boots and hotplug: a re-inserted SSD
-can come back as another ``sdX`` (FACTS.md "SCSI hotplug and udev"). What survives is the
-serial, the WWN, the udev ``/dev/disk/by-id`` links and the superblock UUID. :func:`identify`
-gathers them into the model's :class:`~cachemgr.model.Identity` from four sources, each turned
-into typed data where it is read:
+can come back as another ``sdX`` (docs/kernel-notes.md, "SCSI and NVMe hotplug"). What
+survives is the serial, the WWN, the udev ``/dev/disk/by-id`` links and the superblock
+UUID. :func:`identify` gathers them into the model's :class:`~cachemgr.model.Identity` from
+four sources, each turned into typed data where it is read:
 
 1. **sysfs** (:func:`cachemgr.bcache.identity`): size, ``dev``, rotational, partition parent,
    and the kernel's ``device/wwid``, ``device/serial`` (7.2; absent on 6.1), ``device/model``.
 2. **the udev database** through pyudev (:func:`udev_info`), only once udevd has processed the
    device (``USEC_INITIALIZED``; pyudev enumerates /sys without udevd, but then has no ``ID_*``
-   properties, FACTS.md): ``ID_SCSI_SERIAL`` / ``ID_SERIAL_SHORT`` / ``ID_SERIAL``,
-   ``ID_WWN_WITH_EXTENSION`` / ``ID_WWN``, ``ID_PATH``, ``ID_FS_TYPE``, ``ID_FS_UUID`` and the
-   device links.
+   properties: docs/kernel-notes.md, "udev and pyudev"): ``ID_SCSI_SERIAL`` /
+   ``ID_SERIAL_SHORT`` / ``ID_SERIAL``, ``ID_WWN_WITH_EXTENSION`` / ``ID_WWN``, ``ID_PATH``,
+   ``ID_FS_TYPE``, ``ID_FS_UUID`` and the device links.
 3. **libblkid** through pylibblkid (:func:`probe_superblock`): the superblock's TYPE and UUID
    (a bcache cache or backing device shows ``TYPE=bcache``, ``UUID`` = its ``dev.uuid``).
 4. **SCSI VPD pages** (:func:`parse_vpd_pg80`, :func:`parse_vpd_pg83`): the unit serial number
@@ -401,7 +401,8 @@ def udev_info(name: str) -> UdevInfo | None:
 
     pyudev finds the device in /sys even without udevd, but then ``is_initialized`` is false
     and its properties are only the kernel's uevent (DEVNAME, MAJOR...): that is "no udev
-    data" here, never an empty identity (FACTS.md, seen in the lab without ``--udev``).
+    data" here, never an empty identity (docs/kernel-notes.md, "udev and pyudev"; seen in
+    the lab without ``--udev``).
     """
     global _context
     try:

@@ -1,7 +1,7 @@
 """SCSI hotplug backend: remove a disk, rescan its host, wait for a disk to come (back).
 
 The SSD replacement procedure pulls the old cache disk out of the kernel and brings the new one
-in without a reboot (FACTS.md "SCSI hotplug and udev"):
+in without a reboot (docs/kernel-notes.md, "SCSI and NVMe hotplug"):
 
 * remove: ``echo 1 > /sys/block/sdX/device/delete`` (the sd driver synchronises the disk's
   write cache, then the SCSI device goes away; on the 7.2 lab the block device is gone when the
@@ -232,7 +232,8 @@ def find_scsi_debug_host(sysfs: Sysfs) -> str:
     found = scsi_debug_hosts(sysfs)
     if not found:
         raise CacheMgrError("scsi_debug is not loaded: no scsi_debug adapter on the pseudo bus",
-                            hint="modprobe scsi_debug delay=0 dev_size_mb=64 (see FACTS.md)")
+                            hint="modprobe scsi_debug delay=0 dev_size_mb=64 "
+                                 '(docs/kernel-notes.md, "scsi_debug in the lab")')
     return found[0]
 
 
@@ -375,8 +376,9 @@ def remove(sysfs: Sysfs, name: str, *, force_in_use: bool = False, timeout: floa
 
     Refused with UnsafeError while the disk is in use (see :func:`in_use`): pulling a
     registered bcache cache device fails its cache set, and with dirty data the backing
-    devices stop (FACTS.md "Failure"). ``force_in_use`` goes ahead anyway and records what it
-    went past. Waits up to ``timeout`` for the block device to disappear (TimeoutExpired).
+    devices stop (docs/kernel-notes.md, "Failure"). ``force_in_use`` goes ahead anyway and
+    records what it went past. Waits up to ``timeout`` for the block device to disappear
+    (TimeoutExpired).
     """
     disk = scsi_disk(sysfs, name)
     reasons = in_use(sysfs, name, mountinfo=mountinfo, swaps=swaps)
@@ -510,8 +512,9 @@ def load_scsi_debug(sysfs: Sysfs, *, timeout: float = 30.0,
     """Load scsi_debug with ``params`` and wait for its disks; returns them by address.
 
     ``delay=0`` unless given: the default one-jiffy delay makes the "SSD" slower than bcache's
-    congestion thresholds and bcache silently bypasses it (FACTS.md). sd_mod is loaded too:
-    without udevd nothing loads it for the new devices (7.2 lab). Without ``per_host_store``
+    congestion thresholds and bcache silently bypasses it (docs/kernel-notes.md, "scsi_debug
+    in the lab"). sd_mod is loaded too: without udevd nothing loads it for the new devices
+    (7.2 lab). Without ``per_host_store``
     all of scsi_debug's disks share one RAM store: what is written to one shows on the others.
     AlreadyError if scsi_debug is loaded.
     """

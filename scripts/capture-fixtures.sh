@@ -139,8 +139,9 @@ dmcache-failed)
 scsi-ssd-in-use)
     # Not in $all: run it by name (scripts/capture-fixtures.sh scsi-ssd-in-use).
     # Two scsi_debug disks as the "SSDs". delay=0: the default one-jiffy delay makes bcache
-    # bypass the cache (FACTS.md). Without per_host_store both targets share one RAM store:
-    # sdb shows whatever is written to sda. Without udevd nothing loads sd_mod: load it, then
+    # bypass the cache (docs/kernel-notes.md, "scsi_debug in the lab"). Without
+    # per_host_store both targets share one RAM store: sdb shows whatever is written to sda.
+    # Without udevd nothing loads sd_mod: load it, then
     # wait for the block devices (the sd probe finishes after modprobe returns).
     modprobe scsi_debug delay=0 dev_size_mb=128 num_tgts=2 vpd_use_hostno=0
     modprobe sd_mod

@@ -73,7 +73,8 @@ mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm /run /tmp
 mountpoint -q /dev/pts || mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mountpoint -q /dev/shm || mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-# Without these bash process substitution silently yields nothing (../shared/FACTS.md).
+# Without these bash process substitution silently yields nothing
+# (docs/kernel-notes.md, "The lab guest").
 ln -sfn /proc/self/fd /dev/fd
 ln -sfn /proc/self/fd/0 /dev/stdin
 ln -sfn /proc/self/fd/1 /dev/stdout
@@ -155,7 +156,8 @@ elif [ "$LAB_UDEV" = 1 ]; then
         ctl "udev-started"
     fi
 else
-    # libdevmapper would otherwise wait for udev to create /dev/mapper nodes (FACTS.md)
+    # libdevmapper would otherwise wait for udev to create /dev/mapper nodes
+    # (docs/kernel-notes.md, "device-mapper without udev")
     export DM_DISABLE_UDEV=1
 fi
 

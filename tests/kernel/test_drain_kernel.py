@@ -27,7 +27,7 @@ def setup_dirty(lab_disks: list[str], delay_ms: int = 4, dirty: str = "48M") -> 
     writeback mode, ``dirty`` of dirty data held with writeback_running=0 and otherwise the
     kernel's defaults (writeback_percent 10: the 4 KiB/s floor). Writeback stays off until the
     test has IO running (``light_load``): an idle set would write everything back at once
-    (FACTS.md), as the slow qemu guest showed."""
+    (docs/kernel-notes.md, "The drain trap"), as the slow qemu guest showed."""
     hdd, ssd = lab_disks[0], lab_disks[1]
     sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
     runner.run(["dmsetup", "create", "hddraw", "--table", f"0 {sectors} linear {hdd} 0"])

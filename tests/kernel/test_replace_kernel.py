@@ -43,8 +43,9 @@ def setup(lab_disks: list[str], hosts: int = 1) -> tuple[Sysfs, list[str], list[
                   mode=CacheMode.WRITEBACK)
     snap = snapshot.take(sysfs)
     devices = sorted(b.device or "" for b in snap.backings)
-    # hold the dirty data (an idle set otherwise writes it back at once, FACTS.md); the load
-    # started by start_load() keeps the set busy and switches writeback back on
+    # hold the dirty data (an idle set otherwise writes it back at once: docs/kernel-notes.md,
+    # "The drain trap"); the load started by start_load() keeps the set busy and switches
+    # writeback back on
     for b in snap.backings:
         sysfs.write(f"block/{b.device_name}/bcache/writeback_running", "0")
     # a region written before the procedure, checked after it (its dirty part lives only on

@@ -19,7 +19,7 @@ def test_che_matches_a_seeded_lru_simulation(theta: float, n: int, c: int) -> No
 
 
 def test_facts_figures() -> None:
-    n = (1 << 30) // 4096  # 1 GiB in 4 KiB blocks, 10 % cache (FACTS.md)
+    n = (1 << 30) // 4096  # 1 GiB in 4 KiB blocks, 10 % cache (docs/kernel-notes.md)
     assert round(che.che_hit_ratio(n, n / 10, 1.2), 2) == 0.93
     assert round(che.che_hit_ratio(n, n / 10, 0.8), 2) == 0.48
 

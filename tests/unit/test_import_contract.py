@@ -1,4 +1,4 @@
-"""The library never imports textual (STYLE.md principle 1, harlequin's contract)."""
+"""The library never imports textual (docs/architecture.md, harlequin's contract)."""
 
 from __future__ import annotations
 
