@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from cachemgr import bcache, bcache_super, identity, state
 from cachemgr.errors import AlreadyError, CacheMgrError, UnsafeError
-from cachemgr.model import BcacheBacking, CacheMode, CacheState, Identity, Snapshot, hprint
+from cachemgr.model import BcacheBacking, CacheState, Identity, Snapshot, hprint
 from cachemgr.policy import BackingPolicy, CachePolicy, DeviceId, Policy
 from cachemgr.sysfs import Sysfs
 
@@ -602,46 +602,15 @@ class Outcome:
     error: str | None = None
 
 
-def _locked_backing(view: View, name: str) -> contextlib.AbstractContextManager[None]:
-    """The drain's lock on this backing device (same key), so a drain and we never mix."""
-    b = view.backing(name)
-    key = (b.uuid if b else None) or name
-    return state.locked(key, f"/dev/{name}")
+Act = Callable[[Sysfs, View, Action], None]
 
 
-def _do(sysfs: Sysfs, view: View, a: Action) -> None:
-    if isinstance(a, Register):
-        bcache.register(sysfs, f"/dev/{a.device}")
-        return
-    if isinstance(a, Format):
-        bcache.make_bcache(cache=f"/dev/{a.device}", bucket=a.bucket)
-        with contextlib.suppress(AlreadyError):  # 69-bcache.rules may be first
-            bcache.register(sysfs, f"/dev/{a.device}")
-        return
-    # the view was read just before this round; each action of a round touches another
-    # file of the backing device, so its object from the view is current enough
-    bk = view.backing(a.device)
-    if bk is None:
-        raise CacheMgrError(f"/dev/{a.device} is no longer a registered backing device")
-    if isinstance(a, Attach):
-        cset = view.snapshot.cache_set(a.cset)
-        if cset is None:
-            raise CacheMgrError(f"cache set {a.cset} vanished")
-        with _locked_backing(view, a.device), state.locked(f"replace-{a.cset}",
-                                                           f"cache set {a.cset}"):
-            bcache.attach(sysfs, bk, cset)
-    elif isinstance(a, SetMode):
-        with _locked_backing(view, a.device):
-            bcache.set_mode(sysfs, bk, CacheMode(a.mode))
-    elif isinstance(a, SetTunable):
-        with _locked_backing(view, a.device):
-            bcache.set_tunable(sysfs, bk, a.name, a.value)
-
-
-def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, dry_run: bool = False,
-            context: Mapping[str, Any] | None = None,
+def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, act: Act | None = None,
+            dry_run: bool = False, context: Mapping[str, Any] | None = None,
             noted: set[str] | None = None) -> list[Outcome]:
-    """Carry out ``actions`` in order; log and journal each. Never raises for one action."""
+    """Carry out ``actions`` in order through ``act`` (the command layer's:
+    cachemgr.ops.autoattach.act, which holds the same locks and checks as the commands); log
+    and journal each. Never raises for one action."""
     out: list[Outcome] = []
     ctx = dict(context or {})
     for a in actions:
@@ -661,7 +630,9 @@ def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, dry_run: boo
             out.append(Outcome(a, "dry-run"))
             continue
         try:
-            _do(sysfs, view, a)
+            if act is None:
+                raise CacheMgrError("no executor given for the autoattach actions")
+            act(sysfs, view, a)
         except AlreadyError as exc:
             log.info("%s: already so (%s) [policy %s]", a.describe(), exc.message, a.policy)
             o = Outcome(a, "already")
@@ -694,9 +665,10 @@ class PassResult:
 
 
 def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,
-              dry_run: bool = False, view_fn: Callable[[Sysfs], View] | None = None,
+              act: Act | None = None, dry_run: bool = False,
+              view_fn: Callable[[Sysfs], View] | None = None,
               max_rounds: int = MAX_ROUNDS) -> PassResult:
-    """Decide and execute until nothing is left to do (or ``max_rounds``)."""
+    """Decide and execute (through ``act``) until nothing is left to do (or ``max_rounds``)."""
     take = view_fn or take_view
     outcomes: list[Outcome] = []
     noted: set[str] = set()
@@ -713,7 +685,7 @@ def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,
         if not todo:
             break
         tried.update(todo)
-        outcomes += execute(sysfs, view, todo, dry_run=dry_run, context=ctx)
+        outcomes += execute(sysfs, view, todo, act=act, dry_run=dry_run, context=ctx)
         if dry_run:
             break
     return PassResult(outcomes, rounds)

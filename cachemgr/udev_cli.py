@@ -271,32 +271,11 @@ def worker(policy_path: str, *, settle: float = SETTLE_S, sysfs_root: str | None
 
 
 def _process(batch: list[dict[str, Any]], policy_path: str, sysfs_root: str | None) -> None:
-    from cachemgr import autoattach, policy
+    from cachemgr.ops import autoattach as autoattach_ops
     from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
 
-    events = [autoattach.Event.from_json(e) for e in batch]
-    t0 = time.time()
-    last = max((e.received for e in events), default=t0)
-    log.debug("batch of %d events: %s", len(events), ", ".join(e.describe() for e in events))
-    try:
-        pol = policy.load(policy_path)
-    except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and exc.problems[0].message == \
-                "no such file":
-            log.debug("no policy at %s: nothing to do", policy_path)
-            return
-        log.error("not acting on %d event(s): %s", len(events), exc.message)
-        autoattach.record({"kind": "policy-error", "error": exc.message,
-                           "events": len(events)})
-        return
     sysfs = Sysfs(sysfs_root or os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT))
-    res = autoattach.reconcile(sysfs, pol, events)
-    done = time.time()
-    autoattach.record({"kind": "pass", "events": len(events), "rounds": res.rounds,
-                       "changed": len(res.changed), "failed": len(res.failed),
-                       "seqnums": [e.seqnum for e in events][:50],
-                       "last_event": round(last, 3), "latency_s": round(done - last, 3),
-                       "pass_s": round(done - t0, 3)})
+    autoattach_ops.event_pass(sysfs, policy_path, batch)
 
 
 # ---------------------------------------------------------------------------------------
@@ -357,30 +336,14 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 def cmd_autoattach(args: argparse.Namespace) -> int:
     """A full pass over every device the policy names (boot-time assembly)."""
-    from cachemgr import autoattach, policy
-    from cachemgr.errors import UsageError
+    from cachemgr.cli import emit
+    from cachemgr.ops import autoattach as autoattach_ops
     from cachemgr.sysfs import Sysfs
 
-    pol = policy.load(_policy_path(args.policy))  # PolicyError: exit 2, acts on nothing
-    if os.geteuid() != 0 and not args.dry_run:
-        raise UsageError("autoattach needs root", hint="or --dry-run to see what it would do")
     setup_logging(stderr=False)
-    run = _lock_fd("autoattach-run")
-    try:
-        fcntl.flock(run, fcntl.LOCK_EX)
-        res = autoattach.reconcile(Sysfs(args.sysfs_root), pol, [None], dry_run=args.dry_run)
-    finally:
-        os.close(run)
-    if args.json:
-        print(json.dumps({"schema": 1, "rounds": res.rounds, "actions": [
-            {**o.action.record(), "result": o.result, "error": o.error}
-            for o in res.outcomes]}))
-    else:
-        for o in res.outcomes:
-            print(f"{o.result:8} {o.action.describe()}" + (f": {o.error}" if o.error else ""))
-        if not res.outcomes:
-            print("nothing to do: everything the policy names is as it says (or absent)")
-    return 1 if res.failed else 0
+    return emit(args, autoattach_ops.boot_pass(Sysfs(args.sysfs_root),
+                                               _policy_path(args.policy),
+                                               dry_run=args.dry_run))
 
 
 def register(sub: Any) -> None:

@@ -1,4 +1,4 @@
-"""Typed messages: what workers report back to the UI thread (all IO in workers, results as messages)."""
+"""Typed messages: what workers report back to the UI thread (all IO runs in workers)."""
 
 from __future__ import annotations
 

@@ -293,8 +293,8 @@ def test_reconcile_executes_and_journals(monkeypatch: pytest.MonkeyPatch) -> Non
     def fake_do(sysfs: Sysfs, view: View, a: autoattach.Action) -> None:
         calls.append(a.kind)
 
-    monkeypatch.setattr(autoattach, "_do", fake_do)
-    res = autoattach.reconcile(Sysfs(FX), pol(POLICY), [None], view_fn=lambda s: next(views))
+    res = autoattach.reconcile(Sysfs(FX), pol(POLICY), [None], act=fake_do,
+                               view_fn=lambda s: next(views))
     assert calls == ["attach", "mode", "tunable"] and res.rounds == 2
     lines = [json.loads(x) for x in Path(autoattach.actions_log()).read_text().splitlines()]
     assert [(r["kind"], r["result"]) for r in lines] == [

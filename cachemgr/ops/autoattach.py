@@ -1,0 +1,111 @@
+"""The autoattach commands: the boot pass (``cachemgr autoattach``) and the udev worker's
+pass over a batch of queued events. cachemgr/autoattach.py decides (event + snapshot +
+policy -> actions); the actions are carried out here, with the same locks as the cache
+commands (a drain, a replace-ssd run and autoattach never act on one device at once)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cachemgr import autoattach, bcache, policy, state
+from cachemgr.autoattach import Action, Attach, Format, Register, SetMode, SetTunable, View
+from cachemgr.errors import AlreadyError, CacheMgrError, require_root
+from cachemgr.model import CacheMode
+from cachemgr.ops.cache import _lock_backing, _lock_set
+from cachemgr.ops.control import Result
+from cachemgr.sysfs import Sysfs
+
+log = logging.getLogger("cachemgr.autoattach")
+
+
+def act(sysfs: Sysfs, view: View, a: Action) -> None:
+    """Carry out one decided action (AlreadyError: already so; UnsafeError: skipped)."""
+    if isinstance(a, Register):
+        bcache.register(sysfs, f"/dev/{a.device}")
+        return
+    if isinstance(a, Format):
+        bcache.make_bcache(cache=f"/dev/{a.device}", bucket=a.bucket)
+        with contextlib.suppress(AlreadyError):  # 69-bcache.rules may be first
+            bcache.register(sysfs, f"/dev/{a.device}")
+        return
+    # the view was read just before this round; each action of a round touches another
+    # file of the backing device, so its object from the view is current enough
+    bk = view.backing(a.device)
+    if bk is None:
+        raise CacheMgrError(f"/dev/{a.device} is no longer a registered backing device")
+    with _lock_backing(bk):
+        if isinstance(a, Attach):
+            cset = view.snapshot.cache_set(a.cset)
+            if cset is None:
+                raise CacheMgrError(f"cache set {a.cset} vanished")
+            with _lock_set(a.cset):
+                bcache.attach(sysfs, bk, cset)
+        elif isinstance(a, SetMode):
+            bcache.set_mode(sysfs, bk, CacheMode(a.mode))
+        elif isinstance(a, SetTunable):
+            bcache.set_tunable(sysfs, bk, a.name, a.value)
+
+
+@contextlib.contextmanager
+def _run_lock() -> Any:
+    """One pass at a time on a host (the boot pass and the udev worker, cachemgr/udev_cli.py,
+    share this lock); waits for the pass that is acting."""
+    d = state.state_dir() / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / "autoattach-run.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Result:
+    """Attach every device the policy names (boot-time assembly). A bad policy is a usage
+    error and nothing is done; root is required unless ``dry_run``."""
+    pol = policy.load(policy_path)  # PolicyError: exit 2, acts on nothing
+    if not dry_run:
+        require_root("autoattach")
+    with _run_lock():
+        res = autoattach.reconcile(sysfs, pol, [None], act=act, dry_run=dry_run)
+    lines = [f"{o.result:8} {o.action.describe()}" + (f": {o.error}" if o.error else "")
+             for o in res.outcomes]
+    if not res.outcomes:
+        lines = ["nothing to do: everything the policy names is as it says (or absent)"]
+    return Result(lines=lines, failed=bool(res.failed), value=res, data={
+        "schema": 1, "rounds": res.rounds, "actions": [
+            {**o.action.record(), "result": o.result, "error": o.error}
+            for o in res.outcomes]})
+
+
+def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]]) -> None:
+    """The udev worker's pass over one batch of queued events (the caller holds the run
+    lock). Every decision is logged and journaled; a bad policy is logged, never raised."""
+    events = [autoattach.Event.from_json(e) for e in batch]
+    t0 = time.time()
+    last = max((e.received for e in events), default=t0)
+    log.debug("batch of %d events: %s", len(events), ", ".join(e.describe() for e in events))
+    try:
+        pol = policy.load(policy_path)
+    except policy.PolicyError as exc:
+        if exc.problems and exc.problems[0].line == 0 and exc.problems[0].message == \
+                "no such file":
+            log.debug("no policy at %s: nothing to do", policy_path)
+            return
+        log.error("not acting on %d event(s): %s", len(events), exc.message)
+        autoattach.record({"kind": "policy-error", "error": exc.message,
+                           "events": len(events)})
+        return
+    res = autoattach.reconcile(sysfs, pol, events, act=act)
+    done = time.time()
+    autoattach.record({"kind": "pass", "events": len(events), "rounds": res.rounds,
+                       "changed": len(res.changed), "failed": len(res.failed),
+                       "seqnums": [e.seqnum for e in events][:50],
+                       "last_event": round(last, 3), "latency_s": round(done - last, 3),
+                       "pass_s": round(done - t0, 3)})
