@@ -1,9 +1,9 @@
 """TARGET resolution: what an admin has at hand -> the snapshot's object.
 
-Accepted (DESIGN.md): /dev/bcache0, a backing device (/dev/sdb, /dev/disk/by-id/..., any
-symlink to it), a bcache backing UUID, /dev/bcache/by-uuid/UUID, a cset UUID, the cache
-device of a set; for dm-cache: /dev/mapper/NAME, /dev/dm-N, the dm name, the dm UUID, or any
-link to the device. Errors name the target and say how to list valid ones.
+Accepted (every command's TARGET in docs/cli.md): /dev/bcache0, a backing device (/dev/sdb,
+/dev/disk/by-id/..., any symlink to it), a bcache backing UUID, /dev/bcache/by-uuid/UUID, a
+cset UUID, the cache device of a set; for dm-cache: /dev/mapper/NAME, /dev/dm-N, the dm name,
+the dm UUID, or any link to the device. Errors name the target and say how to list valid ones.
 """
 
 from __future__ import annotations
