@@ -62,6 +62,7 @@ from cachemgr.errors import (
     UsageError,
 )
 from cachemgr.model import BcacheBacking, CacheMode, CacheSet, Size, Snapshot
+from cachemgr.model import parse_size as _parse_size
 from cachemgr.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
@@ -88,16 +89,19 @@ class FioFormatError(CacheMgrError):
 # ----------------------------------------------------------------------------- sizes
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
-
-
 def parse_size(text: str) -> int:
-    """``4k`` / ``1M`` / ``256M`` / ``1G`` / ``4096`` -> bytes (binary units, as fio reads them)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"bad size {text!r}", hint="use a size like 4k, 64k, 256M or 1G")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    return int(float(m.group(1)) * mult)
+    """A job's size (``4k``, ``256M``, ``1G``, ``4096``) in bytes (model's one grammar)."""
+    return _parse_size(text, hint="use a size like 4k, 64k, 256M or 1G")
+
+
+def fio_size(text: str) -> str:
+    """The size for fio, in the largest binary unit that divides it (``4k``, ``1536M``):
+    fio reads "4KiB" as 4000 bytes (kb_base=1024), so the admin's text never goes to fio."""
+    n = parse_size(text)
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("k", 10)):
+        if n and not n % (1 << shift):
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -130,6 +134,8 @@ class JobSpec:
         parse_size(self.bs)
         if self.size is not None:
             parse_size(self.size)
+        if self.offset is not None:
+            parse_size(self.offset)
         if self.iodepth < 1 or self.numjobs < 1:
             raise UsageError("--iodepth and --jobs must be at least 1")
         if self.runtime <= 0 or self.ramp < 0:
@@ -180,7 +186,7 @@ class JobSpec:
         opts: list[tuple[str, str]] = [
             ("filename", filename),
             ("rw", self.rw),
-            ("bs", self.bs),
+            ("bs", fio_size(self.bs)),
             ("direct", "1"),
             ("ioengine", self.ioengine),
             ("iodepth", str(iodepth or self.iodepth)),
@@ -200,9 +206,9 @@ class JobSpec:
             opts.append(("rwmixread", str(self.rwmixread)))
             opts.append(("unified_rw_reporting", "both"))
         if self.size:
-            opts.append(("size", self.size))
+            opts.append(("size", fio_size(self.size)))
         if self.offset:
-            opts.append(("offset", self.offset))
+            opts.append(("offset", fio_size(self.offset)))
         if self.ramp and not ios:
             opts.append(("ramp_time", _secs(self.ramp)))
         if self.rate_iops:
@@ -399,7 +405,7 @@ def parse_fio(text: str) -> FioResult:
     """fio's ``--output-format=json`` output -> :class:`FioResult`.
 
     Accepts what fio prints before the JSON (``fio: ...`` notices on stdout, e.g. after a
-    SIGINT: docs/kernel-notes.md, "fio output"). Sample (fio 3.33, trimmed)::
+    SIGINT: FACTS.md). Sample (fio 3.33, trimmed)::
 
         {"fio version": "fio-3.33", "jobs": [{"jobname": "bare", "error": 0,
           "job_runtime": 5006, "write": {"total_ios": 494, "iops": 98.86, "bw": 395,
@@ -834,8 +840,8 @@ def fresh_cache(sysfs: Sysfs, backing_name: str, *, timeout: float = 600) -> lis
     """Rebuild the cache set of one backing device: detach (flushes), unregister, wipe and
     format the cache device again with the same bucket size, register, attach, same mode.
 
-    A reused cache gives false hits (docs/kernel-notes.md, "Benchmarking traps"). Refused
-    when the set serves other backing devices or flash volumes.
+    A reused cache gives false hits (FACTS.md). Refused when the set serves other backing
+    devices or flash volumes.
     """
     b = _backing(sysfs, backing_name)
     cset = _cache_set(sysfs, b)

@@ -71,6 +71,7 @@ from cachemgr.model import (
     Identity,
     human,
 )
+from cachemgr.model import parse_size as _parse_size
 from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
 
 log = logging.getLogger(__name__)
@@ -280,8 +281,7 @@ class DmsetupSource(Protocol):
 
 def _env() -> dict[str, str]:
     # Without udevd libdevmapper waits for udev to make /dev/mapper nodes (forever):
-    # DM_DISABLE_UDEV=1 makes it create them itself
-    # (docs/kernel-notes.md, "device-mapper without udev").
+    # DM_DISABLE_UDEV=1 makes it create them itself (FACTS.md).
     return {} if os.path.exists("/run/udev/control") else {"DM_DISABLE_UDEV": "1"}
 
 
@@ -975,11 +975,8 @@ def set_migration_threshold(sysfs: Sysfs, d: DmCacheDevice, sectors: int) -> Cha
 
 
 def parse_size(text: str) -> int:
-    """``64k``, ``512K``, ``1M``, ``1G``, ``65536`` (bytes) -> bytes; binary units."""
-    m = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
-    if not m:
-        raise UsageError(f"bad size {text!r}", hint="e.g. 64k, 256k, 1M")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+    """``64k``, ``512K``, ``1M``, ``65536`` (bytes) -> bytes: :func:`cachemgr.model.parse_size`."""
+    return _parse_size(text, hint="e.g. 64k, 256k, 1M")
 
 
 def default_block_bytes(cache_bytes: int) -> int:

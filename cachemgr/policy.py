@@ -2,8 +2,7 @@
 
 Which backing devices go with which cache, the mode and tunables each backing device gets,
 and whether a blank SSD that appears in a slot the policy names may be formatted. Devices are
-named by ids that survive reboots and hotplug (docs/kernel-notes.md, "Naming"), never by
-kernel names::
+named by ids that survive reboots and hotplug (FACTS.md "Naming"), never by kernel names::
 
     version = 1
 
@@ -36,6 +35,7 @@ policy is all-or-nothing: nothing acts on part of it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tomllib
@@ -48,6 +48,7 @@ from cachemgr.bcache import BACKING_TUNABLES, BCACHE_MODES
 from cachemgr.errors import UsageError
 from cachemgr.identity import looks_like_wwn, normalize_wwn
 from cachemgr.model import CacheMode
+from cachemgr.model import parse_size as _parse_size
 
 DEFAULT_PATH = "/etc/cachemgr/cachemgr.toml"
 ENV_PATH = "CACHEMGR_POLICY"
@@ -58,7 +59,6 @@ BY_ID = "/dev/disk/by-id/"
 BY_PATH = "/dev/disk/by-path/"
 BCACHE_BY_UUID = "/dev/bcache/by-uuid/"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # TOML bare keys: no quoting needed
-_SIZE = re.compile(r"^(\d+)\s*([kKmMgGtT]?)(?:i?[bB])?$")
 
 
 def default_path() -> str:
@@ -333,7 +333,8 @@ _TOP_KEYS = {"version", "defaults", "cache", "backing"}
 
 
 def parse_size(value: object) -> int:
-    """A byte count: an int, or a string with a binary unit (``4M``, ``512k``, ``1GiB``)."""
+    """A byte count: a TOML integer, or a string in :func:`cachemgr.model.parse_size`'s
+    grammar (``4M``, ``512k``, ``1GiB``)."""
     if isinstance(value, bool):
         raise ValueError("a size, not true/false")
     if isinstance(value, int):
@@ -341,10 +342,8 @@ def parse_size(value: object) -> int:
             raise ValueError("a size cannot be negative")
         return value
     if isinstance(value, str):
-        m = _SIZE.match(value.strip())
-        if m:
-            mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-            return int(m.group(1)) * mult[m.group(2).lower()]
+        with contextlib.suppress(UsageError):
+            return _parse_size(value)
     raise ValueError(f"{value!r} is not a size (bytes, or a number with k/M/G: '4M')")
 
 

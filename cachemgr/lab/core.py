@@ -30,6 +30,7 @@ from typing import BinaryIO
 
 from cachemgr.errors import LabError, UsageError
 from cachemgr.lab import kernels
+from cachemgr.model import parse_size as _parse_size
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,11 @@ PASS_ENV = re.compile(
     r"^(PATH|TERM|LANG|LC_[A-Z]+|TZ|COLUMNS|LINES|PYTHON[A-Z_]*|PYTEST_[A-Z_]*|HYPOTHESIS_[A-Z_]*"
     r"|CACHEMGR_[A-Z_]*|VIRTUAL_ENV|CI|NO_COLOR|FORCE_COLOR|TEXTUAL_[A-Z_]*)$"
 )
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """``1G`` / ``256M`` / ``512k`` / ``4096`` -> bytes (binary units, like truncate(1))."""
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"bad disk size {text!r}", hint="use a size like 1G, 256M or 512K")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    size = int(float(m.group(1)) * mult)
+    """A lab disk's size (``1G``, ``256M``, ``512k``): :func:`cachemgr.model.parse_size`."""
+    size = _parse_size(text, hint="use a disk size like 1G, 256M or 512K")
     if size < 1 << 20:
         raise UsageError(f"disk size {text!r} is below 1 MiB")
     return size

@@ -294,8 +294,9 @@ def test_lvm_name(dm: str, vg_lv: str) -> None:
 def test_sizes() -> None:
     assert dmcache.parse_size("64k") == 65536 and dmcache.parse_size("1M") == 1 << 20
     assert dmcache.parse_size("32KiB") == 32768
+    assert dmcache.parse_size("1.5M") == 3 << 19  # a multiple of 32 KiB: a valid block size
     with pytest.raises(UsageError):
-        dmcache.parse_size("1.5M")
+        dmcache.parse_size("0.1k")  # not a whole number of bytes
     assert dmcache.default_block_bytes(128 << 20) == 64 << 10
     # 1 TiB / 64 KiB = 16 M blocks: doubled until at most a million
     assert dmcache.default_block_bytes(1 << 40) == 2 << 20
