@@ -405,7 +405,7 @@ def parse_fio(text: str) -> FioResult:
     """fio's ``--output-format=json`` output -> :class:`FioResult`.
 
     Accepts what fio prints before the JSON (``fio: ...`` notices on stdout, e.g. after a
-    SIGINT: FACTS.md). Sample (fio 3.33, trimmed)::
+    SIGINT: docs/kernel-notes.md, "fio output"). Sample (fio 3.33, trimmed)::
 
         {"fio version": "fio-3.33", "jobs": [{"jobname": "bare", "error": 0,
           "job_runtime": 5006, "write": {"total_ios": 494, "iops": 98.86, "bw": 395,
@@ -840,8 +840,8 @@ def fresh_cache(sysfs: Sysfs, backing_name: str, *, timeout: float = 600) -> lis
     """Rebuild the cache set of one backing device: detach (flushes), unregister, wipe and
     format the cache device again with the same bucket size, register, attach, same mode.
 
-    A reused cache gives false hits (FACTS.md). Refused when the set serves other backing
-    devices or flash volumes.
+    A reused cache gives false hits (docs/kernel-notes.md, "Benchmarking traps"). Refused
+    when the set serves other backing devices or flash volumes.
     """
     b = _backing(sysfs, backing_name)
     cset = _cache_set(sysfs, b)

@@ -281,7 +281,8 @@ class DmsetupSource(Protocol):
 
 def _env() -> dict[str, str]:
     # Without udevd libdevmapper waits for udev to make /dev/mapper nodes (forever):
-    # DM_DISABLE_UDEV=1 makes it create them itself (FACTS.md).
+    # DM_DISABLE_UDEV=1 makes it create them itself
+    # (docs/kernel-notes.md, "device-mapper without udev").
     return {} if os.path.exists("/run/udev/control") else {"DM_DISABLE_UDEV": "1"}
 
 

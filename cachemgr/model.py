@@ -313,6 +313,16 @@ class BcacheBacking:
     def key(self) -> str:
         return self.uuid or self.identity.name
 
+    @property
+    def dirty_bytes(self) -> int | None:
+        """Dirty bytes, or None when unknown: a device whose cache set is missing reads
+        ``dirty_data`` 0 while its state says dirty (the dirty data is on the missing SSD)."""
+        if self.dirty is None:
+            return None
+        if self.state == CacheState.DIRTY and self.cset_uuid is None and self.dirty.is_zero(512):
+            return None
+        return self.dirty.bytes
+
 
 @dataclass(frozen=True)
 class BcacheCache:
@@ -345,7 +355,8 @@ class CacheSet:
     io_error_halflife: int | None
     block_size: Size | None
     bucket_size: Size | None
-    dirty: Size | None  # cache-set dirty_data: only updated at GC (FACTS.md)
+    # the cache set's dirty_data: only updated at GC (docs/kernel-notes.md, "Cache-set files")
+    dirty: Size | None
     stats: dict[str, Stats] = field(default_factory=dict)
 
 
@@ -550,3 +561,25 @@ class DmCacheDevice:
     @property
     def block_bytes(self) -> int:
         return self.table.block_sectors * 512
+
+
+@dataclass(frozen=True)
+class DrainProgress:
+    """One progress report of a wait for clean: a bcache ``drain`` or ``detach``, a dm-cache
+    ``flush`` (``action``). Every face shows all three from these fields."""
+
+    action: str  # "drain", "flush", "detach"
+    device: str
+    dirty_bytes: int | None  # None: unknown (never 0 then)
+    start_bytes: int | None
+    rate_bps: float | None  # bytes per second: bcache smoothed, dm-cache mean since start
+    eta_s: float | None
+    elapsed_s: float
+    state: CacheState
+    dirty_blocks: int | None = None  # dm-cache's #dirty
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.start_bytes or self.dirty_bytes is None:
+            return None
+        return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))

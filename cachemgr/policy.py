@@ -2,7 +2,8 @@
 
 Which backing devices go with which cache, the mode and tunables each backing device gets,
 and whether a blank SSD that appears in a slot the policy names may be formatted. Devices are
-named by ids that survive reboots and hotplug (FACTS.md "Naming"), never by kernel names::
+named by ids that survive reboots and hotplug (docs/kernel-notes.md, "Naming"), never by
+kernel names::
 
     version = 1
 
