@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cachemgr import runner
+from cachemgr import drainloop, runner
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
@@ -33,6 +33,7 @@ from cachemgr.model import (
     CacheMode,
     CacheSet,
     CacheState,
+    DrainProgress,
     Identity,
     Size,
     Stats,
@@ -402,7 +403,7 @@ class AcceptDataLoss(enum.Enum):
     I_ACCEPT_DATA_LOSS = "I accept data loss"
 
 
-Progress = Callable[[str, "BcacheBacking"], None]
+Progress = Callable[[DrainProgress], None]
 
 # Tunables settable per backing device and per cache set: name -> (validator, help).
 # Values are written as the kernel reads them; the kernel clamps some silently
@@ -504,7 +505,8 @@ def attach(sysfs: Sysfs, backing: BcacheBacking, cset: CacheSet) -> Change:
 def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
            progress: Progress | None = None, interval: float = 0.5) -> Change:
     """Detach from the cache set. bcache writes all dirty data back first (unthrottled),
-    then the state reads ``no cache``; this waits for that, with progress and a timeout.
+    then the state reads ``no cache``; this waits for that, with progress (the dirty data
+    of each reading, rate and ETA; ``action`` "detach") and a timeout.
     """
     if backing.cset_uuid is None and backing.state in (CacheState.NO_CACHE, CacheState.CLEAN):
         raise AlreadyError(f"{_dev(backing)} is not attached to a cache set")
@@ -512,12 +514,13 @@ def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
     rel = backing_rel(sysfs, name)
     sysfs.write(f"{rel}/detach", "1")
     deadline = time.monotonic() + timeout
+    meter = drainloop.Meter("detach", _dev(backing), time.monotonic())
     while True:
         cur = reread(sysfs, name)
         if cur.state == CacheState.NO_CACHE:
             return Change(_dev(backing), "detach", backing.cset_uuid, None)
         if progress:
-            progress("detach", cur)
+            progress(meter.update(time.monotonic(), cur.dirty_bytes, cur.state))
         if time.monotonic() >= deadline:
             raise TimeoutExpired(
                 f"{_dev(backing)}: still {cur.state} with {cur.dirty} dirty after "

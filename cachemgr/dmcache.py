@@ -50,13 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cachemgr import runner, state
+from cachemgr import drainloop, runner, state
 from cachemgr.bcache import Change, block_dirs, identity, in_use
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
     CommandError,
     KernelFormatError,
+    StallError,
     TimeoutExpired,
     UnsafeError,
     UsageError,
@@ -68,6 +69,7 @@ from cachemgr.model import (
     DmCacheDevice,
     DmCacheStatus,
     DmCacheTable,
+    DrainProgress,
     Identity,
     human,
 )
@@ -604,30 +606,6 @@ def _with_threshold(t: DmCacheTable, threshold: int | None) -> DmCacheTable:
 # flush
 
 
-class StallError(CacheMgrError):
-    """Dirty blocks stopped going down; the table was restored, the data is safe."""
-
-
-@dataclass(frozen=True)
-class FlushProgress:
-    """Same fields as drain.DrainProgress, so one reporter shows both."""
-
-    device: str
-    dirty_bytes: int | None
-    start_bytes: int | None
-    rate_bps: float | None  # average since the start: the cleaner works in bursts
-    eta_s: float | None
-    elapsed_s: float
-    state: CacheState
-    dirty_blocks: int | None = None
-
-    @property
-    def fraction(self) -> float | None:
-        if not self.start_bytes or self.dirty_bytes is None:
-            return None
-        return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))
-
-
 @dataclass
 class FlushResult:
     device: str
@@ -696,7 +674,7 @@ def _term_as_interrupt() -> Iterator[None]:
 
 def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
           stall_timeout: float = 60.0, confirm: float = 1.0, interval: float = 0.5,
-          progress: Callable[[FlushProgress], None] | None = None,
+          progress: Callable[[DrainProgress], None] | None = None,
           final_mode: CacheMode | None = None) -> FlushResult:
     """Write every dirty block back to the origin, then put the table back.
 
@@ -731,7 +709,7 @@ def _recover(sysfs: Sysfs, d: DmCacheDevice) -> DmCacheDevice:
 
 def _flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: bool,
                   timeout: float, stall_timeout: float, confirm: float, interval: float,
-                  progress: Callable[[FlushProgress], None] | None) -> FlushResult:
+                  progress: Callable[[DrainProgress], None] | None) -> FlushResult:
     assert d.status is not None
     original = d.table
     live_line = original.line()
@@ -786,49 +764,36 @@ def _flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean:
 
 
 def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confirm: float,
-                interval: float, progress: Callable[[FlushProgress], None] | None,
+                interval: float, progress: Callable[[DrainProgress], None] | None,
                 t0: float) -> int:
     """Poll ``#dirty`` to 0 (twice, ``confirm`` s apart); returns the starting dirty bytes."""
-    start: int | None = None
-    best: int | None = None
-    best_at = time.monotonic()
-    clean_since: float | None = None
-    while True:
-        now = time.monotonic()
+
+    def sample() -> drainloop.Sample[DmCacheStatus]:
         st = read_status(d.name)
         if isinstance(st, str):
             raise CacheMgrError(f"{d.node}: the cache failed ({st}) while flushing; see dmesg",
                                 hint="keep the cache device: the dirty blocks are on it")
-        dirty = st.dirty_bytes
-        if start is None:
-            start = dirty
-        if best is None or dirty < best:
-            best, best_at = dirty, now
-        elapsed = now - t0
-        rate = (start - dirty) / elapsed if elapsed > 0 and start > dirty else None
-        eta = dirty / rate if rate else None
-        if progress:
-            progress(FlushProgress(d.node, dirty, start, rate, eta, elapsed,
-                                   CacheState.DIRTY if st.dirty else CacheState.CLEAN,
-                                   st.dirty))
-        if st.dirty == 0:
-            if clean_since is None:
-                clean_since = now
-            elif now - clean_since >= confirm:
-                return start
-        else:
-            clean_since = None
-        if now - best_at > stall_timeout:
-            raise StallError(
-                f"{d.node}: no progress for {stall_timeout:g} s ({st.dirty} dirty blocks, "
-                f"{human(dirty)}); the original table is put back, the dirty data stays "
-                "safe in the cache",
-                hint="check the origin device for errors (dmesg); a longer --stall-timeout "
-                     "gives the cleaner more writeback periods")
-        if now - t0 > timeout:
-            raise TimeoutExpired(f"{d.node}: still {st.dirty} dirty blocks after {timeout:g} s "
-                                 "of flushing; the original table is put back")
-        time.sleep(interval)
+        return drainloop.Sample(st, st.dirty_bytes,
+                                CacheState.DIRTY if st.dirty else CacheState.CLEAN,
+                                st.dirty == 0, st.dirty)
+
+    def stalled(st: DmCacheStatus, progressed: bool) -> StallError:
+        return StallError(
+            f"{d.node}: no progress for {stall_timeout:g} s ({st.dirty} dirty blocks, "
+            f"{human(st.dirty_bytes)}); the original table is put back, the dirty data stays "
+            "safe in the cache",
+            hint="check the origin device for errors (dmesg); a longer --stall-timeout "
+                 "gives the cleaner more writeback periods")
+
+    def timed_out(st: DmCacheStatus) -> TimeoutExpired:
+        return TimeoutExpired(f"{d.node}: still {st.dirty} dirty blocks after {timeout:g} s "
+                              "of flushing; the original table is put back")
+
+    r = drainloop.wait_clean(sample, action="flush", device=d.node, timeout=timeout,
+                             stall_timeout=stall_timeout, confirm=confirm, interval=interval,
+                             progress=progress, stall_error=stalled, timeout_error=timed_out,
+                             rate="mean", t0=t0)
+    return r.start_bytes or 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -909,7 +874,7 @@ def in_use_reason(d: DmCacheDevice) -> str | None:
 
 def remove(sysfs: Sysfs, d: DmCacheDevice, *, keep_device: bool = False,
            timeout: float = 24 * 3600, stall_timeout: float = 60.0, confirm: float = 1.0,
-           progress: Callable[[FlushProgress], None] | None = None) -> list[Change]:
+           progress: Callable[[DrainProgress], None] | None = None) -> list[Change]:
     """Safe decommission: flush, then replace the table by a ``linear`` mapping of the
     origin (checked clean while suspended), then ``dmsetup remove``. The origin then holds
     every byte written. Refused while the device is in use unless ``keep_device`` (the

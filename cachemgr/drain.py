@@ -25,36 +25,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachemgr import bcache, state
-from cachemgr.errors import AlreadyError, CacheMgrError, TimeoutExpired
-from cachemgr.model import BcacheBacking, CacheState
+from cachemgr import bcache, drainloop, state
+from cachemgr.errors import AlreadyError, CacheMgrError, StallError, TimeoutExpired
+from cachemgr.model import BcacheBacking, CacheState, DrainProgress
 from cachemgr.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
 
 # What the drain changes, and the values it uses.
 DRAIN_SETTINGS = {"writeback_percent": 0, "writeback_delay": 1, "writeback_running": 1}
-
-
-class StallError(CacheMgrError):
-    """Dirty data stopped going down; the report says what the device looked like."""
-
-
-@dataclass(frozen=True)
-class DrainProgress:
-    device: str
-    dirty_bytes: int | None
-    start_bytes: int | None
-    rate_bps: float | None  # bytes per second, smoothed
-    eta_s: float | None
-    elapsed_s: float
-    state: CacheState
-
-    @property
-    def fraction(self) -> float | None:
-        if not self.start_bytes or self.dirty_bytes is None:
-            return None
-        return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))
 
 
 @dataclass
@@ -208,50 +187,37 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
             b = _reread(sysfs, b)
     except DeviceGone:
         raise _gone(b, dev, cset) from None
-    t0 = time.monotonic()
-    start = b.dirty.bytes if b.dirty else None
-    best = start
-    best_at = t0
-    last: tuple[float, int] | None = None
-    rate: float | None = None
-    clean_since: float | None = None
-    zero_at: float | None = None
-    while True:
-        now = time.monotonic()
+
+    def sample() -> drainloop.Sample[BcacheBacking]:
+        nonlocal b
         try:
             b = _reread(sysfs, b)
         except DeviceGone:
             raise _gone(b, dev, cset) from None
-        dirty = b.dirty.bytes if b.dirty else None
-        if dirty is not None:
-            if last is not None and now > last[0]:
-                inst = max(0.0, (last[1] - dirty) / (now - last[0]))
-                rate = inst if rate is None else 0.7 * rate + 0.3 * inst
-            last = (now, dirty)
-            if best is None or dirty < best:
-                best, best_at = dirty, now
-        eta = dirty / rate if rate and dirty is not None and rate > 0 else None
-        if progress:
-            progress(DrainProgress(dev, dirty, start, rate, eta, now - t0, b.state))
-        if is_clean(b):
-            if clean_since is None:
-                clean_since = now
-            elif now - clean_since >= confirm:
-                return DrainResult(dev, start, now - t0, original, zero_at)
-        else:
-            clean_since = None
-        if zero_at is None and dirty == 0:
-            zero_at = now - t0
+        return _sample(b)
+
+    def check(b: BcacheBacking) -> None:
         if b.io_errors:
             raise StallError(f"{dev}: the backing device reports {b.io_errors} IO errors while "
                              f"draining; {b.dirty} still dirty, kept safe in the cache",
                              hint="fix the backing device; the dirty data stays in the cache")
-        if now - best_at > stall_timeout:
-            raise StallError(
-                f"{dev}: no progress for {stall_timeout:g} s (dirty {b.dirty}, state "
-                f"{b.state}, writeback rate {b.writeback_rate}); the dirty data stays safe in "
-                "the cache",
-                hint=stall_hint(original, stall_timeout, progressed=best_at > t0))
-        if now - t0 > timeout:
-            raise TimeoutExpired(f"{dev}: still {b.dirty} dirty after {timeout:g} s of draining")
-        time.sleep(interval)
+
+    def stalled(b: BcacheBacking, progressed: bool) -> StallError:
+        return StallError(
+            f"{dev}: no progress for {stall_timeout:g} s (dirty {b.dirty}, state "
+            f"{b.state}, writeback rate {b.writeback_rate}); the dirty data stays safe in "
+            "the cache",
+            hint=stall_hint(original, stall_timeout, progressed=progressed))
+
+    def timed_out(b: BcacheBacking) -> TimeoutExpired:
+        return TimeoutExpired(f"{dev}: still {b.dirty} dirty after {timeout:g} s of draining")
+
+    r = drainloop.wait_clean(sample, action="drain", device=dev, timeout=timeout,
+                             stall_timeout=stall_timeout, confirm=confirm, interval=interval,
+                             progress=progress, stall_error=stalled, timeout_error=timed_out,
+                             check=check, rate="ewma", first=_sample(b))
+    return DrainResult(dev, r.start_bytes, r.elapsed_s, original, r.zero_s)
+
+
+def _sample(b: BcacheBacking) -> drainloop.Sample[BcacheBacking]:
+    return drainloop.Sample(b, b.dirty.bytes if b.dirty else None, b.state, is_clean(b))

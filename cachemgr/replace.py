@@ -40,7 +40,15 @@ from cachemgr.errors import (
     UnsafeError,
     UsageError,
 )
-from cachemgr.model import BcacheBacking, CacheMode, CacheSet, CacheState, Size, Snapshot
+from cachemgr.model import (
+    BcacheBacking,
+    CacheMode,
+    CacheSet,
+    CacheState,
+    DrainProgress,
+    Size,
+    Snapshot,
+)
 from cachemgr.sysfs import Sysfs
 from cachemgr.targets import resolve_cache_set
 
@@ -313,7 +321,7 @@ def s_drain(c: Ctx) -> None:
     def one(e: dict[str, Any], b: BcacheBacking) -> None:
         last = [0.0]
 
-        def prog(p: drain.DrainProgress) -> None:
+        def prog(p: DrainProgress) -> None:
             if stop.is_set():
                 raise _Stopped
             if time.monotonic() - last[0] >= 2:

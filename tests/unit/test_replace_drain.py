@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from cachemgr import drain, replace, snapshot
-from cachemgr.errors import CacheMgrError
-from cachemgr.model import BcacheBacking, CacheState
+from cachemgr.errors import CacheMgrError, StallError
+from cachemgr.model import BcacheBacking, CacheState, DrainProgress
 from cachemgr.sysfs import Sysfs
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "scsi-ssd-in-use-uml" / "sys"
@@ -40,8 +40,8 @@ def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return c, said
 
 
-def report(b: BcacheBacking) -> drain.DrainProgress:
-    return drain.DrainProgress(str(b.uuid), 4096, 8192, None, None, 0.0, CacheState.DIRTY)
+def report(b: BcacheBacking) -> DrainProgress:
+    return DrainProgress("drain", str(b.uuid), 4096, 8192, None, None, 0.0, CacheState.DIRTY)
 
 
 def endless(stopped: list[str]) -> Any:
@@ -85,11 +85,11 @@ def test_a_failed_drain_stops_the_other_and_fails_the_step(
     def fake(sysfs: Sysfs, b: BcacheBacking, *, progress: Any, **kw: Any) -> drain.DrainResult:
         if b.uuid == c.j.backings[1]["uuid"]:
             time.sleep(0.05)
-            raise drain.StallError("no progress")
+            raise StallError("no progress")
         return long(sysfs, b, progress=progress, **kw)
 
     monkeypatch.setattr(replace.drain, "drain", fake)
-    with pytest.raises(drain.StallError):
+    with pytest.raises(StallError):
         replace.s_drain(c)
     assert stopped == [c.j.backings[0]["uuid"]]
 
