@@ -1,9 +1,9 @@
 """Fast drain: get a bcache device to zero dirty data as fast as its backing device allows.
 
-The trap (FACTS.md, writeback.c): writeback is paced by a PI controller aiming at
-``writeback_percent`` of the cache being dirty; below that target the rate falls to
-``writeback_rate_minimum`` (8 sectors/s = 4 KiB/s), a gigabyte takes ~73 hours, and switching
-``cache_mode`` to none changes nothing about it. Writeback is unthrottled when
+The trap (docs/kernel-notes.md, "The drain trap"; writeback.c): writeback is paced by a PI
+controller aiming at ``writeback_percent`` of the cache being dirty; below that target the
+rate falls to ``writeback_rate_minimum`` (8 sectors/s = 4 KiB/s), a gigabyte takes ~73 hours,
+and switching ``cache_mode`` to none changes nothing about it. Writeback is unthrottled when
 ``writeback_percent`` is 0, and ``writeback_delay`` is the sleep after each full pass. So the
 drain sets ``writeback_percent=0``, ``writeback_delay=1`` and ``writeback_running=1``, watches
 progress (dirty bytes, rate, ETA), detects stalls, and restores every tunable it changed: at

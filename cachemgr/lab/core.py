@@ -103,7 +103,11 @@ class LabResult:
 
 
 def runs_dir() -> Path:
-    return Path(os.environ.get("CACHEMGR_LAB_RUNS", "/var/tmp/cachemgr-lab"))
+    """Where runs keep their disks and logs; created on first use (the pytest plugin makes
+    its result directories here before the first guest boots)."""
+    d = Path(os.environ.get("CACHEMGR_LAB_RUNS", "/var/tmp/cachemgr-lab"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def _guest_env(spec: LabSpec) -> dict[str, str]:
