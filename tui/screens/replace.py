@@ -108,7 +108,8 @@ class ReplaceScreen(Screen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="replace-plan")
     def make_plan(self, opts: replace.Options, then_start: bool) -> None:
         try:
-            j = replace.plan(self.app.sysfs, self.cset, opts)
+            app: Any = self.app
+            j = replace.plan(app.sysfs, self.cset, opts)
         except CacheMgrError as exc:
             self.app.call_from_thread(self.plan_failed, str(exc))
             return
