@@ -5,7 +5,9 @@ plots. Job options are parsed by the faces (CLI flags, the TUI's form) into a
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from cachemgr import bench
 from cachemgr.ops.control import Control, Result
@@ -48,3 +50,17 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
     res.lines = [bench.table(doc), *(f"saved: {p}" for p in doc.get("saved", []))]
     res.failed = any(r.get("error") or r.get("total_err") for r in doc["runs"])
     return res
+
+
+def table(doc: Mapping[str, Any]) -> str:
+    """The comparison table of a result document, as ``bench compare`` prints it."""
+    return bench.table(doc)
+
+
+def latest(out: str | None = None) -> tuple[dict[str, Any], Path] | None:
+    """The newest saved result under the results directory, or None."""
+    d = Path(results_dir(out))
+    files = sorted(d.glob("**/*.json"), key=lambda p: p.stat().st_mtime) if d.is_dir() else []
+    if not files:
+        return None
+    return bench.load(files[-1]), files[-1]

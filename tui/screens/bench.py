@@ -1,11 +1,10 @@
-"""Benchmark a device or compare modes (cachemgr/bench.py, fio), with progress and charts:
+"""Benchmark a device or compare modes (cachemgr/ops/bench.py, fio), with progress and charts:
 IOPS bars and latency percentiles in the terminal; PNG/SVG plots (cachemgr/plot.py) saved
 next to the result JSON."""
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -61,9 +60,9 @@ def latency_chart(doc: Mapping[str, Any]) -> Text:
 
 
 def result_view(doc: Mapping[str, Any], saved: list[str]) -> RenderableType:
-    from cachemgr import bench
+    from cachemgr.ops import bench as bench_ops
 
-    parts: list[RenderableType] = [Text(bench.table(doc)), Text(""), iops_bars(doc),
+    parts: list[RenderableType] = [Text(bench_ops.table(doc)), Text(""), iops_bars(doc),
                                    latency_chart(doc)]
     if saved:
         parts.append(Text("saved: " + "\n       ".join(saved), style="dim"))
@@ -146,7 +145,7 @@ class BenchScreen(Screen[None]):
 
     def action_run(self) -> None:
         try:
-            import cachemgr.bench  # noqa: F401
+            import cachemgr.ops.bench  # noqa: F401
         except ImportError as exc:
             self.query_one("#result", Static).update(f"the bench module is not available: {exc}")
             return
@@ -170,16 +169,12 @@ class BenchScreen(Screen[None]):
         app.start_op(f"bench {values['targets']}", fn, on_done=done)
 
     def action_load(self) -> None:
-        """Show the newest saved result (bench.load), e.g. one run from the CLI."""
-        from pathlib import Path
+        """Show the newest saved result, e.g. one run from the CLI."""
+        from cachemgr.ops import bench as bench_ops
 
-        from cachemgr import bench
-
-        d = Path(os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR)
-        files = sorted(d.glob("**/*.json"), key=lambda p: p.stat().st_mtime) if d.is_dir() \
-            else []
-        if not files:
-            self.notify(f"no saved result under {d}")
+        found = bench_ops.latest()
+        if found is None:
+            self.notify(f"no saved result under {bench_ops.results_dir()}")
             return
-        self.doc = bench.load(files[-1])
-        self.query_one("#result", Static).update(result_view(self.doc, [str(files[-1])]))
+        self.doc, path = found
+        self.query_one("#result", Static).update(result_view(self.doc, [str(path)]))
