@@ -234,7 +234,7 @@ def take_view(sysfs: Sysfs, *, udev: identity.UdevArg = identity.AUTO,
     snap = Snapshot(kernel=None, bcache_loaded=scan.loaded, cache_sets=scan.cache_sets,
                     backings=scan.backings, warnings=scan.warnings)
     dirs = bcache.block_dirs(sysfs)
-    live = identity.is_live(sysfs)
+    live = sysfs.live
     prober = identity.probe_superblock if probe is identity.AUTO and live else (
         None if probe is identity.AUTO else probe)
     show = super_show or (bcache_super.super_show if live else None)

@@ -62,7 +62,7 @@ def super_show(node: str) -> dict[str, str] | None:
 
 def scan_unregistered(sysfs: Sysfs) -> tuple[UnregisteredBcache, ...]:
     """Block devices with a bcache superblock that bcache has not registered (live only)."""
-    if not identity.is_live(sysfs):
+    if not sysfs.live:
         return ()
     found = []
     for name, rel in sorted(bcache.block_dirs(sysfs).items()):

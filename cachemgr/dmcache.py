@@ -74,7 +74,7 @@ from cachemgr.model import (
     human,
 )
 from cachemgr.model import parse_size as _parse_size
-from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
+from cachemgr.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
 
@@ -314,16 +314,9 @@ class CapturedDmsetup:
         return text
 
 
-def _is_live(sysfs: Sysfs) -> bool:
-    try:
-        return sysfs.root.resolve() == Path(DEFAULT_ROOT).resolve()
-    except OSError:
-        return False
-
-
 def default_source(sysfs: Sysfs) -> DmsetupSource:
     """dmsetup itself on the live system; the capture's files beside a captured tree."""
-    return LiveDmsetup() if _is_live(sysfs) else CapturedDmsetup(sysfs.root.parent)
+    return LiveDmsetup() if sysfs.live else CapturedDmsetup(sysfs.root.parent)
 
 
 # ---------------------------------------------------------------------------------------

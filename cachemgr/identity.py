@@ -45,13 +45,12 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Literal
 
 from cachemgr import bcache
 from cachemgr.errors import KernelFormatError, UsageError
 from cachemgr.model import Identity
-from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
+from cachemgr.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
 
@@ -488,23 +487,15 @@ UdevArg = UdevLookup | Literal[Auto.AUTO] | None
 ProbeArg = Prober | Literal[Auto.AUTO] | None
 
 
-def is_live(sysfs: Sysfs) -> bool:
-    """True when ``sysfs`` is this machine's own sysfs (not a capture)."""
-    try:
-        return sysfs.root.resolve() == Path(DEFAULT_ROOT).resolve()
-    except OSError:
-        return False
-
-
 def _udev_lookup(sysfs: Sysfs, udev: UdevArg) -> UdevLookup | None:
     if udev is AUTO:
-        return udev_info if is_live(sysfs) else None
+        return udev_info if sysfs.live else None
     return udev
 
 
 def _prober(sysfs: Sysfs, probe: ProbeArg) -> Prober | None:
     if probe is AUTO:
-        return probe_superblock if is_live(sysfs) else None
+        return probe_superblock if sysfs.live else None
     return probe
 
 

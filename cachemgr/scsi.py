@@ -44,7 +44,7 @@ from cachemgr.errors import (
     UnsafeError,
     UsageError,
 )
-from cachemgr.identity import AUTO, Auto, is_live, kernel_identity, looks_like_wwn, normalize_wwn
+from cachemgr.identity import AUTO, Auto, kernel_identity, looks_like_wwn, normalize_wwn
 from cachemgr.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
@@ -322,7 +322,7 @@ def in_use(sysfs: Sysfs, name: str, *, mountinfo: ProcText = AUTO,
     AUTO reads them on the live system and skips them on a capture, None skips them.
     """
     _whole_disk(sysfs, name)
-    live = is_live(sysfs)
+    live = sysfs.live
     if mountinfo is AUTO:
         mountinfo = _read_proc(PROC_MOUNTINFO) if live else None
     if swaps is AUTO:
@@ -485,7 +485,7 @@ def wait_for_disk(sysfs: Sysfs, match: str | Hctl, timeout: float, *, interval: 
     ``timeout`` seconds, naming what is there instead.
     """
     want = DiskMatch.parse(match)
-    live = is_live(sysfs)
+    live = sysfs.live
     start = time.monotonic()
     while True:
         present = disks(sysfs)
@@ -533,7 +533,7 @@ def load_scsi_debug(sysfs: Sysfs, *, timeout: float = 30.0,
         nonlocal found
         mine = set(scsi_debug_hosts(sysfs))
         found = tuple(d for d in disks(sysfs) if d.host in mine and d.size_bytes
-                      and (not is_live(sysfs) or _node_ready(d.node)))
+                      and (not sysfs.live or _node_ready(d.node)))
         return len(found) >= expected
 
     if not _poll(ready, timeout, 0.1):

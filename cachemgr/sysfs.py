@@ -36,8 +36,12 @@ class Sysfs:
 
     @property
     def live(self) -> bool:
-        """The running kernel's /sys (not a capture): /dev nodes then match its devices."""
-        return self.root == Path(DEFAULT_ROOT)
+        """The running kernel's /sys (not a capture): /dev nodes, udev and libblkid then
+        describe its devices. The one "is this the live /sys" check."""
+        try:
+            return self.root.resolve() == Path(DEFAULT_ROOT).resolve()
+        except OSError:
+            return False
 
     def path(self, rel: str) -> Path:
         rel = rel.lstrip("/")

@@ -57,3 +57,10 @@ def test_no_module_names_sys_itself() -> None:
             if '"/sys/' in code or "'/sys/" in code or '"/sys"' in code:
                 offenders.append(f"{f.name}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_live_is_the_one_check(tmp_path: Path) -> None:
+    """Sysfs.live: the running kernel's /sys however it is spelled; never a capture."""
+    (tmp_path / "link").symlink_to("/sys")
+    assert Sysfs().live and Sysfs("/sys/").live and Sysfs(tmp_path / "link").live
+    assert not Sysfs(tmp_path).live and not Sysfs(tmp_path / "missing").live
