@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cachemgr import drainloop, runner
+from cachemgr import drainloop, runner, signatures
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
@@ -370,11 +370,10 @@ def make_bcache(
         raise UsageError("make-bcache needs a backing or a cache device")
     if not force:
         for dev in devices:
-            sig = runner.run(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", dev],
-                             check=False, timeout=30)
-            if sig.returncode == 0 and sig.stdout.strip():
+            sig = signatures.first(dev)
+            if sig is not None:
                 raise UnsafeError(
-                    f"{dev} holds a {sig.stdout.split()[0]} signature; refusing to format it",
+                    f"{dev} holds a {sig} signature; refusing to format it",
                     hint="check it is the right disk; wipe it deliberately (wipefs -a) first",
                 )
     argv = ["make-bcache"]

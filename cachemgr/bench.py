@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cachemgr import bcache, che, runner, snapshot
+from cachemgr import bcache, che, runner, signatures, snapshot
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
@@ -616,10 +616,9 @@ def write_refusal(sysfs: Sysfs, target: Target, snap: Snapshot) -> tuple[str, bo
     with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
         if any(line.split()[0] in (target.device, f"/dev/{name}") for line in f if line):
             return f"{target.device} is mounted", True
-    sig = runner.run(["wipefs", "--no-act", "--noheadings", "--output", "TYPE",
-                      target.device], check=False, timeout=30)
-    if sig.returncode == 0 and sig.stdout.strip():
-        return f"{target.device} holds a {sig.stdout.split()[0]} signature (data)", True
+    sig = signatures.first(target.device)
+    if sig is not None:
+        return f"{target.device} holds a {sig} signature (data)", True
     return "", True
 
 
@@ -858,7 +857,7 @@ def fresh_cache(sysfs: Sysfs, backing_name: str, *, timeout: float = 600) -> lis
     bcache.unregister_cache_set(sysfs, _cache_set_by_uuid(sysfs, cset.uuid),
                                 snapshot.take(sysfs).backings)
     node = cache.identity.node
-    runner.run(["wipefs", "-a", node], timeout=60)
+    signatures.wipe(node)
     bcache.make_bcache(cache=node, bucket=f"{bucket // 1024}k" if bucket else None, wipe=True,
                        force=True)
     bcache.register(sysfs, node)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cachemgr import drainloop, runner, state
+from cachemgr import drainloop, runner, signatures, state
 from cachemgr.bcache import Change, block_dirs, identity, in_use
 from cachemgr.errors import (
     AlreadyError,
@@ -971,10 +971,7 @@ def has_cache_metadata(node: str) -> bool:
 
 
 def _signature(node: str) -> str | None:
-    r = runner.run(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", node],
-                   check=False, timeout=30)
-    sig = r.stdout.strip()
-    return sig.replace("\n", ", ") if r.returncode == 0 and sig else None
+    return ", ".join(signatures.found(node)) or None
 
 
 def _zero_superblock(node: str) -> None:

@@ -32,7 +32,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cachemgr import bcache, bcache_super, drain, runner, scsi, snapshot, state
+from cachemgr import bcache, bcache_super, drain, runner, scsi, signatures, snapshot, state
 from cachemgr.errors import (
     AlreadyError,
     CacheMgrError,
@@ -385,12 +385,6 @@ def s_unregister(c: Ctx) -> None:
     c.say(f"cache set {c.j.cset} unregistered")
 
 
-def _signature(node: str) -> str | None:
-    r = runner.run(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", node],
-                   check=False, timeout=30)
-    return r.stdout.split()[0] if r.returncode == 0 and r.stdout.strip() else None
-
-
 def _old_present(c: Ctx) -> scsi.ScsiDisk | None:
     for d in scsi.disks(c.sysfs):
         if c.j.old["wwid"] and d.wwid == c.j.old["wwid"]:
@@ -409,9 +403,9 @@ def s_wipe_old(c: Ctx) -> None:
     if c.sysfs.live and not bcache.wait_for(lambda: not bcache.claimed(d.node), 30, 0.2):
         raise UnsafeError(f"{d.node} is still held by another user (an exclusive open fails "
                           "with EBUSY); refusing to wipe it")
-    if _signature(d.node) is None:
+    if signatures.first(d.node) is None:
         return
-    runner.run(["wipefs", "-a", d.node], timeout=60)
+    signatures.wipe(d.node)
     c.say(f"{d.node}: old bcache signature wiped")
 
 
@@ -486,7 +480,7 @@ def s_identify_new(c: Ctx) -> None:
     if reasons:
         raise UnsafeError(f"{d.node} is in use: {'; '.join(reasons)}; refusing it as the new "
                           "cache")
-    sig = _signature(d.node)
+    sig = signatures.first(d.node)
     if sig is not None and not (same and sig == "bcache"):
         raise UnsafeError(f"{d.node} carries a {sig} signature; refusing to format it",
                           hint="check it is the right disk; wipe it deliberately (wipefs -a)")
@@ -525,8 +519,8 @@ def s_make_cache(c: Ctx) -> None:
         sb = _super(d.node)
         if sb.get("cset.uuid") == c.j.new["cset"]:
             return  # formatted by an earlier run
-    if _signature(d.node) is not None:
-        runner.run(["wipefs", "-a", d.node], timeout=60)  # the re-inserted old cache
+    if signatures.first(d.node) is not None:
+        signatures.wipe(d.node)  # the re-inserted old cache
     bucket = int(c.j.old.get("bucket") or 512 * 1024)
     try:
         bcache.make_bcache(cache=d.node, bucket=f"{bucket // 1024}k", wipe=True, force=True)
