@@ -30,9 +30,15 @@ import sys
 import time
 from pathlib import Path
 
-from cachemgr import bcache, drain, runner, snapshot
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache
+
+from cachemgr.procedures import drain
+
+from cachemgr.core import runner
+
+from cachemgr.backends import snapshot
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
 
 B = "block/bcache0/bcache"
 

@@ -36,8 +36,8 @@ WARMUP = 210_000  # 3x Che's characteristic time, as `--warmup auto` issues
 
 
 def lab(bucket: str) -> dict[str, object]:
-    from cachemgr import bcache
-    from cachemgr.sysfs import Sysfs
+    from cachemgr.backends import bcache
+    from cachemgr.core.sysfs import Sysfs
 
     disks = sorted(p for p in Path("/dev").iterdir()
                    if p.name in ("ubda", "ubdb", "vda", "vdb"))
@@ -101,7 +101,7 @@ def bucket_lru(trace: list[int], cache_items: int, bucket_items: int, warmup: in
 
 
 def models() -> dict[str, object]:
-    from cachemgr import che
+    from cachemgr.procedures import che
 
     trace = fio_trace(WARMUP + 200_000)
     items = CACHE // BS

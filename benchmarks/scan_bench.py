@@ -16,8 +16,12 @@ import statistics
 import sys
 import time
 
-from cachemgr import bcache, runner, snapshot
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache
+
+from cachemgr.core import runner
+
+from cachemgr.backends import snapshot
+from cachemgr.core.sysfs import Sysfs
 
 
 class CountingSysfs(Sysfs):

@@ -1,5 +1,5 @@
 import sys
 
-from cachemgr.cli import main
+from cachemgr.cli.main import main
 
 sys.exit(main())

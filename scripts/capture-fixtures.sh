@@ -168,8 +168,8 @@ scsi-ssd-in-use)
 import sys
 from pathlib import Path
 
-from cachemgr.capture import Capturer
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends.capture import Capturer
+from cachemgr.core.sysfs import Sysfs
 
 sysfs = Sysfs()
 c = Capturer(sysfs, Path(sys.argv[1]))

@@ -65,12 +65,12 @@ if [ -z "$python" ]; then
         python=/usr/bin/python3
     fi
 fi
-if ! "$python" -c 'import cachemgr.udev_cli' 2>/dev/null; then
+if ! "$python" -c 'import cachemgr.cli.udev' 2>/dev/null; then
     echo "install-udev: $python cannot import cachemgr (give --python)" >&2
     exit 2
 fi
 cachemgr=$(dirname "$python")/cachemgr
-[ -x "$cachemgr" ] || cachemgr="$python -m cachemgr.cli"
+[ -x "$cachemgr" ] || cachemgr="$python -m cachemgr.cli.main"
 args=""
 [ -n "$policy" ] && args=" --policy $policy"
 
@@ -78,7 +78,7 @@ mkdir -p "$rules_dir"
 sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$args|g" "$here/udev/90-cachemgr.rules" \
     >"$rules_dir/90-cachemgr.rules.tmp"
 mv "$rules_dir/90-cachemgr.rules.tmp" "$rules_dir/90-cachemgr.rules"
-say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.udev_cli)"
+say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.cli.udev)"
 
 # install_unit NAME: systemd/NAME with @CACHEMGR@ (and @ARGS@, the policy) filled in
 install_unit() {

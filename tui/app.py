@@ -34,7 +34,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
-from cachemgr.errors import (
+from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
     Cancelled,
@@ -42,16 +42,16 @@ from cachemgr.errors import (
     UnsafeError,
     UsageError,
 )
-from cachemgr.model import (
+from cachemgr.core.model import (
     BcacheBacking,
     CacheMode,
     CacheSet,
     DmCacheDevice,
     Snapshot,
 )
+from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.control import Control, Result, progress_line
-from cachemgr.sysfs import DEFAULT_ROOT, Sysfs
 from tui import history, view
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog

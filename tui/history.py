@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from cachemgr.model import BcacheBacking, CacheSet, DmCacheDevice, Snapshot
-from cachemgr.sysfs import Sysfs
+from cachemgr.core.model import BcacheBacking, CacheSet, DmCacheDevice, Snapshot
+from cachemgr.core.sysfs import Sysfs
 from tui import view
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from cachemgr.model import Snapshot
+from cachemgr.core.model import Snapshot
 
 
 class SnapshotReady(Message):

@@ -1,7 +1,7 @@
 """What the dashboard shows, as plain data: rows of the device tree from a Snapshot.
 
 No textual here: the rows are computed (and unit-tested) apart from the widgets that draw
-them. Words and formats follow ``cachemgr status`` (cachemgr/render.py): the same ``lost?``
+them. Words and formats follow ``cachemgr status`` (cachemgr/ops/render.py): the same ``lost?``
 for dirty data on a missing cache set, the same kernel words for modes and states.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachemgr.model import (
+from cachemgr.core.model import (
     BcacheBacking,
     CacheSet,
     CacheState,
@@ -17,7 +17,7 @@ from cachemgr.model import (
     Snapshot,
     Stats,
 )
-from cachemgr.render import dirty_text, short
+from cachemgr.ops.render import dirty_text, short
 
 __all__ = ["Row", "dirty_text", "rows"]
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from cachemgr.errors import LabError, UsageError
+from cachemgr.core.errors import LabError, UsageError
+from cachemgr.core.model import parse_size as _parse_size
 from cachemgr.lab import kernels
-from cachemgr.model import parse_size as _parse_size
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ PASS_ENV = re.compile(
 
 
 def parse_size(text: str) -> int:
-    """A lab disk's size (``1G``, ``256M``, ``512k``): :func:`cachemgr.model.parse_size`."""
+    """A lab disk's size (``1G``, ``256M``, ``512k``): :func:`cachemgr.core.model.parse_size`."""
     size = _parse_size(text, hint="use a disk size like 1G, 256M or 512K")
     if size < 1 << 20:
         raise UsageError(f"disk size {text!r} is below 1 MiB")

@@ -14,10 +14,12 @@ import subprocess
 import sys
 import time
 
-from cachemgr import bcache, bench, runner, snapshot
-from cachemgr.model import CacheMode
-from cachemgr.render import status_table
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import runner
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops.render import status_table
+from cachemgr.procedures import bench
 
 DELAY_MS = 8
 

@@ -26,8 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachemgr import runner
-from cachemgr.errors import LabError
+from cachemgr.core import runner
+from cachemgr.core.errors import LabError
 
 log = logging.getLogger(__name__)
 

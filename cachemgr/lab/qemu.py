@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cachemgr.errors import LabError
+from cachemgr.core.errors import LabError
 from cachemgr.lab import kernels
 from cachemgr.lab.core import HERE, Backend, LabResult, LabSpec, _Pump, supervise
 

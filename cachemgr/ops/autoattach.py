@@ -1,5 +1,5 @@
 """The autoattach commands: the boot pass (``cachemgr autoattach``) and the udev worker's
-pass over a batch of queued events. cachemgr/autoattach.py decides (event + snapshot +
+pass over a batch of queued events. cachemgr/procedures/autoattach.py decides (event + snapshot +
 policy -> actions); the actions are carried out here, with the same locks as the cache
 commands (a drain, a replace-ssd run and autoattach never act on one device at once)."""
 
@@ -13,15 +13,25 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cachemgr import autoattach, bcache, policy, state
-from cachemgr.autoattach import Action, Attach, Format, Register, SetMode, SetTunable, View
-from cachemgr.errors import AlreadyError, CacheMgrError, require_root
-from cachemgr.model import CacheMode
+from cachemgr.backends import bcache
+from cachemgr.core import state
+from cachemgr.core.errors import AlreadyError, CacheMgrError, require_root
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.cache import _lock_backing, _lock_set
 from cachemgr.ops.control import Result
-from cachemgr.sysfs import Sysfs
+from cachemgr.procedures import autoattach, policy
+from cachemgr.procedures.autoattach import (
+    Action,
+    Attach,
+    Format,
+    Register,
+    SetMode,
+    SetTunable,
+    View,
+)
 
-log = logging.getLogger("cachemgr.autoattach")
+log = logging.getLogger("cachemgr.procedures.autoattach")
 
 
 def act(sysfs: Sysfs, view: View, a: Action) -> None:
@@ -54,7 +64,7 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
 
 @contextlib.contextmanager
 def _run_lock() -> Any:
-    """One pass at a time on a host (the boot pass and the udev worker, cachemgr/udev_cli.py,
+    """One pass at a time on a host (the boot pass and the udev worker, cachemgr/cli/udev.py,
     share this lock); waits for the pass that is acting."""
     d = state.state_dir() / "locks"
     d.mkdir(parents=True, exist_ok=True)

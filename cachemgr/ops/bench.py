@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cachemgr import bench
+from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Control, Result
-from cachemgr.sysfs import Sysfs
+from cachemgr.procedures import bench
 
 JobSpec = bench.JobSpec
 CompareOptions = bench.CompareOptions
@@ -28,7 +28,7 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
     document (and its plots) under ``out``. ``Result.data`` is the document (schema 1);
     ``failed`` when a run reported errors."""
     if not targets:
-        from cachemgr.errors import UsageError
+        from cachemgr.core.errors import UsageError
 
         raise UsageError("bench needs at least one TARGET")
     ctl = ctl or Control(what=f"bench {' '.join(targets)}")
@@ -41,7 +41,7 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
         saved = [str(path)]
         if plots:
             try:
-                from cachemgr import plot
+                from cachemgr.procedures import plot
             except ImportError as exc:  # the plotting dependency is optional at run time
                 res.notes.append(f"bench: no plots ({exc})")
             else:

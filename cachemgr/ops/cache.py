@@ -6,24 +6,27 @@ Each command takes the target as an admin types it and its options, and does eve
 itself, in this order: the words (mode names, option combinations: usage errors, exit 2), the
 target (resolved on a fresh snapshot: exit 2 when it names nothing), root (exit 2), the
 per-object lock (exit 3 while another run acts on it), the safety refusals (exit 3), then the
-change. "Already so" is :class:`~cachemgr.errors.AlreadyError` (exit 4) or ``Result.already``.
+change. "Already so" is :class:`~cachemgr.core.errors.AlreadyError` (exit 4) or ``Result.already``.
 Progress goes to ``ctl.report`` (which also raises ``Cancelled`` when the operator cancels).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from cachemgr import bcache, dmcache, state, tuning
-from cachemgr import devices as devices_mod
-from cachemgr import snapshot as snapshot_mod
-from cachemgr.bcache_super import refuse_orphaned_dirt
-from cachemgr.devices import BcacheDevice, CachedDevice, DmCache
-from cachemgr.errors import AlreadyError, UnsafeError, UsageError, require_root
-from cachemgr.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, Snapshot, human
+from cachemgr.backends import bcache, dmcache
+from cachemgr.backends import snapshot as snapshot_mod
+from cachemgr.backends.bcache_super import refuse_orphaned_dirt
+from cachemgr.backends.targets import resolve_backing, resolve_cache_set
+from cachemgr.core import state
+from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
+from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, Snapshot, human
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Result
-from cachemgr.sysfs import Sysfs
-from cachemgr.targets import resolve_backing, resolve_cache_set
+from cachemgr.procedures import devices as devices_mod
+from cachemgr.procedures.devices import BcacheDevice, CachedDevice, DmCache
 
 DRAIN_TIMEOUT = 24 * 3600.0
 DETACH_TIMEOUT = 3600.0
@@ -318,3 +321,8 @@ def dirty_consequence(obj: object, mode: CacheMode) -> str:
                     "(cachemgr mode --drain).")
         return f"{dev} is clean: nothing is at risk."
     return ""
+
+
+def status_json(snap: Snapshot) -> dict[str, Any]:
+    """``status --json``: schema 1 (docs/json.md)."""
+    return snapshot_mod.to_json(snap)

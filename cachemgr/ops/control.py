@@ -2,7 +2,7 @@
 in, operator prompts), a :class:`Result` out, and the words every face shows for them.
 
 Cancelling is cooperative and safe: :meth:`Control.report` raises
-:class:`~cachemgr.errors.Cancelled` at the library's next progress report, that is between two
+:class:`~cachemgr.core.errors.Cancelled` at the library's next progress report, that is between two
 polls of its own loop, so the library's ``finally`` blocks run as for Ctrl-C in the CLI (a drain
 restores its tunables, a dm-cache flush reloads the original table, bench restores its
 hygiene). A thread is never killed from outside.
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachemgr.bcache import Change
-from cachemgr.errors import Cancelled
-from cachemgr.exitcodes import ExitCode
-from cachemgr.model import human
+from cachemgr.backends.bcache import Change
+from cachemgr.core.errors import Cancelled
+from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.model import human
 
 
 def _no_progress(_p: object) -> None:

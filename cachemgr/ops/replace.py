@@ -1,15 +1,15 @@
-"""The replace-ssd commands: plan, run, resume, rollback, list (cachemgr/replace.py does the
-steps; the journal, the cache set's lock and every refusal live there or here, never in a
-face)."""
+"""The replace-ssd commands: plan, run, resume, rollback, list (cachemgr/procedures/replace.py
+does the steps; the journal, the cache set's lock and every refusal live there or here, never
+in a face)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cachemgr import replace
-from cachemgr.errors import Cancelled, UsageError, require_root
+from cachemgr.core.errors import Cancelled, UsageError, require_root
+from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Control, Result
-from cachemgr.sysfs import Sysfs
+from cachemgr.procedures import replace
 
 Options = replace.Options
 Journal = replace.Journal

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from cachemgr.cli import main
+from cachemgr.cli.main import main
 
 
 def in_process(*args: str) -> subprocess.CompletedProcess[str]:

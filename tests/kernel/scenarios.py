@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from cachemgr import bcache, runner
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache
+from cachemgr.core import runner
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
 
 
 def bcache_holding_dirty(backing: str, cache: str, *, bucket: str, size: str,

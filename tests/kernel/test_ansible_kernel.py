@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import bcache
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache
+from cachemgr.core.sysfs import Sysfs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from cachemgr import runner
+from cachemgr.core import runner
 from tests.kernel import clirun
 
 SCHEMA = json.loads(Path("docs/schema/status.schema.json").read_text())

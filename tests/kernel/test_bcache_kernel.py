@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from cachemgr import bcache, runner, snapshot
-from cachemgr.model import CacheMode, CacheState
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import runner
+from cachemgr.core.model import CacheMode, CacheState
+from cachemgr.core.sysfs import Sysfs
 
 
 def _make(lab_disks: list[str]) -> tuple[Sysfs, str, str]:
@@ -63,7 +64,7 @@ def test_create_mode_switch_dirty_readback(lab_disks: list[str]) -> None:
         bcache.set_mode(sysfs, b, CacheMode.WRITEBACK)
 
     # status --json says the same as the snapshot
-    from cachemgr.cli import main
+    from cachemgr.cli.main import main
 
     assert main(["mode", "/dev/bcache0", "writethrough"]) == 0
     out = runner.run(["python3", "-m", "cachemgr", "status", "--json"],

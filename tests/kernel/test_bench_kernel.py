@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from cachemgr import bcache
-from cachemgr.bench_cli import build_demo_devices
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache
+from cachemgr.cli.bench import build_demo_devices
+from cachemgr.core.sysfs import Sysfs
 
 
 def cm(*args: str, timeout: float = 600) -> tuple[int, str, str]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cachemgr import bcache, runner, snapshot
-from cachemgr.model import CacheMode, Size
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import runner
+from cachemgr.core.model import CacheMode, Size
+from cachemgr.core.sysfs import Sysfs
 
 
 @pytest.mark.kernel(disks="2G,3G", timeout=600, mem=2048)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import runner, snapshot, state
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core import runner, state
+from cachemgr.core.sysfs import Sysfs
 from tests.kernel import clirun
 
 DISKS = "512M,128M,16M"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import bcache, runner, snapshot, state
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import runner, state
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
 from tests.kernel import clirun
 
 B = "block/bcache0/bcache"

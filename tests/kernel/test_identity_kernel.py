@@ -13,10 +13,11 @@ import os
 
 import pytest
 
-from cachemgr import bcache, identity, runner, scsi
-from cachemgr.identity import normalize_wwn
-from cachemgr.scsi import ScsiDisk
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, identity, scsi
+from cachemgr.backends.identity import normalize_wwn
+from cachemgr.backends.scsi import ScsiDisk
+from cachemgr.core import runner
+from cachemgr.core.sysfs import Sysfs
 
 
 def scsi_debug_ids(d: ScsiDisk) -> tuple[str, str]:

@@ -92,6 +92,6 @@ def test_host_root_is_read_only_in_guest(backend: str) -> None:
 
 
 def test_cli_lab_run_passes_exit_code(backend: str) -> None:
-    from cachemgr.cli import main
+    from cachemgr.cli.main import main
 
     assert main(["lab", "run", "--backend", backend, "--", "bash", "-c", "exit 3"]) == 3

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import bcache, bcache_super, runner, snapshot
-from cachemgr.model import CacheMode, CacheState
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, bcache_super, snapshot
+from cachemgr.core import runner
+from cachemgr.core.model import CacheMode, CacheState
+from cachemgr.core.sysfs import Sysfs
 from tests.kernel import clirun
 
 HDD = "hdd"  # /dev/mapper/hdd: the backing device bcache sees

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from cachemgr import bcache, replace, runner, scsi, snapshot, state
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, scsi, snapshot
+from cachemgr.core import runner, state
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import replace
 from tests.kernel import clirun
 
 FIO_COMMON = ["--bs=4k", "--direct=1", "--verify=crc32c", "--verify_state_save=0"]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import bcache, scsi, snapshot
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, scsi, snapshot
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from cachemgr import bcache, runner, scsi
-from cachemgr.errors import UnsafeError
-from cachemgr.scsi import WaitProgress
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, scsi
+from cachemgr.backends.scsi import WaitProgress
+from cachemgr.core import runner
+from cachemgr.core.errors import UnsafeError
+from cachemgr.core.sysfs import Sysfs
 
 MARK = b"cachemgr: the data outlives the name"
 

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from cachemgr import bcache, runner, scsi, snapshot
-from cachemgr.model import CacheMode
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, scsi, snapshot
+from cachemgr.core import runner
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
 
 
 def cm(*args: str) -> subprocess.CompletedProcess[str]:

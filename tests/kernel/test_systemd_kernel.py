@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cachemgr import bcache, runner
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache
+from cachemgr.core import runner
+from cachemgr.core.sysfs import Sysfs
 from tests.kernel import measure, scenarios
 
 ROOT = Path(__file__).resolve().parents[2]

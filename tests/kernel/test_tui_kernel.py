@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import OptionList
 
-from cachemgr import bcache, runner, snapshot
-from cachemgr.model import BcacheBacking, CacheMode, CacheState
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import runner
+from cachemgr.core.model import BcacheBacking, CacheMode, CacheState
+from cachemgr.core.sysfs import Sysfs
 
 pytestmark = pytest.mark.kernel(disks="1G,256M")
 
@@ -517,7 +518,7 @@ def test_tui_dmcache_remove_keep_device_while_in_use(lab_disks: list[str], tmp_p
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Remove with "Keep device" on a dm-cache device a process holds open: its dirty blocks
     are flushed to the origin and the device stays as a linear mapping of it, same data."""
-    from cachemgr import dmcache
+    from cachemgr.backends import dmcache
     from tests.unit.tui_helpers import settle
     from tui.app import CacheMgrApp
     from tui.widgets.devices import DeviceTable
@@ -558,7 +559,7 @@ def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
     shown, the device untouched (same table)."""
     from textual.widgets import Input, RichLog
 
-    from cachemgr import dmcache
+    from cachemgr.backends import dmcache
     from tests.unit.tui_helpers import settle
     from tui.app import CacheMgrApp
     from tui.screens.bench import BenchScreen
@@ -608,7 +609,8 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
     operator cancels there (an interrupted run past 'unregister'), resumes it from the
     screen, inserts the new disk (a rescan of its host) and confirms; the run finishes with
     the backing device on a new cache set on the new SSD, its mode restored."""
-    from cachemgr import replace, scsi
+    from cachemgr.backends import scsi
+    from cachemgr.procedures import replace
     from tests.unit.tui_helpers import settle, shown
     from tui import view
     from tui.app import CacheMgrApp

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import bcache, runner, scsi
-from cachemgr.scsi import ScsiDisk
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, scsi
+from cachemgr.backends.scsi import ScsiDisk
+from cachemgr.core import runner
+from cachemgr.core.sysfs import Sysfs
 from tests.kernel import measure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -362,7 +363,7 @@ def test_malformed_policy_acts_on_nothing_and_says_why() -> None:
     assert sysfs.readlink(f"block/{b.name}/bcache/cache") is None
     assert "[writethrough]" in (sysfs.read_opt(f"block/{b.name}/bcache/cache_mode") or "")
     for argv in (["policy", "check"], ["autoattach"]):
-        r = subprocess.run([sys.executable, "-m", "cachemgr.cli", *argv], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "cachemgr.cli.main", *argv], capture_output=True,
                            text=True, check=False)
         assert r.returncode == 2, r
         assert f"cachemgr.toml:{bad_line}: mode: unknown cache mode" in r.stderr

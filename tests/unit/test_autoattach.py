@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemgr import autoattach, policy
-from cachemgr.autoattach import (
+from cachemgr.core.model import CacheMode, CacheState
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import autoattach, policy
+from cachemgr.procedures.autoattach import (
     Attach,
     DeviceFacts,
     Event,
@@ -28,8 +30,6 @@ from cachemgr.autoattach import (
     View,
     decide,
 )
-from cachemgr.model import CacheMode, CacheState
-from cachemgr.sysfs import Sysfs
 
 FX = Path(__file__).resolve().parent.parent / "fixtures" / "bcache-unattached-uml" / "sys"
 CSET = "3a85497b-f234-4651-a39a-c547edabc679"
@@ -309,7 +309,7 @@ def test_worker_under_systemd_logs_once(monkeypatch: pytest.MonkeyPatch) -> None
     import logging.handlers
     import os
 
-    from cachemgr import udev_cli
+    from cachemgr.cli import udev as udev_cli
 
     st = os.fstat(2)
     monkeypatch.setattr(udev_cli.log, "handlers", [logging.handlers.SysLogHandler(

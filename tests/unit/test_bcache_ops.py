@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import bcache
+from cachemgr.backends import bcache
 
 
 def test_claimed_reads_an_exclusive_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
     import os
 
-    from cachemgr.sysfs import Sysfs
+    from cachemgr.core.sysfs import Sysfs
 
     assert bcache.claimed(str(tmp_path / "gone")) is False  # no node: nobody holds it
     f = tmp_path / "plain"

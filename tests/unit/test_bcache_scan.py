@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import snapshot
-from cachemgr.model import CacheMode, CacheState
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core.model import CacheMode, CacheState
+from cachemgr.core.sysfs import Sysfs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

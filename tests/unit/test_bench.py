@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemgr import bench
-from cachemgr.bench import FioFormatError, JobSpec, parse_fio
-from cachemgr.errors import UsageError
+from cachemgr.core.errors import UsageError
+from cachemgr.procedures import bench
+from cachemgr.procedures.bench import FioFormatError, JobSpec, parse_fio
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "fio"
 CAPTURES = sorted(FIX.glob("*.json"))
@@ -325,7 +325,7 @@ def test_targets() -> None:
 def test_block_stat() -> None:
     s = bench.BlockStat.parse("3 0 24 30 92534 0 740272 8060 0 8090 8090 0 0 0 0 0 0")
     assert (s.reads, s.read_sectors, s.writes, s.write_sectors) == (3, 24, 92534, 740272)
-    from cachemgr.errors import KernelFormatError
+    from cachemgr.core.errors import KernelFormatError
 
     with pytest.raises(KernelFormatError):
         bench.BlockStat.parse("garbage")
@@ -339,7 +339,7 @@ def test_served_ratio_counts_bypass_hits() -> None:
 
 
 def test_short_read_run_is_flagged_against_ches_characteristic_time() -> None:
-    from cachemgr import che
+    from cachemgr.procedures import che
 
     p = che.predict(items=65536, cache_items=8192, theta=1.2)
     t = p.characteristic_requests

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemgr import che
+from cachemgr.procedures import che
 
 
 @pytest.mark.parametrize("theta,n,c", [(1.2, 1000, 100), (0.8, 1000, 100), (1.2, 500, 25),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.cli import main
+from cachemgr.cli.main import main
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachemgr import dmcache, snapshot
-from cachemgr.cli import main
-from cachemgr.errors import AlreadyError, KernelFormatError, UnsafeError, UsageError
-from cachemgr.model import CacheMode, CacheState, DmCacheStatus, DmCacheTable
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import dmcache, snapshot
+from cachemgr.cli.main import main
+from cachemgr.core.errors import AlreadyError, KernelFormatError, UnsafeError, UsageError
+from cachemgr.core.model import CacheMode, CacheState, DmCacheStatus, DmCacheTable
+from cachemgr.core.sysfs import Sysfs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

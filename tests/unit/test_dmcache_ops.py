@@ -1,6 +1,6 @@
 """dm-cache operations against a fake device-mapper that behaves as the lab kernel did.
 
-The fake reproduces what the lab showed (module docstring of cachemgr/dmcache.py): a table
+The fake reproduces what the lab showed (module docstring of cachemgr/backends/dmcache.py): a table
 loaded into the inactive slot, ``resume`` swapping it in, and ``resume`` of a passthrough
 table over dirty blocks failing with EBUSY while leaving the device suspended with the new
 table live. The failure paths these tests drive (a refused resume, a failed load, Ctrl-C in
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import dmcache
-from cachemgr.errors import CommandError, UnsafeError
-from cachemgr.model import CacheMode, DmCacheDevice
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import dmcache
+from cachemgr.core.errors import CommandError, UnsafeError
+from cachemgr.core.model import CacheMode, DmCacheDevice
+from cachemgr.core.sysfs import Sysfs
 
 ORIGINAL = "0 1048576 cache 98:32 98:16 253:0 128 1 writeback smq 0"
 

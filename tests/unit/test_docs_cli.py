@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.cli import build_parser
-from cachemgr.helpdoc import subcommands as subparsers
+from cachemgr.cli.helpdoc import subcommands as subparsers
+from cachemgr.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
@@ -68,8 +68,8 @@ def test_documented_command_line_matches_help(where: str, n: int, words: list[st
 
 
 def test_cli_reference_is_current() -> None:
-    from cachemgr import helpdoc
+    from cachemgr.cli import helpdoc
 
     current = (ROOT / "docs" / "cli.md").read_text()
     assert current.rstrip("\n") == helpdoc.render().rstrip("\n"), \
-        "docs/cli.md is stale: .venv/bin/python -m cachemgr.helpdoc > docs/cli.md"
+        "docs/cli.md is stale: .venv/bin/python -m cachemgr.cli.helpdoc > docs/cli.md"

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from cachemgr import bcache, drainloop, snapshot
-from cachemgr.errors import StallError, TimeoutExpired
-from cachemgr.model import CacheState, DrainProgress, Size
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import drainloop
+from cachemgr.core.errors import StallError, TimeoutExpired
+from cachemgr.core.model import CacheState, DrainProgress, Size
+from cachemgr.core.sysfs import Sysfs
 
 
 class Fake:

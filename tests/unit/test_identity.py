@@ -15,9 +15,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cachemgr import identity
-from cachemgr.errors import KernelFormatError, UsageError
-from cachemgr.identity import (
+from cachemgr.backends import identity
+from cachemgr.backends.identity import (
     Designator,
     Superblock,
     UdevInfo,
@@ -27,7 +26,8 @@ from cachemgr.identity import (
     parse_vpd_pg80,
     parse_vpd_pg83,
 )
-from cachemgr.sysfs import Sysfs
+from cachemgr.core.errors import KernelFormatError, UsageError
+from cachemgr.core.sysfs import Sysfs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCSI = sorted(FIXTURES.glob("scsi-ssd-in-use-*"))

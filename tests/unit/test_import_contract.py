@@ -13,7 +13,7 @@ import cachemgr
 def test_library_imports_no_textual() -> None:
     mods = [m.name for m in pkgutil.walk_packages(cachemgr.__path__, "cachemgr.")
             if not m.name.endswith("__main__")]
-    assert "cachemgr.cli" in mods and "cachemgr.bcache" in mods
+    assert "cachemgr.cli.main" in mods and "cachemgr.backends.bcache" in mods
     code = (
         "import importlib, sys\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from cachemgr import snapshot
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core.sysfs import Sysfs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs/schema/status.schema.json").read_text())

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.errors import LabError, UsageError
+from cachemgr.core.errors import LabError, UsageError
 from cachemgr.lab import kernels
 from cachemgr.lab.core import parse_disks, parse_size
 

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cachemgr import snapshot
-from cachemgr.metrics import SnapshotCollector
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures.metrics import SnapshotCollector
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachemgr.errors import KernelFormatError
-from cachemgr.model import CacheMode, CacheState, Size, WritebackDebug, hprint, parse_bracketed
+from cachemgr.core.errors import KernelFormatError
+from cachemgr.core.model import CacheMode, CacheState, Size, WritebackDebug, hprint, parse_bracketed
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -1,6 +1,6 @@
 """Every refusal of the library, through both faces: the same outcome and the same words.
 
-Each case runs one refusal (a) through the CLI in this process (``cachemgr.cli.main``, as
+Each case runs one refusal (a) through the CLI in this process (``cachemgr.cli.main.main``, as
 ``cachemgr --sysfs-root CAPTURE ARGS...``) and (b) through the TUI under Textual's pilot, by
 its keys and dialog buttons, on a writable copy of a capture. Both must agree (issue #14):
 
@@ -32,10 +32,11 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, OptionList, Static
 
-from cachemgr import runner, snapshot
-from cachemgr.cli import main
-from cachemgr.errors import CacheMgrError
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.cli.main import main
+from cachemgr.core import runner
+from cachemgr.core.errors import CacheMgrError
+from cachemgr.core.sysfs import Sysfs
 from tests.unit.tui_helpers import app_on, copy_capture, kernel_writes, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
@@ -245,7 +246,8 @@ def row_key(root: Path, spec: str) -> str:
 
 
 def lock_key(root: Path, spec: str) -> str:
-    """The lock the library takes on ``spec`` (cachemgr/ops/cache.py, cachemgr/dmcache.py)."""
+    """The lock the library takes on ``spec`` (cachemgr/ops/cache.py,
+    cachemgr/backends/dmcache.py)."""
     if spec.startswith("cset:"):
         return "replace-" + spec.removeprefix("cset:")
     if spec.startswith("dm:"):
@@ -257,7 +259,7 @@ def lock_key(root: Path, spec: str) -> str:
 def held_elsewhere(key: str, state: Path) -> Iterator[None]:
     """Another process holds the lock ``key`` (in the test's state directory) until the end
     of the block."""
-    code = ("import sys\nfrom cachemgr import state\n"
+    code = ("import sys\nfrom cachemgr.core import state\n"
             "with state.locked(sys.argv[1], 'test'):\n"
             "    print('held', flush=True)\n    sys.stdin.read()\n")
     p = subprocess.Popen([sys.executable, "-c", code, key], cwd=REPO, text=True,

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachemgr import policy
-from cachemgr.bcache import BACKING_TUNABLES, BCACHE_MODES
-from cachemgr.policy import BackingPolicy, CachePolicy, DeviceId, Policy, PolicyError
+from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
+from cachemgr.procedures import policy
+from cachemgr.procedures.policy import BackingPolicy, CachePolicy, DeviceId, Policy, PolicyError
 
 # ------------------------------------------------------------------------- strategies
 

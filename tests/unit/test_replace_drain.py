@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from cachemgr import drain, replace, snapshot
-from cachemgr.errors import CacheMgrError, StallError
-from cachemgr.model import BcacheBacking, CacheState, DrainProgress
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core.errors import CacheMgrError, StallError
+from cachemgr.core.model import BcacheBacking, CacheState, DrainProgress
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import drain, replace
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "scsi-ssd-in-use-uml" / "sys"
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import replace, snapshot, state
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core import state
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import replace
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "scsi-ssd-in-use-uml" / "sys"
 

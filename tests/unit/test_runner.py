@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from cachemgr import runner
-from cachemgr.errors import CommandError, CommandNotFound, CommandTimeout
+from cachemgr.core import runner
+from cachemgr.core.errors import CommandError, CommandNotFound, CommandTimeout
 
 
 def test_ok_and_lc_all() -> None:

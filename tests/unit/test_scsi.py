@@ -14,16 +14,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachemgr import scsi
-from cachemgr.errors import (
+from cachemgr.backends import scsi
+from cachemgr.backends.scsi import Hctl, WaitProgress
+from cachemgr.core.errors import (
     CacheMgrError,
     KernelFormatError,
     TimeoutExpired,
     UnsafeError,
     UsageError,
 )
-from cachemgr.scsi import Hctl, WaitProgress
-from cachemgr.sysfs import Sysfs
+from cachemgr.core.sysfs import Sysfs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCSI = sorted(FIXTURES.glob("scsi-ssd-in-use-*"))

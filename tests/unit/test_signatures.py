@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cachemgr import runner, signatures
+from cachemgr.backends import signatures
+from cachemgr.core import runner
 
 
 def fake_run(monkeypatch: pytest.MonkeyPatch, rc: int, out: str) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""The one grammar for sizes an admin types (cachemgr.model.parse_size) and its callers."""
+"""The one grammar for sizes an admin types (cachemgr.core.model.parse_size) and its callers."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cachemgr import bench, dmcache, policy
-from cachemgr.errors import UsageError
+from cachemgr.backends import dmcache
+from cachemgr.core.errors import UsageError
+from cachemgr.core.model import MAX_SIZE, parse_size
 from cachemgr.lab import core as lab
-from cachemgr.model import MAX_SIZE, parse_size
+from cachemgr.procedures import bench, policy
 
 SHIFTS = {"": 0, "k": 10, "K": 10, "m": 20, "M": 20, "g": 30, "G": 30, "t": 40, "T": 40}
 TAILS = ("", "B", "b", "iB", "ib", "IB")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.errors import SysfsError
-from cachemgr.sysfs import Sysfs
+from cachemgr.core.errors import SysfsError
+from cachemgr.core.sysfs import Sysfs
 
 
 def test_read_strips_newline_and_read_opt_missing(tmp_path: Path) -> None:

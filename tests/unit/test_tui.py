@@ -20,15 +20,15 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, Static
 
-from cachemgr import bcache
-from cachemgr.errors import Cancelled
-from cachemgr.model import (
+from cachemgr.backends import bcache
+from cachemgr.core.errors import Cancelled
+from cachemgr.core.model import (
     CacheMode,
     CacheState,
 )
+from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as ops_cache
 from cachemgr.ops.control import Control, Result, progress_line
-from cachemgr.sysfs import Sysfs
 from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, shown, unpack
 from tui import view
 from tui.app import CacheMgrApp
@@ -89,8 +89,8 @@ def log_text(app: CacheMgrApp) -> str:
 
 
 def bcache0_key(root: Path) -> str:
-    from cachemgr import snapshot
-    from cachemgr.sysfs import Sysfs
+    from cachemgr.backends import snapshot
+    from cachemgr.core.sysfs import Sysfs
 
     return snapshot.take(Sysfs(root)).backings[0].key
 
@@ -99,8 +99,8 @@ def bcache0_key(root: Path) -> str:
 
 
 def test_rows_tree_and_most_dirty() -> None:
-    from cachemgr import snapshot
-    from cachemgr.sysfs import Sysfs
+    from cachemgr.backends import snapshot
+    from cachemgr.core.sysfs import Sysfs
 
     snap = snapshot.take(Sysfs(fx("bcache-writeback-dirty")))
     rows = view.rows(snap)
@@ -118,7 +118,7 @@ def test_rows_tree_and_most_dirty() -> None:
 
 
 def test_progress_line_is_the_clis() -> None:
-    from cachemgr.model import DrainProgress
+    from cachemgr.core.model import DrainProgress
 
     p = DrainProgress("drain", "/dev/bcache0", 1 << 20, 4 << 20, 2 << 20, 0.5, 3.0,
                       CacheState.DIRTY)
@@ -127,8 +127,8 @@ def test_progress_line_is_the_clis() -> None:
 
 
 def test_dirty_consequence_words() -> None:
-    from cachemgr import snapshot
-    from cachemgr.sysfs import Sysfs
+    from cachemgr.backends import snapshot
+    from cachemgr.core.sysfs import Sysfs
 
     b = snapshot.take(Sysfs(fx("bcache-writeback-dirty"))).backings[0]
     text = ops_cache.dirty_consequence(b, CacheMode.NONE)
@@ -199,7 +199,7 @@ def test_hotplug_shows_up_without_restart(tmp_path: Path) -> None:
         async with running(fx("bcache-unattached")) as (app, pilot):
             assert {r.kind for r in app.rows} == {view.CSET, view.BCACHE}
             # the host's devices change under the app (here: another tree)
-            from cachemgr.sysfs import Sysfs
+            from cachemgr.core.sysfs import Sysfs
 
             app.sysfs = Sysfs(fx("dmcache-writeback"))
             n = app.polls
@@ -947,7 +947,7 @@ def test_interval_log_toggle_and_actions_from_the_detail_view() -> None:
 def test_resume_and_rollback_list_only_interrupted_runs() -> None:
     """A finished or rolled-back run can be neither resumed nor rolled back: the lists offer
     only the interrupted ones (a rolled-back run was offered and its resume refused)."""
-    from cachemgr import replace
+    from cachemgr.procedures import replace
     from tui.screens.replace import ReplaceScreen
 
     for i, status in enumerate(("rolled-back", "failed", "done", "running")):

@@ -1,4 +1,4 @@
-"""cachemgr.tuning (behind `cachemgr tune` and the TUI's tune) on a captured lab tree."""
+"""cachemgr.ops.tuning (behind `cachemgr tune` and the TUI's tune) on a captured lab tree."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import snapshot, tuning
-from cachemgr.errors import UsageError
-from cachemgr.sysfs import Sysfs
+from cachemgr.backends import snapshot
+from cachemgr.core.errors import UsageError
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import tuning
 from tests.unit.tui_helpers import copy_capture, kernel_writes
 
 

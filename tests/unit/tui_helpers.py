@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.sysfs import Sysfs
+from cachemgr.core.sysfs import Sysfs
 from tui.app import CacheMgrApp
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -1,5 +1,5 @@
 """Benchmark a device or compare modes (cachemgr/ops/bench.py, fio), with progress and charts:
-IOPS bars and latency percentiles in the terminal; PNG/SVG plots (cachemgr/plot.py) saved
+IOPS bars and latency percentiles in the terminal; PNG/SVG plots (cachemgr/procedures/plot.py) saved
 next to the result JSON."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Checkbox, Footer, Header, Input, Label, RichLog, Static
 
-from cachemgr.errors import UsageError
+from cachemgr.core.errors import UsageError
 from cachemgr.ops.control import Control, Result
 
 BAR = 36

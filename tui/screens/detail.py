@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from cachemgr.model import (
+from cachemgr.core.model import (
     BcacheBacking,
     CacheSet,
     DmCacheDevice,

@@ -1,5 +1,5 @@
 """Replace the cache SSD of a set: the plan, each step's progress, the operator's swap
-prompt, resume and rollback of interrupted runs (cachemgr/replace.py does the work)."""
+prompt, resume and rollback of interrupted runs (cachemgr/procedures/replace.py does the work)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, RichLog, Static
 
-from cachemgr.errors import CacheMgrError
+from cachemgr.core.errors import CacheMgrError
 from cachemgr.ops import replace
 from cachemgr.ops.control import Control, Result
 from tui.dialogs import when

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline
 
-from cachemgr.model import human
+from cachemgr.core.model import human
 from tui.history import History
 
 

@@ -1,0 +1,729 @@
+"""bcache backend: reads the kernel's bcache objects into the model and changes them.
+
+The backend translates between the kernel and the model and holds no policy. File names and
+formats are those of drivers/md/bcache/sysfs.c and Documentation/admin-guide/bcache.rst, as
+seen on the lab kernels (captures in tests/fixtures/). Files that a kernel lacks read as None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cachemgr.backends import signatures
+from cachemgr.core import drainloop, runner
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    KernelFormatError,
+    SysfsError,
+    TimeoutExpired,
+    UnsafeError,
+    UsageError,
+)
+from cachemgr.core.model import (
+    BcacheBacking,
+    BcacheCache,
+    CacheMode,
+    CacheSet,
+    CacheState,
+    DrainProgress,
+    Identity,
+    Size,
+    Stats,
+    WritebackDebug,
+    hprint,
+    parse_bracketed,
+)
+from cachemgr.core.sysfs import Sysfs
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVALS = ("five_minute", "hour", "day", "total")
+BCACHE_MODES = (CacheMode.WRITETHROUGH, CacheMode.WRITEBACK, CacheMode.WRITEAROUND,
+                CacheMode.NONE)
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _opt(fn: Callable[[str], object], text: str | None, what: str, warnings: list[str]):  # type: ignore[no-untyped-def]
+    if text is None:
+        return None
+    try:
+        return fn(text)
+    except (KernelFormatError, ValueError) as exc:
+        warnings.append(f"{what}: {exc}")
+        return None
+
+
+def _bool(text: str) -> bool:
+    if text.strip() not in ("0", "1"):
+        raise ValueError(f"not 0/1: {text!r}")
+    return text.strip() == "1"
+
+
+def _int(text: str) -> int:
+    return int(text.strip())
+
+
+def block_dirs(sysfs: Sysfs) -> dict[str, str]:
+    """Kernel name -> device directory (relative to the sysfs root) of disks and partitions."""
+    out: dict[str, str] = {}
+    for name in sysfs.block_names():
+        base = f"block/{name}"
+        out[name] = base
+        for child in sysfs.listdir(base):
+            # a partition's name extends its disk's (sda1, nvme0n1p1: disk_name() in
+            # block/partitions/core.c); skipping the ~20 other entries per disk saves
+            # hundreds of stat calls per scan (auto-attach profile in the UML lab)
+            if child.startswith(name) and sysfs.exists(f"{base}/{child}/partition"):
+                out[child] = f"{base}/{child}"
+    return out
+
+
+def identity(sysfs: Sysfs, name: str, rel: str) -> Identity:
+    """What sysfs itself knows of a block device (udev's ID_* come from identity.py)."""
+    size = sysfs.read_int(f"{rel}/size")
+    wwid = sysfs.read_opt(f"{rel}/device/wwid") or sysfs.read_opt(f"{rel}/wwid")
+    serial = sysfs.read_opt(f"{rel}/serial") or sysfs.read_opt(f"{rel}/device/serial")
+    if serial is not None and serial.strip() == "(null)":  # UML's ubd prints this
+        serial = None
+    model = sysfs.read_opt(f"{rel}/device/model")
+    rot = sysfs.read_opt(f"{rel}/queue/rotational")
+    part_of = None
+    if sysfs.exists(f"{rel}/partition"):
+        part_of = rel.split("/")[-2]
+    dm_name = sysfs.read_opt(f"{rel}/dm/name")
+    return Identity(
+        name=name,
+        # VMs and admins know device-mapper devices by /dev/mapper/NAME, not /dev/dm-N
+        node=f"/dev/mapper/{dm_name.strip()}" if dm_name else f"/dev/{name}",
+        devno=sysfs.read_opt(f"{rel}/dev"),
+        size_bytes=size * 512 if size is not None else None,
+        serial=(serial or "").strip() or None,
+        wwn=(wwid or "").strip() or None,
+        model=(model or "").strip() or None,
+        rotational=None if rot is None else rot.strip() == "1",
+        partition_of=part_of,
+    )
+
+
+def read_stats(sysfs: Sysfs, rel: str, warnings: list[str]) -> dict[str, Stats]:
+    out = {}
+    for interval in STATS_INTERVALS:
+        d = f"{rel}/stats_{interval}"
+        if not sysfs.is_dir(d):
+            continue
+
+        def num(name: str, d: str = d) -> int | None:
+            return _opt(_int, sysfs.read_opt(f"{d}/{name}"), f"{d}/{name}", warnings)  # type: ignore[no-any-return]
+
+        out[interval] = Stats(
+            interval=interval,
+            hits=num("cache_hits"),
+            misses=num("cache_misses"),
+            hit_ratio=num("cache_hit_ratio"),
+            bypassed=_opt(Size.parse_hprint, sysfs.read_opt(f"{d}/bypassed"), f"{d}/bypassed",
+                          warnings),
+            bypass_hits=num("cache_bypass_hits"),
+            bypass_misses=num("cache_bypass_misses"),
+            miss_collisions=num("cache_miss_collisions"),
+        )
+    return out
+
+
+def _link_name(sysfs: Sysfs, rel: str) -> str | None:
+    target = sysfs.readlink(rel)
+    return os.path.basename(target.rstrip("/")) if target else None
+
+
+def _link_device(sysfs: Sysfs, rel: str) -> str | None:
+    """A cset's cacheN/bdevN link points at <dev>/bcache: return <dev>'s name."""
+    target = sysfs.readlink(rel)
+    if not target:
+        return None
+    parts = target.rstrip("/").split("/")
+    return parts[-2] if len(parts) >= 2 and parts[-1] == "bcache" else None
+
+
+def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str]) -> BcacheBacking:
+    b = f"{rel}/bcache"
+
+    def r(f: str) -> str | None:
+        return sysfs.read_opt(f"{b}/{f}")
+
+    def w(f: str) -> str:
+        return f"{name}: {f}"
+
+    mode_text = r("cache_mode")
+    mode = None
+    if mode_text is not None:
+        try:
+            mode = CacheMode.parse(parse_bracketed(mode_text)[0])
+        except KernelFormatError as exc:
+            warnings.append(w(str(exc)))
+    state_text = r("state")
+    state = CacheState.UNKNOWN
+    if state_text is not None:
+        try:
+            state = CacheState.parse(state_text)
+        except KernelFormatError as exc:
+            warnings.append(w(str(exc)))
+    swf = r("stop_when_cache_set_failed")
+    dbg = r("writeback_rate_debug")
+    dev_name = _link_name(sysfs, f"{b}/dev")
+    cset = _link_name(sysfs, f"{b}/cache")
+    return BcacheBacking(
+        identity=identity(sysfs, name, rel),
+        device=f"/dev/{dev_name}" if dev_name else None,
+        device_name=dev_name,
+        uuid=(r("backing_dev_uuid") or "").strip() or None,
+        cset_uuid=cset if cset and _UUID.match(cset) else None,
+        label=(r("label") or "").strip() or None,
+        mode=mode,
+        state=state,
+        dirty=_opt(Size.parse_hprint, r("dirty_data"), w("dirty_data"), warnings),
+        running=_opt(_bool, r("running"), w("running"), warnings),
+        writeback_rate=_opt(lambda t: Size.parse_hprint(t.removesuffix("/sec")),
+                            r("writeback_rate"), w("writeback_rate"), warnings),
+        writeback_percent=_opt(_int, r("writeback_percent"), w("writeback_percent"), warnings),
+        writeback_delay=_opt(_int, r("writeback_delay"), w("writeback_delay"), warnings),
+        writeback_running=_opt(_bool, r("writeback_running"), w("writeback_running"), warnings),
+        writeback_rate_minimum=_opt(_int, r("writeback_rate_minimum"),
+                                    w("writeback_rate_minimum"), warnings),
+        sequential_cutoff=_opt(Size.parse_hprint, r("sequential_cutoff"),
+                               w("sequential_cutoff"), warnings),
+        io_errors=_opt(_int, r("io_errors"), w("io_errors"), warnings),
+        io_error_limit=_opt(_int, r("io_error_limit"), w("io_error_limit"), warnings),
+        stop_when_cache_set_failed=(
+            _opt(lambda t: parse_bracketed(t)[0], swf, w("stop_when_cache_set_failed"),
+                 warnings)),
+        rate_debug=_opt(WritebackDebug.parse, dbg, w("writeback_rate_debug"), warnings),
+        stats=read_stats(sysfs, b, warnings),
+    )
+
+
+def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str]) -> BcacheCache:
+    b = f"{rel}/bcache"
+
+    def r(f: str) -> str | None:
+        return sysfs.read_opt(f"{b}/{f}")
+
+    cset = _link_name(sysfs, f"{b}/set")
+    policy = r("cache_replacement_policy")
+    return BcacheCache(
+        identity=identity(sysfs, name, rel),
+        cset_uuid=cset if cset and _UUID.match(cset) else None,
+        io_errors=_opt(_int, r("io_errors"), f"{name}: io_errors", warnings),
+        bucket_size=_opt(Size.parse_hprint, r("bucket_size"), f"{name}: bucket_size", warnings),
+        nbuckets=_opt(_int, r("nbuckets"), f"{name}: nbuckets", warnings),
+        block_size=_opt(Size.parse_hprint, r("block_size"), f"{name}: block_size", warnings),
+        replacement_policy=_opt(lambda t: parse_bracketed(t)[0], policy,
+                                f"{name}: cache_replacement_policy", warnings),
+        written=_opt(Size.parse_hprint, r("written"), f"{name}: written", warnings),
+    )
+
+
+def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
+                   warnings: list[str]) -> CacheSet:
+    d = f"fs/bcache/{uuid}"
+    entries = sysfs.listdir(d)
+    cache_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"cache\d+", e)]
+    bdev_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"bdev\d+", e)]
+    flash = sum(1 for e in entries if re.fullmatch(r"volume\d+", e))
+
+    def r(f: str) -> str | None:
+        return sysfs.read_opt(f"{d}/{f}")
+
+    errors = r("errors")
+    return CacheSet(
+        uuid=uuid,
+        caches=tuple(caches[n] for n in cache_names if n and n in caches),
+        backing_names=tuple(n for n in bdev_names if n),
+        flash_volumes=flash,
+        cache_available_percent=_opt(_int, r("cache_available_percent"),
+                                     f"{uuid}: cache_available_percent", warnings),
+        congested=r("congested"),
+        congested_read_threshold_us=_opt(_int, r("congested_read_threshold_us"),
+                                         f"{uuid}: congested_read_threshold_us", warnings),
+        congested_write_threshold_us=_opt(_int, r("congested_write_threshold_us"),
+                                          f"{uuid}: congested_write_threshold_us", warnings),
+        errors=_opt(lambda t: parse_bracketed(t)[0], errors, f"{uuid}: errors", warnings),
+        io_error_limit=_opt(_int, r("io_error_limit"), f"{uuid}: io_error_limit", warnings),
+        io_error_halflife=_opt(_int, r("io_error_halflife"), f"{uuid}: io_error_halflife",
+                               warnings),
+        block_size=_opt(Size.parse_hprint, r("block_size"), f"{uuid}: block_size", warnings),
+        bucket_size=_opt(Size.parse_hprint, r("bucket_size"), f"{uuid}: bucket_size", warnings),
+        dirty=_opt(Size.parse_hprint, r("dirty_data"), f"{uuid}: dirty_data", warnings),
+        stats=read_stats(sysfs, d, warnings),
+    )
+
+
+@dataclass(frozen=True)
+class BcacheScan:
+    loaded: bool
+    cache_sets: tuple[CacheSet, ...]
+    backings: tuple[BcacheBacking, ...]
+    caches: tuple[BcacheCache, ...]
+    warnings: tuple[str, ...]
+
+
+def scan(sysfs: Sysfs) -> BcacheScan:
+    """Read every bcache object: cache sets, their cache devices, backing devices."""
+    warnings: list[str] = []
+    backings: list[BcacheBacking] = []
+    caches: dict[str, BcacheCache] = {}
+    for name, rel in sorted(block_dirs(sysfs).items()):
+        if name.startswith("bcache") or not sysfs.is_dir(f"{rel}/bcache"):
+            continue
+        if sysfs.exists(f"{rel}/bcache/cache_mode"):
+            backings.append(read_backing(sysfs, name, rel, warnings))
+        elif sysfs.exists(f"{rel}/bcache/bucket_size") or sysfs.exists(f"{rel}/bcache/set"):
+            caches[name] = read_cache(sysfs, name, rel, warnings)
+    sets = []
+    if sysfs.is_dir("fs/bcache"):
+        for entry in sysfs.listdir("fs/bcache"):
+            if _UUID.match(entry) and sysfs.is_dir(f"fs/bcache/{entry}"):
+                sets.append(read_cache_set(sysfs, entry, caches, warnings))
+    return BcacheScan(
+        loaded=sysfs.is_dir("fs/bcache"),
+        cache_sets=tuple(sets),
+        backings=tuple(backings),
+        caches=tuple(caches.values()),
+        warnings=tuple(warnings),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# operations
+
+
+@dataclass(frozen=True)
+class Change:
+    """What an operation did: ``changed`` False means it was already so."""
+
+    target: str
+    what: str
+    before: str | None
+    after: str | None
+    changed: bool = True
+
+
+def backing_rel(sysfs: Sysfs, name: str) -> str:
+    rel = block_dirs(sysfs).get(name)
+    if rel is None or not sysfs.is_dir(f"{rel}/bcache"):
+        raise UsageError(f"/dev/{name} is not a registered bcache device",
+                         hint="cachemgr status lists the bcache devices on this host")
+    return f"{rel}/bcache"
+
+
+def set_mode(sysfs: Sysfs, backing: BcacheBacking, mode: CacheMode) -> Change:
+    """Write ``cache_mode``. bcache persists it in the backing superblock.
+
+    The kernel lets a mode change happen with dirty data present (writeback continues);
+    the caller decides whether to drain. Raises AlreadyError if the mode is already active.
+    """
+    if mode not in BCACHE_MODES:
+        raise UsageError(f"bcache has no cache mode {mode.value!r}",
+                         hint="use writethrough, writeback, writearound or none")
+    name = backing.identity.name
+    if backing.mode == mode:
+        raise AlreadyError(f"{backing.device or name} is already in {mode.value} mode")
+    rel = backing_rel(sysfs, name)
+    sysfs.write(f"{rel}/cache_mode", mode.value)
+    now, _ = parse_bracketed(sysfs.read(f"{rel}/cache_mode"))
+    if now != mode.value:
+        raise CacheMgrError(f"{name}: wrote cache_mode {mode.value} but the kernel reports {now}")
+    return Change(backing.device or name, "cache_mode", str(backing.mode), now)
+
+
+def register(sysfs: Sysfs, node: str) -> Change:
+    """``echo DEV > /sys/fs/bcache/register``; the write's error *is* the kernel's answer."""
+    if not sysfs.exists("fs/bcache/register"):
+        raise CacheMgrError("the bcache module is not loaded", hint="modprobe bcache")
+    try:
+        sysfs.write("fs/bcache/register", node)
+    except SysfsError as exc:
+        # EBUSY/EEXIST: "device already registered" (super.c register_bcache)
+        if exc.errno in (16, 17):
+            raise AlreadyError(f"{node} is already registered with bcache") from exc
+        raise CacheMgrError(
+            f"the kernel refused to register {node}: {exc}",
+            hint="check that it carries a bcache superblock (bcache-super-show)",
+        ) from exc
+    return Change(node, "register", None, "registered")
+
+
+def make_bcache(
+    *, backing: list[str] | None = None, cache: str | None = None, bucket: str | None = None,
+    writeback: bool = False, wipe: bool = False, force: bool = False, timeout: float = 300,
+) -> runner.Completed:
+    """Format devices with make-bcache (-B backing, -C cache). Refuses devices holding a
+    signature (a filesystem or another superblock) unless ``force``."""
+    devices = [*(backing or []), *([cache] if cache else [])]
+    if not devices:
+        raise UsageError("make-bcache needs a backing or a cache device")
+    if not force:
+        for dev in devices:
+            sig = signatures.first(dev)
+            if sig is not None:
+                raise UnsafeError(
+                    f"{dev} holds a {sig} signature; refusing to format it",
+                    hint="check it is the right disk; wipe it deliberately (wipefs -a) first",
+                )
+    argv = ["make-bcache"]
+    if bucket:
+        argv += ["--bucket", bucket]
+    if writeback:
+        argv.append("--writeback")
+    if wipe:
+        argv.append("--wipe-bcache")
+    if cache:
+        argv += ["-C", cache]
+    if backing:
+        argv += ["-B", *backing]
+    return runner.run(argv, timeout=timeout)
+
+
+class AcceptDataLoss(enum.Enum):
+    """The explicit, separately named argument for the operations that can lose data.
+
+    Writing ``running=1`` to a backing device whose dirty data sat in a lost cache, or
+    ``stop`` to a cache set, can corrupt filesystems or make VM disks vanish
+    (bcache.rst; docs/kernel-notes.md, "Failure"). The library never does either unless
+    handed this.
+    """
+
+    I_ACCEPT_DATA_LOSS = "I accept data loss"
+
+
+Progress = Callable[[DrainProgress], None]
+
+# Tunables settable per backing device and per cache set: name -> (validator, help).
+# Values are written as the kernel reads them; the kernel clamps some silently
+# (writeback_percent 50 reads back 40 on 7.2), so every write is read back and compared.
+BACKING_TUNABLES: dict[str, tuple[int, int]] = {
+    "sequential_cutoff": (0, 2**32 - 1),  # bytes; 7.2 rejects unit suffixes ("1M": EINVAL)
+    "writeback_percent": (0, 40),
+    "writeback_delay": (0, 2**31 - 1),  # seconds
+    "writeback_rate_minimum": (1, 2**31 - 1),  # sectors per second
+    "writeback_running": (0, 1),
+}
+SET_TUNABLES: dict[str, tuple[int, int]] = {
+    "congested_read_threshold_us": (0, 2**31 - 1),
+    "congested_write_threshold_us": (0, 2**31 - 1),
+}
+
+
+def _dev(b: BcacheBacking) -> str:
+    return b.device or b.identity.node
+
+
+def _read_tunable(sysfs: Sysfs, path: str, name: str) -> int:
+    text = sysfs.read(path)
+    if name == "sequential_cutoff":
+        return Size.parse_hprint(text).low
+    return int(text)
+
+
+def check_tunable(name: str, value: int, *, cache_set: bool = False) -> None:
+    """A usage error unless ``name`` is a backing device's (or with ``cache_set``, a cache
+    set's) tunable and ``value`` within its bounds; writes nothing."""
+    table, what = (SET_TUNABLES, "cache-set") if cache_set else (BACKING_TUNABLES, "bcache")
+    if name not in table:
+        raise UsageError(f"unknown {what} tunable {name!r}",
+                         hint="one of: " + ", ".join(sorted(table)))
+    lo, hi = table[name]
+    if not lo <= value <= hi:
+        raise UsageError(f"{name} must be between {lo} and {hi}, not {value}")
+
+
+def set_tunable(sysfs: Sysfs, backing: BcacheBacking, name: str, value: int) -> Change:
+    """Set one writeback/caching tunable of a backing device; "already so" if equal."""
+    check_tunable(name, value)
+    rel = backing_rel(sysfs, backing.identity.name)
+    before_text = sysfs.read(f"{rel}/{name}")
+    before = _read_tunable(sysfs, f"{rel}/{name}", name)
+    if name == "sequential_cutoff":
+        # printed lossy (hprint): compare by what the value would print as
+        if hprint(value) == before_text or before == value:
+            raise AlreadyError(f"{_dev(backing)}: {name} is already {before_text}")
+    elif before == value:
+        raise AlreadyError(f"{_dev(backing)}: {name} is already {value}")
+    sysfs.write(f"{rel}/{name}", str(value))
+    after_text = sysfs.read(f"{rel}/{name}")
+    after = _read_tunable(sysfs, f"{rel}/{name}", name)
+    if name != "sequential_cutoff" and after != value:
+        raise CacheMgrError(f"{_dev(backing)}: wrote {name}={value}, the kernel keeps {after}")
+    return Change(_dev(backing), name, before_text, after_text)
+
+
+def set_cache_set_tunable(sysfs: Sysfs, cset: CacheSet, name: str, value: int) -> Change:
+    check_tunable(name, value, cache_set=True)
+    path = f"fs/bcache/{cset.uuid}/{name}"
+    before = sysfs.read(path)
+    if int(before) == value:
+        raise AlreadyError(f"cache set {cset.uuid}: {name} is already {value}")
+    sysfs.write(path, str(value))
+    after = sysfs.read(path)
+    if int(after) != value:
+        raise CacheMgrError(f"cache set {cset.uuid}: wrote {name}={value}, kernel keeps {after}")
+    return Change(cset.uuid, name, before, after)
+
+
+def attach(sysfs: Sysfs, backing: BcacheBacking, cset: CacheSet) -> Change:
+    """Attach a backing device to a cache set (writes the cset UUID to ``attach``)."""
+    if backing.cset_uuid == cset.uuid:
+        raise AlreadyError(f"{_dev(backing)} is already attached to cache set {cset.uuid}")
+    if backing.cset_uuid is not None:
+        raise UsageError(
+            f"{_dev(backing)} is attached to another cache set ({backing.cset_uuid})",
+            hint=f"detach it first: cachemgr detach {_dev(backing)}",
+        )
+    if backing.state == CacheState.DIRTY:
+        raise UnsafeError(
+            f"{_dev(backing)} has dirty data in a cache set that is not here; attaching it to "
+            f"{cset.uuid} would discard that data",
+            hint="bring back the original cache device (register it) first",
+        )
+    rel = backing_rel(sysfs, backing.identity.name)
+    try:
+        sysfs.write(f"{rel}/attach", cset.uuid)
+    except SysfsError as exc:
+        # ENOENT: no such cache set; EINVAL: already attached (super.c bch_cached_dev_attach)
+        raise CacheMgrError(f"the kernel refused to attach {_dev(backing)} to {cset.uuid}: "
+                            f"{exc}") from exc
+    return Change(_dev(backing), "attach", None, cset.uuid)
+
+
+def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
+           progress: Progress | None = None, interval: float = 0.5) -> Change:
+    """Detach from the cache set. bcache writes all dirty data back first (unthrottled),
+    then the state reads ``no cache``; this waits for that, with progress (the dirty data
+    of each reading, rate and ETA; ``action`` "detach") and a timeout.
+    """
+    if backing.cset_uuid is None and backing.state in (CacheState.NO_CACHE, CacheState.CLEAN):
+        raise AlreadyError(f"{_dev(backing)} is not attached to a cache set")
+    name = backing.identity.name
+    rel = backing_rel(sysfs, name)
+    sysfs.write(f"{rel}/detach", "1")
+    deadline = time.monotonic() + timeout
+    meter = drainloop.Meter("detach", _dev(backing), time.monotonic())
+    while True:
+        cur = reread(sysfs, name)
+        if cur.state == CacheState.NO_CACHE:
+            return Change(_dev(backing), "detach", backing.cset_uuid, None)
+        if progress:
+            progress(meter.update(time.monotonic(), cur.dirty_bytes, cur.state))
+        if time.monotonic() >= deadline:
+            raise TimeoutExpired(
+                f"{_dev(backing)}: still {cur.state} with {cur.dirty} dirty after "
+                f"{timeout:g} s of detaching; the kernel keeps flushing and will finish the "
+                "detach by itself",
+                hint=f"watch it with: cachemgr status --watch 2 ({_dev(backing)})",
+            )
+        time.sleep(interval)
+
+
+def reread(sysfs: Sysfs, name: str) -> BcacheBacking:
+    rel = block_dirs(sysfs).get(name)
+    if rel is None or not sysfs.is_dir(f"{rel}/bcache"):
+        raise CacheMgrError(f"/dev/{name} vanished while we were waiting on it")
+    return read_backing(sysfs, name, rel, [])
+
+
+def clear_stats(sysfs: Sysfs, target: BcacheBacking | CacheSet) -> Change:
+    if isinstance(target, CacheSet):
+        sysfs.write(f"fs/bcache/{target.uuid}/clear_stats", "1")
+        return Change(target.uuid, "clear_stats", None, None)
+    rel = backing_rel(sysfs, target.identity.name)
+    sysfs.write(f"{rel}/clear_stats", "1")
+    return Change(_dev(target), "clear_stats", None, None)
+
+
+def unregister_cache_set(sysfs: Sysfs, cset: CacheSet, backings: tuple[BcacheBacking, ...], *,
+                         allow_attached: bool = False, timeout: float = 60) -> Change:
+    """Unregister a cache set (flushes and detaches what is attached, the set goes away).
+
+    Refused while backing devices are attached unless ``allow_attached``; refused while any
+    of them is dirty in any case (detach them first: that flushes with progress).
+    """
+    attached = [b for b in backings if b.cset_uuid == cset.uuid]
+    dirty = [b for b in attached if b.state == CacheState.DIRTY
+             or (b.dirty is not None and not b.dirty.is_zero(512))]
+    if dirty:
+        raise UnsafeError(
+            f"cache set {cset.uuid} holds dirty data of "
+            + ", ".join(_dev(b) for b in dirty),
+            hint="detach or drain those first: cachemgr detach " + _dev(dirty[0]),
+        )
+    if attached and not allow_attached:
+        raise UnsafeError(
+            f"cache set {cset.uuid} still has backing devices attached: "
+            + ", ".join(_dev(b) for b in attached),
+            hint="detach them first (cachemgr detach DEVICE)",
+        )
+    if cset.flash_volumes:
+        raise UnsafeError(f"cache set {cset.uuid} has {cset.flash_volumes} flash volume(s); "
+                          "unregistering would take them away")
+    sysfs.write(f"fs/bcache/{cset.uuid}/unregister", "1")
+    if not wait_for(lambda: not sysfs.exists(f"fs/bcache/{cset.uuid}"), timeout):
+        raise TimeoutExpired(f"cache set {cset.uuid} is still registered after {timeout:g} s")
+    return Change(cset.uuid, "unregister", "registered", None)
+
+
+def stop_backing(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 30) -> Change:
+    """Stop a backing device: /dev/bcacheN goes away and the device is unregistered.
+
+    Refused while the bcache device is in use (holders such as dm or md on top, a mount) or
+    while it holds dirty data in its cache (detach first, which flushes).
+    """
+    if backing.state == CacheState.DIRTY or (
+        backing.dirty is not None and not backing.dirty.is_zero(512)
+    ):
+        raise UnsafeError(f"{_dev(backing)} has dirty data in its cache",
+                          hint=f"detach it first (flushes): cachemgr detach {_dev(backing)}")
+    if backing.device_name:
+        holders = sysfs.listdir(f"block/{backing.device_name}/holders")
+        if holders:
+            raise UnsafeError(f"{backing.device} is in use by {', '.join(holders)}")
+        if _mounted(backing.device or ""):
+            raise UnsafeError(f"{backing.device} is mounted")
+    rel = backing_rel(sysfs, backing.identity.name)
+    sysfs.write(f"{rel}/stop", "1")
+    name = backing.identity.name
+    if not wait_for(lambda: not sysfs.exists(f"{block_dirs(sysfs).get(name, 'x')}/bcache"),
+                    timeout):
+        raise TimeoutExpired(f"{_dev(backing)} is still registered {timeout:g} s after stop")
+    return Change(_dev(backing), "stop", "running", None)
+
+
+def _mounted(node: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[0] == node for line in f if line.strip())
+    except OSError:
+        return False
+
+
+def stop_cache_set(sysfs: Sysfs, cset: CacheSet, accept: AcceptDataLoss) -> Change:
+    """Write ``stop`` to a cache set: every attached backing device stops with it (the VMs'
+    disks vanish) and dirty data stays behind on the SSD. Only with AcceptDataLoss."""
+    if accept is not AcceptDataLoss.I_ACCEPT_DATA_LOSS:
+        raise UnsafeError("stopping a cache set needs the explicit data-loss acknowledgement")
+    sysfs.write(f"fs/bcache/{cset.uuid}/stop", "1")
+    return Change(cset.uuid, "stop", "registered", None)
+
+
+def force_run(sysfs: Sysfs, backing: BcacheBacking, accept: AcceptDataLoss) -> Change:
+    """Write ``running=1``: start a backing device without its cache. If its dirty data sat
+    in the missing cache this is bcache.rst's "massive filesystem corruption" case."""
+    if accept is not AcceptDataLoss.I_ACCEPT_DATA_LOSS:
+        raise UnsafeError("running a backing device without its cache needs the explicit "
+                          "data-loss acknowledgement")
+    if backing.running:
+        raise AlreadyError(f"{_dev(backing)} is already running")
+    rel = backing_rel(sysfs, backing.identity.name)
+    sysfs.write(f"{rel}/running", "1")
+    return Change(_dev(backing), "running", "0", "1")
+
+
+def in_use(sysfs: Sysfs, node: str) -> str | None:
+    """Why a block device is busy (holders, mounted, registered with bcache), or None."""
+    name = sysfs.block_name_of(node)
+    rel = block_dirs(sysfs).get(name) if name else None
+    if name is None or rel is None:
+        raise UsageError(f"{node}: no such block device")
+    holders = sysfs.listdir(f"{rel}/holders")
+    if holders:
+        return f"it is in use by {', '.join(holders)}"
+    if sysfs.is_dir(f"{rel}/bcache"):
+        return "it is registered with bcache"
+    if _mounted(node) or _mounted(f"/dev/{name}"):
+        return "it is mounted"
+    for child in sysfs.listdir(rel):
+        if sysfs.exists(f"{rel}/{child}/partition") and (
+            sysfs.listdir(f"{rel}/{child}/holders") or _mounted(f"/dev/{child}")
+        ):
+            return f"its partition {child} is in use"
+    return None
+
+
+def create(
+    sysfs: Sysfs, *, backings: list[str], cache: str | None, mode: CacheMode | None = None,
+    bucket: str | None = None, force: bool = False, timeout: float = 30,
+) -> list[Change]:
+    """Format, register and attach: make-bcache -C cache -B backing..., then wait for each
+    /dev/bcacheN to appear attached, then set the mode. Refuses busy devices, and devices
+    with a signature unless ``force``."""
+    if os.geteuid() != 0:
+        raise UsageError("creating bcache devices needs root")
+    if not backings and not cache:
+        raise UsageError("create needs --backing DEV and/or --cache DEV")
+    for dev in [*backings, *([cache] if cache else [])]:
+        if not os.path.exists(dev):
+            raise UsageError(f"{dev}: no such device")
+        why = in_use(sysfs, dev)
+        if why:
+            raise UnsafeError(f"{dev} is busy: {why}; refusing to format it")
+    make_bcache(backing=backings, cache=cache, bucket=bucket, force=force, wipe=force)
+    changes = [Change(d, "format", None, "bcache backing") for d in backings]
+    if cache:
+        changes.append(Change(cache, "format", None, "bcache cache"))
+    for dev in [*([cache] if cache else []), *backings]:
+        # udev's 69-bcache.rules may have been faster: already registered is fine
+        with contextlib.suppress(AlreadyError):
+            changes.append(register(sysfs, dev))
+    names = [sysfs.block_name_of(d) or os.path.basename(d) for d in backings]
+
+    def ready() -> bool:
+        dirs = block_dirs(sysfs)
+        for n in names:
+            rel = dirs.get(n)
+            if rel is None or not sysfs.exists(f"{rel}/bcache/dev"):
+                return False
+            if cache and not sysfs.exists(f"{rel}/bcache/cache"):
+                return False
+        return True
+
+    if not wait_for(ready, timeout):
+        raise TimeoutExpired(f"bcache devices for {', '.join(backings)} did not appear within "
+                             f"{timeout:g} s", hint="check dmesg for bcache errors")
+    if mode is not None:
+        dirs = block_dirs(sysfs)
+        for n in names:
+            b = read_backing(sysfs, n, dirs[n], [])
+            with contextlib.suppress(AlreadyError):
+                changes.append(set_mode(sysfs, b, mode))
+    return changes
+
+
+def claimed(node: str) -> bool:
+    """Whether someone holds the block device ``node`` exclusively (bcache, a mount, md, dm):
+    an O_EXCL open fails with EBUSY then, as wipefs's does. A missing node is not held."""
+    try:
+        fd = os.open(node, os.O_RDONLY | os.O_EXCL)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return True
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+    os.close(fd)
+    return False
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

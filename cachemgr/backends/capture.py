@@ -1,0 +1,185 @@
+"""Capture a kernel's bcache and device-mapper state into a fixture folder.
+
+Unit tests run on these captures (tests/fixtures/<scenario>/), never on hand-written trees.
+Run inside the lab after building a scenario, e.g.::
+
+    cachemgr lab run --disks 1G,256M -- scripts/capture-fixtures.sh
+
+What is copied: /sys/fs/bcache (every file, links kept as links), every /sys/block entry
+(the link and its device directory, its bcache/, dm/, holders/, slaves/, queue/ basics and
+partitions) and the SCSI device attributes behind ``device`` (vendor, model, wwid, vpd pages),
+plus ``dmsetup table`` / ``dmsetup status`` / ``dmsetup info`` output and a meta.json naming
+the kernel. Write-only files are recorded as empty files with their mode, so their presence
+is part of the capture. ``priority_stats`` is never read (it locks every bucket).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import stat
+import time
+from pathlib import Path
+
+from cachemgr.core import runner
+from cachemgr.core.errors import CommandError
+from cachemgr.core.sysfs import NEVER_READ, Sysfs
+
+# Directory names not worth copying under a block device (large, volatile or irrelevant).
+SKIP_DIRS = frozenset({"power", "trace", "mq", "integrity", "iosched", "subsystem", "driver",
+                       "bdi", "firmware_node", "physical_node", "generic", "bsg", "scsi_generic",
+                       "scsi_disk", "block", "mpath"})
+SKIP_FILES = frozenset({"uevent_seqnum"}) | NEVER_READ
+MAX_FILE = 64 * 1024
+
+
+class Capturer:
+    def __init__(self, sysfs: Sysfs, out: Path) -> None:
+        self.sys = sysfs
+        self.out = out
+        # deepest (depth, follow) each directory was walked with: a device first reached
+        # through another's slaves/ link at depth 1 must be walked again from block/
+        self.seen: dict[str, tuple[int, int]] = {}
+
+    def dest(self, rel: str) -> Path:
+        return self.out / "sys" / rel
+
+    def copy_file(self, rel: str) -> None:
+        src = self.sys.path(rel)
+        dst = self.dest(rel)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(src.lstat().st_mode)
+        data = b""
+        if mode & 0o444 and src.name not in SKIP_FILES:
+            try:
+                with open(src, "rb") as f:
+                    data = f.read(MAX_FILE)
+            except OSError:
+                data = b""
+        dst.write_bytes(data)
+        os.chmod(dst, mode | 0o200)
+
+    def copy_link(self, rel: str) -> str | None:
+        target = self.sys.readlink(rel)
+        if target is None:
+            return None
+        dst = self.dest(rel)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        os.symlink(target, dst)
+        return os.path.normpath(os.path.join(os.path.dirname(rel), target))
+
+    def copy_tree(self, rel: str, depth: int, follow: int = 1) -> None:
+        """Copy ``rel`` (a directory) ``depth`` levels deep; follow links ``follow`` hops."""
+        real = os.path.normpath(rel)
+        done = self.seen.get(real)
+        if done is not None and done[0] >= depth and done[1] >= follow:
+            return
+        self.seen[real] = (max(depth, done[0] if done else 0), max(follow, done[1] if done else 0))
+        self.dest(rel).mkdir(parents=True, exist_ok=True)
+        for name in self.sys.listdir(rel):
+            child = f"{rel}/{name}"
+            p = self.sys.path(child)
+            if p.is_symlink():
+                target = self.copy_link(child)
+                if target and follow > 0 and name not in SKIP_DIRS and self.sys.is_dir(target):
+                    self.copy_tree(target, depth=min(depth, 2), follow=follow - 1)
+            elif p.is_dir():
+                if depth > 0 and name not in SKIP_DIRS:
+                    self.copy_tree(child, depth - 1, follow)
+            elif p.is_file():
+                self.copy_file(child)
+
+    def capture_block(self) -> None:
+        for name in self.sys.listdir("block"):
+            if name.startswith(("loop", "ram")) and not self._in_use(name):
+                continue
+            target = self.copy_link(f"block/{name}")
+            if target is None:
+                continue
+            # the device dir: bcache/ and dm/ fully, stats files, partitions, holders/slaves
+            self.copy_tree(target, depth=2, follow=1)
+
+    def _in_use(self, name: str) -> bool:
+        return bool(self.sys.listdir(f"block/{name}/holders")) or self.sys.exists(
+            f"block/{name}/bcache"
+        ) or (self.sys.read_opt(f"block/{name}/size") or "0") != "0"
+
+    def capture_scsi(self) -> None:
+        """SCSI hosts (scan, proc_name), scsi_debug's pseudo bus, each disk's device/ dir."""
+        if self.sys.is_dir("class/scsi_host"):
+            self.copy_tree("class/scsi_host", depth=1, follow=1)
+        if self.sys.is_dir("bus/pseudo"):
+            self.copy_tree("bus/pseudo", depth=3, follow=1)
+        for name in self.sys.listdir("block"):
+            dev = self.sys.resolve(f"block/{name}/device")
+            if dev:
+                self.copy_tree(dev, depth=2, follow=0)
+
+    def capture_devnums(self) -> None:
+        """dev/block/MAJ:MIN links (sysfs root): how a device node maps to its kernel name."""
+        for entry in self.sys.listdir("dev/block"):
+            self.copy_link(f"dev/block/{entry}")
+
+    def capture_bcache(self) -> None:
+        if self.sys.is_dir("fs/bcache"):
+            self.copy_tree("fs/bcache", depth=4, follow=1)
+
+    def capture_tools(self) -> None:
+        """What the system's own tools say, for cross-checks in unit tests."""
+        cmds = {
+            "lsblk.json": ["lsblk", "-J", "-b", "-o",
+                           "NAME,KNAME,MAJ:MIN,SIZE,TYPE,SERIAL,WWN,FSTYPE,UUID,MODEL"],
+        }
+        if os.path.exists("/run/udev/control"):
+            cmds["udev-db.txt"] = ["udevadm", "info", "--export-db"]
+        for fname, argv in cmds.items():
+            try:
+                (self.out / fname).write_text(runner.run(argv, timeout=60).stdout)
+            except CommandError as exc:
+                (self.out / fname).write_text(f"# {' '.join(argv)} failed: {exc}\n")
+        lines = []
+        for name in self.sys.listdir("block"):
+            if name.startswith(("loop", "ram")):
+                continue
+            r = runner.run(["blkid", "-p", "-o", "export", f"/dev/{name}"], timeout=30,
+                           check=False)
+            if r.stdout.strip():
+                lines.append(f"# /dev/{name}\n{r.stdout.strip()}\n")
+        (self.out / "blkid.txt").write_text("\n".join(lines))
+
+    def capture_dmsetup(self) -> None:
+        outputs = {}
+        for what in ("table", "status", "info"):
+            try:
+                outputs[what] = runner.run(["dmsetup", what], timeout=30).stdout
+            except CommandError as exc:
+                outputs[what] = f"# dmsetup {what} failed: {exc}\n"
+        for what, text in outputs.items():
+            (self.out / f"dmsetup-{what}.txt").write_text(text)
+
+    def run(self, scenario: str, description: str) -> None:
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        self.out.mkdir(parents=True)
+        self.capture_block()  # before fs/bcache, whose links reach devices at shallower depth
+        self.capture_bcache()
+        self.capture_scsi()
+        self.capture_devnums()
+        self.capture_dmsetup()
+        self.capture_tools()
+        meta = {
+            "scenario": scenario,
+            "description": description,
+            "kernel": platform.release(),
+            "captured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "lab_backend": os.environ.get("LAB_BACKEND"),
+        }
+        (self.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def capture(out: Path, scenario: str, description: str = "", sysfs: Sysfs | None = None) -> None:
+    Capturer(sysfs or Sysfs(), out).run(scenario, description)

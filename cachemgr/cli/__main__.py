@@ -1,0 +1,5 @@
+import sys
+
+from cachemgr.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,277 @@
+"""``cachemgr bench``: run, compare and plot fio benchmarks of caches (docs/cli.md).
+
+    cachemgr bench run TARGET [job options] [--json] [--out DIR]
+    cachemgr bench compare TARGET... [--rw randwrite|randread|randrw] [--bs 4k] [--iodepth N]
+            [--zipf THETA] [--runtime S] [--repeat N] [--json] [--out DIR]
+    cachemgr bench plot RESULT.json [--out DIR]
+    cachemgr bench demo                      # in the lab: dm-delay HDD vs bcache writeback
+
+TARGET is ``[LABEL=]DEVICE[:MODE]``: ``/dev/mapper/hdd``, ``/dev/bcache0``,
+``wb=/dev/bcache0:writeback`` (the mode is switched for those runs and restored after). Results
+are saved as JSON under the results directory (``/var/lib/cachemgr/bench``, or
+``$CACHEMGR_BENCH_DIR``, or ``--out``) with the plots next to them; ``--json`` prints the same
+document (``{"schema": 1, "results": [...], ...}``) on stdout. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cachemgr.core.errors import UsageError
+from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import bench as bench_ops
+from cachemgr.ops.control import Control
+from cachemgr.procedures import bench
+
+
+def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: int = 3) -> None:
+    g = s.add_argument_group("job")
+    g.add_argument("--rw", default=rw, choices=bench.RW_MODES)
+    g.add_argument("--bs", default="4k", metavar="SIZE", help="block size (default 4k)")
+    g.add_argument("--iodepth", type=int, default=1, metavar="N", help="queue depth (1)")
+    g.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel fio jobs (1)")
+    g.add_argument("--zipf", type=float, metavar="THETA",
+                   help="Zipf theta of the random offsets (default 1.2)")
+    g.add_argument("--distribution", metavar="DIST",
+                   help="any fio random_distribution (pareto:0.9, normal:5, random, ...)")
+    g.add_argument("--size", metavar="SIZE", help="region addressed (default: whole device)")
+    g.add_argument("--offset", metavar="SIZE")
+    g.add_argument("--runtime", type=float, default=5.0, metavar="S", help="seconds (5)")
+    g.add_argument("--ramp", type=float, default=0.0, metavar="S",
+                   help="seconds run before measuring")
+    g.add_argument("--rwmixread", type=int, default=70, metavar="PCT")
+    g.add_argument("--steadystate", metavar="CRIT",
+                   help="fio steady-state criterion, e.g. iops_slope:2%% (ends a run early once "
+                        "reached; runs that never reach it are flagged)")
+    g.add_argument("--ss-dur", type=float, metavar="S")
+    g.add_argument("--ss-ramp", type=float, metavar="S")
+    g.add_argument("--rate-iops", type=int, metavar="N")
+    c = s.add_argument_group("repetitions and cache hygiene")
+    c.add_argument("--repeat", type=int, default=repeat, metavar="N",
+                   help=f"runs per target, interleaved ({repeat})")
+    c.add_argument("--tolerance", type=float, default=bench.DEFAULT_TOLERANCE, metavar="F",
+                   help="flag runs whose IOPS differ from the median by more (0.2)")
+    c.add_argument("--warmup", metavar="SPEC",
+                   help="before each cache run: SECONDS, NUMBERios (e.g. 300000ios), or auto "
+                        "(3x Che's characteristic time)")
+    c.add_argument("--fresh-cache", action="store_true",
+                   help="rebuild the cache set before each cache run (detach, wipe, re-create)")
+    c.add_argument("--reset-stats", action="store_true", help="clear bcache's stats first")
+    c.add_argument("--no-settle", action="store_true",
+                   help="do not wait for bcache's ~13.6 s stats tick after read runs")
+    c.add_argument("--keep-congestion", action="store_true",
+                   help="leave the congestion thresholds as they are (default: 0 for the run)")
+    c.add_argument("--seed", type=int, default=1, metavar="N", help="base of fio's randseed")
+    c.add_argument("--force", action="store_true",
+                   help="write even to devices that look in use or hold data (destroys it)")
+    o = s.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the result document (schema 1)")
+    o.add_argument("--out", metavar="DIR", help="results directory")
+    o.add_argument("--no-save", action="store_true", help="do not save the result")
+    o.add_argument("--no-plot", action="store_true", help="do not draw the plots")
+
+
+def spec_from(args: argparse.Namespace) -> bench.JobSpec:
+    if args.zipf is not None and args.distribution:
+        raise UsageError("give --zipf or --distribution, not both")
+    dist = args.distribution or f"zipf:{args.zipf if args.zipf is not None else 1.2:g}"
+    spec = bench.JobSpec(
+        rw=args.rw, bs=args.bs, iodepth=args.iodepth, numjobs=args.jobs, distribution=dist,
+        size=args.size, offset=args.offset, runtime=args.runtime, ramp=args.ramp,
+        rwmixread=args.rwmixread, steadystate=args.steadystate, ss_dur=args.ss_dur,
+        ss_ramp=args.ss_ramp, rate_iops=args.rate_iops,
+    )
+    spec.validate()
+    return spec
+
+
+def options_from(args: argparse.Namespace) -> bench.CompareOptions:
+    warm_s, warm_ios, auto = 0.0, None, False
+    w = (args.warmup or "").strip().lower()
+    if w == "auto":
+        auto = True
+    elif w.endswith("ios"):
+        try:
+            warm_ios = int(float(w[:-3].replace("k", "e3").replace("m", "e6")))
+        except ValueError:
+            raise UsageError(f"bad --warmup {args.warmup!r}") from None
+    elif w:
+        try:
+            warm_s = float(w.removesuffix("s"))
+        except ValueError:
+            raise UsageError(f"bad --warmup {args.warmup!r}",
+                             hint="SECONDS, NUMBERios or auto") from None
+    return bench.CompareOptions(
+        repeat=args.repeat, warmup=warm_s, warmup_ios=warm_ios, warmup_auto=auto,
+        fresh=args.fresh_cache, settle=not args.no_settle, reset_stats=args.reset_stats,
+        tolerance=args.tolerance, force=args.force, seed=args.seed,
+        congestion_off=not args.keep_congestion)
+
+
+class _Reporter:
+    """Progress on stderr: rewritten in place on a terminal, every line otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, msg: str) -> None:
+        if self.tty:
+            print("\r" + msg[:100].ljust(100), end="", file=sys.stderr, flush=True)
+        else:
+            print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def _compare(args: argparse.Namespace, targets: list[str]) -> int:
+    spec = spec_from(args)
+    opts = options_from(args)
+    rep = _Reporter()
+    argv = ["cachemgr", *sys.argv[1:]] if sys.argv and "cachemgr" in sys.argv[0] else []
+    try:
+        res = bench_ops.compare(Sysfs(args.sysfs_root), spec, targets, opts,
+                                ctl=Control(progress=rep, what="bench"), out=args.out,
+                                save=not args.no_save, plots=not args.no_plot, argv=argv)
+    finally:
+        rep.done()
+    for note in res.notes:
+        print(note, file=sys.stderr)
+    assert res.data is not None
+    if args.json:
+        print(json.dumps(res.data, indent=2))
+    else:
+        print("\n".join(res.lines))
+    return int(res.exit_code)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return _compare(args, [args.target])
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    return _compare(args, list(args.targets))
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from cachemgr.procedures import plot
+
+    doc = bench.load(args.result)
+    out = Path(args.out) if args.out else Path(args.result).parent
+    for p in plot.write_plots(doc, out, stem=Path(args.result).stem):
+        print(p)
+    return ExitCode.OK
+
+
+# ----------------------------------------------------------------------------- demo
+
+DEMO_DELAY_MS = 8
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Outside the lab: boot it and run this command there. Inside: build and compare."""
+    if os.environ.get("CACHEMGR_IN_LAB") != "1":
+        from cachemgr.lab import core
+
+        spec = core.LabSpec(disks=core.parse_disks(args.disks), timeout=args.timeout)
+        argv = [sys.executable, "-m", "cachemgr", "bench", "demo",
+                "--runtime", f"{args.runtime:g}", "--repeat", str(args.repeat)]
+        if args.out:
+            argv += ["--out", os.path.abspath(args.out)]
+        return core.run(argv, spec).returncode
+    return run_demo(args)
+
+
+def build_demo_devices(disks: list[str]) -> tuple[str, str]:
+    """Two identical dm-delay "HDDs" (halves of the first disk) and bcache in writeback over
+    the second one, cached by the second disk. Returns (bare HDD, bcache device)."""
+    from cachemgr.backends import bcache
+    from cachemgr.core import runner
+    from cachemgr.core.model import CacheMode
+
+    raw, ssd = disks[0], disks[1]
+    sectors = int(runner.run(["blockdev", "--getsz", raw]).stdout.strip())
+    half = sectors // 2
+    runner.run(["dmsetup", "create", "hdd", "--table",
+                f"0 {half} delay {raw} 0 {DEMO_DELAY_MS}"])
+    runner.run(["dmsetup", "create", "hdd2", "--table",
+                f"0 {half} delay {raw} {half} {DEMO_DELAY_MS}"])
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=["/dev/mapper/hdd2"], cache=ssd, bucket="128k",
+                  mode=CacheMode.WRITEBACK)
+    b = next(x for x in bcache.scan(sysfs).backings if x.identity.node == "/dev/mapper/hdd2")
+    assert b.device is not None
+    return "/dev/mapper/hdd", b.device
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    disks = os.environ.get("LAB_DISKS", "").split()
+    if len(disks) < 2:
+        raise UsageError("the demo needs two scratch disks (cachemgr bench demo --disks 4G,2G)")
+    hdd, bc = build_demo_devices(disks)
+    out = args.out or os.path.join(os.getcwd(), "results",
+                                   time.strftime("bench-demo-%Y%m%d-%H%M%S"))
+    print(f"demo: bare HDD {hdd} (dm-delay {DEMO_DELAY_MS} ms per IO) vs {bc} (bcache "
+          f"writeback over an identical HDD, cached by {disks[1]}); results in {out}")
+    sysfs = Sysfs()
+    rep = _Reporter()
+    rc = 0
+    targets = [f"hdd={hdd}", f"bcache-wb={bc}:writeback"]
+    for rw in ("randwrite", "randread"):
+        for qd in (1, 8):
+            spec = bench.JobSpec(rw=rw, iodepth=qd, distribution="zipf:1.2", size="1G",
+                                 runtime=args.runtime)
+            opts = bench.CompareOptions(repeat=args.repeat, warmup=10 if rw == "randread"
+                                        else 0, settle=rw == "randread")
+            try:
+                res = bench_ops.compare(sysfs, spec, targets, opts,
+                                        ctl=Control(progress=rep, what="bench demo"), out=out)
+            finally:
+                rep.done()
+            for note in res.notes:
+                print(note, file=sys.stderr)
+            print()
+            print("\n".join(res.lines))
+            if res.failed:
+                rc = 1
+    return rc
+
+
+def register(sub: Any) -> None:
+    """Add ``bench`` and its subcommands to the top-level parser (cli.main.GROUPS)."""
+    p = sub.add_parser("bench", help="fio benchmarks of caches: run, compare, plot, demo")
+    bsub = p.add_subparsers(dest="benchcmd", metavar="BENCHCOMMAND")
+    bsub.required = True
+
+    s = bsub.add_parser("run", help="benchmark one target")
+    s.add_argument("target", metavar="TARGET", help="[LABEL=]DEVICE[:MODE]")
+    job_options(s, repeat=1)
+    s.set_defaults(func=cmd_run)
+
+    s = bsub.add_parser("compare", help="the same job on several targets or modes, interleaved")
+    s.add_argument("targets", nargs="+", metavar="TARGET",
+                   help="[LABEL=]DEVICE[:MODE]; the first is the baseline of the ratios")
+    job_options(s)
+    s.set_defaults(func=cmd_compare)
+
+    s = bsub.add_parser("plot", help="latency-percentile and IOPS charts from a saved result")
+    s.add_argument("result", metavar="RESULT.json")
+    s.add_argument("--out", metavar="DIR", help="where to write (default: next to the result)")
+    s.set_defaults(func=cmd_plot)
+
+    s = bsub.add_parser("demo", help="lab preset: dm-delay HDD vs bcache writeback, Zipf 1.2 "
+                                     "random writes and reads at QD1 and QD8")
+    s.add_argument("--disks", default="4G,2G", metavar="SIZES")
+    s.add_argument("--runtime", type=float, default=4.0, metavar="S")
+    s.add_argument("--repeat", type=int, default=2, metavar="N")
+    s.add_argument("--timeout", type=float, default=1200.0, metavar="S")
+    s.add_argument("--out", metavar="DIR")
+    s.set_defaults(func=cmd_demo)

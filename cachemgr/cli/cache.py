@@ -1,0 +1,202 @@
+"""The cache commands: status, mode, drain, attach, detach, create, remove, tune, force-run,
+stop-set, and the TUI. Each parses its arguments, calls the command layer (cachemgr/ops/cache.py)
+and renders the result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from cachemgr.cli.render import emit, with_progress
+from cachemgr.core.errors import UsageError
+from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.render import status_table
+
+
+def _sysfs(args: argparse.Namespace) -> Sysfs:
+    return Sysfs(args.sysfs_root)
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    while True:
+        snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch)
+        if args.json:
+            print(json.dumps(cache_ops.status_json(snap), indent=None if args.watch else 2),
+                  flush=True)
+        else:
+            if args.watch:
+                print(time.strftime("%H:%M:%S"))
+            print(status_table(snap), flush=True)
+        if not args.watch:
+            return ExitCode.OK
+        time.sleep(args.watch)
+
+
+# ----------------------------------------------------------------------------- changes
+
+
+def cmd_mode(args: argparse.Namespace) -> int:
+    return with_progress(args, f"mode {args.mode} on {args.target}", lambda ctl: cache_ops.mode(
+        _sysfs(args), args.target, args.mode, drain=args.drain, ctl=ctl,
+        timeout=args.timeout, stall_timeout=args.stall_timeout))
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    return with_progress(args, f"drain of {args.target}", lambda ctl: cache_ops.drain(
+        _sysfs(args), args.target, ctl=ctl, resume=args.resume, timeout=args.timeout,
+        stall_timeout=args.stall_timeout))
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    return emit(args, cache_ops.attach(_sysfs(args), args.backing, args.cache))
+
+
+def cmd_detach(args: argparse.Namespace) -> int:
+    return with_progress(args, f"detach of {args.backing}", lambda ctl: cache_ops.detach(
+        _sysfs(args), args.backing, ctl=ctl, timeout=args.timeout))
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    if args.kind == "dm-cache":
+        if args.backing or args.bucket:
+            raise UsageError("--backing and --bucket are for create bcache "
+                             "(dm-cache: --origin)")
+        return emit(args, cache_ops.create_dmcache(
+            _sysfs(args), name=args.name, origin=args.origin, cache=args.cache,
+            metadata=args.metadata, mode=args.mode, block_size=args.block_size,
+            force=args.force))
+    if args.name or args.origin or args.metadata or args.block_size:
+        raise UsageError("NAME, --origin, --metadata and --block-size are for create dm-cache")
+    return emit(args, cache_ops.create_bcache(
+        _sysfs(args), backings=args.backing or [], cache=args.cache, mode=args.mode,
+        bucket=args.bucket, force=args.force))
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Safe decommission (see ops.cache.remove)."""
+    return with_progress(args, f"remove of {args.target}", lambda ctl: cache_ops.remove(
+        _sysfs(args), args.target, keep_device=args.keep_device, ctl=ctl,
+        timeout=args.timeout, stall_timeout=args.stall_timeout))
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    return emit(args, cache_ops.tune(_sysfs(args), args.target, args.settings))
+
+
+def cmd_force_run(args: argparse.Namespace) -> int:
+    return emit(args, cache_ops.force_run(_sysfs(args), args.backing,
+                                          accept_data_loss=args.i_accept_data_loss))
+
+
+def cmd_stop_set(args: argparse.Namespace) -> int:
+    return emit(args, cache_ops.stop_set(_sysfs(args), args.cache,
+                                         accept_data_loss=args.i_accept_data_loss))
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    # the one place the CLI reaches up to a face: imported lazily, so the library (and a
+    # plain `cachemgr status`) never loads textual
+    import importlib
+
+    app_mod = importlib.import_module("tui.app")
+    # tui.app.run: the app's own exit code (0); nothing is printed on quitting
+    return int(app_mod.run(args.sysfs_root, args.interval))
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("status", help="show every cache, its mode, state and dirty data")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
+    s.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("mode", help="switch the cache mode of a cached device")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("mode", metavar="MODE", help="bcache: writethrough|writeback|writearound|"
+                   "none; dm-cache: writeback|writethrough|passthrough")
+    s.add_argument("--drain", action="store_true", help="then drain until clean")
+    s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_mode)
+
+    s = sub.add_parser("drain", help="write all dirty data back fast, with progress")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="stop if dirty data does not go down for S seconds (default 60)")
+    s.add_argument("--resume", action="store_true",
+                   help="restore tunables left by an interrupted drain, then drain")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_drain)
+
+    s = sub.add_parser("attach", help="attach a backing device to a cache set")
+    s.add_argument("backing", metavar="BACKING")
+    s.add_argument("cache", metavar="CACHE", help="cset UUID or cache device")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_attach)
+
+    s = sub.add_parser("detach", help="detach a backing device (flushes dirty data first)")
+    s.add_argument("backing", metavar="BACKING")
+    s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_detach)
+
+    s = sub.add_parser("create", help="create a cache: create bcache --backing DEV --cache DEV "
+                       "| create dm-cache NAME --origin DEV --cache DEV --metadata DEV")
+    s.add_argument("kind", choices=("bcache", "dm-cache"))
+    s.add_argument("name", nargs="?", metavar="NAME", help="dm-cache: the dm name to create")
+    s.add_argument("--origin", metavar="DEV", help="dm-cache: the slow device (data kept)")
+    s.add_argument("--metadata", metavar="DEV", help="dm-cache: the metadata device")
+    s.add_argument("--block-size", metavar="SIZE",
+                   help="dm-cache block size (multiple of 32k; default 64k, larger for big "
+                        "caches)")
+    s.add_argument("--backing", action="append", metavar="DEV")
+    s.add_argument("--cache", metavar="DEV")
+    s.add_argument("--mode", metavar="MODE")
+    s.add_argument("--bucket", metavar="SIZE", help="bucket size, e.g. 128k for small SSDs")
+    s.add_argument("--force", action="store_true",
+                   help="format even over an existing signature (wipes it)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_create)
+
+    s = sub.add_parser("remove", help="safe decommission: flush, detach, stop / unregister")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="dm-cache: stop if dirty blocks do not go down for S seconds")
+    s.add_argument("--keep-device", action="store_true",
+                   help="dm-cache: keep the device (as a linear mapping of the origin) so "
+                        "that its users keep running")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_remove)
+
+    s = sub.add_parser("tune", help="set tunables: tune TARGET writeback_percent=0 ...")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("settings", nargs="+", metavar="NAME=VALUE")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("force-run", help="start a backing device without its cache (DANGER)")
+    s.add_argument("backing", metavar="BACKING")
+    s.add_argument("--i-accept-data-loss", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_force_run)
+
+    s = sub.add_parser("stop-set", help="stop a cache set without flushing (DANGER)")
+    s.add_argument("cache", metavar="CACHE")
+    s.add_argument("--i-accept-data-loss", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_stop_set)
+
+    s = sub.add_parser("tui", help="the interactive dashboard and actions (Textual; also "
+                       "cachemgr-tui)")
+    s.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="refresh interval in seconds (default 1; +/- in the app)")
+    s.set_defaults(func=cmd_tui)

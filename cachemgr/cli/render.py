@@ -1,0 +1,61 @@
+"""How the CLI shows a command's result and progress: stdout is data (``--json``: the
+result's document, schema 1), stderr is remarks and progress."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+from cachemgr.ops.control import Control, Result, progress_line
+
+
+def emit(args: argparse.Namespace, res: Result) -> int:
+    """Print a command's result (stdout: data; stderr: remarks) and return its exit code."""
+    for line in res.notes:
+        print(line, file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps(res.json()))
+    else:
+        for line in res.text():
+            print(line)
+    return int(res.exit_code)
+
+
+class ProgressReporter:
+    """Progress on stderr: rewritten in place on a terminal, a line every 5 s if not."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.tty = sys.stderr.isatty()
+        self.quiet = quiet
+        self.last = 0.0
+
+    def __call__(self, p: object) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self.last < 5:
+            return
+        self.last = now
+        line = progress_line(p)
+        if self.tty:
+            print("\r" + line.ljust(78), end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            print(file=sys.stderr)
+
+
+def with_progress(args: argparse.Namespace, what: str,
+                  fn: Callable[[Control], Result]) -> int:
+    """Run a long command with progress on stderr (none with --json) and print its result."""
+    rep = ProgressReporter(quiet=getattr(args, "json", False))
+    try:
+        res = fn(Control(progress=rep, what=what))
+    finally:
+        rep.done()
+    return emit(args, res)

@@ -1,0 +1,79 @@
+"""``cachemgr replace-ssd``: the face of cachemgr.procedures.replace (see its docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cachemgr.cli.render import emit
+from cachemgr.core.errors import UsageError
+from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import replace as ops
+from cachemgr.ops.control import Control
+
+
+def _say(msg: str) -> None:
+    print(f"replace-ssd: {msg}", file=sys.stderr, flush=True)
+
+
+def _ask_stdin(text: str) -> bool:
+    """The operator's swap prompt on a terminal: Enter once the disk is in."""
+    print(text, file=sys.stderr, flush=True)
+    try:
+        input()
+    except EOFError:
+        raise UsageError("no operator input (stdin closed)",
+                         hint="pass --yes when the new disk is already in") from None
+    return True
+
+
+def cmd_replace(args: argparse.Namespace) -> int:
+    sysfs = Sysfs(args.sysfs_root)
+    ctl = Control(what="replace-ssd", say=(lambda m: None) if args.json else _say,
+                  prompt=_ask_stdin)
+    if args.list:
+        return emit(args, ops.list_runs())
+    if args.rollback:
+        return emit(args, ops.rollback(sysfs, args.rollback, ctl=ctl))
+    if args.resume:
+        return emit(args, ops.resume(sysfs, args.resume, ctl=ctl))
+    opts = ops.Options(new=args.new, interim_mode=args.interim_mode,
+                       wipe_old=not args.keep_old_signature, yes=args.yes,
+                       drain_timeout=args.drain_timeout, stall_timeout=args.stall_timeout,
+                       wait_timeout=args.wait_timeout)
+    if args.dry_run:
+        return emit(args, ops.dry_run(sysfs, args.cache, opts))
+    j = ops.plan(sysfs, args.cache, opts, for_run=True)
+    if not args.yes and sys.stdin.isatty():
+        print("\n".join(ops.describe(j)), file=sys.stderr)
+        ans = input("Go ahead? [y/N] ").strip().lower()
+        if ans not in ("y", "yes"):
+            print("replace-ssd: nothing done", file=sys.stderr)
+            return ExitCode.UNSAFE
+    _say(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
+    return emit(args, ops.run(sysfs, j, ctl=ctl))
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("replace-ssd", help="replace a cache SSD safely (journaled, resumable)")
+    s.add_argument("cache", nargs="?", metavar="CACHE", help="the SSD or cset UUID")
+    s.add_argument("--new", default="same", metavar="DEV",
+                   help="same (re-insert the old SSD, default), any (operator swaps the disk "
+                        "in the same slot), or the new disk: /dev/sdX, wwn:..., serial:...")
+    s.add_argument("--interim-mode", default="none",
+                   choices=("none", "writearound", "writethrough"))
+    s.add_argument("--keep-old-signature", action="store_true",
+                   help="do not wipe the old SSD's bcache signature")
+    s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    s.add_argument("--yes", action="store_true", help="no confirmation, no operator prompts")
+    s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
+    s.add_argument("--rollback", metavar="ID",
+                   help="undo an interrupted run that has not unregistered the old set")
+    s.add_argument("--list", action="store_true", help="list journaled runs")
+    s.add_argument("--drain-timeout", type=float, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=float, default=120.0, metavar="S")
+    s.add_argument("--wait-timeout", type=float, default=600.0, metavar="S")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_replace)

@@ -1,0 +1,585 @@
+"""The shared model: frozen dataclasses and enums used by every backend and face.
+
+Foreign text becomes typed data at the edge (sysfs strings, dmsetup lines, blkid probes): the
+parsers that do it live here or in the backends, and each documents the formats it accepts with
+a sample and raises :class:`KernelFormatError` carrying the text it could not read.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+from cachemgr.core.errors import KernelFormatError, UsageError
+
+
+class CacheMode(enum.StrEnum):
+    """A cache mode, in the kernel's words (bcache's ``cache_mode``; dm-cache's features)."""
+
+    WRITETHROUGH = "writethrough"
+    WRITEBACK = "writeback"
+    WRITEAROUND = "writearound"
+    NONE = "none"
+    PASSTHROUGH = "passthrough"  # dm-cache's word; bcache calls it "none"
+
+    @classmethod
+    def parse(cls, text: str) -> CacheMode:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise KernelFormatError("cache mode", text) from None
+
+
+class CacheState(enum.StrEnum):
+    """bcache's ``state`` words; dm-cache maps onto clean/dirty, plus failed and unknown."""
+
+    NO_CACHE = "no cache"
+    CLEAN = "clean"
+    DIRTY = "dirty"
+    INCONSISTENT = "inconsistent"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, text: str) -> CacheState:
+        try:
+            return cls(text.strip())
+        except ValueError:
+            raise KernelFormatError("cache state", text) from None
+
+
+_UNITS = "?kMGTPEZY"
+# bch_hprint output: "0.0k", "4.0k", "512.0k", "59.9M", "0.9T" (7.2 lab kernel); older
+# kernels printed "0", "512", "58M" (no forced shift, no decimal for q >= 10); a leading "-"
+# for negative values (writeback_rate_debug's proportional/integral/change).
+_HPRINT = re.compile(r"^(-?)(\d+)(?:\.(\d))?([kMGTPEZY]?)$")
+
+
+@dataclass(frozen=True, order=True)
+class Size:
+    """A size in bytes, with the bounds a lossy kernel rendering leaves.
+
+    ``bch_hprint`` (drivers/md/bcache/util.c) prints ``q.d`` + unit where ``d`` is the first
+    decimal of the remainder, truncated: "59.9M" stands for any value in
+    [59.9 MiB, 60.0 MiB). ``low`` is what the text guarantees, ``high`` the largest value it
+    can stand for. Code that decides safety (is the cache clean?) must use ``high``.
+    """
+
+    low: int
+    high: int
+
+    @classmethod
+    def exact(cls, n: int) -> Size:
+        return cls(n, n)
+
+    @property
+    def bytes(self) -> int:
+        return self.low
+
+    @property
+    def is_exact(self) -> bool:
+        return self.low == self.high
+
+    def is_zero(self, granularity: int = 1) -> bool:
+        """True only if the value is certainly 0 given the counting ``granularity``.
+
+        dirty_data counts 512-byte sectors, so "0.0k" (any value below 103 bytes) is 0.
+        """
+        return self.low == 0 and self.high < max(granularity, 1)
+
+    @classmethod
+    def parse_hprint(cls, text: str) -> Size:
+        """Parse the kernel's ``bch_hprint`` rendering of a byte count."""
+        m = _HPRINT.match(text.strip())
+        if not m:
+            raise KernelFormatError("bcache size", text)
+        neg, q, d, unit = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        u = _UNITS.index(unit) if unit else 0
+        scale = 1 << (10 * u)
+        sub = scale >> 10  # one unit of the remainder t (0..1023)
+        if u == 0:
+            low = high = q
+        elif d is None:
+            low, high = q * scale, q * scale + scale - 1
+        else:
+            dd = int(d)
+            # t*10/1024 == dd  <=>  ceil(dd*1024/10) <= t <= ceil((dd+1)*1024/10) - 1
+            t_lo = -(-dd * 1024 // 10)
+            t_hi = -(-(dd + 1) * 1024 // 10) - 1
+            low, high = q * scale + t_lo * sub, q * scale + t_hi * sub + sub - 1
+        if u >= 2:
+            # a second shift only happens while the value is >= 1000 of the unit below:
+            # "0.9T" is [1000 GiB, 1 TiB), since 922 GiB prints as "922.0G"
+            low = max(low, 1000 * sub)
+        if low > high:
+            raise KernelFormatError("bcache size (no value prints like this)", text)
+        if neg:
+            low, high = -high, -low
+        return cls(low, high)
+
+    def __str__(self) -> str:
+        return human(self.low)
+
+
+# The one grammar for a size an admin types (CLI options, the TUI, policy files, fio jobs):
+#   size := digits                       bytes: "4096"
+#         | digits ["." digits] unit     "64k", "1M", "1.5G", "2TiB"
+#         | digits "B"                   bytes: "512B"
+#   unit := k|K|M|G|T, optionally followed by "B" or "iB" (any case of b: "4kb", "64KiB")
+# Units are binary (1k = 1024, as fio, bcache-tools and dmsetup read them); a fraction must
+# come out as a whole number of bytes ("0.1k" is refused). Whitespace around the size is
+# ignored, inside it refused ("4 k"). Negative, exponent, nan/inf, and anything above
+# MAX_SIZE (off_t's maximum) are refused.
+_SIZE = re.compile(r"([0-9]{1,20})(?:\.([0-9]{1,20}))?(?:([kmgt])(?:i?b)?|(b))?",
+                   re.ASCII | re.IGNORECASE)
+_SIZE_SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
+MAX_SIZE = (1 << 63) - 1
+SIZE_HINT = "a size is bytes or a number with k, M, G or T (binary: 1k = 1024), e.g. 64k, 1.5G"
+
+
+def parse_size(text: str, *, hint: str = SIZE_HINT) -> int:
+    """The byte count of a size an admin typed (the grammar above); UsageError otherwise.
+
+    Not for the kernel's ``bch_hprint`` output: that is :meth:`Size.parse_hprint`.
+    """
+    if not isinstance(text, str):
+        raise UsageError(f"bad size {text!r}: not text", hint=hint)
+    m = _SIZE.fullmatch(text.strip())
+    if not m or (m.group(2) is not None and m.group(3) is None):
+        raise UsageError(f"bad size {text!r}", hint=hint)
+    whole, frac, unit = m.group(1), m.group(2) or "", (m.group(3) or "").lower()
+    scaled = int(whole + frac) << _SIZE_SHIFT.get(unit, 0)
+    denominator: int = 10 ** len(frac)
+    n, rest = divmod(scaled, denominator)
+    if rest:
+        raise UsageError(f"bad size {text!r}: not a whole number of bytes", hint=hint)
+    if n > MAX_SIZE:
+        raise UsageError(f"bad size {text!r}: larger than {MAX_SIZE} bytes", hint=hint)
+    return n
+
+
+def hprint(v: int) -> str:
+    """The 7.2 kernel's bch_hprint, for tests and display (always at least one shift)."""
+    q = abs(v)
+    u = 0
+    while True:
+        u += 1
+        t = q & 1023
+        q >>= 10
+        if q < 1000:
+            break
+    return f"{'-' if v < 0 else ''}{q}.{t * 10 // 1024}{_UNITS[u]}"
+
+
+def human(n: int | None) -> str:
+    """Bytes for people: 0 B, 512 B, 4.0 KiB, 58.5 MiB (binary units)."""
+    if n is None:
+        return "-"
+    if abs(n) < 1024:
+        return f"{n} B"
+    v = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        v /= 1024
+        if abs(v) < 1024 or unit == "PiB":
+            return f"{v:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def parse_bracketed(text: str) -> tuple[str, tuple[str, ...]]:
+    """``writethrough [writeback] writearound none`` -> (active, all choices).
+
+    bcache prints sysfs choice files this way (cache_mode, cache_replacement_policy,
+    stop_when_cache_set_failed); the active one is in brackets.
+    """
+    words = text.split()
+    active = [w[1:-1] for w in words if w.startswith("[") and w.endswith("]")]
+    if len(active) != 1:
+        raise KernelFormatError("bracketed choice", text)
+    return active[0], tuple(w.strip("[]") for w in words)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a block device is, by names that survive a reboot where the kernel has them."""
+
+    name: str  # kernel name: sdb, ubda, bcache0, dm-3
+    node: str  # /dev/sdb
+    devno: str | None = None  # "8:16"
+    size_bytes: int | None = None
+    serial: str | None = None
+    wwn: str | None = None
+    model: str | None = None
+    vendor: str | None = None
+    by_id: tuple[str, ...] = ()
+    by_path: str | None = None
+    rotational: bool | None = None
+    fs_type: str | None = None
+    fs_uuid: str | None = None
+    partition_of: str | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """One interval of bcache's stats_* directory; a missing file is None (unknown)."""
+
+    interval: str
+    hits: int | None = None
+    misses: int | None = None
+    hit_ratio: int | None = None  # percent, as the kernel rounds it
+    bypassed: Size | None = None
+    bypass_hits: int | None = None
+    bypass_misses: int | None = None
+    miss_collisions: int | None = None
+
+    @property
+    def computed_hit_ratio(self) -> float | None:
+        """hits / (hits + misses), or None when there was no IO or counts are unknown."""
+        if self.hits is None or self.misses is None or self.hits + self.misses == 0:
+            return None
+        return self.hits / (self.hits + self.misses)
+
+
+@dataclass(frozen=True)
+class WritebackDebug:
+    """``writeback_rate_debug``: the PI controller's view (drivers/md/bcache/sysfs.c).
+
+    Sample (7.2)::
+
+        rate:		512.0k/sec
+        dirty:		59.9M
+        target:		0.0k
+        proportional:	0.0k
+        integral:	0.0k
+        change:		0.0k/sec
+        next io:	-2922ms
+    """
+
+    rate: Size | None = None
+    dirty: Size | None = None
+    target: Size | None = None
+    proportional: Size | None = None
+    integral: Size | None = None
+    change: Size | None = None
+    next_io_ms: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> WritebackDebug:
+        vals: dict[str, Size | int | None] = {}
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            key, sep, value = line.partition(":")
+            if not sep:
+                raise KernelFormatError("writeback_rate_debug line", line)
+            key, value = key.strip(), value.strip()
+            if key == "next io":
+                if not value.endswith("ms"):
+                    raise KernelFormatError("writeback_rate_debug next io", line)
+                vals["next_io_ms"] = int(value[:-2])
+            elif key in ("rate", "dirty", "target", "proportional", "integral", "change"):
+                vals[key] = Size.parse_hprint(value.removesuffix("/sec"))
+            # unknown keys are new kernel fields: ignored, not fatal
+        return cls(**vals)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class BcacheBacking:
+    """A registered bcache backing device (``/sys/block/<bdev>/bcache``)."""
+
+    identity: Identity
+    device: str | None  # /dev/bcache0: the node VMs use
+    device_name: str | None  # bcache0
+    uuid: str | None  # backing_dev_uuid: stable across boots (/dev/bcache/by-uuid/)
+    cset_uuid: str | None  # the cache set it is attached to, None when detached
+    label: str | None
+    mode: CacheMode | None
+    state: CacheState
+    dirty: Size | None
+    running: bool | None
+    writeback_rate: Size | None
+    writeback_percent: int | None
+    writeback_delay: int | None
+    writeback_running: bool | None
+    writeback_rate_minimum: int | None
+    sequential_cutoff: Size | None
+    io_errors: int | None
+    io_error_limit: int | None
+    stop_when_cache_set_failed: str | None
+    rate_debug: WritebackDebug | None
+    stats: dict[str, Stats] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.uuid or self.identity.name
+
+    @property
+    def dirty_bytes(self) -> int | None:
+        """Dirty bytes, or None when unknown: a device whose cache set is missing reads
+        ``dirty_data`` 0 while its state says dirty (the dirty data is on the missing SSD)."""
+        if self.dirty is None:
+            return None
+        if self.state == CacheState.DIRTY and self.cset_uuid is None and self.dirty.is_zero(512):
+            return None
+        return self.dirty.bytes
+
+
+@dataclass(frozen=True)
+class BcacheCache:
+    """The cache device (the SSD) of a cache set (``/sys/block/<ssd>/bcache``)."""
+
+    identity: Identity
+    cset_uuid: str | None
+    io_errors: int | None
+    bucket_size: Size | None
+    nbuckets: int | None
+    block_size: Size | None
+    replacement_policy: str | None
+    written: Size | None
+
+
+@dataclass(frozen=True)
+class CacheSet:
+    """A bcache cache set (``/sys/fs/bcache/<uuid>``): one cache device, N backing devices."""
+
+    uuid: str
+    caches: tuple[BcacheCache, ...]
+    backing_names: tuple[str, ...]  # kernel names of attached backing devices
+    flash_volumes: int
+    cache_available_percent: int | None
+    congested: str | None
+    congested_read_threshold_us: int | None
+    congested_write_threshold_us: int | None
+    errors: str | None
+    io_error_limit: int | None
+    io_error_halflife: int | None
+    block_size: Size | None
+    bucket_size: Size | None
+    # the cache set's dirty_data: only updated at GC (docs/kernel-notes.md, "Cache-set files")
+    dirty: Size | None
+    stats: dict[str, Stats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UnregisteredBcache:
+    """A block device with a bcache superblock that the kernel has not registered.
+
+    Seen after a cache SSD failed (lab, 7.2): bcache stops and unregisters every backing
+    device that held dirty data; its superblock still says ``dirty`` and names the lost cache
+    set. From ``bcache-super-show`` (sb.version, dev.uuid, cset.uuid, dev.data.cache_state).
+    """
+
+    identity: Identity
+    kind: str  # "backing" or "cache"
+    uuid: str | None  # dev.uuid
+    cset_uuid: str | None
+    sb_state: str | None  # backing devices: "no cache", "clean", "dirty", "stale"
+    sb_mode: str | None
+
+    @property
+    def dirty_data_lost_with_cache(self) -> bool:
+        return self.kind == "backing" and self.sb_state == "dirty"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything cachemgr knows about the host's caches, read once.
+
+    ``status``, the TUI, metrics and the procedures all read this; nothing re-reads sysfs its
+    own way. ``warnings`` lists what could not be read (the snapshot is still usable).
+    """
+
+    kernel: str | None
+    bcache_loaded: bool
+    cache_sets: tuple[CacheSet, ...]
+    backings: tuple[BcacheBacking, ...]
+    warnings: tuple[str, ...] = ()
+    dmcaches: tuple[DmCacheDevice, ...] = ()  # dm-cache devices (cachemgr/backends/dmcache.py)
+    # devices carrying a bcache superblock that are not registered (live systems only)
+    unregistered: tuple[UnregisteredBcache, ...] = ()
+
+    def cache_set(self, uuid: str) -> CacheSet | None:
+        return next((c for c in self.cache_sets if c.uuid == uuid), None)
+
+
+# ---------------------------------------------------------------------------------------
+# dm-cache (Documentation/admin-guide/device-mapper/cache.rst, drivers/md/dm-cache-target.c).
+# The parsers live in cachemgr/backends/dmcache.py; these are the typed results.
+
+DM_CACHE_MODES = (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH)
+
+
+@dataclass(frozen=True)
+class DmCacheTable:
+    """One ``cache`` target line of ``dmsetup table``: the constructor arguments.
+
+    ``0 2097152 cache 98:32 98:16 253:0 64 1 writeback smq 0`` (7.2). The kernel prints the
+    features and policy arguments as they were loaded; devices as ``major:minor``.
+    """
+
+    start: int
+    length: int  # sectors
+    metadata_dev: str  # "98:32"
+    cache_dev: str
+    origin_dev: str
+    block_sectors: int
+    features: tuple[str, ...]
+    policy: str
+    policy_args: tuple[str, ...]
+
+    @property
+    def mode(self) -> CacheMode:
+        """writeback when no mode feature is given (the kernel's default)."""
+        for f in self.features:
+            if f in ("writeback", "writethrough", "passthrough"):
+                return CacheMode(f)
+        return CacheMode.WRITEBACK
+
+    def with_mode(self, mode: CacheMode) -> DmCacheTable:
+        modes = {m.value for m in DM_CACHE_MODES}
+        rest = tuple(f for f in self.features if f not in modes)
+        return DmCacheTable(self.start, self.length, self.metadata_dev, self.cache_dev,
+                            self.origin_dev, self.block_sectors, (mode.value, *rest),
+                            self.policy, self.policy_args)
+
+    def with_policy(self, policy: str, args: tuple[str, ...]) -> DmCacheTable:
+        return DmCacheTable(self.start, self.length, self.metadata_dev, self.cache_dev,
+                            self.origin_dev, self.block_sectors, self.features, policy, args)
+
+    def line(self) -> str:
+        """The table line ``dmsetup load --table`` takes (and ``dmsetup table`` prints)."""
+        return " ".join([
+            str(self.start), str(self.length), "cache", self.metadata_dev, self.cache_dev,
+            self.origin_dev, str(self.block_sectors), str(len(self.features)), *self.features,
+            self.policy, str(len(self.policy_args)), *self.policy_args,
+        ])
+
+
+@dataclass(frozen=True)
+class DmCacheStatus:
+    """The status line of a healthy dm-cache target, every field by its position::
+
+        <md block size> <used md>/<total md> <cache block size> <used>/<total>
+        <read hits> <read misses> <write hits> <write misses> <demotions> <promotions>
+        <dirty> <#features> <features>* <#core args> <core args>* <policy>
+        <#policy args> <policy args>* <ro|rw> <needs_check|->
+
+    Block counts are in cache blocks (``block_sectors`` sectors each), metadata in
+    ``metadata_block_sectors``. ``dirty`` is its own field: never ``used``.
+    """
+
+    metadata_block_sectors: int
+    metadata_used: int
+    metadata_total: int
+    block_sectors: int
+    used: int
+    total: int
+    read_hits: int
+    read_misses: int
+    write_hits: int
+    write_misses: int
+    demotions: int
+    promotions: int
+    dirty: int
+    features: tuple[str, ...]
+    core_args: tuple[tuple[str, str], ...]
+    policy: str
+    policy_args: tuple[str, ...]
+    metadata_mode: str  # "rw", or "ro" when the metadata went read-only (errors)
+    needs_check: bool
+
+    @property
+    def mode(self) -> CacheMode:
+        for f in self.features:
+            if f in ("writeback", "writethrough", "passthrough"):
+                return CacheMode(f)
+        return CacheMode.WRITEBACK
+
+    @property
+    def migration_threshold(self) -> int | None:
+        for k, v in self.core_args:
+            if k == "migration_threshold" and v.isdigit():
+                return int(v)
+        return None
+
+    @property
+    def dirty_bytes(self) -> int:
+        return self.dirty * self.block_sectors * 512
+
+    @property
+    def hit_ratio(self) -> float | None:
+        hits = self.read_hits + self.write_hits
+        total = hits + self.read_misses + self.write_misses
+        return hits / total if total else None
+
+
+@dataclass(frozen=True)
+class DmCacheDevice:
+    """A device-mapper device whose (single) target is ``cache``.
+
+    ``status`` is None when the kernel reports the cache as ``Fail`` (or ``Error``): then
+    ``failure`` holds that word and nothing about dirty blocks is known.
+    """
+
+    name: str  # the dm name: /dev/mapper/<name>
+    kernel_name: str  # dm-1
+    devno: str | None  # "253:1"
+    uuid: str | None  # dm UUID; "LVM-..." when LVM owns the device
+    table: DmCacheTable
+    status: DmCacheStatus | None
+    failure: str | None  # "Fail" / "Error" from the kernel, else None
+    metadata: Identity | None
+    cache: Identity | None
+    origin: Identity | None
+    open_count: int | None = None
+    suspended: bool | None = None
+    holders: tuple[str, ...] = ()
+
+    @property
+    def node(self) -> str:
+        return f"/dev/mapper/{self.name}"
+
+    @property
+    def lvm_owned(self) -> bool:
+        return bool(self.uuid and self.uuid.startswith("LVM-"))
+
+    @property
+    def mode(self) -> CacheMode:
+        return self.status.mode if self.status else self.table.mode
+
+    @property
+    def state(self) -> CacheState:
+        if self.status is None:
+            return CacheState.FAILED
+        return CacheState.DIRTY if self.status.dirty else CacheState.CLEAN
+
+    @property
+    def dirty_bytes(self) -> int | None:
+        """None when unknown (failed cache): never 0 then."""
+        return self.status.dirty_bytes if self.status else None
+
+    @property
+    def block_bytes(self) -> int:
+        return self.table.block_sectors * 512
+
+
+@dataclass(frozen=True)
+class DrainProgress:
+    """One progress report of a wait for clean: a bcache ``drain`` or ``detach``, a dm-cache
+    ``flush`` (``action``). Every face shows all three from these fields."""
+
+    action: str  # "drain", "flush", "detach"
+    device: str
+    dirty_bytes: int | None  # None: unknown (never 0 then)
+    start_bytes: int | None
+    rate_bps: float | None  # bytes per second: bcache smoothed, dm-cache mean since start
+    eta_s: float | None
+    elapsed_s: float
+    state: CacheState
+    dirty_blocks: int | None = None  # dm-cache's #dirty
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.start_bytes or self.dirty_bytes is None:
+            return None
+        return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))

@@ -1,0 +1,160 @@
+"""The one root through which every /sys read and write goes (prometheus/procfs' NewFS).
+
+No module of cachemgr names "/sys" itself: they hold a :class:`Sysfs` and use paths relative
+to it, so unit tests point it at a captured lab tree (tests/fixtures/<scenario>/sys) and the
+lab and production point it at the real /sys.
+
+Reads are tolerant by design: a file that a kernel lacks reads as ``None`` through
+:meth:`Sysfs.read_opt` (node_exporter#2103: one vanished bcache stats file broke the whole
+collector). Writes report the kernel's answer (errno) in a typed :class:`SysfsError`, because
+for bcache a failed write *is* the error report (a failed ``register`` surfaces later as ENOENT
+on ``attach`` if it is not checked).
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from cachemgr.core.errors import SysfsError
+
+DEFAULT_ROOT = "/sys"
+
+# Files that must never be read on a normal scan: priority_stats walks every bucket under the
+# bucket lock (node_exporter#1593 hung on it).
+NEVER_READ = frozenset({"priority_stats"})
+
+
+class Sysfs:
+    def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Sysfs({str(self.root)!r})"
+
+    @property
+    def live(self) -> bool:
+        """The running kernel's /sys (not a capture): /dev nodes, udev and libblkid then
+        describe its devices. The one "is this the live /sys" check."""
+        try:
+            return self.root.resolve() == Path(DEFAULT_ROOT).resolve()
+        except OSError:
+            return False
+
+    def path(self, rel: str) -> Path:
+        rel = rel.lstrip("/")
+        return self.root / rel if rel else self.root
+
+    def exists(self, rel: str) -> bool:
+        return self.path(rel).exists()
+
+    def is_dir(self, rel: str) -> bool:
+        return self.path(rel).is_dir()
+
+    def read(self, rel: str) -> str:
+        """The file's text without the trailing newline; raises SysfsError."""
+        if Path(rel).name in NEVER_READ:
+            raise SysfsError(rel, "read", None, "refusing to read (locks every bucket)")
+        p = self.path(rel)
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise SysfsError(str(p), "read", exc.errno, exc.strerror or str(exc)) from exc
+        return data.decode(errors="replace").rstrip("\n")
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        """A binary attribute (SCSI VPD pages) unchanged, or None when missing/unreadable."""
+        if Path(rel).name in NEVER_READ:
+            raise SysfsError(rel, "read", None, "refusing to read (locks every bucket)")
+        try:
+            with open(self.path(rel), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def read_opt(self, rel: str) -> str | None:
+        """Like :meth:`read`, but ``None`` when the file is missing or unreadable."""
+        try:
+            return self.read(rel)
+        except SysfsError as exc:
+            if exc.errno in (errno_mod.ENOENT, errno_mod.ENOTDIR, errno_mod.EACCES,
+                             errno_mod.EPERM, errno_mod.EINVAL, errno_mod.ENODEV,
+                             errno_mod.ENXIO, errno_mod.EIO):
+                return None
+            raise
+
+    def read_int(self, rel: str) -> int | None:
+        text = self.read_opt(rel)
+        if text is None:
+            return None
+        try:
+            return int(text.strip())
+        except ValueError:
+            return None
+
+    def write(self, rel: str, value: str) -> None:
+        """Write ``value`` in one write(2), as the kernel expects; raises SysfsError."""
+        p = self.path(rel)
+        data = value.encode()
+        try:
+            fd = os.open(p, os.O_WRONLY)
+        except OSError as exc:
+            raise SysfsError(str(p), "write", exc.errno, exc.strerror or str(exc)) from exc
+        try:
+            n = os.write(fd, data)
+            if n != len(data):
+                raise SysfsError(str(p), "write", None, f"short write ({n} of {len(data)})")
+        except OSError as exc:
+            raise SysfsError(
+                str(p), f"write {value.strip()!r} to", exc.errno, exc.strerror or str(exc)
+            ) from exc
+        finally:
+            os.close(fd)
+
+    def listdir(self, rel: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(rel)))
+        except OSError:
+            return []
+
+    def readlink(self, rel: str) -> str | None:
+        try:
+            return os.readlink(self.path(rel))
+        except OSError:
+            return None
+
+    def resolve(self, rel: str) -> str | None:
+        """Resolve a link inside the tree; the answer is relative to the root again."""
+        p = self.path(rel)
+        try:
+            real = p.resolve(strict=True)
+        except OSError:
+            return None
+        try:
+            return str(real.relative_to(self.root.resolve()))
+        except ValueError:
+            return None
+
+    def block_names(self) -> Iterator[str]:
+        yield from self.listdir("block")
+
+    def block_name_of(self, node: str) -> str | None:
+        """Kernel name (sdb, dm-1, sda1) of a device node, by its major:minor.
+
+        Names alone are not enough: without udevd, dmsetup makes /dev/mapper/NAME a real
+        node (not a link to dm-N), and by-id links may point anywhere. None if ``node`` is
+        not a block device.
+        """
+        try:
+            st = os.stat(node)
+        except OSError:
+            return None
+        import stat as stat_mod
+
+        if not stat_mod.S_ISBLK(st.st_mode):
+            return None
+        target = self.readlink(f"dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+        return os.path.basename(target) if target else None

@@ -1,0 +1,116 @@
+"""Human renderings of the snapshot shared by the CLI and the lab demo (text, no colour)."""
+
+from __future__ import annotations
+
+from cachemgr.core.model import BcacheBacking, DmCacheDevice, Snapshot, human
+
+
+def short(n: int | None) -> str:
+    """Compact sizes for the table: 0, 512B, 4.0K, 58.5M, 1.2G."""
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n}B" if n else "0"
+    v = float(n)
+    for unit in "KMGTP":
+        v /= 1024
+        if v < 1024 or unit == "P":
+            return f"{v:.1f}{unit}"
+    raise AssertionError("unreachable")
+
+
+def _tail(text: str, width: int) -> str:
+    """Keep the end of a long name (/dev/mapper/vm-disk-7 -> ~/vm-disk-7): it tells more."""
+    return text if len(text) <= width else "~" + text[-(width - 1):]
+
+
+def _ratio(b: BcacheBacking, interval: str) -> str:
+    s = b.stats.get(interval)
+    r = s.computed_hit_ratio if s else None
+    return "-" if r is None else f"{100 * r:.0f}%"
+
+
+def dirty_text(b: BcacheBacking) -> str:
+    if b.dirty is None:
+        return "?"
+    if b.cset_uuid is None and b.state.value == "dirty":
+        return "lost?"  # the dirty data is on a cache set that is not registered
+    return short(b.dirty.bytes)
+
+
+def status_table(snap: Snapshot) -> str:
+    """One line per backing device and per dm-cache device, then one per cache set and per
+    dm-cache device. Fits 80 columns for bcache0-9."""
+    lines = []
+    if not snap.bcache_loaded:
+        lines.append("bcache: module not loaded (modprobe bcache)")
+    lines.append(f"{'DEVICE':<13}{'BACKING':<13}{'MODE':<13}{'STATE':<9}{'DIRTY':>7}"
+                 f"{'HIT5m':>6}{'HIT':>5}{'WBRATE':>8}{'ERR':>4} CSET")
+    for b in snap.backings:
+        rate = "-" if b.writeback_rate is None or b.mode is None else \
+            short(b.writeback_rate.bytes) + "/s"
+        lines.append(
+            f"{b.device or '(stopped)':<12.12} {_tail(b.identity.node, 12):<12} "
+            f"{(b.mode.value if b.mode else '?'):<13}{b.state.value:<9}{dirty_text(b):>7}"
+            f"{_ratio(b, 'five_minute'):>6}{_ratio(b, 'total'):>5}{rate:>8}"
+            f"{b.io_errors if b.io_errors is not None else '?':>4} "
+            f"{(b.cset_uuid or '-')[:8]}"
+        )
+    lines.extend(_dm_row(d) for d in snap.dmcaches)
+    if not snap.backings:
+        lines.append("(no bcache backing devices)")
+    for c in snap.cache_sets:
+        ssd = ",".join(x.identity.node for x in c.caches) or "?"
+        used = "?" if c.cache_available_percent is None else f"{100 - c.cache_available_percent}%"
+        errs = sum(x.io_errors or 0 for x in c.caches)
+        lines.append(f"cset {c.uuid}: cache {ssd}, {len(c.backing_names)} backing, "
+                     f"used {used}, io errors {errs}")
+    lines.extend(_dm_detail(d) for d in snap.dmcaches)
+    for u in snap.unregistered:
+        line = f"unregistered bcache {u.kind} {u.identity.node}: superblock {u.sb_state or '?'}"
+        if u.cset_uuid and snap.cache_set(u.cset_uuid) is None:
+            line += f", its cache set {u.cset_uuid[:8]} is not registered"
+        lines.append(line)
+        if u.dirty_data_lost_with_cache:
+            lines.append(f"  {u.identity.node} had dirty data on that cache: bring the cache "
+                         "SSD back and register it; running it without the cache "
+                         "(force-run) risks filesystem corruption")
+    for w in snap.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _bare(node: str | None) -> str:
+    return (node or "?").removeprefix("/dev/")
+
+
+def _dm_row(d: DmCacheDevice) -> str:
+    """A dm-cache device in the same columns: DEVICE is its dm name (a valid TARGET),
+    BACKING its origin, CSET its cache device; no per-interval stats, rate or errors."""
+    st = d.status
+    ratio = st.hit_ratio if st else None
+    dirty = short(d.dirty_bytes) if st else "?"
+    return (f"{d.name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
+            f"{d.mode.value:<13}{d.state.value:<9}{dirty:>7}{'-':>6}"
+            f"{'-' if ratio is None else f'{100 * ratio:.0f}%':>5}{'-':>8}{'-':>4} "
+            f"{_bare(d.cache.node if d.cache else d.table.cache_dev)}")
+
+
+def _dm_detail(d: DmCacheDevice) -> str:
+    st = d.status
+    parts = [f"dm-cache {d.node}: cache {d.cache.node if d.cache else d.table.cache_dev}",
+             f"metadata {d.metadata.node if d.metadata else d.table.metadata_dev}",
+             f"block {human(d.block_bytes)}"]
+    if st:
+        parts += [f"used {st.used}/{st.total}", f"dirty {st.dirty} blocks",
+                  f"policy {st.policy}", f"migration_threshold {st.migration_threshold}"]
+    else:
+        parts.append(f"status {d.failure}")
+    if d.lvm_owned:
+        parts.append("owned by LVM (change it with lvchange/lvconvert)")
+    if d.open_count:
+        parts.append(f"open {d.open_count}")
+    return ", ".join(parts)
+
+
+__all__ = ["dirty_text", "human", "status_table"]

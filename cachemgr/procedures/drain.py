@@ -1,0 +1,224 @@
+"""Fast drain: get a bcache device to zero dirty data as fast as its backing device allows.
+
+The trap (docs/kernel-notes.md, "The drain trap"; writeback.c): writeback is paced by a PI
+controller aiming at ``writeback_percent`` of the cache being dirty; below that target the
+rate falls to ``writeback_rate_minimum`` (8 sectors/s = 4 KiB/s), a gigabyte takes ~73 hours,
+and switching ``cache_mode`` to none changes nothing about it. Writeback is unthrottled when
+``writeback_percent`` is 0, and ``writeback_delay`` is the sleep after each full pass. So the
+drain sets ``writeback_percent=0``, ``writeback_delay=1`` and ``writeback_running=1``, watches
+progress (dirty bytes, rate, ETA), detects stalls, and restores every tunable it changed: at
+the end, on error, on Ctrl-C, and after a crash (the saved journal is restored by the next run
+or by ``--resume``).
+
+Writeback may start only after the thread's current ``writeback_delay`` pause (the original
+value, 30 s by default) ends: nothing written to sysfs cuts that sleep short.
+
+"Clean" means state ``clean`` and dirty data certainly 0, read twice ``confirm`` seconds apart:
+``state`` can lag behind ``dirty_data`` by ``writeback_delay``, and writes that overlap keys
+under writeback can bring dirty data back transiently even in ``none`` mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cachemgr.backends import bcache
+from cachemgr.core import drainloop, state
+from cachemgr.core.errors import AlreadyError, CacheMgrError, StallError, TimeoutExpired
+from cachemgr.core.model import BcacheBacking, CacheState, DrainProgress
+from cachemgr.core.sysfs import Sysfs
+
+log = logging.getLogger(__name__)
+
+# What the drain changes, and the values it uses.
+DRAIN_SETTINGS = {"writeback_percent": 0, "writeback_delay": 1, "writeback_running": 1}
+
+
+@dataclass
+class DrainResult:
+    device: str
+    start_bytes: int | None
+    elapsed_s: float
+    restored: dict[str, int] = field(default_factory=dict)
+    zero_s: float | None = None  # when dirty data first read 0 (before the confirmation)
+
+
+def _key(b: BcacheBacking) -> str:
+    return b.uuid or b.identity.name
+
+
+def _journal(b: BcacheBacking):  # type: ignore[no-untyped-def]
+    return state.journal_path("drain", _key(b))
+
+
+class DeviceGone(CacheMgrError):
+    """The backing device stopped (vanished from sysfs) while we worked on it."""
+
+
+def _reread(sysfs: Sysfs, b: BcacheBacking) -> BcacheBacking:
+    try:
+        return bcache.reread(sysfs, b.identity.name)
+    except CacheMgrError as exc:
+        raise DeviceGone(str(exc)) from exc
+
+
+def _tunables(b: BcacheBacking) -> dict[str, int]:
+    vals = {"writeback_percent": b.writeback_percent, "writeback_delay": b.writeback_delay,
+            "writeback_running": None if b.writeback_running is None else int(b.writeback_running)}
+    missing = [k for k, v in vals.items() if v is None]
+    if missing:
+        raise CacheMgrError(f"{b.device}: cannot read {', '.join(missing)}; not draining")
+    return {k: int(v) for k, v in vals.items() if v is not None}
+
+
+def restore_saved(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
+    """Put back tunables a previous (crashed) drain saved; returns what was restored."""
+    path = _journal(b)
+    saved = state.read_json(path)
+    if saved is None:
+        return {}
+    original: dict[str, int] = saved["original"]
+    try:
+        cur = _reread(sysfs, b)
+    except DeviceGone:
+        # the device was stopped (by bcache or an admin); these tunables live in memory only
+        # and a re-registered device starts from the kernel's defaults: nothing to restore
+        path.unlink(missing_ok=True)
+        log.warning("%s is gone; dropped its saved drain tunables %s", b.device, original)
+        return {}
+    for name, value in original.items():
+        try:
+            bcache.set_tunable(sysfs, cur, name, value)
+        except AlreadyError:
+            pass
+        cur = _reread(sysfs, cur)
+    path.unlink(missing_ok=True)
+    log.info("%s: restored tunables %s saved by an interrupted drain", b.device, original)
+    return original
+
+
+def is_clean(b: BcacheBacking) -> bool:
+    return b.state in (CacheState.CLEAN, CacheState.NO_CACHE) and b.dirty is not None \
+        and b.dirty.is_zero(512)
+
+
+def drain(
+    sysfs: Sysfs,
+    backing: BcacheBacking,
+    *,
+    timeout: float = 24 * 3600,
+    stall_timeout: float = 60.0,
+    confirm: float = 2.0,
+    interval: float = 0.5,
+    progress: Callable[[DrainProgress], None] | None = None,
+) -> DrainResult:
+    """Drain ``backing`` to clean. Raises AlreadyError if already clean (nothing changed),
+    StallError when dirty data stops going down for ``stall_timeout`` seconds, TimeoutExpired
+    after ``timeout``. Tunables are restored in every case."""
+    dev = backing.device or backing.identity.node
+    if backing.cset_uuid is None:
+        if backing.state == CacheState.DIRTY:
+            raise CacheMgrError(
+                f"{dev} is dirty but its cache set is not registered: its dirty data is on the "
+                "missing cache device and cannot be written back from here",
+                hint="register the cache device again (cachemgr status shows the cset)")
+        raise AlreadyError(f"{dev} has no cache attached: nothing to drain")
+    with state.locked(_key(backing), dev):
+        restored_crash = restore_saved(sysfs, backing)
+        b = _reread(sysfs, backing) if restored_crash else backing
+        if is_clean(b):
+            time.sleep(min(confirm, 0.2))
+            if is_clean(_reread(sysfs, b)):
+                raise AlreadyError(f"{dev} is already clean")
+        original = _tunables(b)
+        state.write_json(_journal(b), {"device": dev, "backing": b.identity.node,
+                                       "uuid": b.uuid, "original": original,
+                                       "started": time.time()})
+        try:
+            return _run(sysfs, b, original, dev, timeout, stall_timeout, confirm, interval,
+                        progress)
+        finally:
+            restore_saved(sysfs, b)
+
+
+def stall_hint(original: dict[str, int], stall_timeout: float, *, progressed: bool) -> str:
+    """What to check after a stall. bcache's writeback thread sleeps ``writeback_delay``
+    seconds after each full pass and only a detach cuts that sleep short (writeback.c; seen in
+    the lab: drains under load reached 0 only ~28 s in, at the default 30): a stall timeout
+    shorter than that pause can fire before writeback even resumed."""
+    hint = ("check the backing device for errors (dmesg) and whether new writes keep "
+            "dirtying the cache (switch the mode to none first)")
+    pause = original.get("writeback_delay", 0)
+    if not progressed and pause >= stall_timeout:
+        hint = (f"bcache's writeback thread may still be in its writeback_delay pause "
+                f"({pause} s, not cut short by the drain): run again with --stall-timeout "
+                f"above {pause}; otherwise {hint}")
+    return hint
+
+
+def _gone(b: BcacheBacking, dev: str, cset: str | None) -> StallError:
+    # Seen in the lab (7.2): a backing device failing every write makes bcache stop it after
+    # io_error_limit errors ("too many IO errors on backing device"); the dirty data stays
+    # in the cache set, which stays registered.
+    return StallError(
+        f"{dev}: bcache stopped the device during the drain (see dmesg: most likely IO "
+        f"errors on the backing device {b.identity.node}); its dirty data ({b.dirty}) stays "
+        f"in cache set {cset}: do not unregister, wipe or replace that cache device",
+        hint=f"repair {b.identity.node}, then register it again "
+             f"(echo {b.identity.node} > /sys/fs/bcache/register) to resume writeback",
+    )
+
+
+def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, timeout: float,
+         stall_timeout: float, confirm: float, interval: float,
+         progress: Callable[[DrainProgress], None] | None) -> DrainResult:
+    cset = b.cset_uuid  # known now; bcache may drop the link before it stops the device
+    try:
+        for name, value in DRAIN_SETTINGS.items():
+            try:
+                bcache.set_tunable(sysfs, b, name, value)
+            except AlreadyError:
+                pass
+            except CacheMgrError:
+                _reread(sysfs, b)  # DeviceGone if that is why the write failed
+                raise
+            b = _reread(sysfs, b)
+    except DeviceGone:
+        raise _gone(b, dev, cset) from None
+
+    def sample() -> drainloop.Sample[BcacheBacking]:
+        nonlocal b
+        try:
+            b = _reread(sysfs, b)
+        except DeviceGone:
+            raise _gone(b, dev, cset) from None
+        return _sample(b)
+
+    def check(b: BcacheBacking) -> None:
+        if b.io_errors:
+            raise StallError(f"{dev}: the backing device reports {b.io_errors} IO errors while "
+                             f"draining; {b.dirty} still dirty, kept safe in the cache",
+                             hint="fix the backing device; the dirty data stays in the cache")
+
+    def stalled(b: BcacheBacking, progressed: bool) -> StallError:
+        return StallError(
+            f"{dev}: no progress for {stall_timeout:g} s (dirty {b.dirty}, state "
+            f"{b.state}, writeback rate {b.writeback_rate}); the dirty data stays safe in "
+            "the cache",
+            hint=stall_hint(original, stall_timeout, progressed=progressed))
+
+    def timed_out(b: BcacheBacking) -> TimeoutExpired:
+        return TimeoutExpired(f"{dev}: still {b.dirty} dirty after {timeout:g} s of draining")
+
+    r = drainloop.wait_clean(sample, action="drain", device=dev, timeout=timeout,
+                             stall_timeout=stall_timeout, confirm=confirm, interval=interval,
+                             progress=progress, stall_error=stalled, timeout_error=timed_out,
+                             check=check, rate="ewma", first=_sample(b))
+    return DrainResult(dev, r.start_bytes, r.elapsed_s, original, r.zero_s)
+
+
+def _sample(b: BcacheBacking) -> drainloop.Sample[BcacheBacking]:
+    return drainloop.Sample(b, b.dirty.bytes if b.dirty else None, b.state, is_clean(b))

@@ -1,0 +1,596 @@
+"""The auto-attach policy: ``/etc/cachemgr/cachemgr.toml``.
+
+Which backing devices go with which cache, the mode and tunables each backing device gets,
+and whether a blank SSD that appears in a slot the policy names may be formatted. Devices are
+named by ids that survive reboots and hotplug (docs/kernel-notes.md, "Naming"), never by
+kernel names::
+
+    version = 1
+
+    [defaults]                          # optional: for every backing that does not say
+    mode = "writethrough"
+
+    [cache.ssd0]
+    device = "wwn-0x33333330000007d0"   # the SSD (or: cset = "<cache set UUID>", or both)
+    format_blank_ssd = false            # the default: never format anything
+    bucket_size = "64k"                 # only used when formatting a blank SSD
+
+    [backing.vm-a]
+    device = "serial:2001"              # WWN, serial:..., /dev/disk/by-id/..., uuid:...
+    cache = "ssd0"
+    mode = "writeback"
+    writeback_percent = 10
+    sequential_cutoff = "4M"
+
+Device ids (:class:`DeviceId`): a WWN in any usual form (``naa.5000…``, ``0x5000…``,
+``wwn-0x5000…``, ``eui.…``, ``t10.…``); ``serial:XYZ``; a ``/dev/disk/by-id/…`` link; a
+``/dev/disk/by-path/…`` link (a slot: whatever disk sits there); ``uuid:<bcache UUID>`` or
+``/dev/bcache/by-uuid/<UUID>`` (a backing device's ``dev.uuid``, which its ``/dev/bcacheN``
+keeps across boots). Kernel names (``/dev/sdb``) are refused: they change across boots.
+
+:func:`load` / :func:`parse` raise :class:`PolicyError` listing every problem with its line:
+TOML syntax errors carry tomllib's line and column; a semantic error points at the line of
+the offending key (found by :func:`key_lines`, since tomllib keeps no positions). A malformed
+policy is all-or-nothing: nothing acts on part of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tomllib
+import uuid as uuid_mod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
+from cachemgr.backends.identity import looks_like_wwn, normalize_wwn
+from cachemgr.core.errors import UsageError
+from cachemgr.core.model import CacheMode
+from cachemgr.core.model import parse_size as _parse_size
+
+DEFAULT_PATH = "/etc/cachemgr/cachemgr.toml"
+ENV_PATH = "CACHEMGR_POLICY"
+VERSION = 1
+
+IdKind = Literal["wwn", "serial", "by-id", "by-path", "uuid"]
+BY_ID = "/dev/disk/by-id/"
+BY_PATH = "/dev/disk/by-path/"
+BCACHE_BY_UUID = "/dev/bcache/by-uuid/"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # TOML bare keys: no quoting needed
+
+
+def default_path() -> str:
+    return os.environ.get(ENV_PATH) or DEFAULT_PATH
+
+
+# ---------------------------------------------------------------------------------------
+# errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy, at ``line`` (1-based; 0 when the file is unreadable)."""
+
+    line: int
+    message: str
+    column: int | None = None
+
+    def render(self, path: str) -> str:
+        col = f":{self.column}" if self.column else ""
+        return f"{path}:{self.line}{col}: {self.message}"
+
+
+class PolicyError(UsageError):
+    """A malformed policy (exit 2). ``problems`` are sorted by line; nothing acts on it."""
+
+    def __init__(self, path: str, problems: list[Problem]) -> None:
+        self.path = path
+        self.problems = tuple(sorted(problems, key=lambda p: (p.line, p.column or 0)))
+        lines = [p.render(path) for p in self.problems]
+        super().__init__(
+            f"policy {path} is invalid ({len(lines)} problem{'s' * (len(lines) != 1)}); "
+            "nothing is acted on until it is fixed:\n  " + "\n  ".join(lines),
+            hint=f"fix it, then check it with: cachemgr policy check --policy {path}",
+        )
+
+    @property
+    def line(self) -> int:
+        return self.problems[0].line if self.problems else 0
+
+
+# ---------------------------------------------------------------------------------------
+# the model
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A stable name of a block device, as the policy gives it."""
+
+    kind: IdKind
+    value: str  # normalized: WWNs in the kernel's form, links as full paths, UUIDs lowered
+
+    @classmethod
+    def parse(cls, text: str) -> DeviceId:
+        """Raises ValueError (with a message for the admin) for what is not a stable id."""
+        t = text.strip()
+        if not t:
+            raise ValueError("empty device id")
+        low = t.lower()
+        if low.startswith("serial:"):
+            s = t[len("serial:"):].strip()
+            if not s:
+                raise ValueError("empty serial in 'serial:'")
+            return cls("serial", s)
+        if low.startswith("uuid:"):
+            return cls("uuid", _uuid(t[len("uuid:"):]))
+        if t.startswith(BCACHE_BY_UUID):
+            return cls("uuid", _uuid(t[len(BCACHE_BY_UUID):]))
+        if t.startswith(BY_ID) and len(t) > len(BY_ID) and "/" not in t[len(BY_ID):]:
+            return cls("by-id", t)
+        if t.startswith(BY_PATH) and len(t) > len(BY_PATH) and "/" not in t[len(BY_PATH):]:
+            return cls("by-path", t)
+        if looks_like_wwn(t) and not t.startswith("/"):
+            return cls("wwn", normalize_wwn(t) or t)
+        raise ValueError(
+            f"{t!r} is not a stable device id (kernel names like /dev/sdb change across "
+            "boots); use a WWN (naa.…, wwn-0x…), serial:XYZ, /dev/disk/by-id/…, "
+            "/dev/disk/by-path/… or uuid:<bcache UUID>")
+
+    def __str__(self) -> str:
+        if self.kind == "serial":
+            return f"serial:{self.value}"
+        if self.kind == "uuid":
+            return f"uuid:{self.value}"
+        return self.value
+
+
+def _uuid(text: str) -> str:
+    try:
+        return str(uuid_mod.UUID(text.strip()))
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a UUID") from None
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """A cache: its SSD (``device``), its cache set (``cset``), or both."""
+
+    name: str
+    device: DeviceId | None = None
+    cset: str | None = None
+    format_blank_ssd: bool = False
+    bucket_size: str | None = None  # make-bcache --bucket, when formatting
+    line: int = field(default=0, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"cache {self.name} ({self.device or self.cset})"
+
+
+@dataclass(frozen=True)
+class BackingPolicy:
+    """A backing device, the cache it goes with, its mode and tunables."""
+
+    name: str
+    device: DeviceId
+    cache: str
+    mode: CacheMode | None = None
+    tunables: tuple[tuple[str, int], ...] = ()  # sorted by name; values as the kernel takes
+    line: int = field(default=0, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"backing {self.name} ({self.device})"
+
+
+@dataclass(frozen=True)
+class Policy:
+    caches: tuple[CachePolicy, ...] = ()
+    backings: tuple[BackingPolicy, ...] = ()
+    path: str = field(default=DEFAULT_PATH, compare=False)
+
+    def cache(self, name: str) -> CachePolicy | None:
+        return next((c for c in self.caches if c.name == name), None)
+
+
+# ---------------------------------------------------------------------------------------
+# where a key is (tomllib keeps no positions)
+
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _parse_key(s: str, i: int) -> tuple[list[str], int] | None:
+    """A dotted key starting at ``s[i]``: (parts, index after it), or None."""
+    parts: list[str] = []
+    n = len(s)
+    while True:
+        while i < n and s[i] in " \t":
+            i += 1
+        if i < n and s[i] in "\"'":
+            q = s[i]
+            j = i + 1
+            buf = []
+            while j < n and s[j] != q:
+                if q == '"' and s[j] == "\\" and j + 1 < n:
+                    buf.append(s[j + 1])
+                    j += 2
+                    continue
+                buf.append(s[j])
+                j += 1
+            if j >= n:
+                return None
+            parts.append("".join(buf))
+            i = j + 1
+        else:
+            m = _BARE.match(s, i)
+            if not m:
+                return None
+            parts.append(m.group(0))
+            i = m.end()
+        while i < n and s[i] in " \t":
+            i += 1
+        if i < n and s[i] == ".":
+            i += 1
+            continue
+        return parts, i
+
+
+def _bracket_delta(s: str) -> tuple[int, str | None]:
+    """Net [ ] / { } nesting of a value's text outside strings; and an unclosed multi-line
+    string opener (\"\"\" or ''') if one is left open."""
+    depth = 0
+    i, n = 0, len(s)
+    while i < n:
+        c = s[i]
+        if s.startswith('"""', i) or s.startswith("'''", i):
+            q = s[i:i + 3]
+            end = s.find(q, i + 3)
+            if end < 0:
+                return depth, q
+            i = end + 3
+            continue
+        if c in "\"'":
+            j = i + 1
+            while j < n and s[j] != c:
+                j += 2 if (c == '"' and s[j] == "\\") else 1
+            i = j + 1
+            continue
+        if c == "#":
+            break
+        if c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return depth, None
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Every table header and key of a (valid) TOML text -> the line it is on (1-based).
+
+    Best effort for locating semantic errors: ``[backing.vm-a]`` gives ``("backing",
+    "vm-a")``, a ``mode = …`` under it ``("backing", "vm-a", "mode")``; keys inside inline
+    tables and arrays of tables are found at the line of their parent key.
+    """
+    out: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    depth = 0
+    open_string: str | None = None
+    for no, raw in enumerate(text.splitlines(), 1):
+        if open_string is not None:
+            if open_string in raw:
+                rest = raw[raw.index(open_string) + 3:]
+                open_string = None
+                d, open_string = _bracket_delta(rest)
+                depth += d
+            continue
+        if depth > 0:
+            d, open_string = _bracket_delta(raw)
+            depth = max(0, depth + d)
+            continue
+        s = raw.strip()
+        if not s or s.startswith("#"):
+            continue
+        if s.startswith("["):
+            arr = s.startswith("[[")
+            got = _parse_key(s, 2 if arr else 1)
+            if got:
+                table = tuple(got[0])
+                out.setdefault(table, no)
+            continue
+        got = _parse_key(s, 0)
+        if not got:
+            continue
+        parts, i = got
+        rest = s[i:].lstrip()
+        if not rest.startswith("="):
+            continue
+        path = (*table, *parts)
+        out.setdefault(path, no)
+        d, open_string = _bracket_delta(rest[1:])
+        depth = max(0, d)
+    return out
+
+
+def _line_of(lines: Mapping[tuple[str, ...], int], path: tuple[str, ...]) -> int:
+    """The line of ``path``, else of its nearest ancestor that is in the text, else 1."""
+    for k in range(len(path), 0, -1):
+        if path[:k] in lines:
+            return lines[path[:k]]
+    return 1
+
+
+# ---------------------------------------------------------------------------------------
+# parsing
+
+_TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
+_COMMON_KEYS = {"mode", *BACKING_TUNABLES}
+_CACHE_KEYS = {"device", "cset", "format_blank_ssd", "bucket_size"}
+_BACKING_KEYS = {"device", "cache", *_COMMON_KEYS}
+_TOP_KEYS = {"version", "defaults", "cache", "backing"}
+
+
+def parse_size(value: object) -> int:
+    """A byte count: a TOML integer, or a string in :func:`cachemgr.core.model.parse_size`'s
+    grammar (``4M``, ``512k``, ``1GiB``)."""
+    if isinstance(value, bool):
+        raise ValueError("a size, not true/false")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    if isinstance(value, str):
+        with contextlib.suppress(UsageError):
+            return _parse_size(value)
+    raise ValueError(f"{value!r} is not a size (bytes, or a number with k/M/G: '4M')")
+
+
+def _tunable(name: str, value: object) -> int:
+    if name == "sequential_cutoff":
+        v = parse_size(value)
+    elif name == "writeback_running":
+        if isinstance(value, bool):
+            v = int(value)
+        elif isinstance(value, int) and value in (0, 1):
+            v = value
+        else:
+            raise ValueError("must be true or false")
+    else:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be an integer, not {value!r}")
+        v = value
+    lo, hi = BACKING_TUNABLES[name]
+    if not lo <= v <= hi:
+        raise ValueError(f"must be between {lo} and {hi}, not {v}")
+    return v
+
+
+def _mode(value: object) -> CacheMode:
+    names = ", ".join(m.value for m in BCACHE_MODES)
+    if not isinstance(value, str):
+        raise ValueError(f"must be one of {names}")
+    try:
+        mode = CacheMode(value.strip().lower())
+    except ValueError:
+        raise ValueError(f"unknown cache mode {value!r}; one of {names}") from None
+    if mode not in BCACHE_MODES:
+        raise ValueError(f"bcache has no mode {value!r}; one of {names}")
+    return mode
+
+
+class _Checker:
+    def __init__(self, text: str) -> None:
+        self.lines = key_lines(text)
+        self.problems: list[Problem] = []
+
+    def bad(self, path: tuple[str, ...], message: str) -> None:
+        self.problems.append(Problem(_line_of(self.lines, path), message))
+
+    def table(self, data: object, path: tuple[str, ...]) -> dict[str, Any] | None:
+        if not isinstance(data, dict):
+            self.bad(path, f"[{'.'.join(path)}] must be a table")
+            return None
+        return data
+
+    def unknown(self, data: Mapping[str, object], allowed: set[str],
+                path: tuple[str, ...]) -> None:
+        for k in data:
+            if k not in allowed:
+                self.bad((*path, k), f"unknown key {k!r} in [{'.'.join(path) or 'top'}]; "
+                                     f"known: {', '.join(sorted(allowed))}")
+
+    def entries(self, data: Mapping[str, object], kind: str) -> Iterator[tuple[str, dict[str,
+                                                                               Any]]]:
+        section = data.get(kind, {})
+        sec = self.table(section, (kind,))
+        if sec is None:
+            return
+        for name, body in sec.items():
+            if not _NAME.match(name):
+                self.bad((kind, name),
+                         f"{kind} name {name!r}: use up to 64 letters, digits, _ and -")
+            t = self.table(body, (kind, name))
+            if t is not None:
+                yield name, t
+
+    def common(self, body: Mapping[str, object], path: tuple[str, ...]
+               ) -> tuple[CacheMode | None, dict[str, int]]:
+        mode = None
+        if "mode" in body:
+            try:
+                mode = _mode(body["mode"])
+            except ValueError as exc:
+                self.bad((*path, "mode"), f"mode: {exc}")
+        tun: dict[str, int] = {}
+        for name in BACKING_TUNABLES:
+            if name in body:
+                try:
+                    tun[name] = _tunable(name, body[name])
+                except ValueError as exc:
+                    self.bad((*path, name), f"{name}: {exc}")
+        return mode, tun
+
+    def device(self, body: Mapping[str, object], path: tuple[str, ...]) -> DeviceId | None:
+        v = body.get("device")
+        if not isinstance(v, str):
+            self.bad((*path, "device"), "device must be a string (a WWN, serial:…, "
+                                         "/dev/disk/by-id/…, uuid:…)")
+            return None
+        try:
+            return DeviceId.parse(v)
+        except ValueError as exc:
+            self.bad((*path, "device"), f"device: {exc}")
+            return None
+
+
+def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
+    """Parse and validate a policy; PolicyError lists every problem with its line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = _TOML_POS.search(msg)
+        if m:
+            line, col = int(m.group(1)), int(m.group(2))
+        else:  # "(at end of document)"
+            line, col = max(1, len(text.splitlines())), 0
+        reason = _TOML_POS.sub("", msg).replace("(at end of document)", "").strip()
+        raise PolicyError(path, [Problem(line, f"TOML syntax: {reason}", col or None)]
+                          ) from None
+    ck = _Checker(text)
+    ck.unknown(data, _TOP_KEYS, ())
+    if "version" in data and data["version"] != VERSION:
+        ck.bad(("version",), f"version {data['version']!r} is not supported (this cachemgr "
+                             f"reads version {VERSION})")
+    d_mode: CacheMode | None = None
+    d_tun: dict[str, int] = {}
+    if "defaults" in data:
+        d = ck.table(data["defaults"], ("defaults",))
+        if d is not None:
+            ck.unknown(d, _COMMON_KEYS, ("defaults",))
+            d_mode, d_tun = ck.common(d, ("defaults",))
+
+    caches: list[CachePolicy] = []
+    seen_ids: dict[DeviceId, str] = {}
+    for name, body in ck.entries(data, "cache"):
+        p = ("cache", name)
+        ck.unknown(body, _CACHE_KEYS, p)
+        dev = ck.device(body, p) if "device" in body else None
+        cset = None
+        if "cset" in body:
+            try:
+                if not isinstance(body["cset"], str):
+                    raise ValueError("must be a string")
+                cset = _uuid(body["cset"])
+            except ValueError as exc:
+                ck.bad((*p, "cset"), f"cset: {exc}")
+        if "device" not in body and "cset" not in body:
+            ck.bad(p, f"cache {name!r} needs device = <the SSD's id> or cset = <UUID>")
+        fmt = body.get("format_blank_ssd", False)
+        if not isinstance(fmt, bool):
+            ck.bad((*p, "format_blank_ssd"), "format_blank_ssd must be true or false")
+            fmt = False
+        if fmt and "device" not in body:
+            ck.bad((*p, "format_blank_ssd"), "format_blank_ssd needs device = <the slot or "
+                                             "SSD id> to know which disk may be formatted")
+        if fmt and dev is not None and dev.kind == "uuid":
+            ck.bad((*p, "device"), "a blank SSD has no UUID: name the slot "
+                                   "(/dev/disk/by-path/…) or the disk (WWN, serial)")
+        bucket = None
+        if "bucket_size" in body:
+            try:
+                n = parse_size(body["bucket_size"])
+                if n < 4096 or n & (n - 1):
+                    raise ValueError("must be a power of two of at least 4k")
+                bucket = f"{n // 1024}k"
+            except ValueError as exc:
+                ck.bad((*p, "bucket_size"), f"bucket_size: {exc}")
+        if dev is not None:
+            if dev in seen_ids:
+                ck.bad((*p, "device"), f"{dev} is already named by {seen_ids[dev]}")
+            seen_ids[dev] = f"cache {name}"
+        caches.append(CachePolicy(name, dev, cset, fmt, bucket, ck.lines.get(p, 0)))
+    csets = [c.cset for c in caches if c.cset]
+    for c in caches:
+        if c.cset and csets.count(c.cset) > 1:
+            ck.bad(("cache", c.name, "cset"), f"cset {c.cset} is named by more than one cache")
+            csets = [x for x in csets if x != c.cset]
+
+    backings: list[BackingPolicy] = []
+    cache_names = {c.name for c in caches}
+    for name, body in ck.entries(data, "backing"):
+        p = ("backing", name)
+        ck.unknown(body, _BACKING_KEYS, p)
+        dev = ck.device(body, p)
+        cache = body.get("cache")
+        if not isinstance(cache, str):
+            ck.bad((*p, "cache"), "cache = <name of a [cache.NAME] table> is required")
+            cache = ""
+        elif cache not in cache_names:
+            ck.bad((*p, "cache"), f"no [cache.{cache}] in this policy (caches: "
+                                  f"{', '.join(sorted(cache_names)) or 'none'})")
+        mode, tun = ck.common(body, p)
+        if dev is not None:
+            if dev in seen_ids:
+                ck.bad((*p, "device"), f"{dev} is already named by {seen_ids[dev]}")
+            seen_ids[dev] = f"backing {name}"
+            merged = {**d_tun, **tun}
+            backings.append(BackingPolicy(name, dev, cache, mode or d_mode,
+                                          tuple(sorted(merged.items())), ck.lines.get(p, 0)))
+    if ck.problems:
+        raise PolicyError(path, ck.problems)
+    return Policy(tuple(caches), tuple(backings), path)
+
+
+def load(path: str | None = None) -> Policy:
+    """Read and parse the policy file; PolicyError (line 0) when it cannot be read."""
+    p = path or default_path()
+    try:
+        with open(p, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise PolicyError(p, [Problem(0, "no such file")]) from None
+    except OSError as exc:
+        raise PolicyError(p, [Problem(0, f"cannot read it: {exc.strerror}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise PolicyError(p, [Problem(line, "not valid UTF-8")]) from None
+    return parse(text, p)
+
+
+# ---------------------------------------------------------------------------------------
+# writing (for tests, and for `policy check --normalized`)
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def dumps(policy: Policy) -> str:
+    """TOML text that :func:`parse` reads back into an equal policy."""
+    out = [f"version = {VERSION}", ""]
+    for c in policy.caches:
+        out.append(f"[cache.{c.name}]")
+        if c.device is not None:
+            out.append(f"device = {_q(str(c.device))}")
+        if c.cset is not None:
+            out.append(f"cset = {_q(c.cset)}")
+        out.append(f"format_blank_ssd = {'true' if c.format_blank_ssd else 'false'}")
+        if c.bucket_size is not None:
+            out.append(f"bucket_size = {_q(c.bucket_size)}")
+        out.append("")
+    for b in policy.backings:
+        out.append(f"[backing.{b.name}]")
+        out.append(f"device = {_q(str(b.device))}")
+        out.append(f"cache = {_q(b.cache)}")
+        if b.mode is not None:
+            out.append(f"mode = {_q(b.mode.value)}")
+        for k, v in b.tunables:
+            out.append(f"{k} = {v}")
+        out.append("")
+    return "\n".join(out)

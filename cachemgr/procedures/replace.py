@@ -1,0 +1,707 @@
+"""Safe replacement of a bcache cache SSD under running VMs: a journaled plan of steps.
+
+The source site's procedure, done while VMs kept writing: switch the cache mode to none, wait
+for the dirty data to reach 0, SCSI-remove the SSD, SCSI-insert it (or a new one), add it back.
+The kernel's own cookbook (bcache.rst) adds what makes it safe: detach every backing device
+(which flushes), unregister the set, make a fresh cache, register, attach to the new set.
+
+Each step below is idempotent: it first checks whether its effect is already there (so a
+resumed run does not repeat or undo work), then acts, then the journal under
+/var/lib/cachemgr/replace/<id>.json records it (atomically) before the next step starts. A run
+killed at any point is finished by ``--resume ID``; before the old cache set is unregistered it
+can instead be rolled back (``--rollback ID``: modes and tunables put back). A lock per cache
+set stops two runs on one cache. The VMs' /dev/bcacheN devices stay up throughout: detached
+backing devices keep running in passthrough.
+
+Every step that could lose data refuses instead: dirty data that will not drain stops the run
+before the cache set is touched (the data stays safe on the SSD); the wrong disk (in use,
+carrying a filesystem or another cache set, too small, or the old SSD when a new one was
+asked for) is refused before it is formatted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cachemgr.backends import bcache, bcache_super, scsi, signatures, snapshot
+from cachemgr.backends.targets import resolve_cache_set
+from cachemgr.core import runner, state
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    CommandError,
+    UnsafeError,
+    UsageError,
+)
+from cachemgr.core.model import (
+    BcacheBacking,
+    CacheMode,
+    CacheSet,
+    CacheState,
+    DrainProgress,
+    Size,
+    Snapshot,
+)
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import drain
+
+log = logging.getLogger(__name__)
+
+STEPS: tuple[tuple[str, str], ...] = (
+    ("preflight", "check the cache set, its SSD and every backing device"),
+    ("remember", "record modes and tunables to restore at the end"),
+    ("mode-interim", "switch every backing device to the interim mode (no new dirty data)"),
+    ("drain", "write all dirty data back to the backing devices (fast drain)"),
+    ("detach", "detach every backing device (flushes; /dev/bcacheN stay up in passthrough)"),
+    ("unregister", "unregister the old cache set"),
+    ("wipe-old", "wipe the bcache signature of the old SSD"),
+    ("scsi-remove", "SCSI-remove the old SSD"),
+    ("wait-new", "wait for the new (or re-inserted) SSD"),
+    ("identify-new", "identify the new SSD and refuse a wrong disk"),
+    ("make-cache", "make a fresh bcache cache on the new SSD"),
+    ("register", "register the new cache set"),
+    ("attach", "attach every backing device to the new cache set"),
+    ("restore", "restore modes and tunables"),
+    ("verify", "verify every backing device: new set, mode, state"),
+)
+STEP_NAMES = tuple(name for name, _ in STEPS)
+# Steps after which a rollback is no longer possible (the old set is gone).
+POINT_OF_NO_RETURN = "unregister"
+# Fault injection for the crash tests: SIGKILL ourselves right after this step is journaled.
+KILL_AFTER_ENV = "CACHEMGR_FAULT_KILL_AFTER"
+# bcache refuses a cache with fewer buckets ("ca->sb.nbuckets is too small", 7.2 lab).
+MIN_BUCKETS = 1024
+
+Say = Callable[[str], None]
+Prompt = Callable[[str], None]
+
+
+@dataclass
+class Options:
+    new: str = "same"  # "same" (re-insert the old SSD), "any" (a new disk in its slot), a spec
+    interim_mode: str = CacheMode.NONE.value
+    wipe_old: bool = True
+    yes: bool = False
+    drain_timeout: float = 24 * 3600.0
+    stall_timeout: float = 120.0
+    wait_timeout: float = 600.0
+
+
+@dataclass
+class Journal:
+    id: str
+    cset: str
+    options: dict[str, Any]
+    old: dict[str, Any]  # the old SSD: name, hctl, wwid, serial, size_bytes, bucket
+    backings: list[dict[str, Any]]  # uuid, name, node, device, mode, tunables
+    congested: dict[str, int] = field(default_factory=dict)
+    done: list[str] = field(default_factory=list)
+    new: dict[str, Any] = field(default_factory=dict)  # name, wwid, serial, cset
+    status: str = "running"  # running, done, failed, rolled-back
+    error: str | None = None
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+    @property
+    def path(self):  # type: ignore[no-untyped-def]
+        return state.journal_path("replace", self.id)
+
+    def save(self) -> None:
+        self.updated = time.time()
+        state.write_json(self.path, asdict(self))
+
+    @classmethod
+    def load(cls, run_id: str) -> Journal:
+        data = state.read_json(state.journal_path("replace", run_id))
+        if data is None:
+            raise UsageError(f"no replacement run {run_id!r}",
+                             hint="cachemgr replace-ssd --list shows the journaled runs")
+        return cls(**data)
+
+    def mark(self, step: str) -> None:
+        if step not in self.done:
+            self.done.append(step)
+        self.save()
+        if os.environ.get(KILL_AFTER_ENV) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def list_runs() -> list[Journal]:
+    d = state.state_dir() / "replace"
+    if not d.is_dir():
+        return []
+    return sorted((Journal.load(p.stem) for p in d.glob("*.json")), key=lambda j: j.created)
+
+
+# --------------------------------------------------------------------------------- context
+
+
+@dataclass
+class Ctx:
+    sysfs: Sysfs
+    j: Journal
+    opts: Options
+    say: Say
+    prompt: Prompt
+
+    def snap(self) -> Snapshot:
+        return snapshot.take(self.sysfs)
+
+    def backing(self, uuid: str, snap: Snapshot | None = None) -> BcacheBacking:
+        snap = snap or self.snap()
+        for b in snap.backings:
+            if b.uuid == uuid:
+                return b
+        raise CacheMgrError(f"backing device {uuid} is no longer registered",
+                            hint="register it again (echo DEV > /sys/fs/bcache/register), "
+                                 f"then cachemgr replace-ssd --resume {self.j.id}")
+
+    def dev(self, entry: dict[str, Any]) -> str:
+        return str(entry.get("device") or entry["node"])
+
+
+def _stable(b: BcacheBacking) -> str:
+    if not b.uuid:
+        raise UnsafeError(f"{b.device or b.identity.node} has no bcache UUID to follow it by")
+    return b.uuid
+
+
+# --------------------------------------------------------------------------------- planning
+
+
+def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
+    """Preflight and remember: everything is checked before anything is changed."""
+    if opts.interim_mode not in (CacheMode.NONE.value, CacheMode.WRITETHROUGH.value,
+                                 CacheMode.WRITEAROUND.value):
+        raise UsageError(f"interim mode {opts.interim_mode!r} would keep making dirty data",
+                         hint="use none (default), writearound or writethrough")
+    snap = snapshot.take(sysfs, probe_unregistered=True)
+    cset = resolve_cache_set(snap, cache, sysfs)
+    bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
+    if len(cset.caches) != 1:
+        raise UnsafeError(f"cache set {cset.uuid} has {len(cset.caches)} cache devices; "
+                          "replace-ssd handles sets with exactly one")
+    ssd = cset.caches[0]
+    try:
+        disk = scsi.scsi_disk(sysfs, ssd.identity.name)
+    except CacheMgrError as exc:
+        raise UsageError(f"{ssd.identity.node} is not a SCSI disk ({exc}); replace-ssd removes "
+                         "and re-inserts SCSI devices") from exc
+    if cset.flash_volumes:
+        raise UnsafeError(f"cache set {cset.uuid} holds {cset.flash_volumes} flash volume(s): "
+                          "their data lives only on the SSD",
+                          hint="move their data off and remove them first")
+    attached = [b for b in snap.backings if b.cset_uuid == cset.uuid]
+    names = set(cset.backing_names)
+    if {b.identity.name for b in attached} != names:
+        raise UnsafeError(f"cache set {cset.uuid} lists backing devices {sorted(names)} that "
+                          "are not all readable here")
+    for b in attached:
+        _stable(b)
+        if b.state == CacheState.INCONSISTENT:
+            raise UnsafeError(f"{b.device}: state inconsistent; do not touch its cache")
+        if b.writeback_running is False:
+            raise UnsafeError(f"{b.device}: writeback is switched off, so it cannot drain",
+                              hint=f"cachemgr tune {b.device} writeback_running=1")
+    if ssd.io_errors:
+        log.warning("%s has %d IO errors (a worn SSD: replacing it is right)",
+                    ssd.identity.node, ssd.io_errors)
+    if opts.new not in ("same", "any"):
+        name = sysfs.block_name_of(opts.new) if opts.new.startswith("/dev/") else None
+        if name == ssd.identity.name:
+            raise UsageError(f"--new {opts.new} is the SSD being replaced",
+                             hint="use --new same to re-insert the same SSD")
+    if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
+        raise UsageError("--new any needs an operator to swap the disk",
+                         hint="run it on a terminal, or pass --yes once the disk is in")
+    base = time.strftime("%Y%m%d-%H%M%S") + "-" + cset.uuid[:8]
+    run_id, n = base, 1
+    while state.journal_path("replace", run_id).exists():  # a second run in the same second
+        n += 1
+        run_id = f"{base}-{n}"
+    j = Journal(
+        id=run_id,
+        cset=cset.uuid,
+        options=asdict(opts),
+        old={"name": disk.name, "node": disk.node, "hctl": str(disk.hctl),
+             "host": disk.host, "wwid": disk.wwid, "serial": disk.serial,
+             "size_bytes": disk.size_bytes,
+             "bucket": ssd.bucket_size.low if ssd.bucket_size else None},
+        backings=[{
+            "uuid": _stable(b), "name": b.identity.name, "node": b.identity.node,
+            "device": b.device, "mode": b.mode.value if b.mode else None,
+            "tunables": _tunables(b),
+        } for b in attached],
+        congested={k: v for k, v in (
+            ("congested_read_threshold_us", cset.congested_read_threshold_us),
+            ("congested_write_threshold_us", cset.congested_write_threshold_us),
+        ) if v is not None},
+    )
+    return j
+
+
+def _tunables(b: BcacheBacking) -> dict[str, int]:
+    vals: dict[str, int | None] = {
+        "writeback_percent": b.writeback_percent,
+        "writeback_delay": b.writeback_delay,
+        "writeback_rate_minimum": b.writeback_rate_minimum,
+        "sequential_cutoff": b.sequential_cutoff.low if b.sequential_cutoff else None,
+        "writeback_running": None if b.writeback_running is None else int(b.writeback_running),
+    }
+    return {k: v for k, v in vals.items() if v is not None}
+
+
+def describe(j: Journal) -> list[str]:
+    """The plan in full, as --dry-run prints it."""
+    o = j.options
+    old = j.old
+    devs = ", ".join(f"{b['device'] or b['node']} ({b['mode']})" for b in j.backings) or "none"
+    new = {"same": f"the same SSD re-inserted ({old['wwid']})",
+           "any": f"a new disk in the same slot [{old['hctl']}] (operator swap)"}.get(
+        o["new"], o["new"])
+    lines = [f"replace the cache SSD {old['node']} [{old['hctl']}] ({old['wwid']}, serial "
+             f"{old['serial']}) of cache set {j.cset}",
+             f"backing devices: {devs}", f"new SSD: {new}", ""]
+    for i, (name, text) in enumerate(STEPS, 1):
+        extra = ""
+        if name == "mode-interim":
+            extra = f" ({o['interim_mode']})"
+        elif name == "wipe-old" and not o["wipe_old"]:
+            extra = " (skipped: --keep-old-signature)"
+        lines.append(f"{i:2d}. {name:<13} {text}{extra}")
+    return lines
+
+
+# --------------------------------------------------------------------------------- steps
+
+
+def s_mode_interim(c: Ctx) -> None:
+    snap = c.snap()
+    mode = CacheMode(c.opts.interim_mode)
+    for e in c.j.backings:
+        b = c.backing(e["uuid"], snap)
+        if b.cset_uuid != c.j.cset:
+            continue  # already detached in an earlier run
+        try:
+            bcache.set_mode(c.sysfs, b, mode)
+            c.say(f"{c.dev(e)}: mode {b.mode} -> {mode}")
+        except AlreadyError:
+            pass
+
+
+class _Stopped(Exception):
+    """A drain stopped because another one failed (or the run was interrupted)."""
+
+
+def s_drain(c: Ctx) -> None:
+    """Drain every attached device at the same time, each in its own thread: a drain is mostly
+    waiting (for bcache's writeback thread, then the clean confirmation), and one after the
+    other those waits added up (~4-6 s per device on the lab). The first failure, Ctrl-C, or
+    the face's ``say`` raising (the TUI's cancel) stops the other drains at their next
+    progress report (every 0.5 s); each drain restores its own tunables on the way out."""
+    snap = c.snap()
+    todo = [(e, b) for e in c.j.backings
+            if (b := c.backing(e["uuid"], snap)).cset_uuid == c.j.cset]
+    if not todo:
+        return
+    stop = threading.Event()
+    say_lock = threading.Lock()
+
+    def say(msg: str) -> None:
+        with say_lock:
+            c.say(msg)
+
+    def one(e: dict[str, Any], b: BcacheBacking) -> None:
+        last = [0.0]
+
+        def prog(p: DrainProgress) -> None:
+            if stop.is_set():
+                raise _Stopped
+            if time.monotonic() - last[0] >= 2:
+                last[0] = time.monotonic()
+                say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
+                    + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
+
+        try:
+            res = drain.drain(c.sysfs, b, timeout=c.opts.drain_timeout,
+                              stall_timeout=c.opts.stall_timeout, progress=prog)
+            say(f"{c.dev(e)}: clean after {res.elapsed_s:.1f} s")
+        except AlreadyError:
+            say(f"{c.dev(e)}: already clean")
+
+    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="drain") as pool:
+        futures = [pool.submit(one, e, b) for e, b in todo]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # Ctrl-C while waiting
+            stop.set()
+            raise
+        errors = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
+        if errors:
+            stop.set()  # leaving the with block waits for the others to stop and restore
+            raise errors[0]
+
+
+def s_detach(c: Ctx) -> None:
+    for e in c.j.backings:
+        b = c.backing(e["uuid"])
+        if b.cset_uuid is None:
+            continue
+        if b.cset_uuid != c.j.cset:
+            raise UnsafeError(f"{c.dev(e)} is attached to another cache set {b.cset_uuid}")
+        # drained already, so the detach is quick: poll its state often (0.5 s cost ~0.5 s
+        # per device on every replacement)
+        bcache.detach(c.sysfs, b, timeout=c.opts.drain_timeout, interval=0.1)
+        c.say(f"{c.dev(e)}: detached (passthrough, still serving IO)")
+
+
+def s_unregister(c: Ctx) -> None:
+    snap = snapshot.take(c.sysfs, probe_unregistered=True)
+    cset = snap.cache_set(c.j.cset)
+    if cset is None:
+        return
+    bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
+    bcache.unregister_cache_set(c.sysfs, cset, snap.backings)
+    # The set's directory goes first; the cache device's own bcache/ directory, its holders
+    # link and last its exclusive claim on the device follow a little later (a loaded lab
+    # host showed each gap; wipefs then failed with EBUSY): wait for all three, or the next
+    # steps would find the SSD still "in use" and refuse.
+    name = c.j.old["name"]
+
+    def released() -> bool:
+        return not c.sysfs.is_dir(f"block/{name}/bcache") and not c.sysfs.listdir(
+            f"block/{name}/holders") and not (c.sysfs.live and bcache.claimed(f"/dev/{name}"))
+
+    if not bcache.wait_for(released, 60, 0.2):
+        raise CacheMgrError(f"{c.j.old['node']} is still held by bcache 60 s after its cache "
+                            "set was unregistered")
+    c.say(f"cache set {c.j.cset} unregistered")
+
+
+def _old_present(c: Ctx) -> scsi.ScsiDisk | None:
+    for d in scsi.disks(c.sysfs):
+        if c.j.old["wwid"] and d.wwid == c.j.old["wwid"]:
+            return d
+    return None
+
+
+def s_wipe_old(c: Ctx) -> None:
+    if not c.opts.wipe_old:
+        return
+    d = _old_present(c)
+    if d is None:
+        return
+    if not bcache.wait_for(lambda: not c.sysfs.exists(f"block/{d.name}/bcache"), 30, 0.2):
+        raise UnsafeError(f"{d.node} is still registered with bcache; refusing to wipe it")
+    if c.sysfs.live and not bcache.wait_for(lambda: not bcache.claimed(d.node), 30, 0.2):
+        raise UnsafeError(f"{d.node} is still held by another user (an exclusive open fails "
+                          "with EBUSY); refusing to wipe it")
+    if signatures.first(d.node) is None:
+        return
+    signatures.wipe(d.node)
+    c.say(f"{d.node}: old bcache signature wiped")
+
+
+def s_scsi_remove(c: Ctx) -> None:
+    d = _old_present(c)
+    if d is None:
+        return
+    r = scsi.remove(c.sysfs, d.name)
+    c.j.old["hctl"], c.j.old["host"] = str(r.disk.hctl), r.disk.host
+    c.j.save()
+    c.say(f"{d.node} [{r.disk.hctl}] removed from SCSI {r.disk.host}")
+
+
+def _new_match(c: Ctx) -> str:
+    new = c.opts.new
+    if new == "same":
+        return str(c.j.old["wwid"])
+    if new == "any":
+        return str(c.j.old["hctl"])
+    for prefix in ("wwn:", "serial:"):
+        if new.startswith(prefix):
+            return new[len(prefix):]
+    return new
+
+
+def _find_new(c: Ctx) -> scsi.ScsiDisk | None:
+    if c.j.new.get("wwid"):
+        want = c.j.new["wwid"]
+        return next((d for d in scsi.disks(c.sysfs) if d.wwid == want), None)
+    new = c.opts.new
+    if new.startswith("/dev/"):
+        name = c.sysfs.block_name_of(new)
+        if name:
+            try:
+                return scsi.scsi_disk(c.sysfs, name)
+            except CacheMgrError:
+                raise UsageError(f"--new {new} is not a SCSI disk") from None
+        return None
+    match = scsi.DiskMatch.parse(_new_match(c))
+    return next((d for d in scsi.disks(c.sysfs) if match.matches(d)), None)
+
+
+def s_wait_new(c: Ctx) -> None:
+    if _find_new(c) is not None:
+        return
+    if c.opts.new != "same" and not c.opts.yes:
+        c.prompt(f"Insert the new SSD (slot of the old one: SCSI {c.j.old['host']} "
+                 f"[{c.j.old['hctl']}]), then press Enter")
+    scsi.rescan(c.sysfs, c.j.old["host"])
+    if c.opts.new.startswith("/dev/"):
+        if not bcache.wait_for(lambda: _find_new(c) is not None, c.opts.wait_timeout, 0.2):
+            raise CacheMgrError(f"{c.opts.new} did not appear within {c.opts.wait_timeout:g} s")
+        return
+    d = scsi.wait_for_disk(c.sysfs, _new_match(c), c.opts.wait_timeout)
+    c.say(f"found {d.describe()}")
+
+
+def s_identify_new(c: Ctx) -> None:
+    d = _find_new(c)
+    if d is None:
+        raise CacheMgrError("the new SSD is not there any more",
+                            hint=f"insert it and resume: cachemgr replace-ssd --resume {c.j.id}")
+    if c.j.new.get("wwid") == d.wwid and c.j.new.get("checked"):
+        return
+    same = c.opts.new == "same"
+    old_serial, old_wwid = c.j.old.get("serial"), c.j.old.get("wwid")
+    if not same and ((old_wwid and d.wwid == old_wwid)
+                     or (old_serial and d.serial == old_serial)):
+        raise UnsafeError(f"{d.describe()} is the old SSD, but a new one was asked for",
+                          hint="insert the new SSD, or use --new same to reuse the old one")
+    reasons = scsi.in_use(c.sysfs, d.name)
+    if reasons:
+        raise UnsafeError(f"{d.node} is in use: {'; '.join(reasons)}; refusing it as the new "
+                          "cache")
+    sig = signatures.first(d.node)
+    if sig is not None and not (same and sig == "bcache"):
+        raise UnsafeError(f"{d.node} carries a {sig} signature; refusing to format it",
+                          hint="check it is the right disk; wipe it deliberately (wipefs -a)")
+    if sig == "bcache" and same:
+        sb = _super(d.node)
+        if sb.get("cset.uuid") not in (None, c.j.cset):
+            raise UnsafeError(f"{d.node} belongs to another cache set {sb.get('cset.uuid')}")
+    bucket = int(c.j.old.get("bucket") or 512 * 1024)
+    if d.size_bytes is None or d.size_bytes < MIN_BUCKETS * bucket:
+        raise UnsafeError(f"{d.node} ({d.size_bytes} bytes) is too small for a bcache cache "
+                          f"with {bucket}-byte buckets (needs {MIN_BUCKETS} buckets)")
+    if c.j.old.get("size_bytes") and d.size_bytes < c.j.old["size_bytes"]:
+        c.say(f"note: {d.node} is smaller than the old SSD ({d.size_bytes} < "
+              f"{c.j.old['size_bytes']} bytes)")
+    c.j.new.update({"name": d.name, "node": d.node, "wwid": d.wwid, "serial": d.serial,
+                    "hctl": str(d.hctl), "checked": True})
+    c.j.save()
+    c.say(f"new SSD: {d.describe()}")
+
+
+def _super(node: str) -> dict[str, str]:
+    out = runner.run(["bcache-super-show", node], check=False, timeout=30).stdout
+    fields = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            fields[parts[0]] = parts[1].strip()
+    return fields
+
+
+def s_make_cache(c: Ctx) -> None:
+    d = _find_new(c)
+    if d is None:
+        raise CacheMgrError("the new SSD vanished before it was formatted")
+    if c.j.new.get("cset"):
+        sb = _super(d.node)
+        if sb.get("cset.uuid") == c.j.new["cset"]:
+            return  # formatted by an earlier run
+    if signatures.first(d.node) is not None:
+        signatures.wipe(d.node)  # the re-inserted old cache
+    bucket = int(c.j.old.get("bucket") or 512 * 1024)
+    try:
+        bcache.make_bcache(cache=d.node, bucket=f"{bucket // 1024}k", wipe=True, force=True)
+    except CommandError as exc:
+        raise CacheMgrError(f"make-bcache failed on {d.node}: {exc}") from exc
+    sb = _super(d.node)
+    if not sb.get("cset.uuid"):
+        raise CacheMgrError(f"{d.node}: no cset.uuid after make-bcache")
+    c.j.new["cset"] = sb["cset.uuid"]
+    c.j.save()
+    c.say(f"{d.node}: new cache set {c.j.new['cset']}")
+
+
+def s_register(c: Ctx) -> None:
+    if c.sysfs.is_dir(f"fs/bcache/{c.j.new['cset']}"):
+        return
+    d = _find_new(c)
+    if d is None:
+        raise CacheMgrError("the new SSD vanished before it was registered")
+    try:
+        bcache.register(c.sysfs, d.node)
+    except AlreadyError:
+        pass
+    if not bcache.wait_for(lambda: c.sysfs.is_dir(f"fs/bcache/{c.j.new['cset']}"), 30):
+        raise CacheMgrError(f"cache set {c.j.new['cset']} did not appear after register")
+
+
+def _new_set(c: Ctx, snap: Snapshot) -> CacheSet:
+    cset = snap.cache_set(c.j.new["cset"])
+    if cset is None:
+        raise CacheMgrError(f"the new cache set {c.j.new['cset']} is not registered")
+    return cset
+
+
+def s_attach(c: Ctx) -> None:
+    snap = c.snap()
+    cset = _new_set(c, snap)
+    for e in c.j.backings:
+        b = c.backing(e["uuid"], snap)
+        try:
+            bcache.attach(c.sysfs, b, cset)
+            c.say(f"{c.dev(e)}: attached to {cset.uuid}")
+        except AlreadyError:
+            pass
+
+
+def s_restore(c: Ctx) -> None:
+    snap = c.snap()
+    cset = _new_set(c, snap)
+    for name, value in c.j.congested.items():
+        try:
+            bcache.set_cache_set_tunable(c.sysfs, cset, name, int(value))
+        except AlreadyError:
+            pass
+    for e in c.j.backings:
+        # set_mode compares with the mode read here (nothing else changes it meanwhile: the
+        # run holds the lock); set_tunable reads each current value itself
+        b = c.backing(e["uuid"], snap)
+        if e["mode"]:
+            try:
+                bcache.set_mode(c.sysfs, b, CacheMode(e["mode"]))
+                c.say(f"{c.dev(e)}: mode {e['mode']} restored")
+            except AlreadyError:
+                pass
+        for name, value in e["tunables"].items():
+            try:
+                bcache.set_tunable(c.sysfs, b, name, int(value))
+            except AlreadyError:
+                pass
+
+
+def s_verify(c: Ctx) -> None:
+    snap = c.snap()
+    problems = []
+    for e in c.j.backings:
+        b = c.backing(e["uuid"], snap)
+        if b.cset_uuid != c.j.new["cset"]:
+            problems.append(f"{c.dev(e)} is attached to {b.cset_uuid}, not the new set")
+        if e["mode"] and (b.mode.value if b.mode else None) != e["mode"]:
+            problems.append(f"{c.dev(e)} is in mode {b.mode}, not {e['mode']}")
+        if b.state not in (CacheState.CLEAN, CacheState.DIRTY):
+            problems.append(f"{c.dev(e)} is {b.state}")
+        if b.device is None:
+            problems.append(f"{e['node']} is not running")
+    if problems:
+        raise CacheMgrError("verification failed: " + "; ".join(problems))
+    c.say(f"verified: {len(c.j.backings)} backing device(s) on cache set {c.j.new['cset']}")
+
+
+STEP_FUNCS: dict[str, Callable[[Ctx], None]] = {
+    "mode-interim": s_mode_interim,
+    "drain": s_drain,
+    "detach": s_detach,
+    "unregister": s_unregister,
+    "wipe-old": s_wipe_old,
+    "scsi-remove": s_scsi_remove,
+    "wait-new": s_wait_new,
+    "identify-new": s_identify_new,
+    "make-cache": s_make_cache,
+    "register": s_register,
+    "attach": s_attach,
+    "restore": s_restore,
+    "verify": s_verify,
+}
+
+
+# --------------------------------------------------------------------------------- running
+
+
+def _default_prompt(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+    try:
+        input()
+    except EOFError:
+        raise UsageError("no operator input (stdin closed)",
+                         hint="pass --yes when the new disk is already in") from None
+
+
+def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
+            prompt: Prompt | None = None) -> Journal:
+    """Run (or resume) the steps not yet journaled as done, holding the cache set's lock."""
+    opts = Options(**j.options)
+    ctx = Ctx(sysfs, j, opts, say or (lambda m: log.info("%s", m)), prompt or _default_prompt)
+    with state.locked(f"replace-{j.cset}", f"cache set {j.cset}"):
+        if j.status == "rolled-back":
+            raise UsageError(f"run {j.id} was rolled back")
+        j.status, j.error = "running", None
+        for step in ("preflight", "remember"):
+            if step not in j.done:
+                j.mark(step)
+        for i, step in enumerate(STEP_NAMES, 1):
+            if step in j.done:
+                continue
+            ctx.say(f"[{i}/{len(STEPS)}] {step}")
+            try:
+                STEP_FUNCS[step](ctx)
+            except CacheMgrError as exc:
+                j.status, j.error = "failed", f"{step}: {exc.message}"
+                j.save()
+                safe = STEP_NAMES.index(step) <= STEP_NAMES.index(POINT_OF_NO_RETURN)
+                exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
+                    f"fix the cause, then: cachemgr replace-ssd --resume {j.id}"
+                    + (f" (or --rollback {j.id} to put modes back)" if safe else ""))
+                raise
+            j.mark(step)
+        j.status = "done"
+        j.save()
+    return j
+
+
+def rollback(sysfs: Sysfs, j: Journal, *, say: Say | None = None) -> Journal:
+    """Undo a run that stopped before the old set was unregistered: modes and tunables back."""
+    say = say or (lambda m: log.info("%s", m))
+    if POINT_OF_NO_RETURN in j.done:
+        raise UnsafeError(f"run {j.id} is past '{POINT_OF_NO_RETURN}': the old cache set is "
+                          "gone, so only finishing it is safe",
+                          hint=f"cachemgr replace-ssd --resume {j.id}")
+    if j.status == "done":
+        raise AlreadyError(f"run {j.id} finished; nothing to roll back")
+    with state.locked(f"replace-{j.cset}", f"cache set {j.cset}"):
+        snap = snapshot.take(sysfs)
+        for e in j.backings:
+            b = next((x for x in snap.backings if x.uuid == e["uuid"]), None)
+            if b is None:
+                continue
+            if b.cset_uuid is None:
+                cset = snap.cache_set(j.cset)
+                if cset is not None:
+                    try:
+                        bcache.attach(sysfs, b, cset)
+                    except AlreadyError:
+                        pass
+                    b = bcache.reread(sysfs, b.identity.name)
+            if e["mode"]:
+                try:
+                    bcache.set_mode(sysfs, b, CacheMode(e["mode"]))
+                    say(f"{e['device'] or e['node']}: mode {e['mode']} restored")
+                except AlreadyError:
+                    pass
+        j.status = "rolled-back"
+        j.save()
+    return j
