@@ -17,7 +17,7 @@ from typing import Any
 
 from cachemgr.backends import bcache, dmcache
 from cachemgr.backends import snapshot as snapshot_mod
-from cachemgr.backends.bcache_super import refuse_orphaned_dirt
+from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
@@ -227,6 +227,7 @@ def remove_cache_set(sysfs: Sysfs, c: CacheSet) -> Result:
         full = status(sysfs, probe_unregistered=True)
         refuse_orphaned_dirt(full, c.uuid, doing="unregistering the cache set",
                              then="run remove again")
+        refuse_unreadable(sysfs, c.uuid, "unregistering the cache set")
         cur = full.cache_set(c.uuid) or c
         return Result(changes=[bcache.unregister_cache_set(sysfs, cur, full.backings)])
 

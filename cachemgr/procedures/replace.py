@@ -187,6 +187,7 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
     snap = snapshot.take(sysfs, probe_unregistered=True)
     cset = resolve_cache_set(snap, cache, sysfs)
     bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
+    bcache_super.refuse_unreadable(sysfs, cset.uuid, "replacing the SSD")
     if len(cset.caches) != 1:
         raise UnsafeError(f"cache set {cset.uuid} has {len(cset.caches)} cache devices; "
                           "replace-ssd handles sets with exactly one")
@@ -370,6 +371,7 @@ def s_unregister(c: Ctx) -> None:
     if cset is None:
         return
     bcache_super.refuse_orphaned_dirt(snap, cset.uuid)
+    bcache_super.refuse_unreadable(c.sysfs, cset.uuid, "replacing the SSD")
     bcache.unregister_cache_set(c.sysfs, cset, snap.backings)
     # The set's directory goes first; the cache device's own bcache/ directory, its holders
     # link and last its exclusive claim on the device follow a little later (a loaded lab

@@ -200,18 +200,22 @@ def test_orphaned_dirty_data_refused_by_cli_and_tui_then_recovered(
     print("\n".join(dmesg_bcache()[-6:]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue #14: the orphaned-dirt refusal reads the stopped device's superblock; a backing "
-    "device that also fails reads (a dead disk) is never probed as dirty, and remove CSET "
-    "unregisters the set with that device's dirty data still in it"))
 @pytest.mark.kernel(disks="1G,512M", timeout=300)
 def test_orphaned_dirty_data_of_an_unreadable_device_refused(
         lab_disks: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same, but the stopped backing device fails reads as well: its superblock cannot
     be read, and yet its dirty data is in the set all the same."""
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
-    sysfs, cset, _digest, _linear = orphan_dirt(lab_disks, tmp_path, reads_fail=True)
+    sysfs, cset, digest, linear = orphan_dirt(lab_disks, tmp_path, reads_fail=True)
     r = clirun.in_process("remove", cset)
     print(r.returncode, r.stdout, r.stderr)
     assert r.returncode == 3 and "would lose it" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert f"{NODE} cannot be read" in r.stderr, r.stderr
     assert sysfs.is_dir(f"fs/bcache/{cset}")
+    # the disk repaired and registered again: the dirty data was kept and comes back whole
+    swap_table(linear)
+    sysfs.write("fs/bcache/register", NODE)
+    wait_for("bcache0 back", lambda: sysfs.is_dir("block/bcache0/bcache"))
+    r = clirun.in_process("drain", "/dev/bcache0")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert hashlib.sha256(read_direct("/dev/bcache0", OFFSET, LENGTH)).hexdigest() == digest
