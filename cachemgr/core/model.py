@@ -394,7 +394,7 @@ class Snapshot:
     cache_sets: tuple[CacheSet, ...]
     backings: tuple[BcacheBacking, ...]
     warnings: tuple[str, ...] = ()
-    dmcaches: tuple[DmCacheDevice, ...] = ()  # dm-cache devices (cachemgr/backends/dmcache.py)
+    dmcaches: tuple[DmCacheDevice, ...] = ()  # dm-cache devices (cachemgr/backends/dmcache/)
     # devices carrying a bcache superblock that are not registered (live systems only)
     unregistered: tuple[UnregisteredBcache, ...] = ()
 
@@ -404,7 +404,7 @@ class Snapshot:
 
 # ---------------------------------------------------------------------------------------
 # dm-cache (Documentation/admin-guide/device-mapper/cache.rst, drivers/md/dm-cache-target.c).
-# The parsers live in cachemgr/backends/dmcache.py; these are the typed results.
+# The parsers live in cachemgr/backends/dmcache/parse.py; these are the typed results.
 
 DM_CACHE_MODES = (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH)
 

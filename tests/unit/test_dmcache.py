@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cachemgr.backends import dmcache, snapshot
+from cachemgr.backends.dmcache import switch
 from cachemgr.cli.main import main
 from cachemgr.core.errors import AlreadyError, KernelFormatError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, CacheState, DmCacheStatus, DmCacheTable
@@ -251,12 +253,12 @@ def test_table_mode_switch_keeps_the_rest() -> None:
 
 def test_threshold_is_carried_into_reloads() -> None:
     t = dmcache.parse_table("0 8 cache 1:2 1:3 1:4 64 1 writeback smq 0")
-    assert dmcache._with_threshold(t, 2048) == t  # the default: the table stays as it was
-    assert dmcache._with_threshold(t, 8192).policy_args == ("migration_threshold", "8192")
+    assert switch.with_threshold(t, 2048) == t  # the default: the table stays as it was
+    assert switch.with_threshold(t, 8192).policy_args == ("migration_threshold", "8192")
     t2 = dmcache.parse_table("0 8 cache 1:2 1:3 1:4 64 1 writeback smq 2 "
                              "migration_threshold 4096")
-    assert dmcache._with_threshold(t2, 4096) == t2
-    assert dmcache._with_threshold(t2, 512).policy_args == ("migration_threshold", "512")
+    assert switch.with_threshold(t2, 4096) == t2
+    assert switch.with_threshold(t2, 512).policy_args == ("migration_threshold", "512")
 
 
 # ------------------------------------------------------------------- other parsers
@@ -378,7 +380,7 @@ def test_cli_passthrough_while_dirty_is_refused(capsys: pytest.CaptureFixture[st
                                                 tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr(dmcache.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert cli(fixtures("dmcache-writeback")[0], "mode", "vmcache", "passthrough") == 3
     err = capsys.readouterr().err
     assert "145 dirty blocks" in err and "passthrough --drain" in err

@@ -1,6 +1,6 @@
 """dm-cache operations against a fake device-mapper that behaves as the lab kernel did.
 
-The fake reproduces what the lab showed (module docstring of cachemgr/backends/dmcache.py): a table
+The fake reproduces what the lab showed (package docstring of cachemgr/backends/dmcache/): a table
 loaded into the inactive slot, ``resume`` swapping it in, and ``resume`` of a passthrough
 table over dirty blocks failing with EBUSY while leaving the device suspended with the new
 table live. The failure paths these tests drive (a refused resume, a failed load, Ctrl-C in
@@ -9,6 +9,7 @@ the middle of a flush) are hard to hit on purpose in the lab; the happy paths ru
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from cachemgr.backends import dmcache
+from cachemgr.backends.dmcache import command, discover, flushing, switch
+from cachemgr.core import state
 from cachemgr.core.errors import CommandError, UnsafeError
 from cachemgr.core.model import CacheMode, DmCacheDevice
 from cachemgr.core.sysfs import Sysfs
@@ -82,9 +85,9 @@ class _Done:
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeDm]:
     f = FakeDm()
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr(dmcache, "dmsetup", f)
-    monkeypatch.setattr(dmcache.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(dmcache, "find", lambda sysfs, name: device(f))
+    monkeypatch.setattr(command, "dmsetup", f)  # every dmsetup call goes through it
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(discover, "find", lambda sysfs, name: device(f))
     yield f
 
 
@@ -103,7 +106,7 @@ SYSFS = Sysfs("/nonexistent")
 def test_refused_resume_puts_the_old_table_back(fake: FakeDm) -> None:
     new = ORIGINAL.replace("writeback", "passthrough")
     with pytest.raises(CommandError):
-        dmcache._switch("vc", ORIGINAL, new)
+        switch.switch_table("vc", ORIGINAL, new)
     # the kernel left it suspended with the new table live; cachemgr undid that
     assert fake.live == ORIGINAL and not fake.suspended and fake.inactive is None
     assert [a[0] for a in fake.log] == ["suspend", "load", "resume", "clear", "load", "resume"]
@@ -111,13 +114,13 @@ def test_refused_resume_puts_the_old_table_back(fake: FakeDm) -> None:
 
 def test_failed_load_resumes_the_old_table(fake: FakeDm) -> None:
     with pytest.raises(CommandError):
-        dmcache._switch("vc", ORIGINAL, ORIGINAL.replace("smq", "bogus"))
+        switch.switch_table("vc", ORIGINAL, ORIGINAL.replace("smq", "bogus"))
     assert fake.live == ORIGINAL and not fake.suspended
 
 
 def test_require_clean_checks_while_suspended(fake: FakeDm) -> None:
     with pytest.raises(UnsafeError, match="10 dirty blocks appeared"):
-        dmcache._switch("vc", ORIGINAL, "0 1048576 linear 253:0 0", require_clean=True)
+        switch.switch_table("vc", ORIGINAL, "0 1048576 linear 253:0 0", require_clean=True)
     assert fake.live == ORIGINAL and not fake.suspended
     assert ("load", "vc", "--table", "0 1048576 linear 253:0 0") not in fake.log
 
@@ -152,7 +155,7 @@ def test_set_mode_carries_the_live_threshold(fake: FakeDm) -> None:
 
 
 def test_flush_interrupted_restores(fake: FakeDm, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = dmcache.read_status
+    real = command.read_status
     polls = {"n": 0}
 
     def read_status(name: str):  # type: ignore[no-untyped-def]
@@ -161,25 +164,25 @@ def test_flush_interrupted_restores(fake: FakeDm, monkeypatch: pytest.MonkeyPatc
             raise KeyboardInterrupt
         return real(name)
 
-    monkeypatch.setattr(dmcache, "read_status", read_status)
+    monkeypatch.setattr(command, "read_status", read_status)
     with pytest.raises(KeyboardInterrupt):
         dmcache.flush(SYSFS, device(fake), interval=0.01)
     assert fake.live == ORIGINAL and not fake.suspended
     flush_tables = [a[-1] for a in fake.log if a[0] == "load"]
     assert flush_tables[0].endswith("1 writethrough cleaner 0")
-    assert dmcache._journal(device(fake)).exists() is False
+    assert flushing.journal(device(fake)).exists() is False
 
 
 def test_flush_runs_writethrough_cleaner_then_restores(fake: FakeDm,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    real = dmcache.read_status
+    real = command.read_status
 
     def read_status(name: str):  # type: ignore[no-untyped-def]
         if "cleaner" in fake.live:
             fake.dirty = max(0, fake.dirty - 4)  # the cleaner at work
         return real(name)
 
-    monkeypatch.setattr(dmcache, "read_status", read_status)
+    monkeypatch.setattr(command, "read_status", read_status)
     seen: list[int | None] = []
     res = dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
                         progress=lambda p: seen.append(p.dirty_blocks))
@@ -191,14 +194,14 @@ def test_flush_runs_writethrough_cleaner_then_restores(fake: FakeDm,
 
 def test_flush_with_final_mode_never_passes_through_writeback(
         fake: FakeDm, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = dmcache.read_status
+    real = command.read_status
 
     def read_status(name: str):  # type: ignore[no-untyped-def]
         if "cleaner" in fake.live:
             fake.dirty = 0
         return real(name)
 
-    monkeypatch.setattr(dmcache, "read_status", read_status)
+    monkeypatch.setattr(command, "read_status", read_status)
     dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
                   final_mode=CacheMode.PASSTHROUGH)
     loads = [a[-1].split()[8] for a in fake.log if a[0] == "load"]
@@ -209,8 +212,8 @@ def test_flush_with_final_mode_never_passes_through_writeback(
 def test_a_killed_flush_is_restored_by_the_next_run(fake: FakeDm) -> None:
     d = device(fake)
     flush_line = ORIGINAL.replace("writeback smq", "writethrough cleaner")
-    dmcache.state.write_json(dmcache._journal(d), {"original": ORIGINAL, "flush": flush_line})
+    state.write_json(flushing.journal(d), {"original": ORIGINAL, "flush": flush_line})
     fake.live = flush_line
     assert dmcache.restore_saved(SYSFS, replace(d, table=dmcache.parse_table(flush_line))) == \
         {"table": ORIGINAL}
-    assert fake.live == ORIGINAL and not dmcache._journal(d).exists()
+    assert fake.live == ORIGINAL and not flushing.journal(d).exists()

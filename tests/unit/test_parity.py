@@ -247,7 +247,7 @@ def row_key(root: Path, spec: str) -> str:
 
 def lock_key(root: Path, spec: str) -> str:
     """The lock the library takes on ``spec`` (cachemgr/ops/cache.py,
-    cachemgr/backends/dmcache.py)."""
+    cachemgr/backends/dmcache/flushing.py)."""
     if spec.startswith("cset:"):
         return "replace-" + spec.removeprefix("cset:")
     if spec.startswith("dm:"):

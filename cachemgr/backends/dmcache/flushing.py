@@ -1,0 +1,231 @@
+"""Flush: write every dirty block back through writethrough + the ``cleaner`` policy (the
+package docstring says why), then put the table back; the journal that lets the next run
+restore the table after a crash."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachemgr.backends.dmcache import command, discover
+from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
+from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable, need_root
+from cachemgr.backends.dmcache.switch import critical, switch_table, with_threshold
+from cachemgr.core import drainloop, state
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    CommandError,
+    KernelFormatError,
+    StallError,
+    TimeoutExpired,
+)
+from cachemgr.core.model import (
+    DM_CACHE_MODES,
+    CacheMode,
+    CacheState,
+    DmCacheDevice,
+    DmCacheStatus,
+    DmCacheTable,
+    DrainProgress,
+    human,
+)
+from cachemgr.core.sysfs import Sysfs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FlushResult:
+    device: str
+    start_bytes: int
+    elapsed_s: float
+    restored: dict[str, str] = field(default_factory=dict)
+    final_table: str = ""
+
+
+def lock_key(d: DmCacheDevice) -> str:
+    return f"dmcache-{d.name}"
+
+
+def journal(d: DmCacheDevice) -> Path:
+    return state.journal_path("dmcache-flush", d.name)
+
+
+def restore_saved(sysfs: Sysfs, d: DmCacheDevice) -> dict[str, str]:
+    """Put back the table a crashed or killed flush left (cleaner policy, writethrough), and
+    resume a device it left suspended. Returns what was restored ({} if nothing)."""
+    path = journal(d)
+    saved = state.read_json(path)
+    if saved is None:
+        return {}
+    original = str(saved["original"])
+    live = command.read_table(d.name)
+    try:
+        ours = parse_table(live).policy == "cleaner" and live != original
+    except KernelFormatError:
+        ours = False
+    restored: dict[str, str] = {}
+    if d.suspended or ours:
+        with critical():
+            if d.suspended:
+                # a switch cut short: drop its inactive table, if any
+                with contextlib.suppress(CommandError):
+                    command.dmsetup("clear", d.name)
+            else:
+                command.dmsetup("suspend", d.name)
+            try:
+                command.dmsetup("load", d.name, "--table", original)
+            finally:
+                command.dmsetup("resume", d.name)
+        restored = {"table": original}
+        log.info("%s: restored the table saved by an interrupted flush: %s", d.node, original)
+    path.unlink(missing_ok=True)
+    return restored
+
+
+@contextlib.contextmanager
+def term_as_interrupt() -> Iterator[None]:
+    """SIGTERM (systemd stop, kill) restores like Ctrl-C does, in the CLI's main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
+          stall_timeout: float = 60.0, confirm: float = 1.0, interval: float = 0.5,
+          progress: Callable[[DrainProgress], None] | None = None,
+          final_mode: CacheMode | None = None) -> FlushResult:
+    """Write every dirty block back to the origin, then put the table back.
+
+    Runs writethrough + the ``cleaner`` policy (see the package docstring for why not
+    writeback), polls ``#dirty`` down to 0 (read ``confirm`` seconds apart) with progress
+    and ETA, then loads the original table again, or the same with ``final_mode`` (how
+    ``mode --drain`` gets to passthrough without passing through writeback). On an error,
+    a stall, a timeout, Ctrl-C or SIGTERM the original table is restored; after a crash,
+    the journal lets the next run (or ``drain --resume``) restore it.
+
+    Raises AlreadyError when the device is clean and already has the final table.
+    """
+    mode_cmd = f"lvchange --cachemode {final_mode.value} VG/LV" if final_mode else \
+        "lvchange --cachepolicy cleaner VG/LV (and back: lvchange --cachepolicy smq VG/LV)"
+    check_changeable(d, "cache contents" if not final_mode else "mode", mode_cmd)
+    if final_mode is not None and final_mode not in DM_CACHE_MODES:
+        raise bad_mode(final_mode)
+    need_root("flushing a dm-cache device")
+    with state.locked(lock_key(d), d.node), term_as_interrupt():
+        d = recover(sysfs, d)
+        final = d.table.with_mode(final_mode) if final_mode else d.table
+        return flush_locked(d, final, require_clean=final.mode == CacheMode.PASSTHROUGH,
+                             timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
+                             interval=interval, progress=progress)
+
+
+def recover(sysfs: Sysfs, d: DmCacheDevice) -> DmCacheDevice:
+    if state.read_json(journal(d)) is not None and restore_saved(sysfs, d):
+        return discover.find(sysfs, d.name)
+    return d
+
+
+def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: bool,
+                  timeout: float, stall_timeout: float, confirm: float, interval: float,
+                  progress: Callable[[DrainProgress], None] | None) -> FlushResult:
+    assert d.status is not None
+    original = d.table
+    live_line = original.line()
+    thr = d.status.migration_threshold
+    final_line = final if isinstance(final, str) else with_threshold(final, thr).line()
+    t0 = time.monotonic()
+    if d.status.dirty == 0:
+        time.sleep(min(confirm, 0.2))
+        st = command.read_status(d.name)
+        if not isinstance(st, str) and st.dirty == 0:
+            if final_line == live_line:
+                raise AlreadyError(f"{d.node} is already clean (0 dirty blocks)")
+            switch_table(d.name, live_line, final_line, require_clean=require_clean)
+            return FlushResult(d.node, 0, time.monotonic() - t0, {}, final_line)
+    keep_mode = CacheMode.WRITETHROUGH if original.mode == CacheMode.WRITEBACK else original.mode
+    # migration_threshold decides whether the policy is told "idle": no IO for a second and
+    # (migrations in flight + 1) x block <= threshold (spare_migration_bandwidth in
+    # dm-cache-target.c). Below one block it never is, and the cleaner then only gets the
+    # blocks past its writeback sentinels, a batch every 10 s. The flush uses at least two
+    # blocks; the live value comes back with the restored table.
+    flush_thr = max(thr or DEFAULT_MIGRATION_THRESHOLD, 2 * original.block_sectors)
+    flush_args = ("migration_threshold", str(flush_thr)) \
+        if flush_thr != DEFAULT_MIGRATION_THRESHOLD else ()
+    flush_t = original.with_mode(keep_mode).with_policy("cleaner", flush_args)
+    flush_line = flush_t.line()
+    restore_line = with_threshold(original, thr).line()
+    path = journal(d)
+    state.write_json(path, {"device": d.node, "name": d.name, "uuid": d.uuid,
+                            "original": restore_line, "flush": flush_line,
+                            "started": time.time()})
+    switched = done = False
+    try:
+        switch_table(d.name, live_line, flush_line)  # on failure the live table runs on
+        switched = True
+        start = _poll_clean(d, timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
+                            interval=interval, progress=progress, t0=t0)
+        switch_table(d.name, flush_line, final_line, require_clean=require_clean)
+        done = True
+        return FlushResult(d.node, start, time.monotonic() - t0,
+                           {"mode": original.mode.value, "policy": original.policy},
+                           final_line)
+    finally:
+        if switched and not done:
+            try:
+                switch_table(d.name, flush_line, restore_line)
+                log.info("%s: original table restored: %s", d.node, restore_line)
+            except CacheMgrError as exc:
+                log.error("%s: could not restore the table (%s); the journal %s keeps it: "
+                          "cachemgr drain %s --resume", d.node, exc, path, d.name)
+                raise
+        path.unlink(missing_ok=True)
+
+
+def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confirm: float,
+                interval: float, progress: Callable[[DrainProgress], None] | None,
+                t0: float) -> int:
+    """Poll ``#dirty`` to 0 (twice, ``confirm`` s apart); returns the starting dirty bytes."""
+
+    def sample() -> drainloop.Sample[DmCacheStatus]:
+        st = command.read_status(d.name)
+        if isinstance(st, str):
+            raise CacheMgrError(f"{d.node}: the cache failed ({st}) while flushing; see dmesg",
+                                hint="keep the cache device: the dirty blocks are on it")
+        return drainloop.Sample(st, st.dirty_bytes,
+                                CacheState.DIRTY if st.dirty else CacheState.CLEAN,
+                                st.dirty == 0, st.dirty)
+
+    def stalled(st: DmCacheStatus, progressed: bool) -> StallError:
+        return StallError(
+            f"{d.node}: no progress for {stall_timeout:g} s ({st.dirty} dirty blocks, "
+            f"{human(st.dirty_bytes)}); the original table is put back, the dirty data stays "
+            "safe in the cache",
+            hint="check the origin device for errors (dmesg); a longer --stall-timeout "
+                 "gives the cleaner more writeback periods")
+
+    def timed_out(st: DmCacheStatus) -> TimeoutExpired:
+        return TimeoutExpired(f"{d.node}: still {st.dirty} dirty blocks after {timeout:g} s "
+                              "of flushing; the original table is put back")
+
+    r = drainloop.wait_clean(sample, action="flush", device=d.node, timeout=timeout,
+                             stall_timeout=stall_timeout, confirm=confirm, interval=interval,
+                             progress=progress, stall_error=stalled, timeout_error=timed_out,
+                             rate="mean", t0=t0)
+    return r.start_bytes or 0
