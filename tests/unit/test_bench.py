@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachemgr.core.errors import UsageError
+from cachemgr.core.model import CacheMode
 from cachemgr.procedures import bench
 from cachemgr.procedures.bench import FioFormatError, JobSpec, parse_fio
+from cachemgr.procedures.bench.comparison import _speedups
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "fio"
 CAPTURES = sorted(FIX.glob("*.json"))
@@ -252,7 +254,7 @@ def test_comparison_json_and_table(tmp_path: Path) -> None:
     runs = [_run("hdd", 1, "randwrite-qd1-dmdelay.json"),
             _run("bc", 1, "randwrite-qd1-bcache-writeback.json")]
     sums = [bench.summarize(r.label, "/dev/x", [r]) for r in runs]
-    sums = bench._speedups(spec, sums)
+    sums = _speedups(spec, sums)
     c = bench.Comparison(spec=spec, targets=(), runs=tuple(runs), summaries=tuple(sums),
                          options=bench.CompareOptions(repeat=1), fio_version="fio-3.33",
                          kernel="7.2.7", hygiene=("x",), identities={}, created=0.0)
@@ -314,8 +316,7 @@ def test_sizes() -> None:
 
 
 def test_targets() -> None:
-    assert bench.parse_target("/dev/bcache0:writeback")[1:] == ("/dev/bcache0",
-                                                                bench.CacheMode.WRITEBACK)
+    assert bench.parse_target("/dev/bcache0:writeback")[1:] == ("/dev/bcache0", CacheMode.WRITEBACK)
     assert bench.parse_target("hdd=/dev/mapper/hdd") == ("hdd", "/dev/mapper/hdd", None)
     assert bench.parse_target("/dev/disk/by-id/x")[2] is None
     with pytest.raises(UsageError):
