@@ -159,7 +159,7 @@ def refuse_unreadable(sysfs: Sysfs, cset: str, doing: str) -> None:
             f"{', '.join(bad)} cannot be read (IO errors): if it is a backing device of cache "
             f"set {cset} that bcache stopped, its dirty data is on this SSD and {doing} would "
             "lose it; nothing was changed",
-            hint=f"repair {bad[0]} and register it again (echo {bad[0]} > "
-                 "/sys/fs/bcache/register), or take it off the host if it is not a bcache "
+            hint=f"repair {bad[0]} and register it again (echo {bad[0]} "
+                 "> /sys/fs/bcache/register), or take it off the host if it is not a bcache "
                  f"device; if its data is gone for good: cachemgr stop-set {cset} "
                  "--i-accept-data-loss")
