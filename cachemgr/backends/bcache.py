@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cachemgr.backends import signatures
+from cachemgr.backends import inuse, signatures
 from cachemgr.core import drainloop, runner
 from cachemgr.core.errors import (
     AlreadyError,
@@ -635,24 +635,26 @@ def force_run(sysfs: Sysfs, backing: BcacheBacking, accept: AcceptDataLoss) -> C
 
 
 def in_use(sysfs: Sysfs, node: str) -> str | None:
-    """Why a block device is busy (holders, mounted, registered with bcache), or None."""
+    """Why a block device is busy (holders, registered with bcache, mounted, swap, or one of
+    its partitions so: :func:`cachemgr.backends.inuse.uses`), or None."""
     name = sysfs.block_name_of(node)
     rel = block_dirs(sysfs).get(name) if name else None
     if name is None or rel is None:
         raise UsageError(f"{node}: no such block device")
-    holders = sysfs.listdir(f"{rel}/holders")
+    mountinfo, swaps = inuse.proc_texts(sysfs)
+    found = inuse.uses(sysfs, rel, mountinfo=mountinfo, swaps=swaps)
+    own = {u.kind for u in found if not u.partition}
+    holders = [u.by for u in found if u.kind == "held" and not u.partition]
     if holders:
         return f"it is in use by {', '.join(holders)}"
-    if sysfs.is_dir(f"{rel}/bcache"):
+    if "bcache" in own:
         return "it is registered with bcache"
-    if _mounted(node) or _mounted(f"/dev/{name}"):
+    if "mounted" in own:
         return "it is mounted"
-    for child in sysfs.listdir(rel):
-        if sysfs.exists(f"{rel}/{child}/partition") and (
-            sysfs.listdir(f"{rel}/{child}/holders") or _mounted(f"/dev/{child}")
-        ):
-            return f"its partition {child} is in use"
-    return None
+    if "swap" in own:
+        return "it is in use as swap"
+    part = next((u.member for u in found if u.partition), None)
+    return f"its partition {part} is in use" if part else None
 
 
 def create(

@@ -23,6 +23,7 @@ import stat
 import time
 from pathlib import Path
 
+from cachemgr.backends import inuse
 from cachemgr.core import runner
 from cachemgr.core.errors import CommandError
 from cachemgr.core.sysfs import NEVER_READ, Sysfs
@@ -104,9 +105,11 @@ class Capturer:
             self.copy_tree(target, depth=2, follow=1)
 
     def _in_use(self, name: str) -> bool:
-        return bool(self.sys.listdir(f"block/{name}/holders")) or self.sys.exists(
-            f"block/{name}/bcache"
-        ) or (self.sys.read_opt(f"block/{name}/size") or "0") != "0"
+        """A loop or ram device worth capturing: set up (a size), or used by something
+        (:func:`cachemgr.backends.inuse.uses`; a mounted or swapping one has a size, so
+        /proc is not read)."""
+        return (self.sys.read_opt(f"block/{name}/size") or "0") != "0" or bool(
+            inuse.uses(self.sys, f"block/{name}", mountinfo=None, swaps=None))
 
     def capture_scsi(self) -> None:
         """SCSI hosts (scan, proc_name), scsi_debug's pseudo bus, each disk's device/ dir."""

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from cachemgr.backends import inuse
 from cachemgr.backends.bcache import wait_for
 from cachemgr.backends.identity import AUTO, Auto, kernel_identity, looks_like_wwn, normalize_wwn
 from cachemgr.core import runner
@@ -49,8 +50,6 @@ from cachemgr.core.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
 
-PROC_MOUNTINFO = "/proc/self/mountinfo"
-PROC_SWAPS = "/proc/swaps"
 SCSI_DEBUG_DRIVER = "bus/pseudo/drivers/scsi_debug"
 
 # the text of a /proc file; AUTO: read it on the live system, skip it on a capture
@@ -241,115 +240,31 @@ def find_scsi_debug_host(sysfs: Sysfs) -> str:
 # in use?
 
 
-@dataclass(frozen=True)
-class Mount:
-    devno: str  # "8:1"
-    mount_point: str
-    fs_type: str
-    source: str
-
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape(text: str) -> str:
-    """/proc escapes space, tab, newline and backslash in paths as ``\\040`` etc."""
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), text)
-
-
-def parse_mountinfo(text: str) -> tuple[Mount, ...]:
-    """``/proc/self/mountinfo`` (proc_pid_mountinfo(5)). Sample line::
-
-        36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
-
-    mount id, parent id, major:minor, root, mount point, options, optional fields, ``-``,
-    fs type, source, super options. KernelFormatError for a line without that shape.
-    """
-    out = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split(" ")
-        try:
-            sep = f.index("-", 6)
-        except ValueError:
-            raise KernelFormatError("mountinfo line", line) from None
-        if len(f) < sep + 3 or ":" not in f[2]:
-            raise KernelFormatError("mountinfo line", line)
-        out.append(Mount(devno=f[2], mount_point=_unescape(f[4]), fs_type=f[sep + 1],
-                         source=_unescape(f[sep + 2])))
-    return tuple(out)
-
-
-def parse_swaps(text: str) -> tuple[str, ...]:
-    """The swap areas' paths from ``/proc/swaps``. Sample::
-
-        Filename				Type		Size		Used		Priority
-        /dev/sdb2                               partition	1048572		0		-2
-    """
-    out = []
-    for line in text.splitlines()[1:]:
-        if line.strip():
-            out.append(_unescape(line.split()[0]))
-    return tuple(out)
-
-
-def _read_proc(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _members(sysfs: Sysfs, name: str) -> list[str]:
-    """The disk and its partitions (kernel names)."""
-    rel = f"block/{name}"
-    return [name] + [c for c in sysfs.listdir(rel) if sysfs.exists(f"{rel}/{c}/partition")]
-
-
-def _member_rel(name: str, member: str) -> str:
-    return f"block/{name}" if member == name else f"block/{name}/{member}"
-
-
 def in_use(sysfs: Sysfs, name: str, *, mountinfo: ProcText = AUTO,
            swaps: ProcText = AUTO) -> tuple[str, ...]:
     """Why disk ``name`` (or one of its partitions) is in use; empty when it is not.
 
     Looks at ``holders/`` (bcache and device-mapper devices built on it), the ``bcache/``
-    directory (registered as a bcache cache or backing device), mounts and swap.
-    ``mountinfo`` and ``swaps`` are the texts of /proc/self/mountinfo and /proc/swaps;
-    AUTO reads them on the live system and skips them on a capture, None skips them.
+    directory (registered as a bcache cache or backing device), mounts and swap
+    (:func:`cachemgr.backends.inuse.uses`). ``mountinfo`` and ``swaps`` are the texts of
+    /proc/self/mountinfo and /proc/swaps; AUTO reads them on the live system and skips them
+    on a capture, None skips them.
     """
-    _whole_disk(sysfs, name)
-    live = sysfs.live
-    if mountinfo is AUTO:
-        mountinfo = _read_proc(PROC_MOUNTINFO) if live else None
-    if swaps is AUTO:
-        swaps = _read_proc(PROC_SWAPS) if live else None
-    reasons: list[str] = []
-    members = _members(sysfs, name)
-    devnos = {}
-    for m in members:
-        rel = _member_rel(name, m)
-        devno = _clean(sysfs.read_opt(f"{rel}/dev"))
-        if devno:
-            devnos[devno] = m
-        for holder in sysfs.listdir(f"{rel}/holders"):
-            dm = _clean(sysfs.read_opt(f"block/{holder}/dm/name"))
-            reasons.append(f"/dev/{m} is held by {holder}" + (f" (/dev/mapper/{dm})" if dm else ""))
-        if sysfs.is_dir(f"{rel}/bcache"):
-            reasons.append(_bcache_role(sysfs, m, f"{rel}/bcache"))
-    if mountinfo:
-        for mnt in parse_mountinfo(mountinfo):
-            src = os.path.basename(mnt.source) if mnt.source.startswith("/dev/") else None
-            member = devnos.get(mnt.devno) or (src if src in members else None)
-            if member:
-                reasons.append(f"/dev/{member} is mounted on {mnt.mount_point} ({mnt.fs_type})")
-    if swaps:
-        for path in parse_swaps(swaps):
-            if os.path.basename(path) in members:
-                reasons.append(f"{path} is in use as swap")
+    rel = _whole_disk(sysfs, name)
+    live_mounts, live_swaps = inuse.proc_texts(sysfs) if AUTO in (mountinfo, swaps) \
+        else (None, None)
+    reasons = []
+    for u in inuse.uses(sysfs, rel, mountinfo=live_mounts if mountinfo is AUTO else mountinfo,
+                        swaps=live_swaps if swaps is AUTO else swaps):
+        if u.kind == "held":
+            reasons.append(f"/dev/{u.member} is held by {u.by}"
+                           + (f" (/dev/mapper/{u.detail})" if u.detail else ""))
+        elif u.kind == "bcache":
+            reasons.append(_bcache_role(sysfs, u.member, f"{u.rel}/bcache"))
+        elif u.kind == "mounted":
+            reasons.append(f"/dev/{u.member} is mounted on {u.by} ({u.detail})")
+        else:
+            reasons.append(f"{u.by} is in use as swap")
     return tuple(dict.fromkeys(reasons))
 
 

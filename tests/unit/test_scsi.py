@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachemgr.backends import scsi
+from cachemgr.backends import bcache, inuse, scsi
 from cachemgr.backends.scsi import Hctl, WaitProgress
 from cachemgr.core.errors import (
     CacheMgrError,
@@ -169,12 +169,56 @@ def test_in_use_mounted_and_swap(fx: Path, tmp_path: Path) -> None:
     assert (root / "sys" / "block" / "sdb" / "device" / "delete").read_text() == ""
 
 
+class ByName(Sysfs):
+    """A capture whose device nodes are their kernel names (no /dev nodes in a capture)."""
+
+    def block_name_of(self, node: str) -> str | None:
+        return os.path.basename(node)
+
+
+@fx_param
+def test_one_in_use_check_worded_by_each_caller(fx: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """inuse.uses finds; scsi.in_use (pull a disk) and bcache.in_use (format a device: bcache
+    and dm-cache create) word the same findings their own way."""
+    sysfs = Sysfs(fx / "sys")
+    found = inuse.uses(sysfs, "block/sda", mountinfo=None, swaps=None)
+    assert [(u.member, u.partition, u.kind, u.by) for u in found] == [
+        ("sda", False, "held", "bcache0"), ("sda", False, "bcache", "")]
+    (held,) = inuse.uses(sysfs, "block/sdb", mountinfo=None, swaps=None)
+    assert (held.kind, held.by, held.detail) == ("held", "dm-0", "held")
+    assert bcache.in_use(ByName(fx / "sys"), "/dev/sda") == "it is in use by bcache0"
+    assert bcache.in_use(ByName(fx / "sys"), "/dev/sdb") == "it is in use by dm-0"
+
+    root = copy(fx, tmp_path)
+    free(root, "sdb")
+    part = (root / "sys" / "block" / "sdb").resolve() / "sdb1"
+    (part / "holders").mkdir(parents=True)
+    (part / "partition").write_text("1\n")
+    (part / "dev").write_text("8:17\n")
+    free_sys = ByName(root / "sys")
+    assert bcache.in_use(free_sys, "/dev/sdb") is None and scsi.in_use(free_sys, "sdb") == ()
+    for texts, scsi_says, bcache_says in [
+        ((MOUNTINFO, None), "/dev/sdb is mounted on /mnt/vm images (ext4)", "it is mounted"),
+        ((None, SWAPS), "/dev/sdb is in use as swap", "it is in use as swap"),
+        (("36 22 8:17 / /srv rw - xfs /dev/disk/by-label/x rw\n", None),
+         "/dev/sdb1 is mounted on /srv (xfs)", "its partition sdb1 is in use"),
+    ]:
+        monkeypatch.setattr(inuse, "proc_texts", lambda s, t=texts: t)
+        assert scsi.in_use(free_sys, "sdb", mountinfo=texts[0], swaps=texts[1]) == (scsi_says,)
+        assert bcache.in_use(free_sys, "/dev/sdb") == bcache_says
+    (part / "holders" / "dm-0").symlink_to("../../../dm-0")
+    assert bcache.in_use(free_sys, "/dev/sdb") == "its partition sdb1 is in use"
+    assert scsi.in_use(free_sys, "sdb", mountinfo=None, swaps=None) == (
+        "/dev/sdb1 is held by dm-0 (/dev/mapper/held)",)
+
+
 def test_parse_mountinfo_and_swaps() -> None:
-    mounts = scsi.parse_mountinfo(MOUNTINFO)
-    assert mounts[1] == scsi.Mount("8:16", "/mnt/vm images", "ext4", "/dev/sdb")
-    assert scsi.parse_swaps(SWAPS) == ("/dev/sdb",)
+    mounts = inuse.parse_mountinfo(MOUNTINFO)
+    assert mounts[1] == inuse.Mount("8:16", "/mnt/vm images", "ext4", "/dev/sdb")
+    assert inuse.parse_swaps(SWAPS) == ("/dev/sdb",)
     with pytest.raises(KernelFormatError):
-        scsi.parse_mountinfo("36 22 8:16 / /mnt rw\n")
+        inuse.parse_mountinfo("36 22 8:16 / /mnt rw\n")
 
 
 @given(point=st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E),
@@ -186,8 +230,8 @@ def test_parse_mountinfo_any_line(point: str, major: int, minor: int,
     escaped = "/" + point.replace("\\", "\\134").replace(" ", "\\040")
     line = " ".join(["36", "22", f"{major}:{minor}", "/", escaped, "rw", *optional, "-",
                      "ext4", "/dev/sdb1", "rw"])
-    (m,) = scsi.parse_mountinfo(line)
-    assert m == scsi.Mount(f"{major}:{minor}", "/" + point, "ext4", "/dev/sdb1")
+    (m,) = inuse.parse_mountinfo(line)
+    assert m == inuse.Mount(f"{major}:{minor}", "/" + point, "ext4", "/dev/sdb1")
 
 
 # ---------------------------------------------------------------------------- remove
