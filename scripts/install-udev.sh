@@ -9,7 +9,7 @@
 # Options: --python PATH (the interpreter with cachemgr; default: the one next to the
 # `cachemgr` on PATH, else this checkout's .venv), --rules-dir DIR (/etc/udev/rules.d),
 # --unit-dir DIR (/etc/systemd/system), --no-systemd (rule only), --no-reload, --metrics
-# (enable cachemgr-metrics.service, /metrics on :9563), --textfile (enable
+# (enable cachemgr-metrics.service, /metrics on loopback :9563), --textfile (enable
 # cachemgr-textfile.timer). Units are enabled with systemctl also when systemd is not
 # running (an image or chroot being built); they are started only on a running systemd.
 set -euo pipefail

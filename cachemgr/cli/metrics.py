@@ -9,24 +9,21 @@ import tempfile
 import time
 from typing import Any
 
-from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+    from prometheus_client import CollectorRegistry, generate_latest
 
-    from cachemgr.procedures.metrics import SnapshotCollector
+    from cachemgr.procedures.metrics import SnapshotCollector, bound, parse_listen, serve
 
+    listen = parse_listen(args.listen) if args.listen is not None else None
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(Sysfs(args.sysfs_root)))
-    if args.listen:
-        host, sep, port = args.listen.rpartition(":")
-        if not sep or not port.isdigit():
-            raise UsageError(f"bad --listen {args.listen!r}", hint="use ADDR:PORT, e.g. :9563")
-        start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
-        print(f"cachemgr: serving /metrics on {host or '0.0.0.0'}:{port}", file=sys.stderr)
+    if listen is not None:
+        servers = serve(listen, registry)
+        print(f"cachemgr: serving /metrics on {bound(servers)}", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
     text = generate_latest(registry)
@@ -45,8 +42,15 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("metrics", help="Prometheus metrics (textfile format, or --listen)")
+    s = sub.add_parser("metrics", help="Prometheus metrics (textfile format, or --listen)",
+                       description="Prometheus metrics of bcache and dm-cache, from /sys and "
+                                   "dmsetup only: a scrape never opens or probes a disk.")
     s.add_argument("--textfile", metavar="PATH",
                    help="write atomically to PATH (node_exporter textfile collector *.prom)")
-    s.add_argument("--listen", metavar="ADDR:PORT", help="serve /metrics, e.g. :9563")
+    s.add_argument("--listen", metavar="ADDR:PORT",
+                   help="serve /metrics over HTTP. :PORT (or PORT) is loopback only: "
+                        "127.0.0.1 and ::1, e.g. :9563. Another host's Prometheus needs an "
+                        "explicit address: HOST:PORT, [IPV6]:PORT, or 0.0.0.0:PORT / [::]:PORT "
+                        "for every address. Exit 2 for a malformed value or an address not on "
+                        "this host, 1 when the port is in use")
     s.set_defaults(func=cmd_metrics)

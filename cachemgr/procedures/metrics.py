@@ -9,16 +9,35 @@ snapshot never reads it).
 Naming (Prometheus conventions): ``cachemgr_`` prefix, base units (bytes, seconds), ``_total``
 for counters. bcache's five_minute/hour/day stats are decaying windows, exported as
 ``cachemgr_bcache_hit_ratio{interval=...}`` gauges; only ``stats_total`` feeds counters.
+
+A scrape (and the textfile timer) reads what the kernel already exposes: /sys, and dmsetup's
+table/status for dm-cache. It never opens a block device: no libblkid probe of unclaimed disks
+(the VMs' disks among them), so a backing device that bcache stopped while dirty, which only
+its superblock still shows, is not exported; ``cachemgr status`` probes for it.
+
+The listener (:func:`parse_listen`, :func:`serve`) binds loopback unless told otherwise:
+``:PORT`` or ``PORT`` is 127.0.0.1 and ::1; every address takes an explicit ``0.0.0.0:PORT``
+or ``[::]:PORT``.
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
+import socket
+import socketserver
+import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cachemgr.backends import snapshot as snapshot_mod
+from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot
 from cachemgr.core.sysfs import Sysfs
 
@@ -59,8 +78,6 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                ["cset"])
     cerr = _g("bcache_cache_io_errors", "IO errors counted on the cache device.",
               ["cset", "cache_device"])
-    lost = _g("bcache_unregistered_dirty", "1 for a backing device that bcache stopped while "
-              "its dirty data sat in a cache set that is gone.", ["backing", "cset"])
     for b in snap.backings:
         name = b.device or b.identity.node
         if b.dirty is not None and not (b.state == CacheState.DIRTY and b.cset_uuid is None):
@@ -95,10 +112,6 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         for x in c.caches:
             if x.io_errors is not None:
                 cerr.add_metric([c.uuid, x.identity.node], x.io_errors)
-    for u in snap.unregistered:
-        if u.kind == "backing":
-            lost.add_metric([u.identity.node, u.cset_uuid or ""],
-                            1.0 if u.dirty_data_lost_with_cache else 0.0)
 
     dm_used = _g("dmcache_used_blocks", "Cache blocks in use.", ["device"])
     dm_total = _g("dmcache_total_blocks", "Cache blocks in all.", ["device"])
@@ -137,16 +150,158 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
     yield from (dirty, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate, wbp,
-                errors, attached, avail, cerr, lost, dm_used, dm_total, dm_block, dm_md,
+                errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, up, warn)
 
 
 class SnapshotCollector(Collector):
-    """Takes a fresh snapshot on every scrape."""
+    """Takes a fresh snapshot on every scrape: sysfs and dmsetup only, never a disk probe."""
 
     def __init__(self, sysfs: Sysfs) -> None:
         self.sysfs = sysfs
 
     def collect(self) -> Iterable[Metric]:
-        return list(collect(snapshot_mod.take(self.sysfs, probe_unregistered=True)))
+        return list(collect(snapshot_mod.take(self.sysfs, probe_unregistered=False)))
+
+
+# ------------------------------------------------------------------------------ listener
+
+LOOPBACK = ("127.0.0.1", "::1")
+LISTEN_HINT = ("use :PORT for loopback only (127.0.0.1 and ::1), HOST:PORT or [IPV6]:PORT for "
+               "one address, 0.0.0.0:PORT or [::]:PORT for all")
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where to serve /metrics: the addresses (IP literals) and the one port."""
+
+    addrs: tuple[str, ...]
+    port: int
+    loopback_default: bool = False  # ":PORT": ::1 is skipped on a host without IPv6
+
+
+
+def parse_listen(text: str) -> Listen:
+    """``--listen``: ``PORT`` or ``:PORT`` (loopback: 127.0.0.1 and ::1), ``HOST:PORT`` (an
+    IPv4 address or a name, resolved once here), ``[IPV6]:PORT``. UsageError if malformed."""
+    raw = text.strip()
+    if raw.startswith("["):
+        host, close, rest = raw[1:].partition("]")
+        if not close or not rest.startswith(":"):
+            raise UsageError(f"bad --listen {text!r}: expected [IPV6]:PORT", hint=LISTEN_HINT)
+        port_s = rest[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise UsageError(f"bad --listen {text!r}: {host!r} is not an IPv6 address",
+                             hint=LISTEN_HINT) from None
+    elif ":" not in raw:
+        host, port_s = "", raw
+    else:
+        host, _, port_s = raw.rpartition(":")
+        if ":" in host:
+            raise UsageError(f"bad --listen {text!r}: an IPv6 address goes in brackets, "
+                             f"e.g. [::1]:{port_s or 9563}", hint=LISTEN_HINT)
+    if not (port_s.isascii() and port_s.isdigit()) or not 1 <= int(port_s) <= 65535:
+        raise UsageError(f"bad --listen {text!r}: the port must be a number from 1 to 65535",
+                         hint=LISTEN_HINT)
+    port = int(port_s)
+    if not host:
+        return Listen(LOOPBACK, port, loopback_default=True)
+    try:
+        ipaddress.ip_address(host)
+        return Listen((host,), port)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"bad --listen {text!r}: cannot resolve {host!r} ({exc})",
+                         hint=LISTEN_HINT) from None
+    addrs = tuple(dict.fromkeys(str(i[4][0]) for i in infos
+                                if i[0] in (socket.AF_INET, socket.AF_INET6)))
+    if not addrs:
+        raise UsageError(f"bad --listen {text!r}: {host!r} has no IP address", hint=LISTEN_HINT)
+    return Listen(addrs, port)
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape on stderr would flood the journal
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    """A threaded WSGI server (one thread per scrape)."""
+
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind looks the address up in DNS (socket.getfqdn): skip it
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _server(addr: str, port: int) -> _Server:
+    return (_Server6 if ":" in addr else _Server)((addr, port), _Handler)
+
+
+def _where(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def bound(servers: Iterable[WSGIServer]) -> str:
+    """``127.0.0.1:9563 and [::1]:9563``: where ``servers`` listen."""
+    return " and ".join(_where(str(s.server_address[0]), int(s.server_address[1]))
+                        for s in servers)
+
+
+def _bind_error(addr: str, port: int, exc: OSError) -> CacheMgrError:
+    where = _where(addr, port)
+    if exc.errno == errno.EADDRINUSE:
+        return CacheMgrError(
+            f"cannot listen on {where}: the port is in use",
+            hint=f"stop what holds it (ss -ltnp 'sport = :{port}') or pick another port")
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+        return UsageError(f"cannot listen on {where}: that address is not on this host",
+                          hint=f"use one of this host's addresses (ip -brief address), or "
+                               f":{port} for loopback only")
+    if exc.errno == errno.EACCES:
+        return CacheMgrError(f"cannot listen on {where}: permission denied",
+                             hint="ports below 1024 need root; pick a port from 1024 up")
+    return CacheMgrError(f"cannot listen on {where}: {exc.strerror or exc}")
+
+
+def serve(listen: Listen, registry: Collector) -> list[_Server]:
+    """Bind every address of ``listen`` and serve /metrics from ``registry`` on each, in
+    daemon threads; returns the servers (``shutdown()`` + ``server_close()`` to stop).
+
+    Nothing is served unless every address binds: a port in use or an address not on this host
+    raises CacheMgrError (exit 1) or UsageError (exit 2). For ``:PORT`` a host without IPv6
+    serves on 127.0.0.1 alone."""
+    app = make_wsgi_app(registry)
+    servers: list[_Server] = []
+    try:
+        for addr in listen.addrs:
+            try:
+                srv = _server(addr, listen.port)
+            except OSError as exc:
+                if (listen.loopback_default and ":" in addr
+                        and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)):
+                    continue  # no IPv6 here: 127.0.0.1 alone is loopback enough
+                raise _bind_error(addr, listen.port, exc) from None
+            srv.set_app(app)
+            servers.append(srv)
+    except BaseException:
+        for srv in servers:
+            srv.server_close()
+        raise
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
+    return servers
 

@@ -1,19 +1,22 @@
-"""A Prometheus scrape of the lab kernel parses and matches status --json."""
+"""A Prometheus scrape of the lab kernel parses and matches status --json; the listener binds
+loopback only; a scrape never probes a disk (issue #15)."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kernel import scenarios
+from tests.unit.test_metrics import free_port, listening
 
 
 @pytest.mark.kernel(disks="1G,256M")
@@ -24,11 +27,10 @@ def test_scrape_matches_status(lab_disks: list[str]) -> None:
     status = json.loads(subprocess.run([sys.executable, "-m", "cachemgr", "status", "--json"],
                                        capture_output=True, text=True, env=env,
                                        check=True).stdout)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
+    # :PORT, as the shipped unit has it: loopback only, both families (the lab has ::1)
     p = subprocess.Popen([sys.executable, "-m", "cachemgr", "metrics", "--listen",
-                          f"127.0.0.1:{port}"], env=env, stderr=subprocess.PIPE)
+                          f":{port}"], env=env, stderr=subprocess.PIPE)
     try:
         text = ""
         for _ in range(100):
@@ -39,6 +41,9 @@ def test_scrape_matches_status(lab_disks: list[str]) -> None:
             except OSError:
                 time.sleep(0.2)
         assert text, "no scrape"
+        with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=5) as r:
+            assert "cachemgr_dirty_bytes" in r.read().decode()
+        assert listening(port) == {"127.0.0.1", "::1"}
     finally:
         p.terminate()
         p.wait(timeout=10)
@@ -60,3 +65,42 @@ def test_scrape_matches_status(lab_disks: list[str]) -> None:
     assert out.returncode == 0, out.stderr
     with open("/tmp/cachemgr.prom") as f:
         assert f"cachemgr_dirty_bytes{{device=\"{d['device']}\",kind=\"bcache\"}}" in f.read()
+
+
+@pytest.mark.kernel(disks="1G,256M,64M")
+def test_scrape_never_probes_a_disk(lab_disks: list[str], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the live /sys, with an unclaimed disk (a VM's, say) beside a bcache device: neither
+    a scrape nor the textfile run reads a superblock or opens a block device."""
+    from cachemgr.backends import bcache_super, identity
+    from cachemgr.cli.main import main
+    from cachemgr.core.sysfs import Sysfs
+    from cachemgr.procedures.metrics import SnapshotCollector
+
+    scenarios.bcache_holding_dirty(lab_disks[0], lab_disks[1], bucket="128k", size="64M",
+                                   io_size="8M")
+    spare = lab_disks[2]
+    # what status does (it probes): the unclaimed disk is among those it would read
+    assert any(name == os.path.basename(spare) for name, _ in bcache_super._unclaimed(Sysfs()))
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError(f"a scrape probed {a}")
+
+    monkeypatch.setattr(identity, "probe_superblock", boom)
+    monkeypatch.setattr(bcache_super, "super_show", boom)
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy_open(path: object, *a: object, **k: object) -> int:
+        if str(path).startswith("/dev/") and str(path) != "/dev/null":
+            opened.append(str(path))
+        return real_open(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", spy_open)
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(Sysfs()))
+    assert b"cachemgr_dirty_bytes{" in generate_latest(reg)
+    out = tmp_path / "cachemgr.prom"
+    assert main(["metrics", "--textfile", str(out)]) == 0
+    assert "cachemgr_dirty_bytes{" in out.read_text()
+    assert opened == []

@@ -29,6 +29,7 @@ from cachemgr.backends import bcache
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
 from tests.kernel import measure, scenarios
+from tests.unit.test_metrics import listening
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install-udev.sh"
@@ -241,6 +242,10 @@ def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
         return True
 
     wait(scrape, 30, "the listener on :9563")
+    # the shipped unit's --listen :9563 is loopback only (issue #15): never 0.0.0.0 or [::]
+    assert listening(9563) == {"127.0.0.1", "::1"}
+    with urllib.request.urlopen("http://[::1]:9563/metrics", timeout=5) as r:
+        assert "cachemgr_dirty_bytes" in r.read().decode()
     status = status_json()
     d = status["devices"][0]
     got = samples(text)
