@@ -34,6 +34,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
+from cachemgr.core import checks
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -148,7 +149,8 @@ class CacheMgrApp(App[int]):
         super().__init__()
         self.sysfs_root = str(sysfs_root)
         self.sysfs = Sysfs(sysfs_root)
-        self.interval = interval
+        # 0, negative or nan: a busy loop, a crash or no refresh at all (UsageError, exit 2)
+        self.interval = checks.seconds(interval, "--interval")
         self.read_only = os.geteuid() != 0 if read_only is None else read_only
         self.clock = clock
         self.wallclock = wallclock
@@ -820,8 +822,8 @@ class CacheMgrApp(App[int]):
 def main(argv: list[str] | None = None) -> int:
     """``cachemgr-tui``: the same as ``cachemgr tui``."""
     p = argparse.ArgumentParser(prog="cachemgr-tui", description="cachemgr's dashboard")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="refresh interval in seconds (default 1)")
+    p.add_argument("--interval", type=checks.argtype("seconds", above=0), default=1.0,
+                   metavar="S", help="refresh interval in seconds (default 1)")
     p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -22,6 +22,7 @@ from cachemgr.core import drainloop, runner
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
+    CommandError,
     KernelFormatError,
     SysfsError,
     TimeoutExpired,
@@ -41,6 +42,7 @@ from cachemgr.core.model import (
     WritebackDebug,
     hprint,
     parse_bracketed,
+    parse_size,
 )
 from cachemgr.core.sysfs import Sysfs
 
@@ -353,11 +355,101 @@ def register(sysfs: Sysfs, node: str) -> Change:
         # EBUSY/EEXIST: "device already registered" (super.c register_bcache)
         if exc.errno in (16, 17):
             raise AlreadyError(f"{node} is already registered with bcache") from exc
+        said = kernel_reason(sysfs, node)
+        if said:
+            raise CacheMgrError(f"the kernel refused to register {node}: {said}",
+                                hint=_REFUSAL_HINTS.get(said.rsplit(": ", 1)[-1])) from exc
         raise CacheMgrError(
             f"the kernel refused to register {node}: {exc}",
-            hint="check that it carries a bcache superblock (bcache-super-show)",
+            hint="check that it carries a bcache superblock (bcache-super-show), and the "
+                 "kernel log (dmesg)",
         ) from exc
     return Change(node, "register", None, "registered")
+
+
+def kernel_reason(sysfs: Sysfs, node: str, *, lines: int = 40) -> str | None:
+    """The kernel's own reason for refusing ``node`` (its last bcache error line about the
+    device in the kernel log, e.g. "register_cache() error ubda: cache_alloc(): cache
+    device is too small"), without the timestamp; None when the log says nothing (dmesg
+    unreadable or no such line)."""
+    name = sysfs.block_name_of(node) or os.path.basename(node)
+    try:
+        out = runner.run(["dmesg"], timeout=10, check=False).stdout
+    except CommandError:
+        return None
+    found = [re.sub(r"^\[[^]]*\]\s*", "", ln).strip() for ln in out.splitlines()[-lines:]]
+    found = [ln for ln in found if "bcache" in ln and "error" in ln
+             and re.search(rf"\b{re.escape(name)}\b", ln)]
+    if not found:
+        return None
+    return found[-1].removeprefix("bcache: ")
+
+
+# The kernel refuses a cache device of 512 buckets or fewer: cache_alloc() sizes its free
+# list as roundup_pow_of_two(nbuckets) >> 10 and fails when that is 0 ("ca->sb.nbuckets is
+# too small", then "cache device is too small"). Measured on the lab kernel: 256 MiB with
+# 512k buckets (512) is refused, 257 MiB (514) registers; 64 MiB registers with 64k (1024)
+# and is refused with 128k (512). make-bcache itself counts size // bucket.
+MIN_CACHE_BUCKETS = 513
+DEFAULT_BUCKET = 512 * 1024  # make-bcache's default (1024 sectors)
+SMALLEST_BUCKET = 4096
+
+# what the admin can do about the kernel's reasons (super.c's words)
+_REFUSAL_HINTS = {
+    "cache device is too small":
+        f"re-create it with a smaller bucket (--bucket): the kernel needs more than "
+        f"{MIN_CACHE_BUCKETS - 1} buckets",
+}
+
+
+def bucket_count(size_bytes: int, bucket_bytes: int) -> int:
+    """Buckets make-bcache gives a cache device of ``size_bytes`` (whole sectors)."""
+    return (size_bytes // 512) // max(1, bucket_bytes // 512)
+
+
+def bucket_for(size_bytes: int) -> int | None:
+    """The largest power-of-two bucket, at most the default, that gives the kernel enough
+    buckets; None when even 4k buckets are too few."""
+    b = DEFAULT_BUCKET
+    while b >= SMALLEST_BUCKET:
+        if bucket_count(size_bytes, b) >= MIN_CACHE_BUCKETS:
+            return b
+        b //= 2
+    return None
+
+
+def _kib(n: int) -> str:
+    return f"{n // 1024}k"
+
+
+def check_bucket(cache: str, size_bytes: int, bucket: str | None) -> str | None:
+    """The bucket to format ``cache`` with: ``bucket`` when the kernel will take that many
+    buckets (UsageError naming one that works otherwise); when None, the default if it gives
+    enough buckets (None: make-bcache's default), else the largest that does."""
+    mib = size_bytes / (1 << 20)
+    if bucket is not None:
+        n = parse_size(bucket, hint="use a bucket size like 64k, 128k or 512k")
+        if n < SMALLEST_BUCKET or n & (n - 1):
+            raise UsageError(f"{cache}: bucket size {bucket} must be a power of two of at "
+                             "least 4k")
+        have = bucket_count(size_bytes, n)
+        if have >= MIN_CACHE_BUCKETS:
+            return bucket
+        fit = bucket_for(size_bytes)
+        raise UsageError(
+            f"{cache} ({mib:g} MiB) with {bucket} buckets has {have} buckets; the kernel "
+            f"refuses a cache device of fewer than {MIN_CACHE_BUCKETS}; nothing was formatted",
+            hint=f"use --bucket {_kib(fit)} or smaller" if fit else
+            "use a larger cache device")
+    if bucket_count(size_bytes, DEFAULT_BUCKET) >= MIN_CACHE_BUCKETS:
+        return None
+    fit = bucket_for(size_bytes)
+    if fit is None:
+        raise UsageError(
+            f"{cache} ({mib:g} MiB) is too small for a bcache cache: even 4k buckets give "
+            f"fewer than {MIN_CACHE_BUCKETS}; nothing was formatted",
+            hint="use a larger cache device")
+    return _kib(fit)
 
 
 def make_bcache(
@@ -657,6 +749,14 @@ def in_use(sysfs: Sysfs, node: str) -> str | None:
     return f"its partition {part} is in use" if part else None
 
 
+def device_bytes(sysfs: Sysfs, node: str) -> int | None:
+    """A block device's size in bytes (its sysfs ``size``), or None when unknown."""
+    name = sysfs.block_name_of(node)
+    rel = block_dirs(sysfs).get(name) if name else None
+    sectors = sysfs.read_int(f"{rel}/size") if rel else None
+    return sectors * 512 if sectors is not None else None
+
+
 def create(
     sysfs: Sysfs, *, backings: list[str], cache: str | None, mode: CacheMode | None = None,
     bucket: str | None = None, force: bool = False, timeout: float = 30,
@@ -674,10 +774,20 @@ def create(
         why = in_use(sysfs, dev)
         if why:
             raise UnsafeError(f"{dev} is busy: {why}; refusing to format it")
+    picked = None
+    if cache:
+        size = device_bytes(sysfs, cache)
+        if size is not None:
+            use = check_bucket(cache, size, bucket)
+            if bucket is None and use is not None:
+                picked, bucket = use, use
     make_bcache(backing=backings, cache=cache, bucket=bucket, force=force, wipe=force)
     changes = [Change(d, "format", None, "bcache backing") for d in backings]
     if cache:
         changes.append(Change(cache, "format", None, "bcache cache"))
+    if picked and cache:
+        # the default bucket (512k) gives the kernel too few buckets on this cache
+        changes.append(Change(cache, "bucket_size", _kib(DEFAULT_BUCKET), picked))
     for dev in [*([cache] if cache else []), *backings]:
         # udev's 69-bcache.rules may have been faster: already registered is fine
         with contextlib.suppress(AlreadyError):

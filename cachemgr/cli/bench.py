@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cachemgr.cli import args as argtypes
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
@@ -35,28 +36,30 @@ def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: in
     g = s.add_argument_group("job")
     g.add_argument("--rw", default=rw, choices=bench.RW_MODES)
     g.add_argument("--bs", default="4k", metavar="SIZE", help="block size (default 4k)")
-    g.add_argument("--iodepth", type=int, default=1, metavar="N", help="queue depth (1)")
-    g.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel fio jobs (1)")
-    g.add_argument("--zipf", type=float, metavar="THETA",
+    g.add_argument("--iodepth", type=argtypes.count, default=1, metavar="N", help="queue depth (1)")
+    g.add_argument("--jobs", type=argtypes.count, default=1, metavar="N",
+                   help="parallel fio jobs (1)")
+    g.add_argument("--zipf", type=argtypes.positive, metavar="THETA",
                    help="Zipf theta of the random offsets (default 1.2)")
     g.add_argument("--distribution", metavar="DIST",
                    help="any fio random_distribution (pareto:0.9, normal:5, random, ...)")
     g.add_argument("--size", metavar="SIZE", help="region addressed (default: whole device)")
     g.add_argument("--offset", metavar="SIZE")
-    g.add_argument("--runtime", type=float, default=5.0, metavar="S", help="seconds (5)")
-    g.add_argument("--ramp", type=float, default=0.0, metavar="S",
+    g.add_argument("--runtime", type=argtypes.seconds, default=5.0, metavar="S", help="seconds (5)")
+    g.add_argument("--ramp", type=argtypes.seconds_or_zero, default=0.0, metavar="S",
                    help="seconds run before measuring")
-    g.add_argument("--rwmixread", type=int, default=70, metavar="PCT")
+    g.add_argument("--rwmixread", type=argtypes.percent, default=70, metavar="PCT")
     g.add_argument("--steadystate", metavar="CRIT",
                    help="fio steady-state criterion, e.g. iops_slope:2%% (ends a run early once "
                         "reached; runs that never reach it are flagged)")
-    g.add_argument("--ss-dur", type=float, metavar="S")
-    g.add_argument("--ss-ramp", type=float, metavar="S")
-    g.add_argument("--rate-iops", type=int, metavar="N")
+    g.add_argument("--ss-dur", type=argtypes.seconds, metavar="S")
+    g.add_argument("--ss-ramp", type=argtypes.seconds_or_zero, metavar="S")
+    g.add_argument("--rate-iops", type=argtypes.count, metavar="N")
     c = s.add_argument_group("repetitions and cache hygiene")
-    c.add_argument("--repeat", type=int, default=repeat, metavar="N",
+    c.add_argument("--repeat", type=argtypes.count, default=repeat, metavar="N",
                    help=f"runs per target, interleaved ({repeat})")
-    c.add_argument("--tolerance", type=float, default=bench.DEFAULT_TOLERANCE, metavar="F",
+    c.add_argument("--tolerance", type=argtypes.non_negative, default=bench.DEFAULT_TOLERANCE,
+                   metavar="F",
                    help="flag runs whose IOPS differ from the median by more (0.2)")
     c.add_argument("--warmup", metavar="SPEC",
                    help="before each cache run: SECONDS, NUMBERios (e.g. 300000ios), or auto "
@@ -68,7 +71,8 @@ def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: in
                    help="do not wait for bcache's ~13.6 s stats tick after read runs")
     c.add_argument("--keep-congestion", action="store_true",
                    help="leave the congestion thresholds as they are (default: 0 for the run)")
-    c.add_argument("--seed", type=int, default=1, metavar="N", help="base of fio's randseed")
+    c.add_argument("--seed", type=argtypes.whole, default=1, metavar="N",
+                   help="base of fio's randseed")
     c.add_argument("--force", action="store_true",
                    help="write even to devices that look in use or hold data (destroys it)")
     o = s.add_argument_group("output")
@@ -93,26 +97,14 @@ def spec_from(args: argparse.Namespace) -> bench.JobSpec:
 
 
 def options_from(args: argparse.Namespace) -> bench.CompareOptions:
-    warm_s, warm_ios, auto = 0.0, None, False
-    w = (args.warmup or "").strip().lower()
-    if w == "auto":
-        auto = True
-    elif w.endswith("ios"):
-        try:
-            warm_ios = int(float(w[:-3].replace("k", "e3").replace("m", "e6")))
-        except ValueError:
-            raise UsageError(f"bad --warmup {args.warmup!r}") from None
-    elif w:
-        try:
-            warm_s = float(w.removesuffix("s"))
-        except ValueError:
-            raise UsageError(f"bad --warmup {args.warmup!r}",
-                             hint="SECONDS, NUMBERios or auto") from None
-    return bench.CompareOptions(
+    warm_s, warm_ios, auto = bench_ops.parse_warmup(args.warmup)
+    opts = bench.CompareOptions(
         repeat=args.repeat, warmup=warm_s, warmup_ios=warm_ios, warmup_auto=auto,
         fresh=args.fresh_cache, settle=not args.no_settle, reset_stats=args.reset_stats,
         tolerance=args.tolerance, force=args.force, seed=args.seed,
         congestion_off=not args.keep_congestion)
+    opts.validate()
+    return opts
 
 
 class _Reporter:
@@ -270,8 +262,8 @@ def register(sub: Any) -> None:
     s = bsub.add_parser("demo", help="lab preset: dm-delay HDD vs bcache writeback, Zipf 1.2 "
                                      "random writes and reads at QD1 and QD8")
     s.add_argument("--disks", default="4G,2G", metavar="SIZES")
-    s.add_argument("--runtime", type=float, default=4.0, metavar="S")
-    s.add_argument("--repeat", type=int, default=2, metavar="N")
-    s.add_argument("--timeout", type=float, default=1200.0, metavar="S")
+    s.add_argument("--runtime", type=argtypes.seconds, default=4.0, metavar="S")
+    s.add_argument("--repeat", type=argtypes.count, default=2, metavar="N")
+    s.add_argument("--timeout", type=argtypes.seconds, default=1200.0, metavar="S")
     s.add_argument("--out", metavar="DIR")
     s.set_defaults(func=cmd_demo)

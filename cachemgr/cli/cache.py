@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+from cachemgr.cli import args as argtypes
 from cachemgr.cli.render import emit, with_progress
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
@@ -113,7 +114,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     s = sub.add_parser("status", help="show every cache, its mode, state and dirty data")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
-    s.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS")
+    s.add_argument("--watch", type=argtypes.seconds, metavar="SECONDS", help="repeat every SECONDS")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("mode", help="switch the cache mode of a cached device")
@@ -121,15 +122,15 @@ def register(sub: Any) -> None:
     s.add_argument("mode", metavar="MODE", help="bcache: writethrough|writeback|writearound|"
                    "none; dm-cache: writeback|writethrough|passthrough")
     s.add_argument("--drain", action="store_true", help="then drain until clean")
-    s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
-    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S")
+    s.add_argument("--timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=argtypes.seconds, default=60.0, metavar="S")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
 
     s = sub.add_parser("drain", help="write all dirty data back fast, with progress")
     s.add_argument("target", metavar="TARGET")
-    s.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S")
-    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+    s.add_argument("--timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=argtypes.seconds, default=60.0, metavar="S",
                    help="stop if dirty data does not go down for S seconds (default 60)")
     s.add_argument("--resume", action="store_true",
                    help="restore tunables left by an interrupted drain, then drain")
@@ -144,7 +145,7 @@ def register(sub: Any) -> None:
 
     s = sub.add_parser("detach", help="detach a backing device (flushes dirty data first)")
     s.add_argument("backing", metavar="BACKING")
-    s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
+    s.add_argument("--timeout", type=argtypes.seconds, default=3600.0, metavar="S")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_detach)
 
@@ -168,8 +169,8 @@ def register(sub: Any) -> None:
 
     s = sub.add_parser("remove", help="safe decommission: flush, detach, stop / unregister")
     s.add_argument("target", metavar="TARGET")
-    s.add_argument("--timeout", type=float, default=3600.0, metavar="S")
-    s.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+    s.add_argument("--timeout", type=argtypes.seconds, default=3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=argtypes.seconds, default=60.0, metavar="S",
                    help="dm-cache: stop if dirty blocks do not go down for S seconds")
     s.add_argument("--keep-device", action="store_true",
                    help="dm-cache: keep the device (as a linear mapping of the origin) so "
@@ -197,6 +198,6 @@ def register(sub: Any) -> None:
 
     s = sub.add_parser("tui", help="the interactive dashboard and actions (Textual; also "
                        "cachemgr-tui)")
-    s.add_argument("--interval", type=float, default=1.0, metavar="S",
+    s.add_argument("--interval", type=argtypes.seconds, default=1.0, metavar="S",
                    help="refresh interval in seconds (default 1; +/- in the app)")
     s.set_defaults(func=cmd_tui)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cachemgr.cli import args as argtypes
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
@@ -96,8 +97,8 @@ def register(sub: Any) -> None:
                         default=os.environ.get("CACHEMGR_LAB_BACKEND", "uml"))
         sp.add_argument("--disks", metavar="SIZES", help="scratch disks, e.g. 1G,256M")
         sp.add_argument("--udev", action="store_true", help="run udevd in the guest")
-        sp.add_argument("--timeout", type=float, default=600.0, metavar="S")
-        sp.add_argument("--mem", type=int, default=1536, metavar="MIB")
+        sp.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="S")
+        sp.add_argument("--mem", type=argtypes.count, default=1536, metavar="MIB")
         sp.add_argument("--keep", action="store_true", help="keep the run directory")
         sp.add_argument("--rw", action="append", metavar="DIR",
                         help="another host directory to mount read-write")

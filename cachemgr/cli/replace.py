@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from cachemgr.cli import args as argtypes
 from cachemgr.cli.render import emit
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
@@ -72,8 +73,8 @@ def register(sub: Any) -> None:
     s.add_argument("--rollback", metavar="ID",
                    help="undo an interrupted run that has not unregistered the old set")
     s.add_argument("--list", action="store_true", help="list journaled runs")
-    s.add_argument("--drain-timeout", type=float, default=24 * 3600.0, metavar="S")
-    s.add_argument("--stall-timeout", type=float, default=120.0, metavar="S")
-    s.add_argument("--wait-timeout", type=float, default=600.0, metavar="S")
+    s.add_argument("--drain-timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
+    s.add_argument("--stall-timeout", type=argtypes.seconds, default=120.0, metavar="S")
+    s.add_argument("--wait-timeout", type=argtypes.seconds, default=600.0, metavar="S")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_replace)

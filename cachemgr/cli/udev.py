@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr.cli import args as argtypes
 from cachemgr.core import state
 
 log = logging.getLogger("cachemgr.procedures.autoattach")
@@ -382,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.set_defaults(func=cmd_udev_event)
     w = sub.add_parser("worker")
     w.add_argument("--policy")
-    w.add_argument("--settle", type=float, default=SETTLE_S)
+    w.add_argument("--settle", type=argtypes.seconds_or_zero, default=SETTLE_S)
     w.set_defaults(func=cmd_worker)
     args = p.parse_args(argv)
     try:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
+from cachemgr.core import checks
 from cachemgr.core.model import CacheState, DrainProgress
 
 T = TypeVar("T")
@@ -107,6 +108,11 @@ def wait_clean(
     (``progressed``: a new minimum was seen after ``t0``) and ``timeout_error(raw)``; whatever
     ``sample`` or ``check`` raise goes through.
     """
+    # the last guard: a nan timeout never expires, a nan or 0 interval busy-loops
+    checks.seconds(timeout, "timeout")
+    checks.seconds(stall_timeout, "stall timeout")
+    checks.seconds(interval, "poll interval")
+    checks.seconds_or_zero(confirm, "confirm time")
     entered = clock()
     t0 = entered if t0 is None else t0
     meter = Meter(action, device, t0, rate=rate)

@@ -40,7 +40,11 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
         bcache.register(sysfs, f"/dev/{a.device}")
         return
     if isinstance(a, Format):
-        bcache.make_bcache(cache=f"/dev/{a.device}", bucket=a.bucket)
+        node = f"/dev/{a.device}"
+        size = bcache.device_bytes(sysfs, node)
+        # refuses (nothing formatted) a bucket the kernel would not take; picks one if unset
+        bucket = bcache.check_bucket(node, size, a.bucket) if size is not None else a.bucket
+        bcache.make_bcache(cache=node, bucket=bucket)
         with contextlib.suppress(AlreadyError):  # 69-bcache.rules may be first
             bcache.register(sysfs, f"/dev/{a.device}")
         return

@@ -15,6 +15,7 @@ from cachemgr.procedures import bench
 
 JobSpec = bench.JobSpec
 CompareOptions = bench.CompareOptions
+parse_warmup = bench.parse_warmup  # "SECONDS | NUMBERios | auto", for every face
 
 
 def results_dir(out: str | None = None) -> str:
@@ -33,6 +34,7 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
         raise UsageError("bench needs at least one TARGET")
     ctl = ctl or Control(what=f"bench {' '.join(targets)}")
     spec.validate()
+    opts.validate()
     c = bench.compare(sysfs, spec, list(targets), opts, progress=ctl.report, argv=list(argv))
     doc = bench.to_json(c)
     res = Result(data=doc)

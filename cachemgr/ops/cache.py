@@ -19,7 +19,7 @@ from cachemgr.backends import bcache, dmcache
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
-from cachemgr.core import state
+from cachemgr.core import checks, state
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, Snapshot, human
 from cachemgr.core.sysfs import Sysfs
@@ -63,12 +63,21 @@ def _ctl(ctl: Control | None, what: str) -> Control:
 # ----------------------------------------------------------------------------- mode / drain
 
 
+def _timeouts(timeout: float, stall_timeout: float | None = None) -> None:
+    """A nan timeout never expires and a negative one expires at once: UsageError (exit 2),
+    in the CLI's words, whichever face passed it."""
+    checks.seconds(timeout, "--timeout")
+    if stall_timeout is not None:
+        checks.seconds(stall_timeout, "--stall-timeout")
+
+
 def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
          ctl: Control | None = None, timeout: float = DRAIN_TIMEOUT,
          stall_timeout: float = STALL_TIMEOUT) -> Result:
     """Switch the cache mode. bcache allows any switch while dirty (writeback goes on; a
     note says so); dm-cache refuses passthrough while dirty unless ``drain``, which flushes
     and then loads passthrough. ``drain`` also waits until clean."""
+    _timeouts(timeout, stall_timeout)
     ctl = _ctl(ctl, f"mode {mode_word} on {target}")
     new = parse_mode(mode_word)
     snap = status(sysfs, probe_unregistered=False)
@@ -139,6 +148,7 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
     """Write every dirty block back as fast as the backing device allows, with progress;
     every tunable (or table) changed for it is put back. ``resume`` first puts back what an
     interrupted drain left."""
+    _timeouts(timeout, stall_timeout)
     ctl = _ctl(ctl, f"drain of {target}")
     snap = status(sysfs, probe_unregistered=False)
     dev = devices_mod.resolve(snap, target, sysfs)
@@ -166,6 +176,7 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
            timeout: float = DETACH_TIMEOUT) -> Result:
     """Detach (bcache flushes first; waits with progress). Cancelling stops the wait only:
     the kernel finishes the detach by itself."""
+    _timeouts(timeout)
     ctl = _ctl(ctl, f"detach of {backing}")
     b = resolve_backing(status(sysfs, probe_unregistered=False), backing, sysfs)
     require_root("detaching")
@@ -205,6 +216,7 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     """Safe decommission: a backing device is detached (flushes), then stopped; a dm-cache
     device is flushed and removed (or kept as a linear mapping); a cache set is unregistered
     once nothing is attached and no stopped backing device left dirty data on its SSD."""
+    _timeouts(timeout, stall_timeout)
     ctl = _ctl(ctl, f"remove of {target}")
     snap = status(sysfs, probe_unregistered=False)
     dev = devices_mod.find(snap, target, sysfs)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import tomllib
 import uuid as uuid_mod
 from collections.abc import Iterator, Mapping
@@ -47,6 +48,7 @@ from typing import Any, Literal
 
 from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
 from cachemgr.backends.identity import looks_like_wwn, normalize_wwn
+from cachemgr.core import checks
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
 from cachemgr.core.model import parse_size as _parse_size
@@ -115,6 +117,10 @@ class DeviceId:
     @classmethod
     def parse(cls, text: str) -> DeviceId:
         """Raises ValueError (with a message for the admin) for what is not a stable id."""
+        ch = checks.bad_char(text)
+        if ch is not None:
+            # a newline, an escape or a bidi override hides or fakes what the id says
+            raise ValueError(f"{text!r} contains the character {ch}")
         t = text.strip()
         if not t:
             raise ValueError("empty device id")
@@ -324,6 +330,60 @@ def _line_of(lines: Mapping[tuple[str, ...], int], path: tuple[str, ...]) -> int
 
 
 # ---------------------------------------------------------------------------------------
+# nesting (tomllib recurses once per level: RecursionError past ~1000)
+
+MAX_DEPTH = 32  # a policy nests 2 or 3 levels; anything deeper is not a policy
+
+
+def too_deep(text: str, limit: int = MAX_DEPTH) -> Problem | None:
+    """The first place where arrays and inline tables nest deeper than ``limit``, as a
+    Problem at its line and column; None when they do not. Strings and comments are
+    skipped (brackets in them do not nest)."""
+    depth, line, col0 = 0, 1, 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line, col0 = line + 1, i + 1
+        elif text.startswith(('"""', "'''"), i):
+            end = text.find(text[i:i + 3], i + 3)
+            end = n if end < 0 else end + 3
+            line += text.count("\n", i, end)
+            if "\n" in text[i:end]:
+                col0 = text.rindex("\n", i, end) + 1
+            i = end
+            continue
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if (c == '"' and text[j] == "\\") else 1
+            i = j + 1 if j < n and text[j] == c else j
+            continue
+        elif c == "#":
+            nl = text.find("\n", i)
+            i = n if nl < 0 else nl
+            continue
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                return Problem(line, f"arrays or tables nested more than {limit} deep",
+                               i - col0 + 1)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
+
+
+def _toml(v: object) -> str:
+    """A value as TOML writes it (``true``, ``1.0``, ``"1"``) for messages."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return _q(v)
+    return repr(v)
+
+
+# ---------------------------------------------------------------------------------------
 # parsing
 
 _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
@@ -448,8 +508,13 @@ class _Checker:
 
 def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
     """Parse and validate a policy; PolicyError lists every problem with its line."""
+    deep = too_deep(text)
+    if deep is not None:
+        raise PolicyError(path, [deep])
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # too_deep's limit is far below Python's; kept as a last guard
+        raise PolicyError(path, [Problem(1, "arrays or tables nested too deeply")]) from None
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         m = _TOML_POS.search(msg)
@@ -462,9 +527,10 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
                           ) from None
     ck = _Checker(text)
     ck.unknown(data, _TOP_KEYS, ())
-    if "version" in data and data["version"] != VERSION:
-        ck.bad(("version",), f"version {data['version']!r} is not supported (this cachemgr "
-                             f"reads version {VERSION})")
+    if "version" in data and (type(data["version"]) is not int or data["version"] != VERSION):
+        # true == 1 and 1.0 == 1 in Python; the version is the integer itself
+        ck.bad(("version",), f"version {_toml(data['version'])} is not supported (this "
+                             f"cachemgr reads version = {VERSION}, an integer)")
     d_mode: CacheMode | None = None
     d_tun: dict[str, int] = {}
     if "defaults" in data:
@@ -529,6 +595,9 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
         if not isinstance(cache, str):
             ck.bad((*p, "cache"), "cache = <name of a [cache.NAME] table> is required")
             cache = ""
+        elif not _NAME.match(cache):
+            ck.bad((*p, "cache"), f"cache {cache!r}: a cache name is up to 64 letters, digits, "
+                                  "_ and -")
         elif cache not in cache_names:
             ck.bad((*p, "cache"), f"no [cache.{cache}] in this policy (caches: "
                                   f"{', '.join(sorted(cache_names)) or 'none'})")
@@ -545,11 +614,31 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
     return Policy(tuple(caches), tuple(backings), path)
 
 
+def _kind_of(mode: int) -> str:
+    for test, word in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
 def load(path: str | None = None) -> Policy:
-    """Read and parse the policy file; PolicyError (line 0) when it cannot be read."""
+    """Read and parse the policy file; PolicyError (line 0) when it cannot be read or is
+    not a regular file (a FIFO would block the reader for ever, a device never end): it is
+    looked at (stat) before it is opened, and opened without blocking."""
     p = path or default_path()
     try:
-        with open(p, "rb") as f:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyError(p, [Problem(0, f"{_kind_of(st.st_mode)}, not a regular file; "
+                                             "the policy is a TOML file")])
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())  # the same check on what was opened (it may be swapped)
+            if not stat.S_ISREG(st.st_mode):
+                raise PolicyError(p, [Problem(0, f"{_kind_of(st.st_mode)}, not a regular "
+                                                 "file; the policy is a TOML file")])
             raw = f.read()
     except FileNotFoundError:
         raise PolicyError(p, [Problem(0, "no such file")]) from None

@@ -175,3 +175,52 @@ def test_mode_switches_under_fio_load(lab_disks: list[str]) -> None:
     assert result["rc"] == 0
     job = json.loads(result["out"][result["out"].index("{"):])["jobs"][0]
     assert job["error"] == 0 and job["write"]["total_ios"] > 0
+
+
+def _has_bcache_superblock(dev: str) -> bool:
+    sig = runner.run(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", dev],
+                     check=False).stdout
+    shown = runner.run(["bcache-super-show", dev], check=False)
+    return "bcache" in sig or shown.returncode == 0
+
+
+def test_create_on_a_too_small_cache(lab_disks: list[str]) -> None:
+    """256 MiB with 512k buckets is 512 buckets: the kernel refuses to register it ("cache
+    device is too small"). A bucket that gives too few is refused before anything is
+    formatted, with a size that works; without --bucket one is picked (256k here)."""
+    hdd, ssd, _ = lab_disks
+    r = cm("create", "bcache", "--backing", hdd, "--cache", ssd, "--bucket", "512k")
+    assert r.returncode == 2, r.stderr
+    assert "has 512 buckets; the kernel refuses a cache device of fewer than 513" in r.stderr
+    assert "nothing was formatted" in r.stderr and "use --bucket 256k or smaller" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not _has_bcache_superblock(ssd) and not _has_bcache_superblock(hdd)
+    assert status()["caches"] == []
+
+    r = cm("create", "bcache", "--backing", hdd, "--cache", ssd, "--json")
+    assert r.returncode == 0, r.stderr
+    data = status()
+    assert len(data["caches"]) == 1 and device(data, hdd)["cache"] == data["caches"][0]["uuid"]
+    name = os.path.basename(ssd)
+    assert Path(f"/sys/block/{name}/bcache/bucket_size").read_text().strip() in ("256k",
+                                                                                 "256.0k")
+    assert "bucket_size" in r.stdout and "256k" in r.stdout  # the change is reported
+
+
+def test_kernel_refusal_reports_the_kernels_reason(lab_disks: list[str]) -> None:
+    """Formatted by hand with too few buckets, the register is refused: the message is the
+    kernel's own log line, not a guess about the superblock."""
+    from cachemgr.backends import bcache
+    from cachemgr.core.errors import CacheMgrError
+    from cachemgr.core.sysfs import Sysfs
+
+    _, ssd, _ = lab_disks
+    runner.run(["make-bcache", "--bucket", "512k", "-C", ssd])
+    with pytest.raises(CacheMgrError) as exc:
+        bcache.register(Sysfs(), ssd)
+    name = os.path.basename(ssd)
+    assert exc.value.message.startswith(f"the kernel refused to register {ssd}: ")
+    assert f"error {name}: " in exc.value.message
+    assert "too small" in exc.value.message
+    assert "superblock" not in str(exc.value)
+    assert exc.value.hint is not None and "--bucket" in exc.value.hint

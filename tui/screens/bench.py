@@ -16,7 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Checkbox, Footer, Header, Input, Label, RichLog, Static
 
-from cachemgr.core.errors import UsageError
+from cachemgr.core import checks
 from cachemgr.ops.control import Control, Result
 
 BAR = 36
@@ -76,15 +76,14 @@ def run_bench(sysfs: Any, values: dict[str, str], ctl: Control) -> Result:
     from cachemgr.ops import bench as bench_ops
 
     targets = values["targets"].split()
-    try:
-        spec = bench_ops.JobSpec(rw=values["rw"], bs=values["bs"],
-                                 iodepth=int(values["iodepth"]),
-                                 distribution=f"zipf:{float(values['zipf']):g}",
-                                 runtime=float(values["runtime"]))
-        opts = bench_ops.CompareOptions(repeat=int(values["repeat"]),
-                                        force=bool(values["force"]))
-    except ValueError as exc:
-        raise UsageError(f"bad bench option: {exc}") from None
+    # the CLI's checks and words: "--runtime must be a finite number greater than 0, not 'nan'"
+    theta = checks.number(values["zipf"], "--zipf", above=0)
+    spec = bench_ops.JobSpec(rw=values["rw"], bs=values["bs"],
+                             iodepth=checks.count(values["iodepth"], "--iodepth"),
+                             distribution=f"zipf:{theta:g}",
+                             runtime=checks.seconds(values["runtime"], "--runtime"))
+    opts = bench_ops.CompareOptions(repeat=checks.count(values["repeat"], "--repeat"),
+                                    force=bool(values["force"]))
     res = bench_ops.compare(sysfs, spec, targets, opts, ctl=ctl,
                             argv=["cachemgr", "tui", "bench", *targets])
     assert res.data is not None

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cachemgr.backends import bcache, snapshot
+from cachemgr.core import checks
 from cachemgr.core.errors import UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import che
@@ -134,6 +135,48 @@ class CompareOptions:
     force: bool = False  # write to devices that look in use or hold data
     seed: int = 1
     congestion_off: bool = True
+
+    def validate(self) -> None:
+        """Refuse (UsageError, exit 2) counts and durations that are not finite or out of
+        range (a nan warm-up or tolerance compares false with every bound)."""
+        checks.count(self.repeat, "--repeat")
+        checks.seconds_or_zero(self.warmup, "--warmup")
+        if self.warmup_ios is not None:
+            checks.count(self.warmup_ios, "--warmup", minimum=0)
+        checks.number(self.tolerance, "--tolerance", minimum=0)
+        checks.count(self.seed, "--seed", minimum=0)
+
+
+# a warm-up of more requests than this is a typo (a 1e999 or a day's worth at 1M IOPS)
+MAX_WARMUP_IOS = 10**11
+
+
+def parse_warmup(text: str | None) -> tuple[float, int | None, bool]:
+    """``--warmup SPEC`` -> (seconds, requests or None, auto): ``SECONDS`` (``30``, ``30s``),
+    ``NUMBERios`` (``300000ios``, ``300kios``, ``1.5mios``) or ``auto`` (3x Che's
+    characteristic time); empty: none. UsageError (exit 2) for anything else, and for
+    numbers that are negative, not finite (``nan``, ``inf``, ``1e999``) or absurd."""
+    raw = (text or "").strip()
+    w = raw.lower()
+    hint = "SECONDS, NUMBERios (e.g. 300000ios) or auto"
+    if not w:
+        return 0.0, None, False
+    checks.plain_text(raw, "--warmup")
+    if w == "auto":
+        return 0.0, None, True
+    if w.endswith("ios"):
+        num, scale = w[:-3], 1
+        if num[-1:] in ("k", "m"):
+            num, scale = num[:-1], 1000 if num[-1] == "k" else 1000_000
+        n, why = checks.number_problem(num, minimum=0)
+        if why is not None or n is None or n * scale > MAX_WARMUP_IOS:
+            raise UsageError(f"bad --warmup {raw!r}: the number of requests "
+                             f"{why or f'must be at most {MAX_WARMUP_IOS:.0e}'}", hint=hint)
+        return 0.0, int(n * scale), False
+    n, why = checks.number_problem(w.removesuffix("s"), minimum=0)
+    if why is not None or n is None:
+        raise UsageError(f"bad --warmup {raw!r}: the seconds {why}", hint=hint)
+    return float(n), None, False
 
 
 def _cache_names(sysfs: Sysfs, backing_name: str) -> tuple[str | None, str | None]:

@@ -3,9 +3,11 @@ options it becomes, and job sizes (``4k``, ``256M``) as bytes and as fio reads t
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
+from cachemgr.core import checks
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import parse_size as _parse_size
 
@@ -13,6 +15,9 @@ from cachemgr.core.model import parse_size as _parse_size
 PERCENTILES = (1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0,
                99.5, 99.9, 99.95, 99.99)
 RW_MODES = ("randread", "randwrite", "randrw", "read", "write", "rw")
+# fio's random_distribution: a name and its numbers (zipf:1.2, zoned:60/10:30/20, normal:5:10)
+_DISTRIBUTION = re.compile(r"[a-z_]+(:[0-9A-Za-z.:/%,]+)?")
+_OPTION = re.compile(r"[a-z][a-z0-9_]*")  # a fio option's name (and an ioengine's)
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -58,6 +63,16 @@ class JobSpec:
     extra: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> None:
+        """Refuse (UsageError, exit 2) what fio would misread or what would add lines to the
+        job file: every string is checked for control characters (a newline in
+        ``--distribution`` would add e.g. ``exec_prerun=``, a shell command), and every
+        number is finite and in range (``nan`` compares false with every bound)."""
+        for what, text in (("--rw", self.rw), ("--bs", self.bs),
+                           ("--distribution", self.distribution), ("--size", self.size),
+                           ("--offset", self.offset), ("--steadystate", self.steadystate),
+                           ("ioengine", self.ioengine)):
+            if text is not None:
+                checks.plain_text(text, what)
         if self.rw not in RW_MODES:
             raise UsageError(f"unknown --rw {self.rw!r}", hint="one of " + ", ".join(RW_MODES))
         parse_size(self.bs)
@@ -65,14 +80,29 @@ class JobSpec:
             parse_size(self.size)
         if self.offset is not None:
             parse_size(self.offset)
-        if self.iodepth < 1 or self.numjobs < 1:
-            raise UsageError("--iodepth and --jobs must be at least 1")
-        if self.runtime <= 0 or self.ramp < 0:
-            raise UsageError("--runtime must be positive and --ramp not negative")
-        if not 0 <= self.rwmixread <= 100:
-            raise UsageError("--rwmixread must be within 0..100")
+        if not _DISTRIBUTION.fullmatch(self.distribution):
+            raise UsageError(f"bad --distribution {self.distribution!r}",
+                             hint="fio's random_distribution: zipf:1.2, pareto:0.9, normal:5, "
+                                  "random, zoned:60/10:30/20:8/30:2/40")
+        if not _OPTION.fullmatch(self.ioengine):
+            raise UsageError(f"bad ioengine {self.ioengine!r}")
+        for k, v in self.extra:
+            if not _OPTION.fullmatch(k):
+                raise UsageError(f"bad fio option name {k!r}")
+            checks.plain_text(v, f"fio option {k}")
+        checks.count(self.iodepth, "--iodepth")
+        checks.count(self.numjobs, "--jobs")
+        checks.seconds(self.runtime, "--runtime")
+        checks.seconds_or_zero(self.ramp, "--ramp")
+        checks.count(self.rwmixread, "--rwmixread", minimum=0, maximum=100)
+        if self.ss_dur is not None:
+            checks.seconds(self.ss_dur, "--ss-dur")
+        if self.ss_ramp is not None:
+            checks.seconds_or_zero(self.ss_ramp, "--ss-ramp")
+        if self.rate_iops is not None:
+            checks.count(self.rate_iops, "--rate-iops")
         theta = self.zipf_theta
-        if theta is not None and (theta <= 0 or theta == 1.0):
+        if theta is not None and (not math.isfinite(theta) or theta <= 0 or theta == 1.0):
             # fio refuses theta 1.0 ("zipf theta must be different than 1.0")
             raise UsageError(f"Zipf theta must be positive and not 1.0, not {theta}")
         if self.steadystate is not None and not re.fullmatch(
@@ -153,9 +183,13 @@ class JobSpec:
     def jobfile(self, name: str, filename: str, *, seed: int, runtime: float | None = None,
                 iodepth: int | None = None, ss: bool = True, ios: int | None = None) -> str:
         """The job as a fio job file (what is run, and saved with the results)."""
+        self.validate()
         lines = [f"[{_jobname(name)}]"]
-        lines += [f"{k}={v}" for k, v in self.options(filename, seed=seed, runtime=runtime,
-                                                         iodepth=iodepth, ss=ss, ios=ios)]
+        for k, v in self.options(filename, seed=seed, runtime=runtime, iodepth=iodepth, ss=ss,
+                                 ios=ios):
+            # the last guard: one option per line, whatever it came from (the device too)
+            checks.plain_text(v, "the target" if k == "filename" else f"fio option {k}")
+            lines.append(f"{k}={v}")
         return "\n".join(lines) + "\n"
 
     def describe(self) -> str:
