@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cachemgr.core.errors import Cancelled, UsageError, require_root
+from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import replace
@@ -29,19 +30,30 @@ def journal_json(j: replace.Journal) -> dict[str, Any]:
 
 def runs(*, unfinished: bool = False) -> list[replace.Journal]:
     """Journaled runs, oldest first; ``unfinished``: only those that can be resumed or
-    rolled back (not done, not rolled back)."""
+    rolled back (not done, not rolled back). Journals that cannot be read are left out
+    (:func:`unreadable` lists them)."""
     found = replace.list_runs()
     if unfinished:
         found = [j for j in found if j.status not in ("done", "rolled-back")]
     return found
 
 
+def unreadable() -> list[StateFileError]:
+    """The replace-ssd journals that cannot be read: each with its path and why."""
+    return replace.scan_runs()[1]
+
+
 def list_runs() -> Result:
-    found = runs()
+    """Every run; a journal that cannot be read is reported (stderr, ``unreadable`` in the
+    JSON) and skipped: the others are listed all the same."""
+    found, bad = replace.scan_runs()
     return Result(
         lines=[f"{j.id}  {j.status:<11} cset {j.cset}  done: {', '.join(j.done[-1:])}"
                + (f"  error: {j.error}" if j.error else "") for j in found],
-        data={"schema": 1, "runs": [journal_json(j) for j in found]}, value=found)
+        notes=[f"replace-ssd: skipped {e.path}: {e.reason}" for e in bad],
+        data={"schema": 1, "runs": [journal_json(j) for j in found],
+              "unreadable": [{"path": str(e.path), "reason": e.reason} for e in bad]},
+        value=found)
 
 
 def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
@@ -92,11 +104,15 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
 
 
 def load(run_id: str) -> replace.Journal:
+    """Run ``run_id``'s journal; exit 2 if there is none or it cannot be read (its path and
+    why). Only to show it: run, resume and rollback read it again under the set's lock."""
     return replace.Journal.load(run_id)
 
 
 def resume(sysfs: Sysfs, run_id: str, *, ctl: Control | None = None) -> Result:
-    """Finish an interrupted run; one already done is "already so"."""
+    """Finish an interrupted run; one already done is "already so". A journal that cannot
+    be read is refused (exit 2, its path and why); the journal is read again under the cache
+    set's lock before any step (replace.execute)."""
     require_root("replace-ssd")
     j = replace.Journal.load(run_id)
     if j.status == "done":

@@ -211,8 +211,12 @@ def _busy_from_journals() -> dict[str, str]:
     busy: dict[str, str] = {}
     root = state.state_dir()
     for p in sorted((root / "replace").glob("*.json")) if (root / "replace").is_dir() else []:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             j = state.read_json(p) or {}
+        except state.StateFileError as exc:
+            log.warning("%s; the devices of that replace-ssd run are not known", exc.message)
+            continue
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
             if j.get("status") in ("done", "rolled-back"):
                 continue
             why = f"replace-ssd run {j.get('id', p.stem)} is unfinished ({j.get('status')})"

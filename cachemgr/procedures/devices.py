@@ -20,7 +20,9 @@ from typing import Any, Protocol
 
 from cachemgr.backends import bcache, dmcache
 from cachemgr.backends.bcache import BCACHE_MODES, Change
+from cachemgr.backends.dmcache import flushing
 from cachemgr.backends.targets import find_dmcache, resolve_backing
+from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, UsageError
 from cachemgr.core.model import (
     DM_CACHE_MODES,
@@ -188,7 +190,19 @@ class DmCache:
         return Drained(r.device, r.start_bytes, r.elapsed_s, restored)
 
     def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
-        return dict(dmcache.restore_saved(sysfs, self.d))
+        """Put back the table an interrupted flush left, holding the device's lock (the one
+        dmcache.flush takes): a flush running in another process is never undone under it
+        (refused, exit 3, nothing changed). The journal is read under the lock; one that
+        cannot be read is refused (exit 2, its path and why)."""
+        with state.locked(flushing.lock_key(self.d), self.d.node):
+            path = flushing.journal(self.d)
+            saved = state.read_json(path)
+            if saved is None:
+                return {}
+            if not (isinstance(saved.get("original"), str) and saved["original"].strip()):
+                raise state.StateFileError(path, "not a dm-cache flush journal: no 'original' "
+                                                 "table")
+            return dict(dmcache.restore_saved(sysfs, self.d))
 
     def reread(self, sysfs: Sysfs) -> CachedDevice:
         return DmCache(dmcache.find(sysfs, self.d.name))

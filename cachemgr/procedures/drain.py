@@ -7,8 +7,8 @@ and switching ``cache_mode`` to none changes nothing about it. Writeback is unth
 ``writeback_percent`` is 0, and ``writeback_delay`` is the sleep after each full pass. So the
 drain sets ``writeback_percent=0``, ``writeback_delay=1`` and ``writeback_running=1``, watches
 progress (dirty bytes, rate, ETA), detects stalls, and restores every tunable it changed: at
-the end, on error, on Ctrl-C, and after a crash (the saved journal is restored by the next run
-or by ``--resume``).
+the end, on error, on Ctrl-C, SIGTERM or SIGHUP (cachemgr/core/signals.py), and after a crash
+(the saved journal is restored by the next run or by ``--resume``).
 
 Writeback may start only after the thread's current ``writeback_delay`` pause (the original
 value, 30 s by default) ends: nothing written to sysfs cuts that sleep short.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachemgr.backends import bcache
-from cachemgr.core import drainloop, state
+from cachemgr.core import drainloop, signals, state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, StallError, TimeoutExpired
 from cachemgr.core.model import BcacheBacking, CacheState, DrainProgress
 from cachemgr.core.sysfs import Sysfs
@@ -75,12 +75,28 @@ def _tunables(b: BcacheBacking) -> dict[str, int]:
 
 
 def restore_saved(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
-    """Put back tunables a previous (crashed) drain saved; returns what was restored."""
+    """Put back tunables a previous (crashed) drain saved; returns what was restored.
+
+    Only while holding the device's lock (taken here; re-entrant for a drain that holds it
+    already): a drain running in another process keeps its journal, and restoring its saved
+    values under it would undo its settings (writeback_percent back up: the trap) and stall
+    it. Refused (exit 3) while another run holds the lock, nothing changed. A journal that
+    cannot be read is refused (exit 2, its path and why): its original values are unknown."""
+    with state.locked(_key(b), b.device or b.identity.node):
+        return _restore_saved_locked(sysfs, b)
+
+
+def _restore_saved_locked(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
     path = _journal(b)
     saved = state.read_json(path)
     if saved is None:
         return {}
-    original: dict[str, int] = saved["original"]
+    original = saved.get("original")
+    if not (isinstance(original, dict) and original and all(
+            k in DRAIN_SETTINGS and isinstance(v, int) and not isinstance(v, bool)
+            for k, v in original.items())):
+        raise state.StateFileError(path, f"not a drain journal: 'original' is {original!r}, "
+                                         f"not the values of {sorted(DRAIN_SETTINGS)}")
     try:
         cur = _reread(sysfs, b)
     except DeviceGone:
@@ -117,7 +133,8 @@ def drain(
 ) -> DrainResult:
     """Drain ``backing`` to clean. Raises AlreadyError if already clean (nothing changed),
     StallError when dirty data stops going down for ``stall_timeout`` seconds, TimeoutExpired
-    after ``timeout``. Tunables are restored in every case."""
+    after ``timeout``. Tunables are restored in every case, Ctrl-C, SIGTERM and SIGHUP
+    included (those two raise signals.Terminated, in the main thread)."""
     dev = backing.device or backing.identity.node
     if backing.cset_uuid is None:
         if backing.state == CacheState.DIRTY:
@@ -126,7 +143,7 @@ def drain(
                 "missing cache device and cannot be written back from here",
                 hint="register the cache device again (cachemgr status shows the cset)")
         raise AlreadyError(f"{dev} has no cache attached: nothing to drain")
-    with state.locked(_key(backing), dev):
+    with signals.terminate_as_interrupt(), state.locked(_key(backing), dev):
         restored_crash = restore_saved(sysfs, backing)
         b = _reread(sysfs, backing) if restored_crash else backing
         if is_clean(b):
@@ -134,14 +151,15 @@ def drain(
             if is_clean(_reread(sysfs, b)):
                 raise AlreadyError(f"{dev} is already clean")
         original = _tunables(b)
-        state.write_json(_journal(b), {"device": dev, "backing": b.identity.node,
-                                       "uuid": b.uuid, "original": original,
-                                       "started": time.time()})
-        try:
+        try:  # the journal first: a signal while it is written still reaches the finally
+            state.write_json(_journal(b), {"device": dev, "backing": b.identity.node,
+                                           "uuid": b.uuid, "original": original,
+                                           "started": time.time()})
             return _run(sysfs, b, original, dev, timeout, stall_timeout, confirm, interval,
                         progress)
         finally:
-            restore_saved(sysfs, b)
+            with signals.deferred():  # a signal now waits until every tunable is back
+                restore_saved(sysfs, b)
 
 
 def stall_hint(original: dict[str, int], stall_timeout: float, *, progressed: bool) -> str:

@@ -21,6 +21,7 @@ asked for) is refused before it is formatted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -30,11 +31,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from cachemgr.backends import bcache, bcache_super, scsi, signatures, snapshot
+from cachemgr.backends import bcache, bcache_super, identity, scsi, signatures, snapshot
 from cachemgr.backends.targets import resolve_cache_set
-from cachemgr.core import runner, state
+from cachemgr.core import runner, signals, state
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -121,10 +123,25 @@ class Journal:
 
     @classmethod
     def load(cls, run_id: str) -> Journal:
-        data = state.read_json(state.journal_path("replace", run_id))
-        if data is None:
+        """The journal of run ``run_id``: UsageError (exit 2) if there is none, StateFileError
+        (exit 2, its path and why) if it cannot be read."""
+        j = cls.read(state.journal_path("replace", run_id))
+        if j is None:
             raise UsageError(f"no replacement run {run_id!r}",
                              hint="cachemgr replace-ssd --list shows the journaled runs")
+        return j
+
+    @classmethod
+    def read(cls, path: Path) -> Journal | None:
+        """The journal in ``path`` (None if there is no file), checked field by field."""
+        data = state.read_json(path)
+        if data is None:
+            return None
+        problem = _journal_problem(data)
+        if problem is None and state.journal_path("replace", data["id"]) != path:
+            problem = f"it is the journal of run {data['id']!r}, not of its file name"
+        if problem is not None:
+            raise state.StateFileError(path, f"not a replace-ssd journal: {problem}")
         return cls(**data)
 
     def mark(self, step: str) -> None:
@@ -135,11 +152,64 @@ class Journal:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def list_runs() -> list[Journal]:
+_JOURNAL_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "cset": (str,), "options": (dict,), "old": (dict,), "backings": (list,),
+    "congested": (dict,), "done": (list,), "new": (dict,), "status": (str,),
+    "error": (str, type(None)), "created": (int, float), "updated": (int, float)}
+_OPTION_NAMES = frozenset(Options.__dataclass_fields__)
+STATUSES = ("running", "done", "failed", "rolled-back")
+
+
+def _journal_problem(data: dict[str, Any]) -> str | None:
+    """Why ``data`` is not a journal this cachemgr can act on (None if it is one)."""
+    unknown = sorted(set(data) - set(_JOURNAL_TYPES))
+    if unknown:
+        return f"unknown fields {unknown} (written by a newer cachemgr?)"
+    for name in ("id", "cset", "options", "old", "backings"):
+        if name not in data:
+            return f"no {name!r}"
+    for name, value in data.items():
+        if not isinstance(value, _JOURNAL_TYPES[name]) or isinstance(value, bool):
+            return f"{name!r} is a {type(value).__name__}"
+    if not data["id"] or not data["cset"]:
+        return "an empty 'id' or 'cset'"
+    if data.get("status", "running") not in STATUSES:
+        return f"unknown status {data['status']!r}"
+    if not set(data["options"]) <= _OPTION_NAMES:
+        return f"unknown options {sorted(set(data['options']) - _OPTION_NAMES)}"
+    if not isinstance(data["options"].get("new", "same"), str):
+        return "option 'new' is not a string"
+    if any(s not in STEP_NAMES for s in data.get("done", [])):
+        return f"unknown steps in 'done': {data['done']}"
+    for b in data["backings"]:
+        if not (isinstance(b, dict) and isinstance(b.get("uuid"), str)
+                and isinstance(b.get("tunables", {}), dict)
+                and all(k in b for k in ("name", "node", "device", "mode"))):
+            return f"a backing device entry {b!r} lacks uuid, name, node, device or mode"
+    return None
+
+
+def scan_runs() -> tuple[list[Journal], list[state.StateFileError]]:
+    """Every journaled run (oldest first) and every journal that cannot be read."""
     d = state.state_dir() / "replace"
     if not d.is_dir():
-        return []
-    return sorted((Journal.load(p.stem) for p in d.glob("*.json")), key=lambda j: j.created)
+        return [], []
+    found: list[Journal] = []
+    bad: list[state.StateFileError] = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            j = Journal.read(p)
+        except state.StateFileError as exc:
+            bad.append(exc)
+            continue
+        if j is not None:
+            found.append(j)
+    return sorted(found, key=lambda j: j.created), bad
+
+
+def list_runs() -> list[Journal]:
+    """The readable journaled runs, oldest first (:func:`scan_runs` also gives the others)."""
+    return scan_runs()[0]
 
 
 # --------------------------------------------------------------------------------- context
@@ -216,11 +286,15 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
     if ssd.io_errors:
         log.warning("%s has %d IO errors (a worn SSD: replacing it is right)",
                     ssd.identity.node, ssd.io_errors)
-    if opts.new not in ("same", "any"):
-        name = sysfs.block_name_of(opts.new) if opts.new.startswith("/dev/") else None
-        if name == ssd.identity.name:
-            raise UsageError(f"--new {opts.new} is the SSD being replaced",
-                             hint="use --new same to re-insert the same SSD")
+    old_id = _old_match(disk)
+    twins = [d.node for d in scsi.disks(sysfs) if old_id.matches(d) and d.name != disk.name]
+    if twins:
+        raise UnsafeError(f"{disk.node} cannot be told apart from {', '.join(twins)}: they "
+                          f"share its {old_id}; the replacement finds the old SSD again by it "
+                          "after the cache set is gone",
+                          hint="replace this SSD by hand (docs/admin-guide.md, the runbook)")
+    _check_new_spec(sysfs, opts.new, disk, cset.uuid, ssd.bucket_size.low
+                    if ssd.bucket_size else None)
     if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
         raise UsageError("--new any needs an operator to swap the disk",
                          hint="run it on a terminal, or pass --yes once the disk is in")
@@ -248,6 +322,139 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
         ) if v is not None},
     )
     return j
+
+
+NEW_HINT = ("--new same (the old SSD re-inserted), any (the disk an operator puts in its slot), "
+            "/dev/sdX (a disk that is there now), wwn:WWN, serial:SERIAL or H:C:T:L")
+
+
+def _old_match(old: scsi.ScsiDisk | dict[str, Any]) -> scsi.DiskMatch:
+    """How the old SSD is found again after its cache set is gone (wipe-old, scsi-remove,
+    --new same): its WWID, else its serial. Neither: refused (exit 3), as nothing would
+    tell it from another disk once it is removed; no step is skipped for want of one."""
+    wwid: str | None
+    serial: str | None
+    if isinstance(old, scsi.ScsiDisk):
+        wwid, serial, node = old.wwid, old.serial, old.node
+    else:
+        wwid, serial, node = old.get("wwid"), old.get("serial"), str(old.get("node"))
+    if wwid:
+        return scsi.DiskMatch("wwn", identity.normalize_wwn(wwid) or wwid)
+    if serial:
+        return scsi.DiskMatch("serial", serial)
+    raise UnsafeError(f"{node} has neither a WWID nor a serial number: after its cache set is "
+                      "gone nothing would tell it from another disk, so replace-ssd could not "
+                      "find it again to wipe, remove or re-insert it",
+                      hint="replace this SSD by hand (docs/admin-guide.md, the runbook)")
+
+
+def new_match(new: str) -> scsi.DiskMatch | None:
+    """What ``--new`` names: None for same, any and /dev paths (checked apart), else the
+    DiskMatch the new disk is waited for by. UsageError (exit 2) for a value that can never
+    name a disk (empty, ``wwn:`` or ``serial:`` with nothing after, a wwn: that is no WWN)."""
+    if new in ("same", "any") or new.startswith("/dev/"):
+        return None
+    t = new.strip()
+    if not t:
+        raise UsageError("--new is empty", hint=NEW_HINT)
+    for prefix in ("wwn:", "serial:"):
+        if t.lower().startswith(prefix):
+            value = t[len(prefix):].strip()
+            if not value:
+                raise UsageError(f"--new {new} names no {prefix[:-1]}", hint=NEW_HINT)
+            if prefix == "serial:":
+                return scsi.DiskMatch("serial", value)
+            if not identity.looks_like_wwn(value):
+                raise UsageError(f"--new {new}: {value!r} is not a WWN (naa.…, eui.…, 0x…, "
+                                 "t10.…)", hint=NEW_HINT)
+            return scsi.DiskMatch("wwn", identity.normalize_wwn(value) or value)
+    return scsi.DiskMatch.parse(t)
+
+
+def _check_new_spec(sysfs: Sysfs, new: str, old: scsi.ScsiDisk, cset: str,
+                    bucket: int | None) -> None:
+    """Refuse at plan time a --new that cannot finish: one that names nothing, the old SSD
+    (but for same/any), several disks, or a disk there now that identify-new would refuse."""
+    if new in ("same", "any"):
+        return
+    if new.startswith("/dev/"):
+        name = _block_name(sysfs, new)
+        if name is None:
+            raise UsageError(f"--new {new}: no such block device",
+                             hint="a /dev path must name a disk that is there now (kernel "
+                                  "names change as disks come and go); for a disk not inserted "
+                                  "yet use --new wwn:WWN, serial:SERIAL or any")
+        if name == old.name:
+            raise UsageError(f"--new {new} is the SSD being replaced",
+                             hint="use --new same to re-insert the same SSD")
+        try:
+            disk = scsi.scsi_disk(sysfs, name)
+        except CacheMgrError as exc:
+            raise UsageError(f"--new {new} is not a SCSI disk ({exc.message})",
+                             hint=NEW_HINT) from None
+        refuse_new_disk(sysfs, disk, same=False, old=_old_dict(old), cset=cset, bucket=bucket,
+                        probe=sysfs.live)
+        return
+    match = new_match(new)
+    assert match is not None
+    found = [d for d in scsi.disks(sysfs) if match.matches(d)]
+    if match.kind == "hctl":  # the old SSD's slot: it is there until scsi-remove
+        found = [d for d in found if d.name != old.name]
+    if len(found) > 1:
+        raise UsageError(f"--new {new} matches {len(found)} disks: "
+                         + "; ".join(d.describe() for d in found), hint=NEW_HINT)
+    if found:
+        if found[0].name == old.name:
+            raise UsageError(f"--new {new} is the SSD being replaced ({old.describe()})",
+                             hint="use --new same to re-insert the same SSD")
+        refuse_new_disk(sysfs, found[0], same=False, old=_old_dict(old), cset=cset,
+                        bucket=bucket, probe=sysfs.live)
+
+
+def _block_name(sysfs: Sysfs, path: str) -> str | None:
+    """The kernel name of /dev path ``path``: /dev/NAME of a block device in sysfs is its
+    node (devtmpfs; as the target resolvers, so a captured tree answers too), any other
+    path by its major:minor."""
+    base = path.removeprefix("/dev/")
+    if "/" not in base and base in sysfs.block_names():
+        return base
+    return sysfs.block_name_of(path)
+
+
+def _old_dict(d: scsi.ScsiDisk) -> dict[str, Any]:
+    return {"wwid": d.wwid, "serial": d.serial, "size_bytes": d.size_bytes}
+
+
+def refuse_new_disk(sysfs: Sysfs, d: scsi.ScsiDisk, *, same: bool, old: dict[str, Any],
+                    cset: str, bucket: int | None, probe: bool = True) -> None:
+    """Refuse (exit 3) a disk that must not become the new cache: the old SSD when a new one
+    was asked for, a disk in use, one carrying a signature (but for the old SSD's own
+    bcache one when it is re-inserted), or one too small. At plan time and at identify-new.
+    ``probe``: read its signatures (wipefs, bcache-super-show on its /dev node)."""
+    old_serial, old_wwid = old.get("serial"), old.get("wwid")
+    if not same and ((old_wwid and d.wwid == old_wwid)
+                     or (old_serial and d.serial == old_serial)):
+        raise UnsafeError(f"{d.describe()} is the old SSD, but a new one was asked for",
+                          hint="insert the new SSD, or use --new same to reuse the old one")
+    reasons = scsi.in_use(sysfs, d.name)
+    if reasons:
+        raise UnsafeError(f"{d.node} is in use: {'; '.join(reasons)}; refusing it as the new "
+                          "cache")
+    if probe:
+        sig = signatures.first(d.node)
+        if sig is not None and not (same and sig == "bcache"):
+            raise UnsafeError(f"{d.node} carries a {sig} signature; refusing to format it",
+                              hint="check it is the right disk; wipe it deliberately "
+                                   "(wipefs -a)")
+        if sig == "bcache" and same:
+            sb = _super(d.node)
+            if sb.get("cset.uuid") not in (None, cset):
+                raise UnsafeError(f"{d.node} belongs to another cache set "
+                                  f"{sb.get('cset.uuid')}")
+    bucket = int(bucket or 512 * 1024)
+    if d.size_bytes is None or d.size_bytes < MIN_BUCKETS * bucket:
+        raise UnsafeError(f"{d.node} ({d.size_bytes} bytes) is too small for a bcache cache "
+                          f"with {bucket}-byte buckets (needs {MIN_BUCKETS} buckets)")
 
 
 def _tunables(b: BcacheBacking) -> dict[str, int]:
@@ -308,7 +515,8 @@ def s_drain(c: Ctx) -> None:
     waiting (for bcache's writeback thread, then the clean confirmation), and one after the
     other those waits added up (~4-6 s per device on the lab). The first failure, Ctrl-C, or
     the face's ``say`` raising (the TUI's cancel) stops the other drains at their next
-    progress report (every 0.5 s); each drain restores its own tunables on the way out."""
+    progress report (every 0.5 s); each drain restores its own tunables on the way out. So do
+    SIGTERM and SIGHUP; the run's journal stays resumable (the step is not marked done)."""
     snap = c.snap()
     todo = [(e, b) for e in c.j.backings
             if (b := c.backing(e["uuid"], snap)).cset_uuid == c.j.cset]
@@ -339,11 +547,14 @@ def s_drain(c: Ctx) -> None:
         except AlreadyError:
             say(f"{c.dev(e)}: already clean")
 
-    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="drain") as pool:
+    # SIGTERM/SIGHUP reach the main thread, waiting here, as Ctrl-C does (signals.Terminated);
+    # the handlers stay until every drain has stopped and put its tunables back
+    with signals.terminate_as_interrupt(), \
+            ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="drain") as pool:
         futures = [pool.submit(one, e, b) for e, b in todo]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
-        except BaseException:  # Ctrl-C while waiting
+        except BaseException:  # Ctrl-C, SIGTERM or SIGHUP while waiting
             stop.set()
             raise
         errors = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
@@ -390,17 +601,22 @@ def s_unregister(c: Ctx) -> None:
 
 
 def _old_present(c: Ctx) -> scsi.ScsiDisk | None:
-    for d in scsi.disks(c.sysfs):
-        if c.j.old["wwid"] and d.wwid == c.j.old["wwid"]:
-            return d
-    return None
+    match = _old_match(c.j.old)
+    found = [d for d in scsi.disks(c.sysfs) if match.matches(d)]
+    if len(found) > 1:
+        raise UnsafeError(f"{len(found)} disks have the old SSD's {match}: "
+                          + "; ".join(d.describe() for d in found),
+                          hint="remove the one that is not the old SSD, then resume")
+    return found[0] if found else None
 
 
 def s_wipe_old(c: Ctx) -> None:
     if not c.opts.wipe_old:
+        c.say(f"{c.j.old['node']}: bcache signature kept (--keep-old-signature)")
         return
     d = _old_present(c)
     if d is None:
+        c.say(f"the old SSD ({_old_match(c.j.old)}) is not there any more: nothing to wipe")
         return
     if not bcache.wait_for(lambda: not c.sysfs.exists(f"block/{d.name}/bcache"), 30, 0.2):
         raise UnsafeError(f"{d.node} is still registered with bcache; refusing to wipe it")
@@ -408,6 +624,7 @@ def s_wipe_old(c: Ctx) -> None:
         raise UnsafeError(f"{d.node} is still held by another user (an exclusive open fails "
                           "with EBUSY); refusing to wipe it")
     if signatures.first(d.node) is None:
+        c.say(f"{d.node}: no signature left to wipe")
         return
     signatures.wipe(d.node)
     c.say(f"{d.node}: old bcache signature wiped")
@@ -416,6 +633,7 @@ def s_wipe_old(c: Ctx) -> None:
 def s_scsi_remove(c: Ctx) -> None:
     d = _old_present(c)
     if d is None:
+        c.say(f"the old SSD ({_old_match(c.j.old)}) is not there any more: already removed")
         return
     r = scsi.remove(c.sysfs, d.name)
     c.j.old["hctl"], c.j.old["host"] = str(r.disk.hctl), r.disk.host
@@ -424,15 +642,12 @@ def s_scsi_remove(c: Ctx) -> None:
 
 
 def _new_match(c: Ctx) -> str:
+    """What wait-new waits for, in the form scsi.DiskMatch.parse reads back."""
     new = c.opts.new
-    if new == "same":
-        return str(c.j.old["wwid"])
-    if new == "any":
-        return str(c.j.old["hctl"])
-    for prefix in ("wwn:", "serial:"):
-        if new.startswith(prefix):
-            return new[len(prefix):]
-    return new
+    m = _old_match(c.j.old) if new == "same" else scsi.DiskMatch.parse(str(c.j.old["hctl"])) \
+        if new == "any" else new_match(new)
+    assert m is not None
+    return f"serial:{m.value}" if m.kind == "serial" else m.value
 
 
 def _find_new(c: Ctx) -> scsi.ScsiDisk | None:
@@ -441,7 +656,7 @@ def _find_new(c: Ctx) -> scsi.ScsiDisk | None:
         return next((d for d in scsi.disks(c.sysfs) if d.wwid == want), None)
     new = c.opts.new
     if new.startswith("/dev/"):
-        name = c.sysfs.block_name_of(new)
+        name = _block_name(c.sysfs, new)
         if name:
             try:
                 return scsi.scsi_disk(c.sysfs, name)
@@ -449,7 +664,12 @@ def _find_new(c: Ctx) -> scsi.ScsiDisk | None:
                 raise UsageError(f"--new {new} is not a SCSI disk") from None
         return None
     match = scsi.DiskMatch.parse(_new_match(c))
-    return next((d for d in scsi.disks(c.sysfs) if match.matches(d)), None)
+    found = [d for d in scsi.disks(c.sysfs) if match.matches(d)]
+    if len(found) > 1:
+        raise UnsafeError(f"{len(found)} disks match --new {new}: "
+                          + "; ".join(d.describe() for d in found),
+                          hint="remove the ones that are not the new SSD, then resume")
+    return found[0] if found else None
 
 
 def s_wait_new(c: Ctx) -> None:
@@ -474,28 +694,8 @@ def s_identify_new(c: Ctx) -> None:
                             hint=f"insert it and resume: cachemgr replace-ssd --resume {c.j.id}")
     if c.j.new.get("wwid") == d.wwid and c.j.new.get("checked"):
         return
-    same = c.opts.new == "same"
-    old_serial, old_wwid = c.j.old.get("serial"), c.j.old.get("wwid")
-    if not same and ((old_wwid and d.wwid == old_wwid)
-                     or (old_serial and d.serial == old_serial)):
-        raise UnsafeError(f"{d.describe()} is the old SSD, but a new one was asked for",
-                          hint="insert the new SSD, or use --new same to reuse the old one")
-    reasons = scsi.in_use(c.sysfs, d.name)
-    if reasons:
-        raise UnsafeError(f"{d.node} is in use: {'; '.join(reasons)}; refusing it as the new "
-                          "cache")
-    sig = signatures.first(d.node)
-    if sig is not None and not (same and sig == "bcache"):
-        raise UnsafeError(f"{d.node} carries a {sig} signature; refusing to format it",
-                          hint="check it is the right disk; wipe it deliberately (wipefs -a)")
-    if sig == "bcache" and same:
-        sb = _super(d.node)
-        if sb.get("cset.uuid") not in (None, c.j.cset):
-            raise UnsafeError(f"{d.node} belongs to another cache set {sb.get('cset.uuid')}")
-    bucket = int(c.j.old.get("bucket") or 512 * 1024)
-    if d.size_bytes is None or d.size_bytes < MIN_BUCKETS * bucket:
-        raise UnsafeError(f"{d.node} ({d.size_bytes} bytes) is too small for a bcache cache "
-                          f"with {bucket}-byte buckets (needs {MIN_BUCKETS} buckets)")
+    refuse_new_disk(c.sysfs, d, same=c.opts.new == "same", old=c.j.old, cset=c.j.cset,
+                    bucket=c.j.old.get("bucket"))
     if c.j.old.get("size_bytes") and d.size_bytes < c.j.old["size_bytes"]:
         c.say(f"note: {d.node} is smaller than the old SSD ({d.size_bytes} < "
               f"{c.j.old['size_bytes']} bytes)")
@@ -643,12 +843,33 @@ def _default_prompt(text: str) -> None:
                          hint="pass --yes when the new disk is already in") from None
 
 
+def _reload(j: Journal) -> None:
+    """Bring ``j`` up to its journal on disk, read while holding the cache set's lock (a
+    journal read before the lock may be stale: another run may have moved it on since). A
+    fresh plan has no journal yet; a journal of the same id from another run is refused."""
+    disk = Journal.read(j.path)
+    if disk is None:
+        if j.done:
+            raise UsageError(f"run {j.id}: its journal {j.path} is gone",
+                             hint="cachemgr replace-ssd --list shows the journaled runs")
+        return
+    if (disk.cset, disk.created) != (j.cset, j.created):
+        raise UsageError(f"run id {j.id} is taken by another run (journal {j.path})",
+                         hint="plan again: the new run gets another id")
+    for f in dataclasses.fields(Journal):
+        setattr(j, f.name, getattr(disk, f.name))
+
+
 def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
             prompt: Prompt | None = None) -> Journal:
     """Run (or resume) the steps not yet journaled as done, holding the cache set's lock."""
-    opts = Options(**j.options)
-    ctx = Ctx(sysfs, j, opts, say or (lambda m: log.info("%s", m)), prompt or _default_prompt)
     with state.locked(f"replace-{j.cset}", f"cache set {j.cset}"):
+        _reload(j)
+        opts = Options(**j.options)
+        ctx = Ctx(sysfs, j, opts, say or (lambda m: log.info("%s", m)),
+                  prompt or _default_prompt)
+        if j.status == "done":
+            raise AlreadyError(f"run {j.id} is already done")
         if j.status == "rolled-back":
             raise UsageError(f"run {j.id} was rolled back")
         j.status, j.error = "running", None
@@ -678,13 +899,14 @@ def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
 def rollback(sysfs: Sysfs, j: Journal, *, say: Say | None = None) -> Journal:
     """Undo a run that stopped before the old set was unregistered: modes and tunables back."""
     say = say or (lambda m: log.info("%s", m))
-    if POINT_OF_NO_RETURN in j.done:
-        raise UnsafeError(f"run {j.id} is past '{POINT_OF_NO_RETURN}': the old cache set is "
-                          "gone, so only finishing it is safe",
-                          hint=f"cachemgr replace-ssd --resume {j.id}")
-    if j.status == "done":
-        raise AlreadyError(f"run {j.id} finished; nothing to roll back")
     with state.locked(f"replace-{j.cset}", f"cache set {j.cset}"):
+        _reload(j)
+        if POINT_OF_NO_RETURN in j.done:
+            raise UnsafeError(f"run {j.id} is past '{POINT_OF_NO_RETURN}': the old cache set "
+                              "is gone, so only finishing it is safe",
+                              hint=f"cachemgr replace-ssd --resume {j.id}")
+        if j.status == "done":
+            raise AlreadyError(f"run {j.id} finished; nothing to roll back")
         snap = snapshot.take(sysfs)
         for e in j.backings:
             b = next((x for x in snap.backings if x.uuid == e["uuid"]), None)

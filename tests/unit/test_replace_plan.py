@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,135 @@ def test_two_runs_in_one_second_get_their_own_journal(tmp_path: Path,
     second = replace.plan(sysfs, ssd, replace.Options(yes=True))
     assert first.id == "20261122-040812-c2958027"
     assert second.id == first.id + "-2"
+
+
+# --------------------------------------------------------------------------------------
+# issue #15 item 4: everything checked at plan time, no step skipped silently
+
+
+def _refused_before_any_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             root: Path, argv: list[str]) -> tuple[int, str]:
+    """``cachemgr replace-ssd ARGV`` as root on ``root``: (exit code, stderr); asserts that
+    nothing was written, run or journaled."""
+    from tests.unit.test_state_files import cli, mutations_refused
+    from tests.unit.tui_helpers import kernel_writes
+
+    state_dir = tmp_path / "state"
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(state_dir))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    writes = kernel_writes(monkeypatch)
+    commands = mutations_refused(monkeypatch)
+    rc, _out, err = cli(root, ["replace-ssd", *argv])
+    assert "Traceback" not in err
+    assert writes == [] and commands == [], (writes, commands)
+    assert not list((state_dir / "replace").glob("*")) if (state_dir / "replace").is_dir() \
+        else True
+    assert "[1/15]" not in err  # no step started
+    return rc, err
+
+
+@pytest.mark.parametrize("new,says", [
+    ("serial:", "--new serial: names no serial"),
+    ("wwn:", "--new wwn: names no wwn"),
+    ("wwn:  ", "names no wwn"),
+    ("", "--new is empty"),
+    ("   ", "--new is empty"),
+    ("wwn:not-a-wwn", "'not-a-wwn' is not a WWN"),
+    ("/dev/cachemgr-no-such-disk", "--new /dev/cachemgr-no-such-disk: no such block device"),
+    ("/dev/ubda", "--new /dev/ubda is not a SCSI disk"),
+    ("/dev/sda", "--new /dev/sda is the SSD being replaced"),
+    ("serial:2000", "is the SSD being replaced"),
+    ("wwn:0x33333330000007d0", "is the SSD being replaced"),
+])
+def test_a_new_disk_that_cannot_be_used_is_refused_at_plan(
+        new: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: these passed the plan and failed at step 9 (wait-new), after the old SSD was
+    wiped and removed; --resume cannot change --new."""
+    from tests.unit.tui_helpers import copy_capture
+
+    root = copy_capture(tmp_path, "scsi-ssd-in-use")
+    rc, err = _refused_before_any_step(tmp_path, monkeypatch, root,
+                                       ["/dev/sda", "--new", new, "--yes"])
+    assert rc == 2, err
+    assert says in err
+
+
+@pytest.mark.parametrize("new", ["/dev/sdb", "serial:3000", "wwn:naa.3333333000000bb8",
+                                 "0:0:1:0"])
+def test_a_new_disk_there_now_and_in_use_is_refused_at_plan(
+        new: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sdb is held by a dm device: identify-new (step 10) would refuse it; the plan does."""
+    from tests.unit.tui_helpers import copy_capture
+
+    root = copy_capture(tmp_path, "scsi-ssd-in-use")
+    rc, err = _refused_before_any_step(tmp_path, monkeypatch, root,
+                                       ["/dev/sda", "--new", new, "--yes"])
+    assert rc == 3, err
+    assert "/dev/sdb is in use: /dev/sdb is held by dm-0" in err
+
+
+def _without(root: Path, disk: str, *names: str) -> None:
+    for n in names:
+        (root / "block" / disk / "device" / n).unlink(missing_ok=True)
+
+
+def test_an_old_ssd_without_wwid_and_serial_is_refused_at_plan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit 3 (refused as unsafe, not bad input: the command is right, the disk is the
+    problem): once its cache set is gone nothing tells the old SSD from another disk, so
+    wipe-old and scsi-remove could not find it (they were skipped silently) and --new same
+    could not wait for it."""
+    from tests.unit.tui_helpers import copy_capture
+
+    root = copy_capture(tmp_path, "scsi-ssd-in-use")
+    _without(root, "sda", "wwid", "vpd_pg83", "serial", "vpd_pg80")
+    rc, err = _refused_before_any_step(tmp_path, monkeypatch, root,
+                                       ["/dev/sda", "--yes"])
+    assert rc == 3, err
+    assert "/dev/sda has neither a WWID nor a serial number" in err
+
+
+def test_an_old_ssd_without_wwid_is_followed_by_its_serial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.unit.tui_helpers import copy_capture
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    root = copy_capture(tmp_path, "scsi-ssd-in-use")
+    _without(root, "sda", "wwid", "vpd_pg83")
+    sysfs = Sysfs(root)
+    j = replace.plan(sysfs, "/dev/sda", replace.Options(yes=True))
+    assert (j.old["wwid"], j.old["serial"]) == (None, "2000")
+    said: list[str] = []
+    c = replace.Ctx(sysfs, j, replace.Options(**j.options), said.append, lambda t: None)
+    old = replace._old_present(c)
+    assert old is not None and old.name == "sda"
+    assert replace._new_match(c) == "serial:2000"
+
+
+def test_an_old_ssd_that_is_gone_is_said_not_skipped_silently(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    sysfs = Sysfs(ROOT)
+    j = replace.plan(sysfs, "/dev/sda", replace.Options(yes=True))
+    j.old["wwid"] = "naa.0000000000000001"  # no disk has it: removed by an earlier run
+    said: list[str] = []
+    c = replace.Ctx(sysfs, j, replace.Options(**j.options), said.append, lambda t: None)
+    replace.s_wipe_old(c)
+    replace.s_scsi_remove(c)
+    assert said == [
+        "the old SSD (wwn naa.0000000000000001) is not there any more: nothing to wipe",
+        "the old SSD (wwn naa.0000000000000001) is not there any more: already removed"]
+    c.opts.wipe_old = False
+    replace.s_wipe_old(c)
+    assert said[-1] == "/dev/sda: bcache signature kept (--keep-old-signature)"
+
+
+def test_a_good_new_spec_passes_the_plan(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not yet inserted (nothing matches now) is fine for wwn:, serial: and H:C:T:L."""
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
+    sysfs = Sysfs(ROOT)
+    for new in ("same", "any", "wwn:naa.5000000000000001", "serial:NEW1", "0:0:0:0",
+                "naa.5000000000000001"):
+        j = replace.plan(sysfs, "/dev/sda", replace.Options(new=new, yes=True))
+        assert j.options["new"] == new
