@@ -30,6 +30,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 from textual.worker import Worker, WorkerState
@@ -60,6 +61,7 @@ from tui.dialogs.confirm import ConfirmDialog, MessageDialog
 from tui.dialogs.form import FormDialog
 from tui.dialogs.progress import ProgressDialog
 from tui.messages import OpFinished, OpProgress, OpSaid, SnapshotReady
+from tui.safe import literal, plain
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen
@@ -194,13 +196,20 @@ class CacheMgrApp(App[int]):
             parts.append(f"capture {self.root_name}")
         if self.read_only:
             parts.append("READ-ONLY")
-        return " · ".join(parts)
+        return plain(" · ".join(parts))
 
     def dashboard(self) -> DashboardScreen | None:
         for s in self.screen_stack:
             if isinstance(s, DashboardScreen):
                 return s
         return None
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Every notification of the app and its screens: the text is data (device names,
+        the library's messages), never markup, control characters shown as escapes."""
+        super().notify(plain(message), title=plain(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def log_line(self, line: str, style: str = "") -> None:
         """The log panel: what was done, refused or failed (kept for tests as text)."""
@@ -257,8 +266,8 @@ class CacheMgrApp(App[int]):
             return
         try:
             d.query_one(TrendPanel).show(self.history, self.selected_key)
-            d.query_one("#summary", Static).update(self._summary())
-            d.query_one("#banner", Static).update(self._banner())
+            d.query_one("#summary", Static).update(literal(self._summary()))
+            d.query_one("#banner", Static).update(literal(self._banner()))
         except NoMatches:  # the app is quitting (a poll or progress message came late)
             return
         self.refresh_bindings()

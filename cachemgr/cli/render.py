@@ -9,18 +9,20 @@ import sys
 import time
 from collections.abc import Callable
 
+from cachemgr.core.text import printable
 from cachemgr.ops.control import Control, Result, progress_line
 
 
 def emit(args: argparse.Namespace, res: Result) -> int:
-    """Print a command's result (stdout: data; stderr: remarks) and return its exit code."""
+    """Print a command's result (stdout: data; stderr: remarks) and return its exit code.
+    Text is shown with control characters escaped (device names); JSON stays exact."""
     for line in res.notes:
-        print(line, file=sys.stderr)
+        print(printable(line, newlines=True), file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps(res.json()))
     else:
         for line in res.text():
-            print(line)
+            print(printable(line, newlines=True))
     return int(res.exit_code)
 
 
@@ -39,7 +41,7 @@ class ProgressReporter:
         if not self.tty and now - self.last < 5:
             return
         self.last = now
-        line = progress_line(p)
+        line = printable(progress_line(p))
         if self.tty:
             print("\r" + line.ljust(78), end="", file=sys.stderr, flush=True)
         else:

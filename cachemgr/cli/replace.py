@@ -11,17 +11,18 @@ from cachemgr.cli.render import emit
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.core.text import printable
 from cachemgr.ops import replace as ops
 from cachemgr.ops.control import Control
 
 
 def _say(msg: str) -> None:
-    print(f"replace-ssd: {msg}", file=sys.stderr, flush=True)
+    print(f"replace-ssd: {printable(msg, newlines=True)}", file=sys.stderr, flush=True)
 
 
 def _ask_stdin(text: str) -> bool:
     """The operator's swap prompt on a terminal: Enter once the disk is in."""
-    print(text, file=sys.stderr, flush=True)
+    print(printable(text, newlines=True), file=sys.stderr, flush=True)
     try:
         input()
     except EOFError:
@@ -48,7 +49,7 @@ def cmd_replace(args: argparse.Namespace) -> int:
         return emit(args, ops.dry_run(sysfs, args.cache, opts))
     j = ops.plan(sysfs, args.cache, opts, for_run=True)
     if not args.yes and sys.stdin.isatty():
-        print("\n".join(ops.describe(j)), file=sys.stderr)
+        print(printable("\n".join(ops.describe(j)), newlines=True), file=sys.stderr)
         ans = input("Go ahead? [y/N] ").strip().lower()
         if ans not in ("y", "yes"):
             print("replace-ssd: nothing done", file=sys.stderr)

@@ -41,6 +41,7 @@ from typing import Any
 
 from cachemgr.cli import args as argtypes
 from cachemgr.core import state
+from cachemgr.core.text import printable
 
 log = logging.getLogger("cachemgr.procedures.autoattach")
 
@@ -323,15 +324,18 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
                           "caches": [c.name for c in pol.caches],
                           "backings": [b.name for b in pol.backings]}))
     else:
-        print(f"{pol.path}: valid; {len(pol.caches)} cache(s), {len(pol.backings)} backing "
-              "device(s)")
+        lines = [f"{pol.path}: valid; {len(pol.caches)} cache(s), {len(pol.backings)} "
+                 "backing device(s)"]
         for c in pol.caches:
-            print(f"  cache {c.name}: {c.device or ''}{' cset ' + c.cset if c.cset else ''}"
-                  f"{' (formats a blank SSD)' if c.format_blank_ssd else ''}")
+            lines.append(f"  cache {c.name}: {c.device or ''}"
+                         f"{' cset ' + c.cset if c.cset else ''}"
+                         f"{' (formats a blank SSD)' if c.format_blank_ssd else ''}")
         for b in pol.backings:
             tun = " ".join(f"{k}={v}" for k, v in b.tunables)
-            print(f"  backing {b.name}: {b.device} -> {b.cache}"
-                  f"{' mode ' + b.mode.value if b.mode else ''}{' ' + tun if tun else ''}")
+            lines.append(f"  backing {b.name}: {b.device} -> {b.cache}"
+                         f"{' mode ' + b.mode.value if b.mode else ''}{' ' + tun if tun else ''}")
+        # policy names and device strings as written in the file: control characters escaped
+        print("\n".join(printable(line) for line in lines))
     return 0
 
 
@@ -389,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except Exception as exc:  # a udev RUN program: say why on stderr (udevd logs it), exit 1
-        print(f"cachemgr udev: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"cachemgr udev: {type(exc).__name__}: {printable(exc, newlines=True)}",
+              file=sys.stderr)
         return 1
 
 

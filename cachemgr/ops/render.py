@@ -1,8 +1,13 @@
-"""Human renderings of the snapshot shared by the CLI and the lab demo (text, no colour)."""
+"""Human renderings of the snapshot shared by the CLI and the lab demo (text, no colour).
+
+Names come from devices (dm names, bcache device names, by-id links): every line passes
+through :func:`cachemgr.core.text.printable`, so a control character shows as an escape and
+never reaches the terminal (issue #15)."""
 
 from __future__ import annotations
 
 from cachemgr.core.model import BcacheBacking, DmCacheDevice, Snapshot, human
+from cachemgr.core.text import printable
 
 
 def short(n: int | None) -> str:
@@ -77,7 +82,7 @@ def status_table(snap: Snapshot) -> str:
                          "(force-run) risks filesystem corruption")
     for w in snap.warnings:
         lines.append(f"warning: {w}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _bare(node: str | None) -> str:
@@ -90,7 +95,8 @@ def _dm_row(d: DmCacheDevice) -> str:
     st = d.status
     ratio = st.hit_ratio if st else None
     dirty = short(d.dirty_bytes) if st else "?"
-    return (f"{d.name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
+    name = printable(d.name)
+    return (f"{name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
             f"{d.mode.value:<13}{d.state.value:<9}{dirty:>7}{'-':>6}"
             f"{'-' if ratio is None else f'{100 * ratio:.0f}%':>5}{'-':>8}{'-':>4} "
             f"{_bare(d.cache.node if d.cache else d.table.cache_dev)}")

@@ -12,6 +12,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
+from tui.safe import literal
+
 
 class ChoiceDialog(ModalScreen[str | None]):
     """A list of (id, label); Enter or a click picks one. ``explain`` describes the
@@ -31,12 +33,12 @@ class ChoiceDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(literal(self.title_text), classes="dialog-title")
             if self.choices:
-                yield OptionList(*[Option(label, id=cid) for cid, label in self.choices],
+                yield OptionList(*[Option(literal(label), id=cid) for cid, label in self.choices],
                                  id="choices")
             else:
-                yield Static(self.empty, classes="dialog-body")
+                yield Static(literal(self.empty), classes="dialog-body")
             yield Static("", id="explain", classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Cancel", id="b-cancel")
@@ -50,7 +52,7 @@ class ChoiceDialog(ModalScreen[str | None]):
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if self.explain and event.option.id:
-            self.query_one("#explain", Static).update(self.explain(event.option.id))
+            self.query_one("#explain", Static).update(literal(self.explain(event.option.id)))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)

@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from tui.safe import literal
+
 
 class ConfirmDialog(ModalScreen[str | None]):
     """Returns the id of the button pressed, None on Cancel/Escape.
@@ -29,13 +31,13 @@ class ConfirmDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(literal(self.title_text), classes="dialog-title")
             # a long body (the replacement plan) scrolls: the buttons stay on the screen
             with VerticalScroll(classes="dialog-scroll"):
-                yield Static(self.body, classes="dialog-body", markup=False)
+                yield Static(literal(self.body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 for bid, label, variant in self.buttons:
-                    yield Button(label, id=f"b-{bid}", variant=variant)  # type: ignore[arg-type]
+                    yield Button(literal(label), id=f"b-{bid}", variant=variant)  # type: ignore[arg-type]
                 yield Button("Cancel", id="b-cancel")
 
     def on_mount(self) -> None:
@@ -63,9 +65,9 @@ class MessageDialog(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog error" if self.error else "dialog"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(literal(self.title_text), classes="dialog-title")
             with VerticalScroll(classes="dialog-scroll"):
-                yield Static(self.body, classes="dialog-body", markup=False)
+                yield Static(literal(self.body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Close", id="b-close", variant="primary")
 

@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from tui.safe import literal
+
 
 class FormDialog(ModalScreen[dict[str, str] | None]):
     """Fields are (key, label, default, placeholder); ``checks`` are (key, label).
@@ -30,17 +32,17 @@ class FormDialog(ModalScreen[dict[str, str] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog form"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(literal(self.title_text), classes="dialog-title")
             with VerticalScroll(classes="form-fields"):
                 for key, label, default, placeholder in self.fields:
-                    yield Label(label)
+                    yield Label(literal(label))
                     yield Input(default, placeholder=placeholder, id=f"f-{key}")
                 for key, label in self.checks:
-                    yield Checkbox(label, id=f"c-{key}")
+                    yield Checkbox(literal(label), id=f"c-{key}")
                 if self.note:
-                    yield Static(self.note, classes="dialog-body", markup=False)
+                    yield Static(literal(self.note), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
-                yield Button(self.ok_label, id="b-ok",
+                yield Button(literal(self.ok_label), id="b-ok",
                              variant=self.ok_variant)  # type: ignore[arg-type]
                 yield Button("Cancel", id="b-cancel")
 

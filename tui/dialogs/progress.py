@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, ProgressBar, Static
 
+from tui.safe import literal
+
 
 class ProgressDialog(ModalScreen[str | None]):
     """Dismissed with "cancel" (the app cancels the operation safely), "hide" (it goes on in
@@ -29,19 +31,19 @@ class ProgressDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(literal(self.title_text), classes="dialog-title")
             yield ProgressBar(total=1.0, show_eta=False, id="bar")
-            yield Static(self.line, id="line", markup=False)
+            yield Static(literal(self.line), id="line")
             yield Static("", id="eta")
             if self.cancel_note:
-                yield Static(self.cancel_note, classes="dialog-note", markup=False)
+                yield Static(literal(self.cancel_note), classes="dialog-note")
             with Horizontal(classes="dialog-buttons"):
                 if self.cancellable:
                     yield Button("Cancel", id="b-cancel", variant="warning")
                 yield Button("Hide", id="b-hide")
 
     def update_progress(self, line: str, fraction: float | None, eta_s: float | None) -> None:
-        self.query_one("#line", Static).update(line)
+        self.query_one("#line", Static).update(literal(line))
         bar = self.query_one(ProgressBar)
         if fraction is not None:
             bar.update(total=1.0, progress=fraction)

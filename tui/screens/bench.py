@@ -18,6 +18,7 @@ from textual.widgets import Checkbox, Footer, Header, Input, Label, RichLog, Sta
 
 from cachemgr.core import checks
 from cachemgr.ops.control import Control, Result
+from tui.safe import literal, plain
 
 BAR = 36
 
@@ -30,7 +31,7 @@ def iops_bars(doc: Mapping[str, Any]) -> Text:
         v = r.get("iops") or 0
         n = max(1 if v else 0, round(BAR * v / top))
         ratio = f"  {r['iops_ratio']:.1f}x" if r.get("iops_ratio") else ""
-        t.append(f"{str(r['label'])[:12]:<12} ")
+        t.append(f"{plain(str(r['label'])[:12]):<12} ")
         t.append("█" * n, style="green")
         t.append(f" {v:,.0f}{ratio}\n")
     return t
@@ -47,7 +48,7 @@ def latency_chart(doc: Mapping[str, Any]) -> Text:
     lo, hi = math.log10(min(vals)), math.log10(max(vals))
     span = max(hi - lo, 1e-9)
     for r in doc.get("results", []):
-        t.append(f"{str(r['label'])[:12]}\n")
+        t.append(f"{plain(str(r['label'])[:12])}\n")
         for name, k in keys:
             v = r.get(k)
             if not v:
@@ -62,10 +63,10 @@ def latency_chart(doc: Mapping[str, Any]) -> Text:
 def result_view(doc: Mapping[str, Any], saved: list[str]) -> RenderableType:
     from cachemgr.ops import bench as bench_ops
 
-    parts: list[RenderableType] = [Text(bench_ops.table(doc)), Text(""), iops_bars(doc),
+    parts: list[RenderableType] = [literal(bench_ops.table(doc)), Text(""), iops_bars(doc),
                                    latency_chart(doc)]
     if saved:
-        parts.append(Text("saved: " + "\n       ".join(saved), style="dim"))
+        parts.append(literal("saved: " + "\n       ".join(saved), style="dim"))
     return Group(*parts)
 
 
@@ -146,14 +147,15 @@ class BenchScreen(Screen[None]):
         try:
             import cachemgr.ops.bench  # noqa: F401
         except ImportError as exc:
-            self.query_one("#result", Static).update(f"the bench module is not available: {exc}")
+            self.query_one("#result", Static).update(
+                literal(f"the bench module is not available: {exc}"))
             return
         app: Any = self.app
         values = self.values()
         self.query_one("#oplog", RichLog).clear()
 
         def progress(line: object) -> None:
-            app.call_from_thread(self.query_one("#oplog", RichLog).write, str(line))
+            app.call_from_thread(self.query_one("#oplog", RichLog).write, literal(line))
 
         def fn(ctl: Control) -> Result:
             inner = Control(progress=progress, cancel=ctl.cancel, what=ctl.what)

@@ -25,6 +25,7 @@ from cachemgr.core.model import (
     human,
 )
 from tui import view
+from tui.safe import literal
 
 
 def _v(x: object) -> str:
@@ -38,12 +39,12 @@ def _v(x: object) -> str:
 
 
 def kv(title: str, pairs: list[tuple[str, object]]) -> Table:
-    t = Table(title=title, title_justify="left", title_style="bold", show_header=False,
+    t = Table(title=literal(title, style="bold"), title_justify="left", show_header=False,
               box=None, padding=(0, 1), expand=False)
     t.add_column(style="cyan", no_wrap=True)
     t.add_column(overflow="fold")
     for k, v in pairs:
-        t.add_row(k, _v(v))
+        t.add_row(k, literal(_v(v)))
     return t
 
 
@@ -70,9 +71,9 @@ def stats_table(stats: dict[str, Stats]) -> Table:
         if s is None:
             continue
         r = s.computed_hit_ratio
-        t.add_row(name, _v(s.hits), _v(s.misses), "-" if r is None else f"{100 * r:.1f}",
-                  _v(s.bypassed), _v(s.bypass_hits), _v(s.bypass_misses),
-                  _v(s.miss_collisions))
+        t.add_row(*(literal(c) for c in (
+            name, _v(s.hits), _v(s.misses), "-" if r is None else f"{100 * r:.1f}",
+            _v(s.bypassed), _v(s.bypass_hits), _v(s.bypass_misses), _v(s.miss_collisions))))
     return t
 
 
@@ -135,8 +136,8 @@ def cset_detail(c: CacheSet, snap: Snapshot) -> list[RenderableType]:
         for col in ("device", "backing", "mode", "state", "dirty"):
             t.add_column(col)
         for b in members:
-            t.add_row(b.device or "-", b.identity.node, _v(b.mode), b.state.value,
-                      view.dirty_text(b))
+            t.add_row(*(literal(c) for c in (b.device or "-", b.identity.node, _v(b.mode),
+                                             b.state.value, view.dirty_text(b))))
         out.append(t)
     return out
 
@@ -177,8 +178,8 @@ def dm_detail(d: DmCacheDevice) -> list[RenderableType]:
 def render(snap: Snapshot, key: str) -> RenderableType:
     obj = view.find(snap, key)
     if obj is None:
-        return Text(f"{key} is gone (removed or unplugged since it was selected)",
-                    style="bold red")
+        return literal(f"{key} is gone (removed or unplugged since it was selected)",
+                       style="bold red")
     if isinstance(obj, BcacheBacking):
         parts = backing_detail(obj, snap)
     elif isinstance(obj, CacheSet):

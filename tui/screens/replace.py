@@ -18,6 +18,7 @@ from cachemgr.ops.control import Control, Result
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog
+from tui.safe import literal
 
 
 class SwapPrompt(ConfirmDialog):
@@ -69,10 +70,11 @@ class ReplaceScreen(Screen[None]):
             yield Input("same", id="new", placeholder="same | any | /dev/sdX | wwn:...")
             yield Label("interim mode")
             yield Input("none", id="interim", placeholder="none|writearound|writethrough")
-        yield Static(f"cache set {self.cset}: press p for the plan (changes nothing), g to "
-                     "start, r to resume an interrupted run.", id="plan", markup=False)
+        yield Static(literal(f"cache set {self.cset}: press p for the plan (changes "
+                             "nothing), g to start, r to resume an interrupted run."),
+                     id="plan")
         with Horizontal(classes="two-cols"):
-            yield Static(step_lines([], None, None), id="steps")
+            yield Static(literal(step_lines([], None, None)), id="steps")
             with Vertical():
                 yield RichLog(id="oplog", wrap=True, markup=False)
         yield Footer(compact=True, show_command_palette=False)
@@ -83,7 +85,7 @@ class ReplaceScreen(Screen[None]):
     def say(self, line: str) -> None:
         if line.startswith("[") and "] " in line:
             self.current = line.split("] ", 1)[1].strip()
-        self.query_one("#oplog", RichLog).write(line)
+        self.query_one("#oplog", RichLog).write(literal(line))
         self.app.log_line(f"  replace-ssd: {line}")  # type: ignore[attr-defined]
         self.show_steps()
 
@@ -93,7 +95,7 @@ class ReplaceScreen(Screen[None]):
         if j is not None and j.status == "failed" and j.error:
             failed = j.error.split(":", 1)[0]
         self.query_one("#steps", Static).update(
-            step_lines(list(j.done) if j else [], self.current, failed))
+            literal(step_lines(list(j.done) if j else [], self.current, failed)))
 
     def options(self) -> replace.Options:
         return replace.Options(new=self.query_one("#new", Input).value.strip() or "same",
@@ -116,15 +118,15 @@ class ReplaceScreen(Screen[None]):
         self.app.call_from_thread(self.planned, j, then_start)
 
     def plan_failed(self, text: str) -> None:
-        self.query_one("#plan", Static).update(f"refused: {text}")
+        self.query_one("#plan", Static).update(literal(f"refused: {text}"))
         self.app.log_line(f"✗ replace-ssd plan: {text}", "red")  # type: ignore[attr-defined]
 
     def planned(self, j: replace.Journal, then_start: bool) -> None:
         self.journal = j
-        self.query_one("#plan", Static).update("\n".join(replace.describe(j)[:3]))
+        self.query_one("#plan", Static).update(literal("\n".join(replace.describe(j)[:3])))
         log = self.query_one("#oplog", RichLog)
         for line in replace.describe(j):
-            log.write(line)
+            log.write(literal(line))
         self.show_steps()
         if then_start:
             self.confirm_start(j)
@@ -155,7 +157,7 @@ class ReplaceScreen(Screen[None]):
             return replace.run(app.sysfs, j, ctl=ctl)
 
         self.query_one("#oplog", RichLog).write(
-            f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
+            literal(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})"))
         self.op = app.start_op(f"replace-ssd {j.cset[:8]}", fn)
 
     def action_cancel(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
+from cachemgr.core.text import printable
 from tui import view
 
 
@@ -32,7 +33,7 @@ class DeviceTable(DataTable[Text]):
     @staticmethod
     def _cells(r: view.Row) -> list[Text]:
         style = "bold red" if r.alert else ("bold" if r.kind == view.CSET else "")
-        cells = [Text(_fit(c, w, right) + " ", style=style)
+        cells = [Text(_fit(printable(c), w, right) + " ", style=style)
                  for c, (_, _, w, right) in zip(r.cells(), view.COLUMNS, strict=True)]
         if r.state == "dirty" and not r.alert:
             cells[3].stylize("yellow")

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.widgets import RichLog
 
+from tui.safe import plain
+
 
 class LogPanel(RichLog):
     def __init__(self, clock: Callable[[], float] = time.time, **kw: object) -> None:
@@ -17,7 +19,7 @@ class LogPanel(RichLog):
 
     def add(self, line: str, style: str = "") -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(self.clock()))
-        for i, part in enumerate(line.splitlines() or [""]):
+        for i, part in enumerate(plain(line).splitlines() or [""]):
             text = f"{stamp} {part}" if i == 0 else f"         {part}"
             self.lines_text.append(text)
             self.write(Text(text, style=style))
