@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+from cachemgr.core import state
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
 
@@ -29,13 +29,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     text = generate_latest(registry)
     if args.textfile:
         # node_exporter's textfile collector reads *.prom; write atomically so it never
-        # sees half a file
-        d = os.path.dirname(os.path.abspath(args.textfile))
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".cachemgr-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, args.textfile)
+        # sees half a file (and no temporary file is left when the write fails)
+        state.write_atomic(Path(args.textfile), text, mode=0o644)
     else:
         sys.stdout.buffer.write(text)
     return ExitCode.OK

@@ -126,6 +126,46 @@ def test_drain_killed_then_resume_restores(lab_disks: list[str]) -> None:
     assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+@pytest.mark.kernel(disks="1G,256M", timeout=400)
+def test_drain_stopped_by_signal_restores_tunables(lab_disks: list[str], sig: int) -> None:
+    """``systemctl stop`` (SIGTERM) or a closed terminal (SIGHUP) in the middle of a drain:
+    every tunable back to what it was (writeback_running included: off before the drain),
+    no journal left, exit 128 + the signal with one line on stderr."""
+    sysfs = setup_dirty(lab_disks, delay_ms=20, dirty="64M")
+    # a VM writing all the time: the drain cannot finish before the signal
+    Path("/run/stop-writes").unlink(missing_ok=True)
+    load = subprocess.Popen(
+        ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+         "--size=256M", "--direct=1", "--time_based", "--runtime=600", "--rate_iops=200",
+         "--trigger-file=/run/stop-writes", "--output-format=json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+    try:
+        time.sleep(0.5)
+        before = tunables(sysfs)
+        assert before == ("10", "30", "0")
+        p = cm("drain", "/dev/bcache0", "--json", "--stall-timeout", "120")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and tunables(sysfs) != ("0", "1", "1"):
+            time.sleep(0.05)
+        assert tunables(sysfs) == ("0", "1", "1"), "the drain never set its tunables"
+        time.sleep(1)
+        assert p.poll() is None, p.communicate()
+        journals = list((Path(state.state_dir()) / "drain").glob("*.json"))
+        assert len(journals) == 1  # the drain is running, its journal written
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        Path("/run/stop-writes").touch()
+        load.wait(timeout=60)
+    assert p.returncode == 128 + sig, err
+    assert (out, err) == ("", f"cachemgr: terminated by {signal.Signals(sig).name}\n")
+    assert tunables(sysfs) == before
+    assert not list(Path(state.state_dir()).rglob("*.json"))
+    assert not list(Path(state.state_dir()).rglob("*.tmp"))
+
+
 @pytest.mark.kernel(disks="1G,256M", timeout=400)
 def test_drain_stops_on_backing_errors_keeping_dirty_data(lab_disks: list[str]) -> None:
     sysfs = setup_dirty(lab_disks)

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from cachemgr.core.model import (
     DrainProgress,
     human,
 )
+from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
@@ -90,23 +89,6 @@ def restore_saved(sysfs: Sysfs, d: DmCacheDevice) -> dict[str, str]:
     return restored
 
 
-@contextlib.contextmanager
-def term_as_interrupt() -> Iterator[None]:
-    """SIGTERM (systemd stop, kill) restores like Ctrl-C does, in the CLI's main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
           stall_timeout: float = 60.0, confirm: float = 1.0, interval: float = 0.5,
           progress: Callable[[DrainProgress], None] | None = None,
@@ -117,7 +99,7 @@ def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
     writeback), polls ``#dirty`` down to 0 (read ``confirm`` seconds apart) with progress
     and ETA, then loads the original table again, or the same with ``final_mode`` (how
     ``mode --drain`` gets to passthrough without passing through writeback). On an error,
-    a stall, a timeout, Ctrl-C or SIGTERM the original table is restored; after a crash,
+    a stall, a timeout, Ctrl-C, SIGTERM or SIGHUP the original table is restored; after a crash,
     the journal lets the next run (or ``drain --resume``) restore it.
 
     Raises AlreadyError when the device is clean and already has the final table.
@@ -128,7 +110,7 @@ def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
     if final_mode is not None and final_mode not in DM_CACHE_MODES:
         raise bad_mode(final_mode)
     need_root("flushing a dm-cache device")
-    with state.locked(lock_key(d), d.node), term_as_interrupt():
+    with state.locked(lock_key(d), d.node), terminate_as_interrupt():
         d = recover(sysfs, d)
         final = d.table.with_mode(final_mode) if final_mode else d.table
         return flush_locked(d, final, require_clean=final.mode == CacheMode.PASSTHROUGH,

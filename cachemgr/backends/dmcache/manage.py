@@ -8,12 +8,13 @@ from collections.abc import Callable
 
 from cachemgr.backends.bcache import Change
 from cachemgr.backends.dmcache import command, discover
-from cachemgr.backends.dmcache.flushing import flush_locked, lock_key, recover, term_as_interrupt
+from cachemgr.backends.dmcache.flushing import flush_locked, lock_key, recover
 from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable, need_root
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, CommandError, UnsafeError, UsageError
 from cachemgr.core.model import DM_CACHE_MODES, CacheMode, DmCacheDevice, DrainProgress, human
+from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def remove(sysfs: Sysfs, d: DmCacheDevice, *, keep_device: bool = False,
     need_root("removing a dm-cache device")
     linear = f"0 {d.table.length} linear {d.table.origin_dev} 0"
     changes: list[Change] = []
-    with state.locked(lock_key(d), d.node), term_as_interrupt():
+    with state.locked(lock_key(d), d.node), terminate_as_interrupt():
         d = recover(sysfs, d)
         assert d.status is not None
         dirty = d.status.dirty
