@@ -26,6 +26,7 @@ from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.signals import Terminated
 from cachemgr.core.sysfs import DEFAULT_ROOT
+from cachemgr.core.text import printable
 
 log = logging.getLogger("cachemgr")
 
@@ -66,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
         return rc
     except CacheMgrError as exc:
-        print(f"cachemgr: {exc}", file=sys.stderr)
+        # the message names devices by what they say of themselves: control characters in
+        # a dm name or a label are shown as escapes, not sent to the terminal
+        print(f"cachemgr: {printable(exc, newlines=True)}", file=sys.stderr)
         return int(exc.exit_code)
     except Terminated as exc:  # SIGTERM/SIGHUP in a drain or a flush (core/signals.py)
         # the procedure's finally blocks have put back what it changed (tunables, tables),
