@@ -53,7 +53,8 @@ _UNITS = "?kMGTPEZY"
 # bch_hprint output: "0.0k", "4.0k", "512.0k", "59.9M", "0.9T" (7.2 lab kernel); older
 # kernels printed "0", "512", "58M" (no forced shift, no decimal for q >= 10); a leading "-"
 # for negative values (writeback_rate_debug's proportional/integral/change).
-_HPRINT = re.compile(r"^(-?)(\d+)(?:\.(\d))?([kMGTPEZY]?)$")
+# (ASCII digits, at most a u64's 20: int() refuses a run of more than 4300 with a ValueError)
+_HPRINT = re.compile(r"^(-?)([0-9]{1,20})(?:\.([0-9]))?([kMGTPEZY]?)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -193,10 +194,12 @@ def parse_bracketed(text: str) -> tuple[str, tuple[str, ...]]:
     stop_when_cache_set_failed); the active one is in brackets.
     """
     words = text.split()
-    active = [w[1:-1] for w in words if w.startswith("[") and w.endswith("]")]
-    if len(active) != 1:
+    active = [w[1:-1] for w in words if len(w) > 2 and w[0] == "[" and w[-1] == "]"]
+    choices = tuple(w[1:-1] if len(w) > 2 and w[0] == "[" and w[-1] == "]" else w
+                    for w in words)
+    if len(active) != 1 or any("[" in c or "]" in c for c in choices):
         raise KernelFormatError("bracketed choice", text)
-    return active[0], tuple(w.strip("[]") for w in words)
+    return active[0], choices
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,7 @@ class WritebackDebug:
                 raise KernelFormatError("writeback_rate_debug line", line)
             key, value = key.strip(), value.strip()
             if key == "next io":
-                if not value.endswith("ms"):
+                if not re.fullmatch(r"-?[0-9]{1,20}ms", value, re.ASCII):
                     raise KernelFormatError("writeback_rate_debug next io", line)
                 vals["next_io_ms"] = int(value[:-2])
             elif key in ("rate", "dirty", "target", "proportional", "integral", "change"):

@@ -65,7 +65,11 @@ def _safe(key: str) -> str:
     """The file name of ``key``: injective (see the module docstring)."""
     if _PLAIN.fullmatch(key) and key not in (".", ".."):
         return key
-    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    try:
+        raw = key.encode("utf-8", "surrogateescape")  # a name from argv or the file system
+    except UnicodeEncodeError:
+        raw = key.encode("utf-8", "surrogatepass")  # a lone surrogate from a JSON escape
+    digest = hashlib.sha256(raw).hexdigest()[:20]
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:64] + "~" + digest
 
 
@@ -122,6 +126,8 @@ def read_json(path: Path, *, schema: int = SCHEMA) -> dict[str, Any] | None:
         raise StateFileError(path, f"not valid JSON (truncated?): {exc}") from None
     except RecursionError:
         raise StateFileError(path, "not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # a number of more than 4300 digits
+        raise StateFileError(path, f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise StateFileError(path, f"not a JSON object (a {type(data).__name__})")
     version = data.pop(SCHEMA_KEY, 1)

@@ -15,7 +15,7 @@ from typing import Any
 
 from cachemgr.backends import bcache
 from cachemgr.core import state
-from cachemgr.core.errors import AlreadyError, CacheMgrError, require_root
+from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, require_root
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.cache import _lock_backing, _lock_set
@@ -101,7 +101,12 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
 def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]]) -> None:
     """The udev worker's pass over one batch of queued events (the caller holds the run
     lock). Every decision is logged and journaled; a bad policy is logged, never raised."""
-    events = [autoattach.Event.from_json(e) for e in batch]
+    events = []
+    for e in batch:
+        try:
+            events.append(autoattach.Event.from_json(e))
+        except KernelFormatError as exc:
+            log.warning("dropping a queued event: %s", exc)
     t0 = time.time()
     last = max((e.received for e in events), default=t0)
     log.debug("batch of %d events: %s", len(events), ", ".join(e.describe() for e in events))

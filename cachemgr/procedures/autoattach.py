@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from cachemgr.backends import bcache, bcache_super, identity
 from cachemgr.core import state
-from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError
+from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, UnsafeError
 from cachemgr.core.model import BcacheBacking, CacheState, Identity, Snapshot, hprint
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures.policy import BackingPolicy, CachePolicy, DeviceId, Policy
@@ -78,7 +78,7 @@ class Event:
         return cls(
             action=env.get("ACTION", "change"),
             devname=env.get("DEVNAME") or None,
-            seqnum=int(seq) if seq.isdigit() else None,
+            seqnum=int(seq) if seq.isascii() and seq.isdigit() and len(seq) <= 20 else None,
             devpath=env.get("DEVPATH") or None,
             properties=props,
             received=time.time() if received is None else received,
@@ -92,8 +92,17 @@ class Event:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Event:
-        env = {k: str(v) for k, v in data.items() if not k.startswith("_")}
-        return cls.from_env(env, float(data.get("_received", 0.0)))
+        """A queued event (cli/udev.py enqueue); KernelFormatError for a record that is not
+        one (a ``_received`` that is not a time)."""
+        env = {str(k): str(v) for k, v in data.items() if not str(k).startswith("_")}
+        received = data.get("_received", 0.0)
+        try:
+            if isinstance(received, bool) or not isinstance(received, int | float | str):
+                raise TypeError
+            when = float(received)
+        except (TypeError, ValueError, OverflowError):
+            raise KernelFormatError("queued udev event (_received)", repr(dict(data))) from None
+        return cls.from_env(env, when)
 
     @property
     def name(self) -> str | None:

@@ -14,14 +14,15 @@ from cachemgr.core.model import DmCacheStatus, DmCacheTable
 DEFAULT_MIGRATION_THRESHOLD = 2048  # sectors (cache.rst)
 FailWord = Literal["Fail", "Error"]
 
-_INT = re.compile(r"^[0-9]+$")
-_FRACTION = re.compile(r"^([0-9]+)/([0-9]+)$")
+# at most 20 digits (a u64): int() refuses a run of more than 4300 with a ValueError
+_INT = re.compile(r"[0-9]{1,20}")
+_FRACTION = re.compile(r"([0-9]{1,20})/([0-9]{1,20})")
 _DEVNO = re.compile(r"^[0-9]+:[0-9]+$")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 def _int(tok: str, what: str, line: str) -> int:
-    if not _INT.match(tok):
+    if not _INT.fullmatch(tok):
         raise KernelFormatError(f"dm-cache {what}", line)
     return int(tok)
 
@@ -88,7 +89,7 @@ def parse_status(line: str) -> DmCacheStatus | FailWord:
         raise KernelFormatError("dm-cache status line (too short)", line)
 
     def frac(tok: str, what: str) -> tuple[int, int]:
-        m = _FRACTION.match(tok)
+        m = _FRACTION.fullmatch(tok)
         if not m:
             raise KernelFormatError(f"dm-cache status line ({what})", line)
         return int(m.group(1)), int(m.group(2))
@@ -186,6 +187,7 @@ def parse_info(text: str) -> dict[str, DmInfo]:
             continue
         opened = fields.get("Open count", "")
         mm = fields.get("Major, minor", "").replace(" ", "").replace(",", ":")
-        out[name] = DmInfo(name, fields.get("State"), int(opened) if opened.isdigit() else None,
-                           mm if _DEVNO.match(mm) else None, fields.get("UUID") or None)
+        out[name] = DmInfo(name, fields.get("State"),
+                           int(opened) if _INT.fullmatch(opened) else None,
+                           mm if _DEVNO.fullmatch(mm) else None, fields.get("UUID") or None)
     return out
