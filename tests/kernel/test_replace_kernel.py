@@ -208,17 +208,18 @@ def test_refusals(lab_disks: list[str]) -> None:
         r = cm("replace-ssd", ssds[0].node, "--yes")
     assert r.returncode == 3 and "another cachemgr run" in r.stderr
     assert status_modes(sysfs) == (old, modes)
-    # the wrong disk: the "new" SSD carries a filesystem -> refused before formatting it;
-    # the run stops with the backing devices detached and safe, and can be finished
+    # the wrong disk: the "new" SSD carries a filesystem -> refused at plan time, before
+    # any step (nothing detached, no journal), since it is already there to be checked
     runner.run(["mkfs.ext4", "-q", "-F", ssds[1].node])
     r = cm("replace-ssd", ssds[0].node, "--new", ssds[1].node, "--yes")
-    assert r.returncode == 3 and "ext4" in r.stderr and "--resume" in r.stderr
+    assert r.returncode == 3 and "ext4" in r.stderr, r.stderr
     assert "ext4" in runner.run(["blkid", "-o", "value", "-s", "TYPE", ssds[1].node]).stdout
-    for b in snapshot.take(sysfs).backings:
-        assert b.device is not None and b.dirty is not None and b.dirty.is_zero(512)
-    run = next(j for j in replace.list_runs() if j.status == "failed")
+    assert status_modes(sysfs) == (old, modes)
+    assert replace.list_runs() == []
+    assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
+    # wiped deliberately, the same replacement goes through
     runner.run(["wipefs", "-a", ssds[1].node])
-    r = cm("replace-ssd", "--resume", run.id)
+    r = cm("replace-ssd", ssds[0].node, "--new", ssds[1].node, "--yes")
     assert r.returncode == 0, r.stderr
     end_state(sysfs, old, modes)
 
