@@ -757,6 +757,24 @@ def device_bytes(sysfs: Sysfs, node: str) -> int | None:
     return sectors * 512 if sectors is not None else None
 
 
+def _distinct(sysfs: Sysfs, devs: list[str]) -> None:
+    """Refuse (UsageError) two names of one device, or a disk and a partition of it, in one
+    make-bcache: it would format the same blocks twice."""
+    names = [sysfs.block_name_of(d) or os.path.realpath(d) for d in devs]
+    dirs = block_dirs(sysfs)
+    for i, (a, na) in enumerate(zip(devs, names, strict=True)):
+        for b, nb in list(zip(devs, names, strict=True))[i + 1:]:
+            if na == nb:
+                raise UsageError(f"{a} and {b} are the same device",
+                                 hint="the backing and the cache devices must be different")
+            for disk, part in ((na, nb), (nb, na)):
+                rel = dirs.get(disk)
+                if rel and sysfs.exists(f"{rel}/{part}/partition"):
+                    raise UsageError(f"{a} and {b} overlap: /dev/{part} is a partition of "
+                                     f"/dev/{disk}",
+                                     hint="the backing and the cache devices must not overlap")
+
+
 def create(
     sysfs: Sysfs, *, backings: list[str], cache: str | None, mode: CacheMode | None = None,
     bucket: str | None = None, force: bool = False, timeout: float = 30,
@@ -771,6 +789,8 @@ def create(
     for dev in [*backings, *([cache] if cache else [])]:
         if not os.path.exists(dev):
             raise UsageError(f"{dev}: no such device")
+    _distinct(sysfs, [*backings, *([cache] if cache else [])])
+    for dev in [*backings, *([cache] if cache else [])]:
         why = in_use(sysfs, dev)
         if why:
             raise UnsafeError(f"{dev} is busy: {why}; refusing to format it")

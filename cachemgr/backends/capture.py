@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cachemgr.backends import inuse
 from cachemgr.core import runner
-from cachemgr.core.errors import CommandError
+from cachemgr.core.errors import CommandError, UsageError
 from cachemgr.core.sysfs import NEVER_READ, Sysfs
 
 # Directory names not worth copying under a block device (large, volatile or irrelevant).
@@ -165,7 +165,13 @@ class Capturer:
             (self.out / f"dmsetup-{what}.txt").write_text(text)
 
     def run(self, scenario: str, description: str) -> None:
-        if self.out.exists():
+        if self.out.exists() or self.out.is_symlink():
+            # only an earlier capture is replaced: --out /home must not empty /home
+            if not self.out.is_dir() or self.out.is_symlink() or (
+                    any(self.out.iterdir()) and not (self.out / "meta.json").is_file()):
+                raise UsageError(f"{self.out} exists and is not a capture",
+                                 hint="name a new directory (or an earlier capture, which is "
+                                      "replaced)")
             shutil.rmtree(self.out)
         self.out.mkdir(parents=True)
         self.capture_block()  # before fs/bcache, whose links reach devices at shallower depth

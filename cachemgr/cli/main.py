@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CacheMgrError as exc:
         # the message names devices by what they say of themselves: control characters in
         # a dm name or a label are shown as escapes, not sent to the terminal
-        print(f"cachemgr: {printable(exc, newlines=True)}", file=sys.stderr)
+        print(f"cachemgr: {_error_text(exc)}", file=sys.stderr)
         return int(exc.exit_code)
     except Terminated as exc:  # SIGTERM/SIGHUP in a drain or a flush (core/signals.py)
         # the procedure's finally blocks have put back what it changed (tunables, tables),
@@ -135,6 +135,16 @@ def _user_paths(args: argparse.Namespace) -> set[str]:
             if isinstance(s, str) and s:
                 out.add(os.path.abspath(s))
     return out
+
+
+def _error_text(exc: CacheMgrError) -> str:
+    """The message (one line unless its class is built of lines: ``multiline``) and the hint
+    line; a line break that came from outside (a path or a name typed with a newline) is
+    shown as ``\\n``, so the message stays one line and the hint the one after it."""
+    text = printable(exc.message, newlines=exc.multiline)
+    if exc.hint:
+        text += f"\n  hint: {printable(exc.hint)}"
+    return text
 
 
 def _os_error(exc: OSError, args: argparse.Namespace) -> int:

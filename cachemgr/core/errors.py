@@ -16,6 +16,10 @@ class CacheMgrError(Exception):
     """Base of every error cachemgr raises on purpose."""
 
     exit_code: ExitCode = ExitCode.FAILED
+    # the message is one line: a line break in it came from outside (a device path, a name
+    # typed with a newline) and is shown as an escape. Errors whose message is built of lines
+    # (a program's stderr, a policy's problems) say so and escape what they embed themselves.
+    multiline: bool = False
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -82,6 +86,8 @@ class SysfsError(CacheMgrError):
 class CommandError(CacheMgrError):
     """An external program failed: carries argv, exit code and stderr (Open-CAS CasadmError)."""
 
+    multiline = True  # the last lines of the program's stderr, one per line
+
     def __init__(
         self, argv: Sequence[str], returncode: int | None, stderr: str, *, reason: str = ""
     ) -> None:
@@ -90,7 +96,7 @@ class CommandError(CacheMgrError):
         self.stderr = stderr
         detail = reason or (f"exit code {returncode}" if returncode is not None else "failed")
         tail = stderr.strip().splitlines()[-3:] if stderr else []
-        msg = f"{self.argv[0]} {detail}: {' '.join(self.argv)}"
+        msg = f"{self.argv[0]} {detail}: {' '.join(self.argv)}".replace("\n", "\\n")
         if tail:
             msg += "\n  " + "\n  ".join(tail)
         super().__init__(msg)

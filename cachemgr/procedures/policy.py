@@ -52,6 +52,7 @@ from cachemgr.core import checks
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
 from cachemgr.core.model import parse_size as _parse_size
+from cachemgr.core.text import printable
 
 DEFAULT_PATH = "/etc/cachemgr/cachemgr.toml"
 ENV_PATH = "CACHEMGR_POLICY"
@@ -86,16 +87,21 @@ class Problem:
 
 
 class PolicyError(UsageError):
-    """A malformed policy (exit 2). ``problems`` are sorted by line; nothing acts on it."""
+    """A malformed policy (exit 2). ``problems`` are sorted by line; nothing acts on it. The
+    message is a line, then one line per problem (each with its control characters, a
+    newline in the path included, shown as escapes)."""
+
+    multiline = True
 
     def __init__(self, path: str, problems: list[Problem]) -> None:
         self.path = path
         self.problems = tuple(sorted(problems, key=lambda p: (p.line, p.column or 0)))
-        lines = [p.render(path) for p in self.problems]
+        lines = [printable(p.render(path)) for p in self.problems]
         super().__init__(
-            f"policy {path} is invalid ({len(lines)} problem{'s' * (len(lines) != 1)}); "
-            "nothing is acted on until it is fixed:\n  " + "\n  ".join(lines),
-            hint=f"fix it, then check it with: cachemgr policy check --policy {path}",
+            f"policy {printable(path)} is invalid ({len(lines)} "
+            f"problem{'s' * (len(lines) != 1)}); nothing is acted on until it is fixed:\n  "
+            + "\n  ".join(lines),
+            hint=f"fix it, then check it with: cachemgr policy check --policy {printable(path)}",
         )
 
     @property

@@ -265,8 +265,8 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
     try:
         disk = scsi.scsi_disk(sysfs, ssd.identity.name)
     except CacheMgrError as exc:
-        raise UsageError(f"{ssd.identity.node} is not a SCSI disk ({exc}); replace-ssd removes "
-                         "and re-inserts SCSI devices") from exc
+        raise UsageError(f"{ssd.identity.node} is not a SCSI disk ({exc.message}); replace-ssd "
+                         "removes and re-inserts SCSI devices", hint=exc.hint) from exc
     if cset.flash_volumes:
         raise UnsafeError(f"cache set {cset.uuid} holds {cset.flash_volumes} flash volume(s): "
                           "their data lives only on the SSD",

@@ -75,7 +75,9 @@ class JobSpec:
                 checks.plain_text(text, what)
         if self.rw not in RW_MODES:
             raise UsageError(f"unknown --rw {self.rw!r}", hint="one of " + ", ".join(RW_MODES))
-        parse_size(self.bs)
+        if parse_size(self.bs) == 0:
+            raise UsageError("bad --bs '0': a block size is at least one byte",
+                             hint="e.g. --bs 4k")
         if self.size is not None:
             parse_size(self.size)
         if self.offset is not None:
