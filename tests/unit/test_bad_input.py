@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.core import runner
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.sysfs import Sysfs
 from tests.kernel.clirun import in_process
+from tests.unit.guards import mutations_refused
 from tests.unit.tui_helpers import copy_capture, kernel_writes
 
 DIRTY = "bcache-writeback-dirty"  # /dev/bcache0 over /dev/ubda, cset fb5bd09d on /dev/ubdb
@@ -43,7 +43,6 @@ SCSI_CSET = "c2958027-844e-478b-8a07-5c71b051beb3"
 PARTS: dict[str, str | bytes] = {"PART1": "ubdc/ubdc1", "PART2": "ubdc/ubdc2",
                                  "PART3": "ubdc/ubdc3"}
 
-READ_ONLY_COMMANDS = (("bcache-super-show",), ("blkid",), ("wipefs", "--no-act"))
 
 GOOD_POLICY = """version = 1
 
@@ -506,23 +505,6 @@ def _make(tmp: Path, files: dict[str, str | bytes], sys_root: Path) -> None:
             p.write_text(content)
 
 
-def _guard_commands(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
-    """Commands that could change something are refused (and listed); read-only probes run
-    (none of them reaches the host's disks: the capture's devices do not exist here)."""
-    refused: list[tuple[str, ...]] = []
-    real = runner.run
-
-    def run(argv: Sequence[str], **kw: object) -> runner.Completed:
-        args = tuple(str(a) for a in argv)
-        if any(args[:len(ro)] == ro for ro in READ_ONLY_COMMANDS):
-            return real(argv, **kw)  # type: ignore[arg-type]
-        refused.append(args)
-        raise CacheMgrError(f"test: refused to run {' '.join(args)}")
-
-    monkeypatch.setattr(runner, "run", run)
-    return refused
-
-
 def _forbidden(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
     """A lab boot, a udev worker, a metrics listener: listed and refused."""
     from cachemgr.cli import udev as cli_udev
@@ -583,7 +565,7 @@ def test_bad_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("CACHEMGR_POLICY", str(tmp_path / "policy-absent.toml"))
     monkeypatch.delenv("CACHEMGR_SYSFS", raising=False)
     writes = kernel_writes(monkeypatch)
-    refused = _guard_commands(monkeypatch)
+    refused = mutations_refused(monkeypatch)
     forbidden: list[str] = []
     _forbidden(monkeypatch, forbidden)
     _fake_nodes(monkeypatch, root)

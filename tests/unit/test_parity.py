@@ -23,9 +23,7 @@ import contextlib
 import io
 import logging
 import os
-import subprocess
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +32,8 @@ from textual.widgets import Input, OptionList, Static
 
 from cachemgr.backends import snapshot
 from cachemgr.cli.main import main
-from cachemgr.core import runner
-from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.sysfs import Sysfs
+from tests.unit.guards import held_elsewhere, mutations_refused
 from tests.unit.tui_helpers import app_on, copy_capture, kernel_writes, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
@@ -255,46 +252,6 @@ def lock_key(root: Path, spec: str) -> str:
     return row_key(root, spec)  # BcacheBacking.key
 
 
-@contextlib.contextmanager
-def held_elsewhere(key: str, state: Path) -> Iterator[None]:
-    """Another process holds the lock ``key`` (in the test's state directory) until the end
-    of the block."""
-    code = ("import sys\nfrom cachemgr.core import state\n"
-            "with state.locked(sys.argv[1], 'test'):\n"
-            "    print('held', flush=True)\n    sys.stdin.read()\n")
-    p = subprocess.Popen([sys.executable, "-c", code, key], cwd=REPO, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         env={**os.environ, "CACHEMGR_STATE_DIR": str(state),
-                              "PYTHONPATH": str(REPO)})
-    try:
-        assert p.stdout is not None and p.stdout.readline().strip() == "held"
-        yield
-    finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(timeout=30)
-
-
-READ_ONLY_COMMANDS = (("bcache-super-show",), ("blkid",), ("wipefs", "--no-act"))
-
-
-def command_guard(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
-    """Commands the library tries to run that could change something (anything but the
-    read-only probes): refused (a CacheMgrError, so the faces show it) and listed."""
-    refused: list[tuple[str, ...]] = []
-    real = runner.run
-
-    def run(argv: Sequence[str], **kw: object) -> runner.Completed:
-        args = tuple(str(a) for a in argv)
-        if any(args[:len(ro)] == ro for ro in READ_ONLY_COMMANDS):
-            return real(argv, **kw)  # type: ignore[arg-type]
-        refused.append(args)
-        raise CacheMgrError(f"test: refused to run {' '.join(args)}")
-
-    monkeypatch.setattr(runner, "run", run)
-    return refused
-
-
 async def pick(pilot: object, app: CacheMgrApp, choice: str) -> None:
     """In the open ChoiceDialog: arrow keys to ``choice``, then Enter."""
     await settle(pilot, lambda: shown(app, ChoiceDialog))
@@ -406,7 +363,7 @@ def test_refusal_is_the_same_in_the_cli_and_the_tui(case: Case, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     root = copy_capture(tmp_path, case.capture)
     writes = kernel_writes(monkeypatch)
-    commands = command_guard(monkeypatch)
+    commands = mutations_refused(monkeypatch)
     if not case.root:
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with contextlib.ExitStack() as stack:

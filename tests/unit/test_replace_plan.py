@@ -38,7 +38,8 @@ def _refused_before_any_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              root: Path, argv: list[str]) -> tuple[int, str]:
     """``cachemgr replace-ssd ARGV`` as root on ``root``: (exit code, stderr); asserts that
     nothing was written, run or journaled."""
-    from tests.unit.test_state_files import cli, mutations_refused
+    from tests.unit.guards import mutations_refused
+    from tests.unit.test_state_files import cli
     from tests.unit.tui_helpers import kernel_writes
 
     state_dir = tmp_path / "state"

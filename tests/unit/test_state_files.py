@@ -11,20 +11,19 @@ import io
 import json
 import logging
 import os
-import subprocess
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from cachemgr.backends import snapshot
 from cachemgr.cli.main import main
-from cachemgr.core import runner, state
-from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
+from cachemgr.core import state
+from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import replace as ops_replace
 from cachemgr.procedures import autoattach, drain, replace
+from tests.unit.guards import held_elsewhere, mutations_refused
 from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, shown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,42 +47,6 @@ def cli(root: Path, argv: Sequence[str]) -> tuple[int, str, str]:
             rc = exc.code if isinstance(exc.code, int) else 2
     logging.root.handlers.clear()
     return rc, out.getvalue(), err.getvalue()
-
-
-@contextlib.contextmanager
-def held_elsewhere(key: str, state_dir: Path) -> Iterator[None]:
-    """Another process holds the lock ``key`` until the end of the block."""
-    code = ("import sys\nfrom cachemgr.core import state\n"
-            "with state.locked(sys.argv[1], 'test'):\n"
-            "    print('held', flush=True)\n    sys.stdin.read()\n")
-    p = subprocess.Popen([sys.executable, "-c", code, key], cwd=REPO, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         env={**os.environ, "CACHEMGR_STATE_DIR": str(state_dir),
-                              "PYTHONPATH": str(REPO)})
-    try:
-        assert p.stdout is not None and p.stdout.readline().strip() == "held"
-        yield
-    finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(timeout=30)
-
-
-def mutations_refused(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
-    """Commands that could change something: refused (a CacheMgrError) and listed."""
-    refused: list[tuple[str, ...]] = []
-    real = runner.run
-
-    def run(argv: Sequence[str], **kw: object) -> runner.Completed:
-        args = tuple(str(a) for a in argv)
-        if args[:1] in (("bcache-super-show",), ("blkid",)) or args[:2] == ("wipefs",
-                                                                            "--no-act"):
-            return real(argv, **kw)  # type: ignore[arg-type]
-        refused.append(args)
-        raise CacheMgrError(f"test: refused to run {' '.join(args)}")
-
-    monkeypatch.setattr(runner, "run", run)
-    return refused
 
 
 # ----------------------------------------------------------------------------- the files
