@@ -8,7 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$here/.venv/bin/python}
-all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback dmcache-states dmcache-failed scsi-ssd-in-use"
+all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback dmcache-states dmcache-failed scsi-ssd-in-use lvm-caches"
 
 if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
     backend=uml
@@ -118,6 +118,40 @@ dmcache-states)
         "$(ct 3 /dev/mapper/slow3) 64 1 writethrough cleaner 2 migration_threshold 64"
     dmsetup resume flushing
     cap "four dm-cache devices over dm-linear slices: wt (writethrough, metadata2, 128 KiB blocks, migration_threshold 4096 set by message), vg0-lv0 (writeback, dirty, dm UUID LVM-...: LVM-owned), pt (passthrough), flushing (writethrough + cleaner policy, dirty blocks left); vg0-lv0 and flushing over dm-delay origins with 2 s writes, migration_threshold 64"
+    ;;
+lvm-caches)
+    # lvm2's own caches in one VG: the origin PV a dm-delay "HDD" over the first disk (the raw
+    # disk filtered out: it carries the same PV label), the caches on the second disk.
+    # vg0/vm1: cache pool, writeback, written (lvm2's migration_threshold of 8 chunks lets the
+    # idle cache write its dirty blocks back before the HDD is slowed: clean when captured);
+    # vg0/vm2: cachevol, writethrough; vg0/vm3: writecache (high_watermark 60),
+    # dirty blocks below the watermark (kept until then).
+    hs=$(blockdev --getsz "$hdd")
+    dmsetup create slow --table "0 $hs delay $hdd 0 2"
+    printf 'devices { global_filter = [ "r|^%s$|" ] }\n' "$hdd" >> /etc/lvm/lvmlocal.conf
+    lvm pvcreate -y /dev/mapper/slow "$ssd"
+    lvm vgcreate vg0 /dev/mapper/slow "$ssd"
+    for lv in vm1:128M vm2:64M vm3:64M; do
+        lvm lvcreate -y -n "${lv%%:*}" -L "${lv#*:}" vg0 /dev/mapper/slow
+    done
+    lvm lvcreate -y -n pool -L 64M vg0 "$ssd"
+    lvm lvconvert -y --type cache-pool --chunksize 64k vg0/pool
+    lvm lvconvert -y --type cache --cachepool vg0/pool --cachemode writeback vg0/vm1
+    lvm lvcreate -y -n fast2 -L 32M vg0 "$ssd"
+    lvm lvconvert -y --type cache --cachevol vg0/fast2 --cachemode writethrough vg0/vm2
+    lvm lvcreate -y -an -n fast3 -L 64M vg0 "$ssd"
+    lvm lvconvert -y --type writecache --cachevol vg0/fast3 \
+        --cachesettings high_watermark=60 vg0/vm3
+    write /dev/vg0/vm1 16M
+    write /dev/vg0/vm2 4M
+    fio --name=r --filename=/dev/vg0/vm2 --rw=randread --bs=4k --size=64M --io_size=4M \
+        --direct=1 --random_distribution=zipf:1.2 --output-format=terse >/dev/null
+    fio --name=w --filename=/dev/vg0/vm3 --rw=randwrite --bs=4k --size=32M --io_size=8M \
+        --direct=1 --output-format=terse >/dev/null
+    dmsetup suspend slow
+    dmsetup load slow --table "0 $hs delay $hdd 0 0 $hdd 0 2000"
+    dmsetup resume slow
+    cap "lvm2's caches in vg0 (origin PV a dm-delay over the first disk, writes slowed to 2 s after the fill; caches on the second disk): vg0/vm1 cache pool writeback (written, then idle: clean again by the capture), vg0/vm2 cachevol writethrough, vg0/vm3 writecache (high_watermark 60) with dirty blocks"
     ;;
 dmcache-failed)
     # the metadata device (a dm-linear) starts failing every IO; the next writes make the

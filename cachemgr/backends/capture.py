@@ -164,6 +164,19 @@ class Capturer:
         for what, text in outputs.items():
             (self.out / f"dmsetup-{what}.txt").write_text(text)
 
+    def capture_lvs(self) -> None:
+        """``lvs.json``: lvm2's report (the fields cachemgr reads), when LVM owns a dm device."""
+        from cachemgr.backends.dmcache.discover import dm_devices
+        from cachemgr.backends.lvm import command as lvm_command
+
+        if not any((d.uuid or "").startswith("LVM-") for d in dm_devices(Sysfs()).values()):
+            return
+        try:
+            text = lvm_command.lvm(*lvm_command.lvs_argv(), timeout=60).stdout
+        except CommandError as exc:
+            text = f"# lvs failed: {exc}\n"
+        (self.out / "lvs.json").write_text(text)
+
     def run(self, scenario: str, description: str) -> None:
         if self.out.exists() or self.out.is_symlink():
             # only an earlier capture is replaced: --out /home must not empty /home
@@ -179,6 +192,7 @@ class Capturer:
         self.capture_scsi()
         self.capture_devnums()
         self.capture_dmsetup()
+        self.capture_lvs()
         self.capture_tools()
         meta = {
             "scenario": scenario,

@@ -9,13 +9,17 @@ with at least kind, device, mode, state, dirty_bytes, cache.
 from __future__ import annotations
 
 import platform
+from dataclasses import replace
 from typing import Any
 
-from cachemgr.backends import bcache, dmcache
+from cachemgr.backends import bcache, dmcache, dmwritecache
+from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
     BcacheBacking,
     CacheSet,
     DmCacheDevice,
+    DmWritecacheDevice,
+    LvmCachedLv,
     Snapshot,
     Stats,
     UnregisteredBcache,
@@ -36,16 +40,53 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False) -> Sna
         from cachemgr.backends import bcache_super
 
         unregistered = bcache_super.scan_unregistered(sysfs)
-    dm = dmcache.scan(sysfs)
+    src = _Once(dmcache.default_source(sysfs))  # one dmsetup call per listing
+    dm = dmcache.scan(sysfs, src)
+    wc = dmwritecache.scan(sysfs, src)
+    dmcaches, writecaches, lvm_warnings = _with_lvm(sysfs, dm.devices, wc.devices)
     return Snapshot(
         kernel=platform.release(),
         bcache_loaded=scan.loaded,
         cache_sets=scan.cache_sets,
         backings=scan.backings,
-        warnings=scan.warnings + dm.warnings,
+        warnings=scan.warnings + dm.warnings + wc.warnings + lvm_warnings,
         unregistered=unregistered,
-        dmcaches=dm.devices,
+        dmcaches=dmcaches,
+        writecaches=writecaches,
     )
+
+
+class _Once:
+    """A dmsetup source that runs each listing once (dm-cache and dm-writecache both read
+    ``dmsetup table``)."""
+
+    def __init__(self, inner: dmcache.DmsetupSource) -> None:
+        self.inner = inner
+        self.seen: dict[str, str] = {}
+
+    def output(self, what: str) -> str:
+        if what not in self.seen:
+            self.seen[what] = self.inner.output(what)
+        return self.seen[what]
+
+
+def _with_lvm(sysfs: Sysfs, dms: tuple[DmCacheDevice, ...],
+              wcs: tuple[DmWritecacheDevice, ...]
+              ) -> tuple[tuple[DmCacheDevice, ...], tuple[DmWritecacheDevice, ...],
+                         tuple[str, ...]]:
+    """Join LVM's view (one lvs report) to the LVM-owned devices; lvs runs only when one
+    exists. A failed lvs is a warning: the devices are still shown, without their LVM names."""
+    if not any(d.lvm_owned for d in dms) and not any(w.lvm_owned for w in wcs):
+        return dms, wcs, ()
+    from cachemgr.backends.lvm import command as lvm_command
+    from cachemgr.backends.lvm.report import cached_lvs
+
+    try:
+        lvs = cached_lvs(lvm_command.default_source(sysfs).report())
+    except CacheMgrError as exc:
+        return dms, wcs, (f"LVM's view not read (lvs): {str(exc).splitlines()[0]}",)
+    return (tuple(replace(d, lvm=lvs.get(d.node)) if d.lvm_owned else d for d in dms),
+            tuple(replace(w, lvm=lvs.get(w.node)) if w.lvm_owned else w for w in wcs), ())
 
 
 def _stats_json(s: Stats) -> dict[str, Any]:
@@ -129,9 +170,73 @@ def dmcache_json(d: DmCacheDevice) -> dict[str, Any]:
         "demotions": st.demotions if st else None,
         "open_count": d.open_count,
         "suspended": d.suspended,
+        "lvm": lvm_json(d.lvm),
         # the kernel's counters since the cache was created (kept in its metadata)
         "stats": {"total": {"hits": hits, "misses": misses,
                             "hit_ratio": st.hit_ratio if st else None}},
+    }
+
+
+def lvm_json(v: LvmCachedLv | None) -> dict[str, Any] | None:
+    """LVM's view of a cached LV (null when LVM does not own the device or lvs failed)."""
+    if v is None:
+        return None
+    return {
+        "name": v.full_name,
+        "vg": v.vg,
+        "lv": v.lv,
+        "lv_uuid": v.uuid,
+        "segtype": v.segtype,
+        "pool": f"{v.vg}/{v.pool}",
+        "pool_kind": v.pool_kind,
+        "pool_name_when_split": f"{v.vg}/{v.pool_name}",
+        "origin_pvs": list(v.origin_pvs),
+        "cache_pvs": list(v.cache_pvs),
+        "cache_mode": v.cache_mode,
+        "policy": v.policy,
+        "settings": dict(v.settings),
+        "chunk_bytes": v.chunk_bytes,
+        "health": v.health or None,
+        "check_needed": v.check_needed,
+    }
+
+
+def writecache_json(w: DmWritecacheDevice) -> dict[str, Any]:
+    """A dm-writecache device in the devices list (docs/json.md)."""
+    st = w.status
+    settings = w.table.settings()
+    reads, read_hits = (st.counter(0), st.counter(1)) if st else (None, None)
+    return {
+        "kind": "dm-writecache",
+        "device": w.node,
+        "name": w.name,
+        "dm_uuid": w.uuid,
+        "lvm_owned": w.lvm_owned,
+        "backing": w.origin.node if w.origin else w.table.origin_dev,
+        "cache": w.cache.node if w.cache else w.table.cache_dev,
+        "mode": w.mode.value,
+        "state": w.state.value,
+        "dirty_bytes": w.dirty_bytes,
+        "dirty_blocks": st.dirty if st else None,
+        "free_blocks": st.free if st else None,
+        "total_blocks": st.total if st else None,
+        "writeback_blocks": st.writeback if st else None,
+        "error": st.error if st else None,
+        "failure": w.failure,
+        "block_bytes": w.block_bytes,
+        "pmem": w.table.pmem,
+        # the kernel's defaults when not set (writecache.rst): 50 % and 45 %
+        "high_watermark": int(settings.get("high_watermark", "50")),
+        "low_watermark": int(settings.get("low_watermark", "45")),
+        "settings": settings,
+        "open_count": w.open_count,
+        "suspended": w.suspended,
+        "lvm": lvm_json(w.lvm),
+        "stats": {"total": {"hits": read_hits,
+                            "misses": (reads - read_hits) if reads is not None
+                            and read_hits is not None else None,
+                            "hit_ratio": (read_hits / reads) if reads and read_hits is not None
+                            else None}},
     }
 
 
@@ -157,7 +262,8 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
         "kernel": snap.kernel,
         "bcache_loaded": snap.bcache_loaded,
         "devices": [backing_json(b) for b in snap.backings]
-        + [dmcache_json(d) for d in snap.dmcaches],
+        + [dmcache_json(d) for d in snap.dmcaches]
+        + [writecache_json(w) for w in snap.writecaches],
         "caches": [cache_set_json(c) for c in snap.cache_sets],
         "unregistered": [unregistered_json(u) for u in snap.unregistered],
         "warnings": list(snap.warnings),

@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 
 from cachemgr.core.errors import UsageError
-from cachemgr.core.model import BcacheBacking, CacheSet, DmCacheDevice, Snapshot
+from cachemgr.core.model import (
+    BcacheBacking,
+    CacheSet,
+    DmCacheDevice,
+    DmWritecacheDevice,
+    Snapshot,
+)
 from cachemgr.core.sysfs import Sysfs
 
 
@@ -78,3 +84,25 @@ def resolve_dmcache(snap: Snapshot, target: str, sysfs: Sysfs | None = None) -> 
         raise UsageError(f"{target} is not a dm-cache device",
                          hint="cachemgr status lists them; use /dev/mapper/NAME or the dm name")
     return d
+
+
+def find_dm(snap: Snapshot, target: str, sysfs: Sysfs | None = None,
+            *, lvm: bool) -> DmCacheDevice | DmWritecacheDevice | None:
+    """A dm-cache or dm-writecache device ``target`` names: with ``lvm``, only those LVM's
+    report joined (``VG/LV``, ``/dev/VG/LV``, ``/dev/mapper/VG-LV``, the dm name or
+    /dev/dm-N); without, only dm-writecache devices LVM does not describe."""
+    every: list[DmCacheDevice | DmWritecacheDevice] = [*snap.dmcaches, *snap.writecaches]
+    devs = [x for x in every
+            if (x.lvm is not None) == lvm and (lvm or isinstance(x, DmWritecacheDevice))]
+    for x in devs:
+        names = {x.name, x.node, x.kernel_name, f"/dev/{x.kernel_name}"}
+        if x.lvm is not None:
+            names |= {x.lvm.full_name, f"/dev/{x.lvm.vg}/{x.lvm.lv}"}
+        if target in names or (x.uuid and target == x.uuid):
+            return x
+    if target.startswith("/dev/") and os.path.exists(target) and sysfs is not None:
+        name = sysfs.block_name_of(target)
+        for x in devs:
+            if name is not None and name == x.kernel_name:
+                return x
+    return None

@@ -56,7 +56,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    return emit(args, cache_ops.attach(_sysfs(args), args.backing, args.cache))
+    return emit(args, cache_ops.attach(_sysfs(args), args.backing, args.cache,
+                                       writecache=args.writecache, mode=args.mode))
 
 
 def cmd_detach(args: argparse.Namespace) -> int:
@@ -137,9 +138,15 @@ def register(sub: Any) -> None:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_drain)
 
-    s = sub.add_parser("attach", help="attach a backing device to a cache set")
-    s.add_argument("backing", metavar="BACKING")
-    s.add_argument("cache", metavar="CACHE", help="cset UUID or cache device")
+    s = sub.add_parser("attach", help="attach a backing device to a cache set, or an LVM "
+                                      "cache pool/cachevol to an LV")
+    s.add_argument("backing", metavar="BACKING", help="bcache backing device, or VG/LV")
+    s.add_argument("cache", metavar="CACHE",
+                   help="cset UUID or cache device, or VG/POOL (cache pool or cachevol LV)")
+    s.add_argument("--writecache", action="store_true",
+                   help="LVM: attach VG/POOL as lvm writecache (a plain LV as cachevol)")
+    s.add_argument("--mode", metavar="MODE",
+                   help="LVM cache: writeback, writethrough (lvm2's default) or passthrough")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_attach)
 

@@ -398,6 +398,7 @@ class Snapshot:
     backings: tuple[BcacheBacking, ...]
     warnings: tuple[str, ...] = ()
     dmcaches: tuple[DmCacheDevice, ...] = ()  # dm-cache devices (cachemgr/backends/dmcache/)
+    writecaches: tuple[DmWritecacheDevice, ...] = ()  # dm-writecache devices
     # devices carrying a bcache superblock that are not registered (live systems only)
     unregistered: tuple[UnregisteredBcache, ...] = ()
 
@@ -537,6 +538,7 @@ class DmCacheDevice:
     open_count: int | None = None
     suspended: bool | None = None
     holders: tuple[str, ...] = ()
+    lvm: LvmCachedLv | None = None  # LVM's view, when LVM owns the device and lvs answered
 
     @property
     def node(self) -> str:
@@ -564,6 +566,155 @@ class DmCacheDevice:
     @property
     def block_bytes(self) -> int:
         return self.table.block_sectors * 512
+
+
+# ---------------------------------------------------------------------------------------
+# LVM-owned caches (lvmcache(7)) and dm-writecache
+# (Documentation/admin-guide/device-mapper/writecache.rst). Parsers:
+# cachemgr/backends/lvm/report.py and cachemgr/backends/dmwritecache.py.
+
+
+@dataclass(frozen=True)
+class LvmCachedLv:
+    """LVM's view of one cached LV, from ``lvs --reportformat json`` (docs/kernel-notes.md,
+    "lvm2"): the names an admin types and what lvm2 keeps in its metadata.
+
+    ``pool`` is the cache pool or cachevol as lvs names it while attached (``pool_cpool``,
+    ``fast_cvol``); ``pool_name`` is the name it has again once split off (``pool``, ``fast``).
+    """
+
+    vg: str
+    lv: str
+    uuid: str
+    segtype: str  # "cache" | "writecache"
+    pool: str
+    pool_kind: str  # "cachepool" | "cachevol"
+    origin_pvs: tuple[str, ...]
+    cache_pvs: tuple[str, ...]
+    cache_mode: str | None  # lvm2's metadata: writeback/writethrough/passthrough; None: writecache
+    policy: str | None
+    settings: tuple[tuple[str, str], ...]
+    chunk_bytes: int | None
+    health: str  # lv_health_status: "" when healthy
+    check_needed: bool
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.vg}/{self.lv}"
+
+    @property
+    def pool_name(self) -> str:
+        for suffix in ("_cpool", "_cvol"):
+            if self.pool.endswith(suffix):
+                return self.pool[: -len(suffix)]
+        return self.pool
+
+    @property
+    def kind(self) -> str:
+        return "lvm-writecache" if self.segtype == "writecache" else "lvmcache"
+
+    def setting(self, name: str) -> str | None:
+        return next((v for k, v in self.settings if k == name), None)
+
+
+@dataclass(frozen=True)
+class DmWritecacheTable:
+    """One ``writecache`` target line: ``0 614400 writecache s 253:2 253:1 4096 2
+    high_watermark 60`` (``s``: SSD, ``p``: persistent memory; then origin, cache, block
+    size, and the optional arguments counted)."""
+
+    start: int
+    length: int
+    pmem: bool
+    origin_dev: str
+    cache_dev: str
+    block_bytes: int
+    args: tuple[str, ...]
+
+    def settings(self) -> dict[str, str]:
+        """The optional arguments by name; a flag (``cleaner``) maps to ``"1"``."""
+        out: dict[str, str] = {}
+        valued = {"start_sector", "high_watermark", "low_watermark", "writeback_jobs",
+                  "autocommit_blocks", "autocommit_time", "max_age", "pause_writeback"}
+        i = 0
+        while i < len(self.args):
+            k = self.args[i]
+            if k in valued and i + 1 < len(self.args):
+                out[k] = self.args[i + 1]
+                i += 2
+            else:
+                out[k] = "1"
+                i += 1
+        return out
+
+
+@dataclass(frozen=True)
+class DmWritecacheStatus:
+    """``<error> <blocks> <free blocks> <blocks under writeback>`` and, on newer kernels,
+    counters: reads, read hits, writes, write hits (uncommitted), write hits (committed),
+    writes around, writes allocated, writes blocked on the freelist, flushes, discards.
+    A block is dirty from the write until written back; then it is freed, so
+    ``blocks - free`` are the dirty ones (docs/kernel-notes.md, "dm-writecache")."""
+
+    error: int
+    total: int
+    free: int
+    writeback: int
+    counters: tuple[int, ...] = ()
+
+    @property
+    def dirty(self) -> int:
+        return max(0, self.total - self.free)
+
+    def counter(self, i: int) -> int | None:
+        return self.counters[i] if i < len(self.counters) else None
+
+
+@dataclass(frozen=True)
+class DmWritecacheDevice:
+    """A device-mapper device whose one target is ``writecache`` (dmsetup's or LVM's)."""
+
+    name: str
+    kernel_name: str
+    devno: str | None
+    uuid: str | None
+    table: DmWritecacheTable
+    status: DmWritecacheStatus | None
+    failure: str | None
+    cache: Identity | None
+    origin: Identity | None
+    open_count: int | None = None
+    suspended: bool | None = None
+    holders: tuple[str, ...] = ()
+    lvm: LvmCachedLv | None = None
+
+    @property
+    def node(self) -> str:
+        return f"/dev/mapper/{self.name}"
+
+    @property
+    def lvm_owned(self) -> bool:
+        return bool(self.uuid and self.uuid.startswith("LVM-"))
+
+    @property
+    def mode(self) -> CacheMode:
+        return CacheMode.WRITEBACK  # dm-writecache has no other mode
+
+    @property
+    def state(self) -> CacheState:
+        if self.status is None or self.status.error:
+            return CacheState.FAILED
+        return CacheState.DIRTY if self.status.dirty else CacheState.CLEAN
+
+    @property
+    def dirty_bytes(self) -> int | None:
+        if self.status is None or self.status.error:
+            return None
+        return self.status.dirty * self.table.block_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self.table.block_bytes
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,15 @@ else
     # libdevmapper would otherwise wait for udev to create /dev/mapper nodes
     # (docs/kernel-notes.md, "device-mapper without udev")
     export DM_DISABLE_UDEV=1
+    # lvm2 likewise: no udev sync or rules, its device list from /dev, no dmeventd, no
+    # lvmpolld (docs/kernel-notes.md, "lvm2 in the lab"). The file is the guest's (overlay).
+    if [ -d /etc/lvm ]; then
+        cat >/etc/lvm/lvmlocal.conf <<'LVMCONF'
+activation { udev_sync = 0 udev_rules = 0 monitoring = 0 }
+devices { obtain_device_list_from_udev = 0 }
+global { use_lvmpolld = 0 }
+LVMCONF
+    fi
 fi
 
 run_setup

@@ -18,15 +18,24 @@ from typing import Any
 from cachemgr.backends import bcache, dmcache
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
+from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
 from cachemgr.core import checks, state
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
-from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, DmCacheDevice, Snapshot, human
+from cachemgr.core.model import (
+    BcacheBacking,
+    CacheMode,
+    CacheSet,
+    DmCacheDevice,
+    DmWritecacheDevice,
+    Snapshot,
+    human,
+)
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import devices as devices_mod
-from cachemgr.procedures.devices import BcacheDevice, CachedDevice, DmCache
+from cachemgr.procedures.devices import BcacheDevice, CachedDevice, DmCache, LvmCache
 
 DRAIN_TIMEOUT = 24 * 3600.0
 DETACH_TIMEOUT = 3600.0
@@ -82,6 +91,17 @@ def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
     new = parse_mode(mode_word)
     snap = status(sysfs, probe_unregistered=False)
     dev = devices_mod.resolve(snap, target, sysfs)
+    if isinstance(dev, LvmCache):
+        if not drain:
+            return Result(changes=[dev.set_mode(sysfs, new)])
+        before = dev.lv.cache_mode or (dev.mode.value if dev.mode else "?")
+        d = dev.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
+                      progress=ctl.report, final_mode=new)
+        out = Result(changes=[bcache.Change(dev.lv.full_name, "cache_mode", before, new.value)]
+                     if d.restored.get("switched") else [])
+        if d.start_bytes:
+            out.notes.append(d.summary())
+        return out
     if isinstance(dev, DmCache):
         if not drain:
             return Result(changes=[dev.set_mode(sysfs, new)])
@@ -124,6 +144,9 @@ def _drained(sysfs: Sysfs, dev: CachedDevice, ctl: Control, timeout: float,
             raise AlreadyError(f"{dev.node}: no interrupted {what} to resume")
         if dev.kind == "dm-cache":
             out.notes.append(f"{dev.node}: restored table {restored['table']}")
+        elif isinstance(dev, LvmCache):
+            out.notes.append(f"{dev.lv.full_name}: restored " + ", ".join(
+                f"{k} {v}" for k, v in restored.items()))
         else:
             out.notes.append(f"{dev.node}: restored tunables {restored}")
         dev = dev.reread(sysfs)
@@ -162,8 +185,32 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
 # ----------------------------------------------------------------------------- attach/detach
 
 
-def attach(sysfs: Sysfs, backing: str, cache: str) -> Result:
-    """Attach a bcache backing device to a cache set (its UUID or its SSD)."""
+def lvm_spelling(target: str) -> str | None:
+    """``VG/LV`` when ``target`` is spelt as an LV (``VG/LV``, ``/dev/VG/LV``,
+    ``/dev/mapper/VG-LV``), else None. Whether the LV exists is lvm2's to say."""
+    if target.startswith("/dev/mapper/"):
+        name = dmcache.lvm_name(target.removeprefix("/dev/mapper/"))
+        return name if "/" in name else None
+    rest = target.removeprefix("/dev/") if target.startswith("/dev/") else target
+    parts = rest.split("/")
+    if len(parts) != 2 or not all(parts) or (target.startswith("/dev/") and parts[0] in (
+            "bcache", "disk", "mapper", "block", "md")):
+        return None
+    return rest
+
+
+def attach(sysfs: Sysfs, backing: str, cache: str, *, writecache: bool = False,
+           mode: str | None = None) -> Result:
+    """Attach a bcache backing device to a cache set (its UUID or its SSD); or an LVM cache
+    pool or cachevol to an LV, through lvm2 (``writecache``: as lvm writecache)."""
+    origin_lv, cache_lv = lvm_spelling(backing), lvm_spelling(cache)
+    if origin_lv is not None and cache_lv is not None:
+        m = parse_mode(mode, hint="writeback, writethrough or passthrough") if mode else None
+        return Result(changes=[lvm_manage.attach(origin_lv, cache_lv, writecache=writecache,
+                                                 mode=m)])
+    if writecache or mode:
+        raise UsageError("--writecache and --mode apply to LVM caches (VG/LV VG/POOL) only",
+                         hint="a bcache device takes its mode with 'cachemgr mode'")
     snap = status(sysfs, probe_unregistered=False)
     b = resolve_backing(snap, backing, sysfs)
     c = resolve_cache_set(snap, cache, sysfs)
@@ -178,7 +225,12 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
     the kernel finishes the detach by itself."""
     _timeouts(timeout)
     ctl = _ctl(ctl, f"detach of {backing}")
-    b = resolve_backing(status(sysfs, probe_unregistered=False), backing, sysfs)
+    snap = status(sysfs, probe_unregistered=False)
+    dev = devices_mod.find(snap, backing, sysfs)
+    if isinstance(dev, LvmCache):
+        return Result(changes=dev.detach(timeout=timeout, stall_timeout=STALL_TIMEOUT,
+                                         progress=ctl.report))
+    b = resolve_backing(snap, backing, sysfs)
     require_root("detaching")
     with _lock_backing(b):
         return Result(changes=[bcache.detach(sysfs, b, timeout=timeout, progress=ctl.report)])
@@ -220,7 +272,7 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     ctl = _ctl(ctl, f"remove of {target}")
     snap = status(sysfs, probe_unregistered=False)
     dev = devices_mod.find(snap, target, sysfs)
-    if isinstance(dev, DmCache):
+    if isinstance(dev, (DmCache, LvmCache)):
         return Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
                                          stall_timeout=stall_timeout, progress=ctl.report))
     require_root("removing")
@@ -253,6 +305,8 @@ def tunables_of(obj: object) -> dict[str, tuple[int, int]]:
         return dict(bcache.BACKING_TUNABLES)
     if isinstance(obj, CacheSet):
         return dict(bcache.SET_TUNABLES)
+    if isinstance(obj, (DmCacheDevice, DmWritecacheDevice)) and obj.lvm is not None:
+        return lvm_manage.tunables(obj)
     if isinstance(obj, DmCacheDevice):
         return {"migration_threshold": (0, 2**31 - 1)}
     return {}
@@ -308,6 +362,14 @@ def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False) -> Res
 def dirty_consequence(obj: object, mode: CacheMode) -> str:
     """What happens to the dirty data when switching ``obj`` to ``mode`` (a confirmation
     text)."""
+    if isinstance(obj, DmWritecacheDevice):
+        return ("dm-writecache has only writeback: new writes land in the cache first and "
+                "are dirty until written back.")
+    if isinstance(obj, DmCacheDevice) and obj.lvm is not None and mode != CacheMode.WRITEBACK \
+            and obj.dirty_bytes:
+        return (f"{obj.lvm.full_name} holds {human(obj.dirty_bytes)} of dirty data: a plain "
+                "switch is refused (lvm2 would flush it with no progress); 'switch + drain' "
+                "drains it with progress, then switches.")
     if isinstance(obj, DmCacheDevice):
         d = obj.dirty_bytes
         if mode == CacheMode.PASSTHROUGH and (d is None or d > 0):

@@ -6,7 +6,13 @@ never reaches the terminal (issue #15)."""
 
 from __future__ import annotations
 
-from cachemgr.core.model import BcacheBacking, DmCacheDevice, Snapshot, human
+from cachemgr.core.model import (
+    BcacheBacking,
+    DmCacheDevice,
+    DmWritecacheDevice,
+    Snapshot,
+    human,
+)
 from cachemgr.core.text import printable
 
 
@@ -62,6 +68,7 @@ def status_table(snap: Snapshot) -> str:
             f"{(b.cset_uuid or '-')[:8]}"
         )
     lines.extend(_dm_row(d) for d in snap.dmcaches)
+    lines.extend(_wc_row(w) for w in snap.writecaches)
     if not snap.backings:
         lines.append("(no bcache backing devices)")
     for c in snap.cache_sets:
@@ -71,6 +78,7 @@ def status_table(snap: Snapshot) -> str:
         lines.append(f"cset {c.uuid}: cache {ssd}, {len(c.backing_names)} backing, "
                      f"used {used}, io errors {errs}")
     lines.extend(_dm_detail(d) for d in snap.dmcaches)
+    lines.extend(_wc_detail(w) for w in snap.writecaches)
     for u in snap.unregistered:
         line = f"unregistered bcache {u.kind} {u.identity.node}: superblock {u.sb_state or '?'}"
         if u.cset_uuid and snap.cache_set(u.cset_uuid) is None:
@@ -90,12 +98,13 @@ def _bare(node: str | None) -> str:
 
 
 def _dm_row(d: DmCacheDevice) -> str:
-    """A dm-cache device in the same columns: DEVICE is its dm name (a valid TARGET),
-    BACKING its origin, CSET its cache device; no per-interval stats, rate or errors."""
+    """A dm-cache device in the same columns: DEVICE is its dm name (a valid TARGET; VG/LV
+    for LVM's), BACKING its origin, CSET its cache device; no per-interval stats, rate or
+    errors."""
     st = d.status
     ratio = st.hit_ratio if st else None
     dirty = short(d.dirty_bytes) if st else "?"
-    name = printable(d.name)
+    name = printable(d.lvm.full_name if d.lvm else d.name)
     return (f"{name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
             f"{d.mode.value:<13}{d.state.value:<9}{dirty:>7}{'-':>6}"
             f"{'-' if ratio is None else f'{100 * ratio:.0f}%':>5}{'-':>8}{'-':>4} "
@@ -112,10 +121,47 @@ def _dm_detail(d: DmCacheDevice) -> str:
                   f"policy {st.policy}", f"migration_threshold {st.migration_threshold}"]
     else:
         parts.append(f"status {d.failure}")
-    if d.lvm_owned:
+    if d.lvm is not None:
+        parts = [f"lvmcache {d.lvm.full_name} ({d.node}): {d.lvm.pool_kind} "
+                 f"{d.lvm.vg}/{d.lvm.pool} on {','.join(d.lvm.cache_pvs) or '?'}",
+                 f"origin on {','.join(d.lvm.origin_pvs) or '?'}", *parts[2:]]
+        if d.lvm.health or d.lvm.check_needed:
+            parts.append(f"LVM health {d.lvm.health or 'check needed'}")
+    elif d.lvm_owned:
         parts.append("owned by LVM (change it with lvchange/lvconvert)")
     if d.open_count:
         parts.append(f"open {d.open_count}")
+    return ", ".join(parts)
+
+
+def _wc_row(w: DmWritecacheDevice) -> str:
+    st = w.status
+    reads, hits = (st.counter(0), st.counter(1)) if st else (None, None)
+    ratio = "-" if not reads or hits is None else f"{100 * hits / reads:.0f}%"
+    name = printable(w.lvm.full_name if w.lvm else w.name)
+    return (f"{name:<13.13}{_bare(w.origin.node if w.origin else w.table.origin_dev):<13.13}"
+            f"{'writecache':<13}{w.state.value:<9}{short(w.dirty_bytes):>7}{'-':>6}"
+            f"{ratio:>5}{'-':>8}{(st.error if st else '?'):>4} "
+            f"{_bare(w.cache.node if w.cache else w.table.cache_dev)}")
+
+
+def _wc_detail(w: DmWritecacheDevice) -> str:
+    st = w.status
+    set_ = w.table.settings()
+    head = (f"lvm writecache {w.lvm.full_name} ({w.node}): cachevol {w.lvm.vg}/{w.lvm.pool} "
+            f"on {','.join(w.lvm.cache_pvs) or '?'}, origin on "
+            f"{','.join(w.lvm.origin_pvs) or '?'}" if w.lvm is not None
+            else f"dm-writecache {w.node}: cache {w.cache.node if w.cache else w.table.cache_dev}")
+    parts = [head, f"block {human(w.block_bytes)}"]
+    if st:
+        parts += [f"dirty {st.dirty} blocks", f"free {st.free}/{st.total}",
+                  f"writeback {st.writeback}"]
+    else:
+        parts.append(f"status {w.failure}")
+    parts.append(f"watermarks {set_.get('high_watermark', '50')}/"
+                 f"{set_.get('low_watermark', '45')}%")
+    if w.lvm is None and w.lvm_owned:
+        parts.append("owned by LVM (change it with lvchange/lvconvert)")
     return ", ".join(parts)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cachemgr.backends import bcache, dmcache
-from cachemgr.backends.targets import find_dmcache, resolve_backing, resolve_cache_set
+from cachemgr.backends.lvm import manage as lvm_manage
+from cachemgr.backends.targets import find_dm, find_dmcache, resolve_backing, resolve_cache_set
 from cachemgr.core.errors import AlreadyError, UsageError, require_root
 from cachemgr.core.model import BcacheBacking, CacheSet, Snapshot
 from cachemgr.core.sysfs import Sysfs
@@ -32,6 +33,18 @@ def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]
     per setting that already had its value. Every setting is checked before the first
     write (unknown name: usage error, nothing written); root is required."""
     parsed = parse_settings(settings)
+    lv = find_dm(snap, target, sysfs, lvm=True)
+    if lv is not None:
+        for name, value in parsed:
+            lvm_manage.check_tunable(lv, name, value)
+        lv_changes: list[bcache.Change] = []
+        lv_already: list[str] = []
+        for name, value in parsed:
+            try:
+                lv_changes.append(lvm_manage.tune(lv, name, value))
+            except AlreadyError as exc:
+                lv_already.append(f"cachemgr: {exc}")
+        return lv_changes, lv_already
     dm = find_dmcache(snap, target, sysfs)
     b: BcacheBacking | None = None
     c: CacheSet | None = None

@@ -21,14 +21,17 @@ from typing import Any, Protocol
 from cachemgr.backends import bcache, dmcache
 from cachemgr.backends.bcache import BCACHE_MODES, Change
 from cachemgr.backends.dmcache import flushing
-from cachemgr.backends.targets import find_dmcache, resolve_backing
+from cachemgr.backends.lvm import manage as lvm_manage
+from cachemgr.backends.targets import find_dm, find_dmcache, resolve_backing
 from cachemgr.core import state
-from cachemgr.core.errors import AlreadyError, UsageError
+from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError
 from cachemgr.core.model import (
     DM_CACHE_MODES,
     BcacheBacking,
     CacheMode,
     DmCacheDevice,
+    DmWritecacheDevice,
+    LvmCachedLv,
     Snapshot,
 )
 from cachemgr.core.sysfs import Sysfs
@@ -53,7 +56,9 @@ class Drained:
                 f"({human(self.start_bytes)} written back); {self.restored_words()}")
 
     def restored_words(self) -> str:
-        if "policy" in self.restored:  # dm-cache: its table
+        if "cleaner" in self.restored:  # lvm writecache: its cleaner setting
+            return f"writecache cleaner={self.restored['cleaner']} restored"
+        if "policy" in self.restored:  # dm-cache: its table; lvmcache: its policy
             return (f"mode {self.restored.get('mode')} and policy {self.restored.get('policy')} "
                     "restored")
         return "tunables restored"
@@ -63,7 +68,7 @@ class CachedDevice(Protocol):
     """What every cached device answers (see the module docstring)."""
 
     @property
-    def kind(self) -> str: ...  # "bcache" | "dm-cache"
+    def kind(self) -> str: ...  # "bcache" | "dm-cache" | "lvmcache" | "lvm-writecache"
 
     @property
     def node(self) -> str: ...  # the device VMs use: /dev/bcache0, /dev/mapper/NAME
@@ -213,9 +218,85 @@ class DmCache:
                               stall_timeout=stall_timeout, progress=progress)
 
 
+@dataclass(frozen=True)
+class LvmCache:
+    """An LVM-owned cache (lvmcache or lvm writecache), changed through lvm2 only."""
+
+    d: DmCacheDevice | DmWritecacheDevice
+
+    @property
+    def lv(self) -> LvmCachedLv:
+        assert self.d.lvm is not None
+        return self.d.lvm
+
+    @property
+    def kind(self) -> str:
+        return self.lv.kind  # "lvmcache" | "lvm-writecache"
+
+    @property
+    def node(self) -> str:
+        return f"/dev/{self.lv.vg}/{self.lv.lv}"
+
+    @property
+    def mode(self) -> CacheMode | None:
+        return self.d.mode
+
+    @property
+    def modes_allowed(self) -> tuple[CacheMode, ...]:
+        if isinstance(self.d, DmWritecacheDevice):
+            return (CacheMode.WRITEBACK,)
+        return tuple(lvm_manage.LVM_CACHE_MODES)
+
+    @property
+    def dirty_bytes(self) -> int | None:
+        return self.d.dirty_bytes
+
+    def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
+        return lvm_manage.set_mode(self.d, mode)
+
+    def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
+              progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:
+        start, secs, restored, _ = lvm_manage.drain(
+            self.d, timeout=timeout, stall_timeout=stall_timeout, progress=progress,
+            final_mode=final_mode)
+        return Drained(self.lv.full_name, start, secs, restored)
+
+    def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
+        return dict(lvm_manage.restore_interrupted(self.d))
+
+    def reread(self, sysfs: Sysfs) -> CachedDevice:
+        return LvmCache(lvm_manage.reread(self.d))
+
+    def detach(self, *, timeout: float, stall_timeout: float,
+               progress: ProgressFn | None) -> list[Change]:
+        return lvm_manage.detach(self.d, timeout=timeout, stall_timeout=stall_timeout,
+                                 progress=progress)
+
+    def remove(self, sysfs: Sysfs, *, keep_device: bool, timeout: float, stall_timeout: float,
+               progress: ProgressFn | None) -> list[Change]:
+        """``lvconvert --uncache`` after a drain (``keep_device``: ``--splitcache``, the
+        cache pool or cachevol kept). The LV stays either way."""
+        if keep_device:
+            return self.detach(timeout=timeout, stall_timeout=stall_timeout, progress=progress)
+        return lvm_manage.uncache(self.d, timeout=timeout, stall_timeout=stall_timeout,
+                                  progress=progress)
+
+
+def _plain_writecache(snap: Snapshot, target: str, sysfs: Sysfs) -> None:
+    w = find_dm(snap, target, sysfs, lvm=False)
+    if w is not None:
+        raise UnsafeError(f"{w.node} is a dm-writecache device LVM does not describe: cachemgr "
+                          "shows it and changes writecaches only through lvm2; nothing was "
+                          "changed", hint="manage it with the tool that made it (dmsetup)")
+
+
 def find(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice | None:
-    """The cached device ``target`` names (dm-cache first: its names never look like
-    bcache's), or None when it names none."""
+    """The cached device ``target`` names (LVM's and dm-cache first: their names never look
+    like bcache's), or None when it names none."""
+    lv = find_dm(snap, target, sysfs, lvm=True)
+    if lv is not None:
+        return LvmCache(lv)
+    _plain_writecache(snap, target, sysfs)
     dm = find_dmcache(snap, target, sysfs)
     if dm is not None:
         return DmCache(dm)
@@ -228,6 +309,10 @@ def find(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice | None:
 def resolve(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice:
     """Like :func:`find`, but a target that names no cached device is a usage error (in
     bcache's words, the kind an admin most often means)."""
+    lv = find_dm(snap, target, sysfs, lvm=True)
+    if lv is not None:
+        return LvmCache(lv)
+    _plain_writecache(snap, target, sysfs)
     dm = find_dmcache(snap, target, sysfs)
     if dm is not None:
         return DmCache(dm)

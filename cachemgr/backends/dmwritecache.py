@@ -1,0 +1,138 @@
+"""dm-writecache devices: the table and status parsers and discovery (shown for every
+writecache device; changed only through lvm2 when LVM owns it, see cachemgr/backends/lvm/).
+
+Table (Documentation/admin-guide/device-mapper/writecache.rst)::
+
+    0 614400 writecache s 253:2 253:1 4096 2 high_watermark 60
+
+``s``/``p`` (SSD or persistent memory), origin, cache, block size, the number of optional
+arguments and the arguments (``high_watermark 60``, ``cleaner``...). Status::
+
+    0 614400 writecache 0 25500 20380 0 0 0 5120 0 0 0 5120 0 0 0
+
+error indicator, blocks, free blocks, blocks under writeback, then (newer kernels) counters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cachemgr.backends.bcache import block_dirs
+from cachemgr.backends.dmcache.command import DmsetupSource, default_source
+from cachemgr.backends.dmcache.discover import _identity, dm_devices
+from cachemgr.backends.dmcache.parse import parse_info, parse_listing, split_target_line
+from cachemgr.core.errors import CacheMgrError, CommandError, KernelFormatError
+from cachemgr.core.model import DmWritecacheDevice, DmWritecacheStatus, DmWritecacheTable
+from cachemgr.core.sysfs import Sysfs
+
+_INT = re.compile(r"[0-9]{1,20}")
+_DEVNO = re.compile(r"^[0-9]+:[0-9]+$")
+_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _int(tok: str, what: str, line: str) -> int:
+    if not _INT.fullmatch(tok):
+        raise KernelFormatError(f"dm-writecache {what}", line)
+    return int(tok)
+
+
+def parse_table(line: str) -> DmWritecacheTable:
+    start, length, target, p = split_target_line(line)
+    if target != "writecache" or len(p) < 5 or p[0] not in ("s", "p"):
+        raise KernelFormatError("dm-writecache table line", line)
+    origin, cache = p[1], p[2]
+    for dev in (origin, cache):
+        if not (_DEVNO.match(dev) or dev.startswith("/dev/")):
+            raise KernelFormatError("dm-writecache table line (device)", line)
+    bs = _int(p[3], "block size", line)
+    n = _int(p[4], "argument count", line)
+    args = tuple(p[5:])
+    if len(args) != n or not all(_WORD.match(a) or _INT.fullmatch(a) for a in args):
+        raise KernelFormatError("dm-writecache table line (arguments)", line)
+    return DmWritecacheTable(start, length, p[0] == "p", origin, cache, bs, args)
+
+
+def parse_status(line: str) -> DmWritecacheStatus | str:
+    """The status numbers, or the kernel's failure word (``Fail``/``Error``)."""
+    _, _, target, p = split_target_line(line)
+    if target != "writecache":
+        raise KernelFormatError("dm-writecache status line", line)
+    if len(p) == 1 and p[0] in ("Fail", "Error"):
+        return p[0]
+    if len(p) < 4:
+        raise KernelFormatError("dm-writecache status line", line)
+    nums = [_int(t, "status field", line) for t in p]
+    return DmWritecacheStatus(nums[0], nums[1], nums[2], nums[3], tuple(nums[4:]))
+
+
+@dataclass(frozen=True)
+class WritecacheScan:
+    devices: tuple[DmWritecacheDevice, ...]
+    warnings: tuple[str, ...]
+
+
+def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> WritecacheScan:
+    """Every dm device whose one target is ``writecache``."""
+    devs = dm_devices(sysfs)
+    if not devs:
+        return WritecacheScan((), ())
+    src = source or default_source(sysfs)
+    warnings: list[str] = []
+    try:
+        tables = parse_listing(src.output("table"), set(devs))
+        names = [n for n, lines in tables.items()
+                 if any(split_target_line(x)[2] == "writecache" for x in lines)]
+        if not names:
+            return WritecacheScan((), ())
+        statuses = parse_listing(src.output("status"), set(devs))
+        infos = parse_info(src.output("info"))
+    except CommandError as exc:
+        why = "dmsetup needs root" if "ermission" in exc.stderr else str(exc)
+        return WritecacheScan((), (f"dm-writecache devices not read: {why}",))
+    except CacheMgrError as exc:
+        return WritecacheScan((), (f"dm-writecache devices not read: {exc}",))
+    dirs = block_dirs(sysfs)
+    out = []
+    for name in sorted(names):
+        if len(tables[name]) != 1 or len(statuses.get(name, [])) != 1:
+            warnings.append(f"{name}: {len(tables[name])} targets including a writecache "
+                            "target; cachemgr shows single-target devices only")
+            continue
+        try:
+            table = parse_table(tables[name][0])
+            st = parse_status(statuses[name][0])
+        except KernelFormatError as exc:
+            warnings.append(f"{name}: {exc}")
+            continue
+        sysd = devs.get(name)
+        info = infos.get(name)
+        dev = DmWritecacheDevice(
+            name=name,
+            kernel_name=sysd.kernel_name if sysd else "?",
+            devno=sysd.devno if sysd else (info.devno if info else None),
+            uuid=sysd.uuid if sysd else (info.uuid if info else None),
+            table=table,
+            status=None if isinstance(st, str) else st,
+            failure=st if isinstance(st, str) else None,
+            cache=_identity(sysfs, table.cache_dev, dirs),
+            origin=_identity(sysfs, table.origin_dev, dirs),
+            open_count=info.open_count if info else None,
+            suspended=sysd.suspended if sysd else None,
+            holders=sysd.holders if sysd else (),
+        )
+        if dev.failure or (dev.status and dev.status.error):
+            word = dev.failure or f"error {dev.status.error if dev.status else '?'}"
+            warnings.append(f"{dev.node}: the kernel reports an error on the writecache "
+                            f"({word}); its dirty blocks may not be written back; see dmesg")
+        out.append(dev)
+    return WritecacheScan(tuple(out), tuple(warnings))
+
+
+def read_status(name: str) -> DmWritecacheStatus | str:
+    from cachemgr.backends.dmcache.command import dmsetup
+
+    lines = [x for x in dmsetup("status", name, timeout=30).stdout.splitlines() if x.strip()]
+    if len(lines) != 1:
+        raise KernelFormatError(f"dmsetup status {name} (one target expected)", "\n".join(lines))
+    return parse_status(lines[0])

@@ -1,0 +1,120 @@
+"""lvs's report -> :class:`~cachemgr.core.model.LvmCachedLv` for every cached LV.
+
+One row per LV segment (``lvs -a`` with segment fields): a cached LV has one ``cache`` or
+``writecache`` segment whose ``origin`` is the hidden ``[LV_corig]``/``[LV_wcorig]`` and whose
+``pool_lv`` is the cache pool ``[POOL_cpool]`` or cachevol ``[FAST_cvol]``. The PVs under each
+part are found by following ``devices`` (``/dev/sdb(0)``: a PV; ``vm1_corig(0)``: another LV of
+the VG) down to the PVs; a cache pool adds its ``metadata_devices``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from cachemgr.core.model import LvmCachedLv
+
+
+def _s(row: dict[str, Any], key: str) -> str:
+    v = row.get(key, "")
+    return v if isinstance(v, str) else ""
+
+
+def _bare(name: str) -> str:
+    """``[pool_cpool]`` -> ``pool_cpool`` (lvs brackets hidden LVs)."""
+    return name[1:-1] if name.startswith("[") and name.endswith("]") else name
+
+
+def _entries(field: str) -> list[str]:
+    """``/dev/sdb(0),vm1_corig(12)`` -> [``/dev/sdb``, ``vm1_corig``]."""
+    out = []
+    for part in field.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, _ = part.rpartition("(") if part.endswith(")") else (part, "", "")
+        out.append(_bare(name or part))
+    return out
+
+
+def _settings(text: str) -> tuple[tuple[str, str], ...]:
+    out = []
+    for kv in text.replace(" ", ",").split(","):
+        k, sep, v = kv.partition("=")
+        if sep and k:
+            out.append((k, v))
+    return tuple(out)
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
+
+
+class _Vg:
+    def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            self.rows.setdefault(_bare(_s(r, "lv_name")), []).append(r)
+
+    def pvs(self, lv: str, seen: frozenset[str] = frozenset()) -> list[str]:
+        if lv in seen:
+            return []
+        out: list[str] = []
+        for r in self.rows.get(lv, []):
+            for e in _entries(_s(r, "devices")) + _entries(_s(r, "metadata_devices")):
+                for pv in ([e] if e.startswith("/") else self.pvs(e, seen | {lv})):
+                    if pv not in out:
+                        out.append(pv)
+            for sub in (_s(r, "data_lv"), _s(r, "metadata_lv")):
+                if sub:
+                    for pv in self.pvs(_bare(sub), seen | {lv}):
+                        if pv not in out:
+                            out.append(pv)
+        return out
+
+
+def cached_lvs(rows: list[dict[str, Any]]) -> dict[str, LvmCachedLv]:
+    """dm path (``/dev/mapper/vg0-vm1``) -> the cached LV, for every cache/writecache LV."""
+    by_vg: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_vg.setdefault(_s(r, "vg_name"), []).append(r)
+    out: dict[str, LvmCachedLv] = {}
+    for vg, vrows in by_vg.items():
+        v = _Vg(vrows)
+        for r in vrows:
+            seg = _s(r, "segtype")
+            if seg not in ("cache", "writecache"):
+                continue
+            lv = _bare(_s(r, "lv_name"))
+            pool = _bare(_s(r, "pool_lv"))
+            pool_layout = _s(v.rows.get(pool, [{}])[0], "lv_layout")
+            origin = _bare(_s(r, "origin"))
+            out[_s(r, "lv_dm_path")] = LvmCachedLv(
+                vg=vg, lv=lv, uuid=_s(r, "lv_uuid"), segtype=seg, pool=pool,
+                pool_kind="cachevol" if "cachevol" in pool_layout or pool.endswith("_cvol")
+                else "cachepool",
+                origin_pvs=tuple(v.pvs(origin)) if origin else (),
+                cache_pvs=tuple(v.pvs(pool)) if pool else (),
+                cache_mode=_s(r, "cache_mode") or None,
+                policy=_s(r, "cache_policy") or None,
+                settings=_settings(_s(r, "cache_settings")),
+                chunk_bytes=_int(_s(r, "chunk_size")) or _int(_s(r, "writecache_block_size")),
+                health=_s(r, "lv_health_status"),
+                check_needed=_s(r, "lv_check_needed") in ("check needed", "1"),
+            )
+    return out
+
+
+def lv_rows(rows: list[dict[str, Any]], vg: str, lv: str) -> list[dict[str, Any]]:
+    return [r for r in rows if _s(r, "vg_name") == vg and _bare(_s(r, "lv_name")) == lv]
+
+
+def layout(rows: list[dict[str, Any]], vg: str, lv: str) -> str:
+    """lvs's lv_layout of ``vg/lv`` ("linear", "cache,pool", ...), "" when there is none."""
+    rs = lv_rows(rows, vg, lv)
+    return _s(rs[0], "lv_layout") if rs else ""
+
+
+def field(rows: list[dict[str, Any]], vg: str, lv: str, name: str) -> str:
+    rs = lv_rows(rows, vg, lv)
+    return _s(rs[0], name) if rs else ""
