@@ -19,6 +19,7 @@ from cachemgr.backends import bcache, dmcache
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
 from cachemgr.backends.lvm import manage as lvm_manage
+from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
 from cachemgr.core import checks, state
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
@@ -183,20 +184,6 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
 
 
 # ----------------------------------------------------------------------------- attach/detach
-
-
-def lvm_spelling(target: str) -> str | None:
-    """``VG/LV`` when ``target`` is spelt as an LV (``VG/LV``, ``/dev/VG/LV``,
-    ``/dev/mapper/VG-LV``), else None. Whether the LV exists is lvm2's to say."""
-    if target.startswith("/dev/mapper/"):
-        name = dmcache.lvm_name(target.removeprefix("/dev/mapper/"))
-        return name if "/" in name else None
-    rest = target.removeprefix("/dev/") if target.startswith("/dev/") else target
-    parts = rest.split("/")
-    if len(parts) != 2 or not all(parts) or (target.startswith("/dev/") and parts[0] in (
-            "bcache", "disk", "mapper", "block", "md")):
-        return None
-    return rest
 
 
 def attach(sysfs: Sysfs, backing: str, cache: str, *, writecache: bool = False,

@@ -22,6 +22,7 @@ from cachemgr.backends import bcache, dmcache
 from cachemgr.backends.bcache import BCACHE_MODES, Change
 from cachemgr.backends.dmcache import flushing
 from cachemgr.backends.lvm import manage as lvm_manage
+from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.targets import find_dm, find_dmcache, resolve_backing
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError
@@ -316,4 +317,9 @@ def resolve(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice:
     dm = find_dmcache(snap, target, sysfs)
     if dm is not None:
         return DmCache(dm)
+    if lvm_spelling(target) is not None and not target.startswith("/dev/mapper/"):
+        lvs_trouble = [w for w in snap.warnings if "lvs" in w]
+        raise UsageError(f"{target} is not a cached LV" + (
+            f" ({lvs_trouble[0]})" if lvs_trouble else ""),
+            hint="cachemgr status lists the cached LVs; lvs -a shows LVM's view")
     return BcacheDevice(resolve_backing(snap, target, sysfs))

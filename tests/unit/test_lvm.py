@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from cachemgr.backends import dmwritecache, snapshot
 from cachemgr.backends.lvm import command as lvm_command
+from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.lvm.report import cached_lvs
 from cachemgr.cli.main import main
 from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.model import CacheMode, CacheState, DmWritecacheTable
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import render
-from cachemgr.ops.cache import lvm_spelling
 from cachemgr.procedures import devices
 from tests.unit.guards import mutations_refused
 

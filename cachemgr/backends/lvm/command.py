@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Protocol
 
+from cachemgr.backends.dmcache.refusals import lvm_name
 from cachemgr.core import runner
 from cachemgr.core.errors import CacheMgrError, CommandError, KernelFormatError, UsageError
 from cachemgr.core.sysfs import Sysfs
@@ -41,6 +42,20 @@ def check_vg_lv(text: str) -> tuple[str, str]:
         raise UsageError(f"{text!r} is not an LVM name VG/LV",
                          hint="use VG/LV, /dev/VG/LV or /dev/mapper/VG-LV (lvs lists them)")
     return vg, lv
+
+
+def spelling(target: str) -> str | None:
+    """``VG/LV`` when ``target`` is spelt as an LV (``VG/LV``, ``/dev/VG/LV``,
+    ``/dev/mapper/VG-LV``), else None. Whether the LV exists is lvm2's to say."""
+    if target.startswith("/dev/mapper/"):
+        name = lvm_name(target.removeprefix("/dev/mapper/"))
+        return name if "/" in name else None
+    rest = target.removeprefix("/dev/") if target.startswith("/dev/") else target
+    parts = rest.split("/")
+    if len(parts) != 2 or not all(parts) or (target.startswith("/dev/") and parts[0] in (
+            "bcache", "disk", "mapper", "block", "md")):
+        return None
+    return rest
 
 
 def _env() -> dict[str, str]:
@@ -87,7 +102,7 @@ def lvs_argv(*select: str) -> list[str]:
 
 class LiveLvs:
     def report(self) -> list[dict[str, Any]]:
-        return parse_report(lvm(*lvs_argv(), timeout=60).stdout)
+        return parse_report(lvm(*lvs_argv(), timeout=120).stdout)
 
 
 class CapturedLvs:
