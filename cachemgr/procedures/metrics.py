@@ -145,13 +145,33 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
         dm_check.add_metric([name], 1.0 if ds.needs_check else 0.0)
         dm_ro.add_metric([name], 1.0 if ds.metadata_mode == "ro" else 0.0)
 
+    wc_free = _g("writecache_free_blocks", "dm-writecache blocks free.", ["device"])
+    wc_total = _g("writecache_total_blocks", "dm-writecache blocks in all.", ["device"])
+    wc_wb = _g("writecache_writeback_blocks", "dm-writecache blocks being written back.",
+               ["device"])
+    wc_err = _g("writecache_error", "dm-writecache error indicator (0: none).", ["device"])
+    for w in snap.writecaches:
+        name = w.node
+        if w.dirty_bytes is not None:
+            dirty.add_metric(["dm-writecache", name], w.dirty_bytes)
+        for m in DM_MODES:  # writecache has writeback only
+            mode.add_metric(["dm-writecache", name, m], 1.0 if m == w.mode.value else 0.0)
+        for s in STATES:
+            state.add_metric(["dm-writecache", name, s], 1.0 if w.state.value == s else 0.0)
+        if w.status is not None:
+            wc_free.add_metric([name], w.status.free)
+            wc_total.add_metric([name], w.status.total)
+            wc_wb.add_metric([name], w.status.writeback)
+            wc_err.add_metric([name], w.status.error)
+
     up = _g("bcache_loaded", "1 if the bcache module is loaded.", [])
     up.add_metric([], 1.0 if snap.bcache_loaded else 0.0)
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
     yield from (dirty, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate, wbp,
                 errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
-                *dm_counters.values(), dm_check, dm_ro, up, warn)
+                *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, up,
+                warn)
 
 
 class SnapshotCollector(Collector):
