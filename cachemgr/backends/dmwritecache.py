@@ -19,22 +19,23 @@ import re
 from dataclasses import dataclass
 
 from cachemgr.backends.bcache import block_dirs
-from cachemgr.backends.dmcache.command import DmsetupSource, default_source
-from cachemgr.backends.dmcache.discover import _identity, dm_devices
-from cachemgr.backends.dmcache.parse import parse_info, parse_listing, split_target_line
-from cachemgr.core.errors import CacheMgrError, CommandError, KernelFormatError
+from cachemgr.backends.dmcache.command import DmsetupSource
+from cachemgr.backends.dmcache.discover import dm_identity, find_targets
+from cachemgr.backends.dmcache.parse import (
+    DEVNO,
+    INT,
+    number,
+    split_target_line,
+)
+from cachemgr.core.errors import KernelFormatError
 from cachemgr.core.model import DmWritecacheDevice, DmWritecacheStatus, DmWritecacheTable
 from cachemgr.core.sysfs import Sysfs
 
-_INT = re.compile(r"[0-9]{1,20}")
-_DEVNO = re.compile(r"^[0-9]+:[0-9]+$")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _int(tok: str, what: str, line: str) -> int:
-    if not _INT.fullmatch(tok):
-        raise KernelFormatError(f"dm-writecache {what}", line)
-    return int(tok)
+    return number(tok, what, line, target="dm-writecache")
 
 
 def parse_table(line: str) -> DmWritecacheTable:
@@ -43,12 +44,12 @@ def parse_table(line: str) -> DmWritecacheTable:
         raise KernelFormatError("dm-writecache table line", line)
     origin, cache = p[1], p[2]
     for dev in (origin, cache):
-        if not (_DEVNO.match(dev) or dev.startswith("/dev/")):
+        if not (DEVNO.match(dev) or dev.startswith("/dev/")):
             raise KernelFormatError("dm-writecache table line (device)", line)
     bs = _int(p[3], "block size", line)
     n = _int(p[4], "argument count", line)
     args = tuple(p[5:])
-    if len(args) != n or not all(_WORD.match(a) or _INT.fullmatch(a) for a in args):
+    if len(args) != n or not all(_WORD.match(a) or INT.fullmatch(a) for a in args):
         raise KernelFormatError("dm-writecache table line (arguments)", line)
     return DmWritecacheTable(start, length, p[0] == "p", origin, cache, bs, args)
 
@@ -74,52 +75,31 @@ class WritecacheScan:
 
 def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> WritecacheScan:
     """Every dm device whose one target is ``writecache``."""
-    devs = dm_devices(sysfs)
-    if not devs:
+    found, warnings = find_targets(sysfs, source, "writecache", "dm-writecache")
+    if not found and not warnings:
         return WritecacheScan((), ())
-    src = source or default_source(sysfs)
-    warnings: list[str] = []
-    try:
-        tables = parse_listing(src.output("table"), set(devs))
-        names = [n for n, lines in tables.items()
-                 if any(split_target_line(x)[2] == "writecache" for x in lines)]
-        if not names:
-            return WritecacheScan((), ())
-        statuses = parse_listing(src.output("status"), set(devs))
-        infos = parse_info(src.output("info"))
-    except CommandError as exc:
-        why = "dmsetup needs root" if "ermission" in exc.stderr else str(exc)
-        return WritecacheScan((), (f"dm-writecache devices not read: {why}",))
-    except CacheMgrError as exc:
-        return WritecacheScan((), (f"dm-writecache devices not read: {exc}",))
     dirs = block_dirs(sysfs)
     out = []
-    for name in sorted(names):
-        if len(tables[name]) != 1 or len(statuses.get(name, [])) != 1:
-            warnings.append(f"{name}: {len(tables[name])} targets including a writecache "
-                            "target; cachemgr shows single-target devices only")
-            continue
+    for f in found:
         try:
-            table = parse_table(tables[name][0])
-            st = parse_status(statuses[name][0])
+            table = parse_table(f.table)
+            st = parse_status(f.status)
         except KernelFormatError as exc:
-            warnings.append(f"{name}: {exc}")
+            warnings.append(f"{f.name}: {exc}")
             continue
-        sysd = devs.get(name)
-        info = infos.get(name)
         dev = DmWritecacheDevice(
-            name=name,
-            kernel_name=sysd.kernel_name if sysd else "?",
-            devno=sysd.devno if sysd else (info.devno if info else None),
-            uuid=sysd.uuid if sysd else (info.uuid if info else None),
+            name=f.name,
+            kernel_name=f.kernel_name,
+            devno=f.devno,
+            uuid=f.uuid,
             table=table,
             status=None if isinstance(st, str) else st,
             failure=st if isinstance(st, str) else None,
-            cache=_identity(sysfs, table.cache_dev, dirs),
-            origin=_identity(sysfs, table.origin_dev, dirs),
-            open_count=info.open_count if info else None,
-            suspended=sysd.suspended if sysd else None,
-            holders=sysd.holders if sysd else (),
+            cache=dm_identity(sysfs, table.cache_dev, dirs),
+            origin=dm_identity(sysfs, table.origin_dev, dirs),
+            open_count=f.open_count,
+            suspended=f.suspended,
+            holders=f.holders,
         )
         if dev.failure or (dev.status and dev.status.error):
             word = dev.failure or f"error {dev.status.error if dev.status else '?'}"

@@ -517,8 +517,24 @@ class DmCacheStatus:
         return hits / total if total else None
 
 
+class DmNamed:
+    """What a device-mapper device is called: its node and whether LVM owns it (shared by
+    dm-cache and dm-writecache devices)."""
+
+    name: str  # the dm name: /dev/mapper/<name>
+    uuid: str | None  # dm UUID; "LVM-..." when LVM owns the device
+
+    @property
+    def node(self) -> str:
+        return f"/dev/mapper/{self.name}"
+
+    @property
+    def lvm_owned(self) -> bool:
+        return bool(self.uuid and self.uuid.startswith("LVM-"))
+
+
 @dataclass(frozen=True)
-class DmCacheDevice:
+class DmCacheDevice(DmNamed):
     """A device-mapper device whose (single) target is ``cache``.
 
     ``status`` is None when the kernel reports the cache as ``Fail`` (or ``Error``): then
@@ -539,14 +555,6 @@ class DmCacheDevice:
     suspended: bool | None = None
     holders: tuple[str, ...] = ()
     lvm: LvmCachedLv | None = None  # LVM's view, when LVM owns the device and lvs answered
-
-    @property
-    def node(self) -> str:
-        return f"/dev/mapper/{self.name}"
-
-    @property
-    def lvm_owned(self) -> bool:
-        return bool(self.uuid and self.uuid.startswith("LVM-"))
 
     @property
     def mode(self) -> CacheMode:
@@ -671,7 +679,7 @@ class DmWritecacheStatus:
 
 
 @dataclass(frozen=True)
-class DmWritecacheDevice:
+class DmWritecacheDevice(DmNamed):
     """A device-mapper device whose one target is ``writecache`` (dmsetup's or LVM's)."""
 
     name: str
@@ -687,14 +695,6 @@ class DmWritecacheDevice:
     suspended: bool | None = None
     holders: tuple[str, ...] = ()
     lvm: LvmCachedLv | None = None
-
-    @property
-    def node(self) -> str:
-        return f"/dev/mapper/{self.name}"
-
-    @property
-    def lvm_owned(self) -> bool:
-        return bool(self.uuid and self.uuid.startswith("LVM-"))
 
     @property
     def mode(self) -> CacheMode:

@@ -103,12 +103,18 @@ def _dm_row(d: DmCacheDevice) -> str:
     errors."""
     st = d.status
     ratio = st.hit_ratio if st else None
-    dirty = short(d.dirty_bytes) if st else "?"
-    name = printable(d.lvm.full_name if d.lvm else d.name)
-    return (f"{name:<13.13}{_bare(d.origin.node if d.origin else d.table.origin_dev):<13.13}"
-            f"{d.mode.value:<13}{d.state.value:<9}{dirty:>7}{'-':>6}"
-            f"{'-' if ratio is None else f'{100 * ratio:.0f}%':>5}{'-':>8}{'-':>4} "
-            f"{_bare(d.cache.node if d.cache else d.table.cache_dev)}")
+    return _dm_line(d.lvm.full_name if d.lvm else d.name,
+                    d.origin.node if d.origin else d.table.origin_dev, d.mode.value,
+                    d.state.value, short(d.dirty_bytes) if st else "?",
+                    "-" if ratio is None else f"{100 * ratio:.0f}%", "-",
+                    d.cache.node if d.cache else d.table.cache_dev)
+
+
+def _dm_line(name: str, origin: str, mode: str, state: str, dirty: str, ratio: str,
+             errors: str, cache: str) -> str:
+    """A device-mapper cache in the table's columns (no per-interval stats or rate)."""
+    return (f"{printable(name):<13.13}{_bare(origin):<13.13}{mode:<13}{state:<9}{dirty:>7}"
+            f"{'-':>6}{ratio:>5}{'-':>8}{errors:>4} {_bare(cache)}")
 
 
 def _dm_detail(d: DmCacheDevice) -> str:
@@ -137,12 +143,11 @@ def _dm_detail(d: DmCacheDevice) -> str:
 def _wc_row(w: DmWritecacheDevice) -> str:
     st = w.status
     reads, hits = (st.counter(0), st.counter(1)) if st else (None, None)
-    ratio = "-" if not reads or hits is None else f"{100 * hits / reads:.0f}%"
-    name = printable(w.lvm.full_name if w.lvm else w.name)
-    return (f"{name:<13.13}{_bare(w.origin.node if w.origin else w.table.origin_dev):<13.13}"
-            f"{'writecache':<13}{w.state.value:<9}{short(w.dirty_bytes):>7}{'-':>6}"
-            f"{ratio:>5}{'-':>8}{(st.error if st else '?'):>4} "
-            f"{_bare(w.cache.node if w.cache else w.table.cache_dev)}")
+    return _dm_line(w.lvm.full_name if w.lvm else w.name,
+                    w.origin.node if w.origin else w.table.origin_dev, "writecache",
+                    w.state.value, short(w.dirty_bytes),
+                    "-" if not reads or hits is None else f"{100 * hits / reads:.0f}%",
+                    str(st.error) if st else "?", w.cache.node if w.cache else w.table.cache_dev)
 
 
 def _wc_detail(w: DmWritecacheDevice) -> str:

@@ -34,21 +34,13 @@ def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]
     write (unknown name: usage error, nothing written); root is required."""
     parsed = parse_settings(settings)
     lv = find_dm(snap, target, sysfs, lvm=True)
+    dm = find_dmcache(snap, target, sysfs) if lv is None else None
+    b: BcacheBacking | None = None
+    c: CacheSet | None = None
     if lv is not None:
         for name, value in parsed:
             lvm_manage.check_tunable(lv, name, value)
-        lv_changes: list[bcache.Change] = []
-        lv_already: list[str] = []
-        for name, value in parsed:
-            try:
-                lv_changes.append(lvm_manage.tune(lv, name, value))
-            except AlreadyError as exc:
-                lv_already.append(f"cachemgr: {exc}")
-        return lv_changes, lv_already
-    dm = find_dmcache(snap, target, sysfs)
-    b: BcacheBacking | None = None
-    c: CacheSet | None = None
-    if dm is not None:
+    elif dm is not None:
         for name, _ in parsed:
             if name != "migration_threshold":
                 raise UsageError(f"unknown dm-cache tunable {name!r}",
@@ -60,12 +52,15 @@ def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]
             c = resolve_cache_set(snap, target, sysfs)
         for name, value in parsed:
             bcache.check_tunable(name, value, cache_set=b is None)
-    require_root("tuning")
+    if lv is None:
+        require_root("tuning")  # an LVM cache: lvm_manage.tune, after its health refusal
     changes: list[bcache.Change] = []
     already: list[str] = []
     for name, value in parsed:
         try:
-            if dm is not None:
+            if lv is not None:
+                changes.append(lvm_manage.tune(lv, name, value))
+            elif dm is not None:
                 changes.append(dmcache.set_migration_threshold(sysfs, dm, value))
             elif b is not None:
                 changes.append(bcache.set_tunable(sysfs, b, name, value))

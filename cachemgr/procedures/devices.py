@@ -291,16 +291,22 @@ def _plain_writecache(snap: Snapshot, target: str, sysfs: Sysfs) -> None:
                           "changed", hint="manage it with the tool that made it (dmsetup)")
 
 
-def find(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice | None:
-    """The cached device ``target`` names (LVM's and dm-cache first: their names never look
-    like bcache's), or None when it names none."""
+def _find_dm(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice | None:
+    """An LVM cache or a dm-cache device (their names never look like bcache's); a
+    dm-writecache LVM does not describe is refused."""
     lv = find_dm(snap, target, sysfs, lvm=True)
     if lv is not None:
         return LvmCache(lv)
     _plain_writecache(snap, target, sysfs)
     dm = find_dmcache(snap, target, sysfs)
-    if dm is not None:
-        return DmCache(dm)
+    return DmCache(dm) if dm is not None else None
+
+
+def find(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice | None:
+    """The cached device ``target`` names, or None when it names none."""
+    dev = _find_dm(snap, target, sysfs)
+    if dev is not None:
+        return dev
     try:
         return BcacheDevice(resolve_backing(snap, target, sysfs))
     except UsageError:
@@ -309,14 +315,10 @@ def find(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice | None:
 
 def resolve(snap: Snapshot, target: str, sysfs: Sysfs) -> CachedDevice:
     """Like :func:`find`, but a target that names no cached device is a usage error (in
-    bcache's words, the kind an admin most often means)."""
-    lv = find_dm(snap, target, sysfs, lvm=True)
-    if lv is not None:
-        return LvmCache(lv)
-    _plain_writecache(snap, target, sysfs)
-    dm = find_dmcache(snap, target, sysfs)
-    if dm is not None:
-        return DmCache(dm)
+    bcache's words, the kind an admin most often means; an LV's spelling gets its own)."""
+    dev = _find_dm(snap, target, sysfs)
+    if dev is not None:
+        return dev
     if lvm_spelling(target) is not None and not target.startswith("/dev/mapper/"):
         lvs_trouble = [w for w in snap.warnings if "lvs" in w]
         raise UsageError(f"{target} is not a cached LV" + (

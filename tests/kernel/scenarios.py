@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
 from cachemgr.backends import bcache
 from cachemgr.core import runner
 from cachemgr.core.model import CacheMode
@@ -20,3 +26,37 @@ def bcache_holding_dirty(backing: str, cache: str, *, bucket: str, size: str,
                 f"--size={size}", f"--io_size={io_size}", "--direct=1",
                 "--output-format=json"])
     return sysfs
+
+
+def sha256(node: str) -> str:
+    """Of the whole device, read with O_DIRECT in 8 MiB requests (dm-delay delays each
+    request: small buffered reads through it take ten times longer)."""
+    h = hashlib.sha256()
+    with subprocess.Popen(["dd", f"if={node}", "bs=8M", "iflag=direct", "status=none"],
+                          stdout=subprocess.PIPE) as p:
+        assert p.stdout is not None
+        while chunk := p.stdout.read(8 << 20):
+            h.update(chunk)
+    assert p.returncode == 0
+    return h.hexdigest()
+
+
+def verify_load(fio: Sequence[str], node: str, trigger: str,
+                rw: str = "randwrite") -> subprocess.Popen[str]:
+    """VM-like load on ``node`` until ``trigger`` appears: ``fio`` (its base argv) writing
+    at QD1, verified as it goes."""
+    return subprocess.Popen(
+        [*fio, "--name=vm", f"--filename={node}", f"--rw={rw}", "--time_based",
+         "--runtime=600", "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=64",
+         "--verify_state_save=0", f"--trigger-file={trigger}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+
+
+def stop_load(p: subprocess.Popen[str], trigger: str, timeout: float = 120
+              ) -> dict[str, object]:
+    """Stop a :func:`verify_load` and check it saw no IO or verify error; its fio job."""
+    Path(trigger).touch()
+    out, err = p.communicate(timeout=timeout)
+    job: dict[str, object] = json.loads(out[out.index("{"):])["jobs"][0]
+    assert job["error"] == 0 and job.get("total_err", 0) == 0, err
+    return job

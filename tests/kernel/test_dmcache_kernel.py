@@ -9,7 +9,6 @@ independently of cachemgr (``0 <len> cache <md bs> <md> <bs> <used>/<total> <rh>
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -22,7 +21,8 @@ import pytest
 from cachemgr.backends import snapshot
 from cachemgr.core import runner, state
 from cachemgr.core.sysfs import Sysfs
-from tests.kernel import clirun
+from tests.kernel import clirun, scenarios
+from tests.kernel.scenarios import sha256, stop_load
 
 DISKS = "512M,128M,16M"
 HOLD = "1"  # a migration_threshold below one block: smq never sees "idle", never writes back
@@ -77,19 +77,6 @@ def suspended(name: str = "vc") -> bool:
     return "SUSPENDED" in dm("info", name)
 
 
-def sha256(node: str) -> str:
-    """Of the whole device, read with O_DIRECT in 8 MiB requests (dm-delay delays each
-    request: small buffered reads through it take ten times longer)."""
-    h = hashlib.sha256()
-    with subprocess.Popen(["dd", f"if={node}", "bs=8M", "iflag=direct", "status=none"],
-                          stdout=subprocess.PIPE) as p:
-        assert p.stdout is not None
-        while chunk := p.stdout.read(8 << 20):
-            h.update(chunk)
-    assert p.returncode == 0
-    return h.hexdigest()
-
-
 def journals() -> list[Path]:
     return list((Path(state.state_dir()) / "dmcache-flush").glob("*.json"))
 
@@ -118,19 +105,7 @@ def fill(node: str = "/dev/mapper/vc", io_size: str = "16M", *extra: str) -> Non
 def start_load(trigger: str, node: str = "/dev/mapper/vc",
                rw: str = "randwrite") -> subprocess.Popen[str]:
     """VM-like load until ``trigger`` appears: QD1 Zipf writes, verified as they go."""
-    return subprocess.Popen(
-        [*FIO, "--name=vm", f"--filename={node}", f"--rw={rw}", "--time_based",
-         "--runtime=600", "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=64",
-         "--verify_state_save=0", f"--trigger-file={trigger}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
-
-
-def stop_load(p: subprocess.Popen[str], trigger: str) -> dict[str, object]:
-    Path(trigger).touch()
-    out, err = p.communicate(timeout=120)
-    job: dict[str, object] = json.loads(out[out.index("{"):])["jobs"][0]
-    assert job["error"] == 0 and job.get("total_err", 0) == 0, err
-    return job
+    return scenarios.verify_load(FIO, node, trigger, rw)
 
 
 def status_json(name: str = "vc") -> dict[str, object]:

@@ -9,7 +9,6 @@ lvmlocal.conf for a guest without udevd (cachemgr/lab/stage2.sh)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cachemgr.core import runner, state
-from tests.kernel import clirun
+from tests.kernel import clirun, scenarios
+from tests.kernel.scenarios import sha256
 
 cm = clirun.in_process
 VG = "vg0"
@@ -86,30 +86,11 @@ def fill(io_size: str = "16M") -> None:
 
 
 def start_load(trigger: str, rw: str = "randwrite") -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*FIO, "--name=vm", f"--filename=/dev/{LV}", f"--rw={rw}", "--time_based",
-         "--runtime=600", "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=64",
-         "--verify_state_save=0", f"--trigger-file={trigger}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    return scenarios.verify_load(FIO, f"/dev/{LV}", trigger, rw)
 
 
 def stop_load(p: subprocess.Popen[str], trigger: str) -> dict[str, object]:
-    Path(trigger).touch()
-    out, err = p.communicate(timeout=180)
-    job: dict[str, object] = json.loads(out[out.index("{"):])["jobs"][0]
-    assert job["error"] == 0 and job.get("total_err", 0) == 0, err
-    return job
-
-
-def sha256(node: str) -> str:
-    h = hashlib.sha256()
-    with subprocess.Popen(["dd", f"if={node}", "bs=8M", "iflag=direct", "status=none"],
-                          stdout=subprocess.PIPE) as p:
-        assert p.stdout is not None
-        while chunk := p.stdout.read(8 << 20):
-            h.update(chunk)
-    assert p.returncode == 0
-    return h.hexdigest()
+    return scenarios.stop_load(p, trigger, timeout=180)
 
 
 def device(name: str = LV) -> dict[str, object]:

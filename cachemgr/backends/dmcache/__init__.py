@@ -41,7 +41,7 @@ The modules, each importing only those above it:
     parse       dmsetup's table, status, listing and info text -> the model's types
     command     the dmsetup wrapper; live vs captured answers; one device's table/status now
     discover    the dm-cache devices (sysfs + dmsetup), their warnings, find by name
-    refusals    LVM-owned / failed / suspended devices, not root, unknown modes
+    refusals    LVM-owned / failed / suspended devices, unknown modes
     switch      suspend -> load -> resume with signals held, the old table back on failure
     flushing    flush through writethrough + cleaner, its journal, restore after a crash
     manage      mode, remove, migration_threshold

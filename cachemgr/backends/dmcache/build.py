@@ -10,8 +10,8 @@ from cachemgr.backends import signatures
 from cachemgr.backends.bcache import Change, block_dirs, in_use
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.discover import dm_devices
-from cachemgr.backends.dmcache.refusals import bad_mode, need_root
-from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError
+from cachemgr.backends.dmcache.refusals import bad_mode
+from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import DM_CACHE_MODES, CacheMode, DmCacheTable, human
 from cachemgr.core.model import parse_size as _parse_size
 from cachemgr.core.sysfs import Sysfs
@@ -96,7 +96,7 @@ def create(sysfs: Sysfs, name: str, *, origin: str, cache: str, metadata: str,
     if not name or "/" in name or name.startswith("-") or len(name) > 127 \
             or any(c.isspace() for c in name):
         raise UsageError(f"bad dm name {name!r}", hint="letters, digits, '_', '-', '.'")
-    need_root("creating a dm-cache device")
+    require_root("creating a dm-cache device")
     devs = dm_devices(sysfs)
     nodes = {"origin": origin, "cache": cache, "metadata": metadata}
     knames: dict[str, str] = {}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from cachemgr.backends.bcache import block_dirs, identity
 from cachemgr.backends.dmcache.command import DmsetupSource, default_source
 from cachemgr.backends.dmcache.parse import (
+    DmInfo,
     parse_info,
     parse_listing,
     parse_status,
@@ -51,7 +52,7 @@ def dm_devices(sysfs: Sysfs) -> dict[str, DmSys]:
     return out
 
 
-def _identity(sysfs: Sysfs, devno: str, dirs: dict[str, str]) -> Identity | None:
+def dm_identity(sysfs: Sysfs, devno: str, dirs: dict[str, str]) -> Identity | None:
     if devno.startswith("/dev/"):
         name = sysfs.block_name_of(devno)
     else:
@@ -63,61 +64,109 @@ def _identity(sysfs: Sysfs, devno: str, dirs: dict[str, str]) -> Identity | None
 
 
 @dataclass(frozen=True)
+class Found:
+    """One dm device whose one target is the kind looked for: its table and status lines and
+    what sysfs and ``dmsetup info`` say of it."""
+
+    name: str
+    table: str
+    status: str
+    sys: DmSys | None
+    info: DmInfo | None
+
+    @property
+    def kernel_name(self) -> str:
+        return self.sys.kernel_name if self.sys else "?"
+
+    @property
+    def devno(self) -> str | None:
+        return self.sys.devno if self.sys else (self.info.devno if self.info else None)
+
+    @property
+    def uuid(self) -> str | None:
+        return self.sys.uuid if self.sys else (self.info.uuid if self.info else None)
+
+    @property
+    def open_count(self) -> int | None:
+        return self.info.open_count if self.info else None
+
+    @property
+    def suspended(self) -> bool | None:
+        return self.sys.suspended if self.sys else None
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        return self.sys.holders if self.sys else ()
+
+
+def find_targets(sysfs: Sysfs, source: DmsetupSource | None, target: str, kind: str
+                 ) -> tuple[list[Found], list[str]]:
+    """Every dm device whose one target is ``target`` (``cache``, ``writecache``), and the
+    warnings for the ones cachemgr cannot read (``kind`` names them). Runs no command when
+    there is no dm device at all; a dmsetup failure (not installed, not root) is a warning."""
+    devs = dm_devices(sysfs)
+    if not devs:
+        return [], []
+    src = source or default_source(sysfs)
+    try:
+        tables = parse_listing(src.output("table"), set(devs))
+        names = [n for n, lines in tables.items()
+                 if any(split_target_line(x)[2] == target for x in lines)]
+        if not names:
+            return [], []
+        statuses = parse_listing(src.output("status"), set(devs))
+        infos = parse_info(src.output("info"))
+    except CommandError as exc:
+        why = "dmsetup needs root" if "ermission" in exc.stderr else str(exc)
+        return [], [f"{kind} devices not read: {why}"]
+    except CacheMgrError as exc:
+        return [], [f"{kind} devices not read: {exc}"]
+    found: list[Found] = []
+    warnings: list[str] = []
+    for name in sorted(names):
+        if len(tables[name]) != 1 or len(statuses.get(name, [])) != 1:
+            warnings.append(f"{name}: {len(tables[name])} targets including a {target} target; "
+                            f"cachemgr manages single-target {kind} devices only")
+            continue
+        found.append(Found(name, tables[name][0], statuses[name][0], devs.get(name),
+                           infos.get(name)))
+    return found, warnings
+
+
+@dataclass(frozen=True)
 class DmCacheScan:
     devices: tuple[DmCacheDevice, ...]
     warnings: tuple[str, ...]
 
 
 def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> DmCacheScan:
-    """Every dm device whose one target is ``cache``. Runs no command when there is no dm
-    device at all; a dmsetup failure (not installed, not root) becomes a warning."""
-    devs = dm_devices(sysfs)
-    if not devs:
+    """Every dm device whose one target is ``cache``."""
+    found, warnings = find_targets(sysfs, source, "cache", "dm-cache")
+    if not found and not warnings:
         return DmCacheScan((), ())
-    src = source or default_source(sysfs)
-    warnings: list[str] = []
-    try:
-        tables = parse_listing(src.output("table"), set(devs))
-        cache_names = [n for n, lines in tables.items()
-                       if any(split_target_line(x)[2] == "cache" for x in lines)]
-        if not cache_names:
-            return DmCacheScan((), ())
-        statuses = parse_listing(src.output("status"), set(devs))
-        infos = parse_info(src.output("info"))
-    except CommandError as exc:
-        why = "dmsetup needs root" if "ermission" in exc.stderr else str(exc)
-        return DmCacheScan((), (f"dm-cache devices not read: {why}",))
-    except CacheMgrError as exc:
-        return DmCacheScan((), (f"dm-cache devices not read: {exc}",))
     dirs = block_dirs(sysfs)
     out = []
-    for name in sorted(cache_names):
-        if len(tables[name]) != 1 or len(statuses.get(name, [])) != 1:
-            warnings.append(f"{name}: {len(tables[name])} targets including a cache target; "
-                            "cachemgr manages single-target dm-cache devices only")
-            continue
+    for f in found:
         try:
-            table = parse_table(tables[name][0])
-            st = parse_status(statuses[name][0])
+            table = parse_table(f.table)
+            st = parse_status(f.status)
         except KernelFormatError as exc:
-            warnings.append(f"{name}: {exc}")
+            warnings.append(f"{f.name}: {exc}")
             continue
-        sysd = devs.get(name)
-        info = infos.get(name)
         dev = DmCacheDevice(
-            name=name,
-            kernel_name=sysd.kernel_name if sysd else "?",
-            devno=sysd.devno if sysd else (info.devno if info else None),
-            uuid=sysd.uuid if sysd else (info.uuid if info else None),
+            name=f.name,
+            kernel_name=f.kernel_name,
+            devno=f.devno,
+            uuid=f.uuid,
             table=table,
             status=None if isinstance(st, str) else st,
             failure=st if isinstance(st, str) else None,
-            metadata=_identity(sysfs, table.metadata_dev, dirs),
-            cache=_identity(sysfs, table.cache_dev, dirs),
-            origin=_identity(sysfs, table.origin_dev, dirs),
-            open_count=info.open_count if info else None,
-            suspended=sysd.suspended if sysd else None,
-            holders=sysd.holders if sysd else (),
+            metadata=dm_identity(sysfs, table.metadata_dev, dirs),
+            cache=dm_identity(sysfs, table.cache_dev, dirs),
+            origin=dm_identity(sysfs, table.origin_dev, dirs),
+            open_count=f.open_count,
+            suspended=f.suspended,
+            holders=f.holders,
         )
         warnings.extend(device_warnings(dev))
         out.append(dev)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
-from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable, need_root
+from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable
 from cachemgr.backends.dmcache.switch import critical, switch_table, with_threshold
 from cachemgr.core import drainloop, state
 from cachemgr.core.errors import (
@@ -23,6 +23,7 @@ from cachemgr.core.errors import (
     KernelFormatError,
     StallError,
     TimeoutExpired,
+    require_root,
 )
 from cachemgr.core.model import (
     DM_CACHE_MODES,
@@ -109,7 +110,7 @@ def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
     check_changeable(d, "cache contents" if not final_mode else "mode", mode_cmd)
     if final_mode is not None and final_mode not in DM_CACHE_MODES:
         raise bad_mode(final_mode)
-    need_root("flushing a dm-cache device")
+    require_root("flushing a dm-cache device")
     with state.locked(lock_key(d), d.node), terminate_as_interrupt():
         d = recover(sysfs, d)
         final = d.table.with_mode(final_mode) if final_mode else d.table

@@ -9,10 +9,17 @@ from collections.abc import Callable
 from cachemgr.backends.bcache import Change
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.flushing import flush_locked, lock_key, recover
-from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable, need_root
+from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core import state
-from cachemgr.core.errors import AlreadyError, CacheMgrError, CommandError, UnsafeError, UsageError
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    CommandError,
+    UnsafeError,
+    UsageError,
+    require_root,
+)
 from cachemgr.core.model import DM_CACHE_MODES, CacheMode, DmCacheDevice, DrainProgress, human
 from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
@@ -29,7 +36,7 @@ def set_mode(sysfs: Sysfs, d: DmCacheDevice, mode: CacheMode) -> Change:
     check_changeable(d, "mode", f"lvchange --cachemode {mode.value} VG/LV")
     if d.table.mode == mode and d.mode == mode:
         raise AlreadyError(f"{d.node} is already in {mode.value} mode")
-    need_root("changing a dm-cache mode")
+    require_root("changing a dm-cache mode")
     with state.locked(lock_key(d), d.node):
         d = recover(sysfs, d)
         assert d.status is not None
@@ -102,7 +109,7 @@ def remove(sysfs: Sysfs, d: DmCacheDevice, *, keep_device: bool = False,
             "users; nothing was changed",
             hint=f"stop its users first, or keep the device as a plain mapping of the "
                  f"origin: cachemgr remove {d.name} --keep-device")
-    need_root("removing a dm-cache device")
+    require_root("removing a dm-cache device")
     linear = f"0 {d.table.length} linear {d.table.origin_dev} 0"
     changes: list[Change] = []
     with state.locked(lock_key(d), d.node), terminate_as_interrupt():
@@ -138,7 +145,7 @@ def set_migration_threshold(sysfs: Sysfs, d: DmCacheDevice, sectors: int) -> Cha
     before = d.status.migration_threshold
     if before == sectors:
         raise AlreadyError(f"{d.node}: migration_threshold is already {sectors}")
-    need_root("tuning a dm-cache device")
+    require_root("tuning a dm-cache device")
     command.dmsetup("message", d.name, "0", "migration_threshold", str(sectors))
     st = command.read_status(d.name)
     after = None if isinstance(st, str) else st.migration_threshold

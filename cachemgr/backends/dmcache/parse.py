@@ -15,15 +15,17 @@ DEFAULT_MIGRATION_THRESHOLD = 2048  # sectors (cache.rst)
 FailWord = Literal["Fail", "Error"]
 
 # at most 20 digits (a u64): int() refuses a run of more than 4300 with a ValueError
-_INT = re.compile(r"[0-9]{1,20}")
+INT = re.compile(r"[0-9]{1,20}")
 _FRACTION = re.compile(r"([0-9]{1,20})/([0-9]{1,20})")
-_DEVNO = re.compile(r"^[0-9]+:[0-9]+$")
+DEVNO = re.compile(r"^[0-9]+:[0-9]+$")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
-def _int(tok: str, what: str, line: str) -> int:
-    if not _INT.fullmatch(tok):
-        raise KernelFormatError(f"dm-cache {what}", line)
+def number(tok: str, what: str, line: str, *, target: str = "dm-cache") -> int:
+    """``tok`` as a number (at most 20 digits), or KernelFormatError naming ``target``'s
+    ``what`` and the line."""
+    if not INT.fullmatch(tok):
+        raise KernelFormatError(f"{target} {what}", line)
     return int(tok)
 
 
@@ -32,7 +34,7 @@ def split_target_line(line: str) -> tuple[int, int, str, list[str]]:
     toks = line.split()
     if len(toks) < 3:
         raise KernelFormatError("device-mapper target line", line)
-    return (_int(toks[0], "start sector", line), _int(toks[1], "length", line), toks[2],
+    return (number(toks[0], "start sector", line), number(toks[1], "length", line), toks[2],
             toks[3:])
 
 
@@ -51,16 +53,16 @@ def parse_table(line: str) -> DmCacheTable:
         raise KernelFormatError("dm-cache table line", line)
     meta, cache, origin = p[0], p[1], p[2]
     for dev in (meta, cache, origin):
-        if not (_DEVNO.match(dev) or dev.startswith("/dev/")):
+        if not (DEVNO.match(dev) or dev.startswith("/dev/")):
             raise KernelFormatError("dm-cache table line (device)", line)
-    bs = _int(p[3], "block size", line)
-    nf = _int(p[4], "feature count", line)
+    bs = number(p[3], "block size", line)
+    nf = number(p[4], "feature count", line)
     i = 5 + nf
     if len(p) < i + 2:
         raise KernelFormatError("dm-cache table line (features)", line)
     features = tuple(p[5:i])
     policy = p[i]
-    npa = _int(p[i + 1], "policy argument count", line)
+    npa = number(p[i + 1], "policy argument count", line)
     args = tuple(p[i + 2:])
     if len(args) != npa or not _WORD.match(policy) or not all(_WORD.match(f) for f in features):
         raise KernelFormatError("dm-cache table line (policy)", line)
@@ -94,17 +96,17 @@ def parse_status(line: str) -> DmCacheStatus | FailWord:
             raise KernelFormatError(f"dm-cache status line ({what})", line)
         return int(m.group(1)), int(m.group(2))
 
-    md_bs = _int(p[0], "metadata block size", line)
+    md_bs = number(p[0], "metadata block size", line)
     md_used, md_total = frac(p[1], "metadata blocks")
-    bs = _int(p[2], "cache block size", line)
+    bs = number(p[2], "cache block size", line)
     used, total = frac(p[3], "cache blocks")
-    nums = [_int(t, "counter", line) for t in p[4:11]]
-    nf = _int(p[11], "feature count", line)
+    nums = [number(t, "counter", line) for t in p[4:11]]
+    nf = number(p[11], "feature count", line)
     i = 12 + nf
     features = tuple(p[12:i])
     if len(p) < i + 1:
         raise KernelFormatError("dm-cache status line (features)", line)
-    nc = _int(p[i], "core argument count", line)
+    nc = number(p[i], "core argument count", line)
     core = p[i + 1:i + 1 + nc]
     if nc % 2 or len(core) != nc:
         raise KernelFormatError("dm-cache status line (core arguments)", line)
@@ -112,7 +114,7 @@ def parse_status(line: str) -> DmCacheStatus | FailWord:
     if len(p) < i + 2:
         raise KernelFormatError("dm-cache status line (policy)", line)
     policy = p[i]
-    npa = _int(p[i + 1], "policy argument count", line)
+    npa = number(p[i + 1], "policy argument count", line)
     pargs = tuple(p[i + 2:i + 2 + npa])
     i += 2 + npa
     tail = p[i:]
@@ -188,6 +190,6 @@ def parse_info(text: str) -> dict[str, DmInfo]:
         opened = fields.get("Open count", "")
         mm = fields.get("Major, minor", "").replace(" ", "").replace(",", ":")
         out[name] = DmInfo(name, fields.get("State"),
-                           int(opened) if _INT.fullmatch(opened) else None,
-                           mm if _DEVNO.fullmatch(mm) else None, fields.get("UUID") or None)
+                           int(opened) if INT.fullmatch(opened) else None,
+                           mm if DEVNO.fullmatch(mm) else None, fields.get("UUID") or None)
     return out

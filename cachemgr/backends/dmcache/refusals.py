@@ -1,9 +1,7 @@
 """Refusals shared by every change: LVM-owned, failed, unchecked or suspended devices,
-not root, a mode dm-cache does not have."""
+a mode dm-cache does not have."""
 
 from __future__ import annotations
-
-import os
 
 from cachemgr.core.errors import UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmCacheDevice
@@ -54,11 +52,6 @@ def check_changeable(d: DmCacheDevice, what: str, lvm_command: str) -> None:
             f"{d.node} is suspended (another tool, or an interrupted cachemgr run, is in the "
             f"middle of changing it); its {what} is not changed",
             hint=f"cachemgr drain {d.name} --resume puts back what cachemgr changed")
-
-
-def need_root(what: str) -> None:
-    if os.geteuid() != 0:
-        raise UsageError(f"{what} needs root", hint="run it as root (sudo)")
 
 
 def bad_mode(mode: CacheMode | str) -> UsageError:

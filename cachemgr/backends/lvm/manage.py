@@ -20,7 +20,6 @@ needs_check or suspended cache is refused with lvm2's repair advice, never repai
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from cachemgr.backends import dmwritecache
 from cachemgr.backends.bcache import Change
 from cachemgr.backends.dmcache import command as dm_command
 from cachemgr.backends.lvm import command
-from cachemgr.backends.lvm.report import field, layout
+from cachemgr.backends.lvm.report import field
 from cachemgr.core import drainloop, state
 from cachemgr.core.errors import (
     AlreadyError,
@@ -40,6 +39,7 @@ from cachemgr.core.errors import (
     TimeoutExpired,
     UnsafeError,
     UsageError,
+    require_root,
 )
 from cachemgr.core.model import (
     CacheMode,
@@ -69,21 +69,13 @@ def lv_of(d: LvmDevice) -> LvmCachedLv:
     return d.lvm
 
 
-def lock_key(v: LvmCachedLv) -> str:
-    return f"lvm-{v.vg}/{v.lv}"
-
-
-def _locked(v: LvmCachedLv):  # type: ignore[no-untyped-def]
-    return state.locked(lock_key(v), v.full_name)
+def _locked(vg: str, lv: str):  # type: ignore[no-untyped-def]
+    """The lock every change to the LV ``vg/lv`` takes (attach included)."""
+    return state.locked(f"lvm-{vg}/{lv}", f"{vg}/{lv}")
 
 
 def journal(v: LvmCachedLv) -> Path:
     return state.journal_path("lvm-drain", v.full_name)
-
-
-def need_root(what: str) -> None:
-    if os.geteuid() != 0:
-        raise UsageError(f"{what} needs root", hint="run it as root (sudo)")
 
 
 def refuse_unhealthy(d: LvmDevice, what: str) -> None:
@@ -146,7 +138,8 @@ def _dirty(d: LvmDevice) -> tuple[int | None, int | None]:
 # ----------------------------------------------------------------------------- mode
 
 
-def set_mode(d: LvmDevice, mode: CacheMode) -> Change:
+def check_mode(d: LvmDevice, mode: CacheMode) -> None:
+    """A usage error (exit 2) for a mode ``d`` cannot have: any for writecache."""
     v = lv_of(d)
     if isinstance(d, DmWritecacheDevice):
         raise UsageError(f"{v.full_name} is an LVM writecache: it only has writeback",
@@ -157,9 +150,14 @@ def set_mode(d: LvmDevice, mode: CacheMode) -> Change:
         if mode == CacheMode.NONE:
             hint += " (passthrough is its none)"
         raise UsageError(f"lvmcache has no cache mode {mode.value!r}", hint=hint)
+
+
+def set_mode(d: LvmDevice, mode: CacheMode) -> Change:
+    check_mode(d, mode)
+    v = lv_of(d)
     refuse_unhealthy(d, "mode")
-    need_root("changing a cache mode")
-    with _locked(v):
+    require_root("changing a cache mode")
+    with _locked(v.vg, v.lv):
         d = reread(d)
         v = lv_of(d)
         old = v.cache_mode or d.mode.value
@@ -217,8 +215,8 @@ def restore_saved(d: LvmDevice) -> dict[str, str]:
 
 def restore_interrupted(d: LvmDevice) -> dict[str, str]:
     v = lv_of(d)
-    need_root("restoring an interrupted drain")
-    with _locked(v):
+    require_root("restoring an interrupted drain")
+    with _locked(v.vg, v.lv):
         return restore_saved(d)
 
 
@@ -235,13 +233,11 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
     when there was nothing to do.
     """
     v = lv_of(d)
-    if final_mode is not None and isinstance(d, DmWritecacheDevice):
-        set_mode(d, final_mode)  # raises its usage error
-    if final_mode is not None and final_mode not in LVM_CACHE_MODES:
-        set_mode(d, final_mode)
+    if final_mode is not None:
+        check_mode(d, final_mode)
     refuse_unhealthy(d, "cache contents")
-    need_root("draining")
-    with _locked(v), terminate_as_interrupt():
+    require_root("draining")
+    with _locked(v.vg, v.lv), terminate_as_interrupt():
         if state.read_json(journal(v)) is not None:
             restore_saved(d)
         d = reread(d)
@@ -377,9 +373,9 @@ def attach(origin: str, cache: str, *, writecache: bool = False,
         raise UsageError(f"--mode {mode.value} does not apply here",
                          hint="writecache has no modes; lvmcache: writeback, writethrough, "
                               "passthrough")
-    need_root("attaching")
+    require_root("attaching")
     rows = command.LiveLvs().report()
-    olay, clay = layout(rows, ovg, olv), layout(rows, cvg, clv)
+    olay, clay = field(rows, ovg, olv, "lv_layout"), field(rows, cvg, clv, "lv_layout")
     if not olay:
         raise UsageError(f"{origin}: no such LV", hint="lvs lists them")
     if "cache" in olay.split(",") or "writecache" in olay.split(","):
@@ -396,7 +392,7 @@ def attach(origin: str, cache: str, *, writecache: bool = False,
         if field(rows, cvg, clv, "lv_device_open") == "open":
             raise UnsafeError(f"{cache} is open (mounted or in use): attaching it as a "
                               "cachevol would overwrite it; nothing was changed")
-    with state.locked(f"lvm-{ovg}/{olv}", origin):
+    with _locked(ovg, olv):
         argv = ["--type", "writecache" if writecache else "cache"]
         argv += ["--cachepool" if is_pool else "--cachevol", f"{cvg}/{clv}"]
         if mode is not None:
@@ -430,8 +426,8 @@ def tune(d: LvmDevice, name: str, value: int) -> Change:
     check_tunable(d, name, value)
     v = lv_of(d)
     refuse_unhealthy(d, name)
-    need_root("tuning")
-    with _locked(v):
+    require_root("tuning")
+    with _locked(v.vg, v.lv):
         cur = lv_of(reread(d)).setting(name)
         if cur == str(value):
             raise AlreadyError(f"{v.full_name}: {name} is already {value}")

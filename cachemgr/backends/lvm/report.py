@@ -109,12 +109,8 @@ def lv_rows(rows: list[dict[str, Any]], vg: str, lv: str) -> list[dict[str, Any]
     return [r for r in rows if _s(r, "vg_name") == vg and _bare(_s(r, "lv_name")) == lv]
 
 
-def layout(rows: list[dict[str, Any]], vg: str, lv: str) -> str:
-    """lvs's lv_layout of ``vg/lv`` ("linear", "cache,pool", ...), "" when there is none."""
-    rs = lv_rows(rows, vg, lv)
-    return _s(rs[0], "lv_layout") if rs else ""
-
-
 def field(rows: list[dict[str, Any]], vg: str, lv: str, name: str) -> str:
+    """Field ``name`` of ``vg/lv``'s first row (``lv_layout``: "linear", "cache,pool", ...);
+    "" when there is no such LV."""
     rs = lv_rows(rows, vg, lv)
     return _s(rs[0], name) if rs else ""
