@@ -60,7 +60,8 @@ def cmd_replace(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     s = sub.add_parser("replace-ssd", help="replace a cache SSD safely (journaled, resumable)")
-    s.add_argument("cache", nargs="?", metavar="CACHE", help="the SSD or cset UUID")
+    s.add_argument("cache", nargs="?", metavar="CACHE",
+                   help="the SSD, its cset UUID, or a cached LV (VG/LV)")
     s.add_argument("--new", default="same", metavar="DEV",
                    help="same (re-insert the old SSD, default), any (operator swaps the disk "
                         "in the same slot), or the new disk: /dev/sdX, wwn:..., serial:...")

@@ -10,7 +10,7 @@ from cachemgr.core.errors import Cancelled, UsageError, require_root
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import replace
+from cachemgr.procedures import replace, replace_lvm
 
 Options = replace.Options
 Journal = replace.Journal
@@ -21,9 +21,12 @@ describe = replace.describe
 
 def journal_json(j: replace.Journal) -> dict[str, Any]:
     """A run as ``replace-ssd --json`` prints it (schema 1, docs/json.md)."""
-    return {"schema": 1, "id": j.id, "status": j.status, "error": j.error, "cset": j.cset,
-            "new_cset": j.new.get("cset"), "old": j.old, "new": j.new,
-            "steps": [{"name": n, "done": n in j.done} for n in replace.STEP_NAMES],
+    lvm = j.kind == "lvm"
+    return {"schema": 1, "id": j.id, "kind": j.kind, "status": j.status, "error": j.error,
+            "cset": None if lvm else j.cset, "new_cset": j.new.get("cset"),
+            "lv": j.cset if lvm else None, "lvm": j.lvm if lvm else None,
+            "old": j.old, "new": j.new,
+            "steps": [{"name": n, "done": n in j.done} for n, _ in j.steps],
             "backings": [{"uuid": b["uuid"], "device": b["device"], "backing": b["node"],
                           "mode": b["mode"]} for b in j.backings]}
 
@@ -48,7 +51,8 @@ def list_runs() -> Result:
     JSON) and skipped: the others are listed all the same."""
     found, bad = replace.scan_runs()
     return Result(
-        lines=[f"{j.id}  {j.status:<11} cset {j.cset}  done: {', '.join(j.done[-1:])}"
+        lines=[f"{j.id}  {j.status:<11} {'lv' if j.kind == 'lvm' else 'cset'} {j.cset}  "
+               f"done: {', '.join(j.done[-1:])}"
                + (f"  error: {j.error}" if j.error else "") for j in found],
         notes=[f"replace-ssd: skipped {e.path}: {e.reason}" for e in bad],
         data={"schema": 1, "runs": [journal_json(j) for j in found],
@@ -63,8 +67,10 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
     if for_run:
         require_root("replace-ssd")
     if not cache:
-        raise UsageError("replace-ssd needs the CACHE (its SSD or cset UUID)",
+        raise UsageError("replace-ssd needs the CACHE (its SSD, cset UUID or cached LV)",
                          hint="or --resume ID / --list")
+    if replace_lvm.names_lv(cache) or replace_lvm.find(sysfs, cache) is not None:
+        return replace_lvm.plan(sysfs, cache, opts)
     return replace.plan(sysfs, cache, opts)
 
 
@@ -97,9 +103,13 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
     require_root("replace-ssd")
     ctl = ctl or Control(what=f"replace-ssd {j.cset[:8]}")
     done = replace.execute(sysfs, j, **_hooks(ctl))
-    return Result(lines=[f"{done.id}: done; cache set {done.new.get('cset')} on "
-                         f"{done.new.get('node')} caches "
-                         + ", ".join(b["device"] or b["node"] for b in done.backings)],
+    if done.kind == "lvm":
+        line = (f"{done.id}: done; {done.cset} cached by {done.lvm['vg']}/{done.lvm['pool']} "
+                f"on {done.new.get('node')}")
+    else:
+        line = (f"{done.id}: done; cache set {done.new.get('cset')} on {done.new.get('node')} "
+                "caches " + ", ".join(b["device"] or b["node"] for b in done.backings))
+    return Result(lines=[line],
                   data=journal_json(done), value=done)
 
 

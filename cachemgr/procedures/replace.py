@@ -112,6 +112,14 @@ class Journal:
     error: str | None = None
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    # "bcache" (``cset`` is the cache set's UUID) or "lvm" (``cset`` is the cached LV's VG/LV,
+    # ``lvm`` what rebuilds its cache: procedures/replace_lvm.py)
+    kind: str = "bcache"
+    lvm: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> tuple[tuple[str, str], ...]:
+        return kind_of(self.kind).steps
 
     @property
     def path(self):  # type: ignore[no-untyped-def]
@@ -155,7 +163,8 @@ class Journal:
 _JOURNAL_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "cset": (str,), "options": (dict,), "old": (dict,), "backings": (list,),
     "congested": (dict,), "done": (list,), "new": (dict,), "status": (str,),
-    "error": (str, type(None)), "created": (int, float), "updated": (int, float)}
+    "error": (str, type(None)), "created": (int, float), "updated": (int, float),
+    "kind": (str,), "lvm": (dict,)}
 _OPTION_NAMES = frozenset(Options.__dataclass_fields__)
 STATUSES = ("running", "done", "failed", "rolled-back")
 
@@ -179,7 +188,10 @@ def _journal_problem(data: dict[str, Any]) -> str | None:
         return f"unknown options {sorted(set(data['options']) - _OPTION_NAMES)}"
     if not isinstance(data["options"].get("new", "same"), str):
         return "option 'new' is not a string"
-    if any(s not in STEP_NAMES for s in data.get("done", [])):
+    if data.get("kind", "bcache") not in KIND_NAMES:
+        return f"unknown kind {data['kind']!r}"
+    names = [n for n, _ in kind_of(data.get("kind", "bcache")).steps]
+    if any(s not in names for s in data.get("done", [])):
         return f"unknown steps in 'done': {data['done']}"
     for b in data["backings"]:
         if not (isinstance(b, dict) and isinstance(b.get("uuid"), str)
@@ -298,11 +310,7 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
     if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
         raise UsageError("--new any needs an operator to swap the disk",
                          hint="run it on a terminal, or pass --yes once the disk is in")
-    base = time.strftime("%Y%m%d-%H%M%S") + "-" + cset.uuid[:8]
-    run_id, n = base, 1
-    while state.journal_path("replace", run_id).exists():  # a second run in the same second
-        n += 1
-        run_id = f"{base}-{n}"
+    run_id = new_run_id(cset.uuid[:8])
     j = Journal(
         id=run_id,
         cset=cset.uuid,
@@ -322,6 +330,16 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
         ) if v is not None},
     )
     return j
+
+
+def new_run_id(tag: str) -> str:
+    """A run id not taken yet: the time and ``tag`` (a second run in the same second: -2...)."""
+    base = time.strftime("%Y%m%d-%H%M%S") + "-" + tag
+    run_id, n = base, 1
+    while state.journal_path("replace", run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
 
 
 NEW_HINT = ("--new same (the old SSD re-inserted), any (the disk an operator puts in its slot), "
@@ -372,7 +390,7 @@ def new_match(new: str) -> scsi.DiskMatch | None:
 
 
 def _check_new_spec(sysfs: Sysfs, new: str, old: scsi.ScsiDisk, cset: str,
-                    bucket: int | None) -> None:
+                    bucket: int | None, need_bytes: int | None = None) -> None:
     """Refuse at plan time a --new that cannot finish: one that names nothing, the old SSD
     (but for same/any), several disks, or a disk there now that identify-new would refuse."""
     if new in ("same", "any"):
@@ -393,7 +411,7 @@ def _check_new_spec(sysfs: Sysfs, new: str, old: scsi.ScsiDisk, cset: str,
             raise UsageError(f"--new {new} is not a SCSI disk ({exc.message})",
                              hint=NEW_HINT) from None
         refuse_new_disk(sysfs, disk, same=False, old=_old_dict(old), cset=cset, bucket=bucket,
-                        probe=sysfs.live)
+                        probe=sysfs.live, need_bytes=need_bytes)
         return
     match = new_match(new)
     assert match is not None
@@ -408,7 +426,7 @@ def _check_new_spec(sysfs: Sysfs, new: str, old: scsi.ScsiDisk, cset: str,
             raise UsageError(f"--new {new} is the SSD being replaced ({old.describe()})",
                              hint="use --new same to re-insert the same SSD")
         refuse_new_disk(sysfs, found[0], same=False, old=_old_dict(old), cset=cset,
-                        bucket=bucket, probe=sysfs.live)
+                        bucket=bucket, probe=sysfs.live, need_bytes=need_bytes)
 
 
 def _block_name(sysfs: Sysfs, path: str) -> str | None:
@@ -426,11 +444,13 @@ def _old_dict(d: scsi.ScsiDisk) -> dict[str, Any]:
 
 
 def refuse_new_disk(sysfs: Sysfs, d: scsi.ScsiDisk, *, same: bool, old: dict[str, Any],
-                    cset: str, bucket: int | None, probe: bool = True) -> None:
+                    cset: str, bucket: int | None, probe: bool = True,
+                    need_bytes: int | None = None) -> None:
     """Refuse (exit 3) a disk that must not become the new cache: the old SSD when a new one
     was asked for, a disk in use, one carrying a signature (but for the old SSD's own
     bcache one when it is re-inserted), or one too small. At plan time and at identify-new.
-    ``probe``: read its signatures (wipefs, bcache-super-show on its /dev node)."""
+    ``probe``: read its signatures (wipefs, bcache-super-show on its /dev node).
+    ``need_bytes``: the size an LVM cache needs (else a bcache cache's bucket count)."""
     old_serial, old_wwid = old.get("serial"), old.get("wwid")
     if not same and ((old_wwid and d.wwid == old_wwid)
                      or (old_serial and d.serial == old_serial)):
@@ -451,6 +471,11 @@ def refuse_new_disk(sysfs: Sysfs, d: scsi.ScsiDisk, *, same: bool, old: dict[str
             if sb.get("cset.uuid") not in (None, cset):
                 raise UnsafeError(f"{d.node} belongs to another cache set "
                                   f"{sb.get('cset.uuid')}")
+    if need_bytes is not None:
+        if d.size_bytes is None or d.size_bytes < need_bytes:
+            raise UnsafeError(f"{d.node} ({d.size_bytes} bytes) is too small for the cache "
+                              f"(it needs {need_bytes} bytes)")
+        return
     bucket = int(bucket or 512 * 1024)
     if d.size_bytes is None or d.size_bytes < MIN_BUCKETS * bucket:
         raise UnsafeError(f"{d.node} ({d.size_bytes} bytes) is too small for a bcache cache "
@@ -468,18 +493,27 @@ def _tunables(b: BcacheBacking) -> dict[str, int]:
     return {k: v for k, v in vals.items() if v is not None}
 
 
+def new_words(j: Journal) -> str:
+    """What --new asks for, in words."""
+    old = j.old
+    new = str(j.options["new"])
+    return {"same": f"the same SSD re-inserted ({old['wwid']})",
+            "any": f"a new disk in the same slot [{old['hctl']}] (operator swap)"}.get(new, new)
+
+
+def _head(j: Journal) -> list[str]:
+    old = j.old
+    devs = ", ".join(f"{b['device'] or b['node']} ({b['mode']})" for b in j.backings) or "none"
+    return [f"replace the cache SSD {old['node']} [{old['hctl']}] ({old['wwid']}, serial "
+            f"{old['serial']}) of cache set {j.cset}",
+            f"backing devices: {devs}", f"new SSD: {new_words(j)}"]
+
+
 def describe(j: Journal) -> list[str]:
     """The plan in full, as --dry-run prints it."""
     o = j.options
-    old = j.old
-    devs = ", ".join(f"{b['device'] or b['node']} ({b['mode']})" for b in j.backings) or "none"
-    new = {"same": f"the same SSD re-inserted ({old['wwid']})",
-           "any": f"a new disk in the same slot [{old['hctl']}] (operator swap)"}.get(
-        o["new"], o["new"])
-    lines = [f"replace the cache SSD {old['node']} [{old['hctl']}] ({old['wwid']}, serial "
-             f"{old['serial']}) of cache set {j.cset}",
-             f"backing devices: {devs}", f"new SSD: {new}", ""]
-    for i, (name, text) in enumerate(STEPS, 1):
+    lines = [*kind_of(j.kind).head(j), ""]
+    for i, (name, text) in enumerate(j.steps, 1):
         extra = ""
         if name == "mode-interim":
             extra = f" ({o['interim_mode']})"
@@ -695,7 +729,7 @@ def s_identify_new(c: Ctx) -> None:
     if c.j.new.get("wwid") == d.wwid and c.j.new.get("checked"):
         return
     refuse_new_disk(c.sysfs, d, same=c.opts.new == "same", old=c.j.old, cset=c.j.cset,
-                    bucket=c.j.old.get("bucket"))
+                    bucket=c.j.old.get("bucket"), need_bytes=c.j.lvm.get("need_bytes"))
     if c.j.old.get("size_bytes") and d.size_bytes < c.j.old["size_bytes"]:
         c.say(f"note: {d.node} is smaller than the old SSD ({d.size_bytes} < "
               f"{c.j.old['size_bytes']} bytes)")
@@ -814,6 +848,29 @@ def s_verify(c: Ctx) -> None:
     c.say(f"verified: {len(c.j.backings)} backing device(s) on cache set {c.j.new['cset']}")
 
 
+def _rollback(c: Ctx) -> None:
+    """Reattach what was detached, put the modes back."""
+    snap = snapshot.take(c.sysfs)
+    for e in c.j.backings:
+        b = next((x for x in snap.backings if x.uuid == e["uuid"]), None)
+        if b is None:
+            continue
+        if b.cset_uuid is None:
+            cset = snap.cache_set(c.j.cset)
+            if cset is not None:
+                try:
+                    bcache.attach(c.sysfs, b, cset)
+                except AlreadyError:
+                    pass
+                b = bcache.reread(c.sysfs, b.identity.name)
+        if e["mode"]:
+            try:
+                bcache.set_mode(c.sysfs, b, CacheMode(e["mode"]))
+                c.say(f"{e['device'] or e['node']}: mode {e['mode']} restored")
+            except AlreadyError:
+                pass
+
+
 STEP_FUNCS: dict[str, Callable[[Ctx], None]] = {
     "mode-interim": s_mode_interim,
     "drain": s_drain,
@@ -829,6 +886,31 @@ STEP_FUNCS: dict[str, Callable[[Ctx], None]] = {
     "restore": s_restore,
     "verify": s_verify,
 }
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of cache the procedure replaces the SSD of: its steps, how each is done,
+    the step after which only finishing is safe, how a rollback undoes the earlier ones."""
+
+    steps: tuple[tuple[str, str], ...]
+    funcs: dict[str, Callable[[Ctx], None]]
+    point_of_no_return: str
+    rollback: Callable[[Ctx], None]
+    head: Callable[[Journal], list[str]]  # the plan's first lines
+    what: str  # the cache, in messages: "cache set", "cached LV"
+
+
+BCACHE = Kind(STEPS, STEP_FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set")
+KIND_NAMES = ("bcache", "lvm")
+
+
+def kind_of(name: str) -> Kind:
+    if name == "lvm":
+        from cachemgr.procedures import replace_lvm
+
+        return replace_lvm.KIND
+    return BCACHE
 
 
 # --------------------------------------------------------------------------------- running
@@ -862,8 +944,9 @@ def _reload(j: Journal) -> None:
 
 def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
             prompt: Prompt | None = None) -> Journal:
-    """Run (or resume) the steps not yet journaled as done, holding the cache set's lock."""
-    with state.locked(f"replace-{j.cset}", f"cache set {j.cset}"):
+    """Run (or resume) the steps not yet journaled as done, holding the cache's lock."""
+    kind = kind_of(j.kind)
+    with state.locked(f"replace-{j.cset}", f"{kind.what} {j.cset}"):
         _reload(j)
         opts = Options(**j.options)
         ctx = Ctx(sysfs, j, opts, say or (lambda m: log.info("%s", m)),
@@ -876,16 +959,17 @@ def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
         for step in ("preflight", "remember"):
             if step not in j.done:
                 j.mark(step)
-        for i, step in enumerate(STEP_NAMES, 1):
+        names = [name for name, _ in kind.steps]
+        for i, step in enumerate(names, 1):
             if step in j.done:
                 continue
-            ctx.say(f"[{i}/{len(STEPS)}] {step}")
+            ctx.say(f"[{i}/{len(names)}] {step}")
             try:
-                STEP_FUNCS[step](ctx)
+                kind.funcs[step](ctx)
             except CacheMgrError as exc:
                 j.status, j.error = "failed", f"{step}: {exc.message}"
                 j.save()
-                safe = STEP_NAMES.index(step) <= STEP_NAMES.index(POINT_OF_NO_RETURN)
+                safe = names.index(step) <= names.index(kind.point_of_no_return)
                 exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
                     f"fix the cause, then: cachemgr replace-ssd --resume {j.id}"
                     + (f" (or --rollback {j.id} to put modes back)" if safe else ""))
@@ -897,35 +981,18 @@ def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
 
 
 def rollback(sysfs: Sysfs, j: Journal, *, say: Say | None = None) -> Journal:
-    """Undo a run that stopped before the old set was unregistered: modes and tunables back."""
+    """Undo a run that stopped before its point of no return (the old cache still there)."""
     say = say or (lambda m: log.info("%s", m))
-    with state.locked(f"replace-{j.cset}", f"cache set {j.cset}"):
+    kind = kind_of(j.kind)
+    with state.locked(f"replace-{j.cset}", f"{kind.what} {j.cset}"):
         _reload(j)
-        if POINT_OF_NO_RETURN in j.done:
-            raise UnsafeError(f"run {j.id} is past '{POINT_OF_NO_RETURN}': the old cache set "
+        if kind.point_of_no_return in j.done:
+            raise UnsafeError(f"run {j.id} is past '{kind.point_of_no_return}': the old cache "
                               "is gone, so only finishing it is safe",
                               hint=f"cachemgr replace-ssd --resume {j.id}")
         if j.status == "done":
             raise AlreadyError(f"run {j.id} finished; nothing to roll back")
-        snap = snapshot.take(sysfs)
-        for e in j.backings:
-            b = next((x for x in snap.backings if x.uuid == e["uuid"]), None)
-            if b is None:
-                continue
-            if b.cset_uuid is None:
-                cset = snap.cache_set(j.cset)
-                if cset is not None:
-                    try:
-                        bcache.attach(sysfs, b, cset)
-                    except AlreadyError:
-                        pass
-                    b = bcache.reread(sysfs, b.identity.name)
-            if e["mode"]:
-                try:
-                    bcache.set_mode(sysfs, b, CacheMode(e["mode"]))
-                    say(f"{e['device'] or e['node']}: mode {e['mode']} restored")
-                except AlreadyError:
-                    pass
+        kind.rollback(Ctx(sysfs, j, Options(**j.options), say, _default_prompt))
         j.status = "rolled-back"
         j.save()
     return j

@@ -78,6 +78,34 @@ def lvconvert(*args: str, timeout: float = 24 * 3600.0) -> runner.Completed:
     return lvm("lvconvert", "-y", *args, timeout=timeout)
 
 
+def pvs() -> list[dict[str, Any]]:
+    """Every PV lvm2 sees: ``pv_name``, ``vg_name`` ("" for an orphan PV), ``pv_uuid``."""
+    out = lvm("pvs", "--reportformat", "json", "-o", "pv_name,vg_name,pv_uuid", timeout=120)
+    try:
+        rows = json.loads(out.stdout)["report"][0]["pv"]
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        raise KernelFormatError("pvs --reportformat json", out.stdout[:2000]) from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise KernelFormatError("pvs --reportformat json", out.stdout[:2000])
+    return rows
+
+
+def pv_vg(node: str) -> str | None:
+    """The VG the PV on ``node`` belongs to: "" for a PV of no VG, None for no PV."""
+    for r in pvs():
+        if r.get("pv_name") == node:
+            vg = r.get("vg_name")
+            return vg if isinstance(vg, str) else ""
+    return None
+
+
+def check_node(node: str) -> str:
+    """A /dev path as an argv word for lvm2 (never an option, never relative)."""
+    if not node.startswith("/dev/") or "\n" in node:
+        raise UsageError(f"{node!r} is not a /dev path")
+    return node
+
+
 class LvsSource(Protocol):
     def report(self) -> list[dict[str, Any]]:
         """The rows of ``lvs -a`` with :data:`REPORT_FIELDS` (one per LV segment)."""

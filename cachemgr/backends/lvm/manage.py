@@ -20,8 +20,9 @@ needs_check or suspended cache is refused with lvm2's repair advice, never repai
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,12 @@ def _locked(vg: str, lv: str):  # type: ignore[no-untyped-def]
 
 
 def journal(v: LvmCachedLv) -> Path:
-    return state.journal_path("lvm-drain", v.full_name)
+    return journal_for(v.full_name)
+
+
+def journal_for(vg_lv: str) -> Path:
+    """The drain journal of ``vg_lv``: the policy or cleaner setting to put back."""
+    return state.journal_path("lvm-drain", vg_lv)
 
 
 def refuse_unhealthy(d: LvmDevice, what: str) -> None:
@@ -361,9 +367,18 @@ def uncache(d: LvmDevice, *, timeout: float, stall_timeout: float,
 # ----------------------------------------------------------------------------- attach / tune
 
 
+def _settings_word(settings: Sequence[tuple[str, str]]) -> str:
+    for k, v in settings:
+        if not re.fullmatch(r"[a-z_]{1,64}", k) or not re.fullmatch(r"[0-9A-Za-z_.]{1,64}", v):
+            raise UsageError(f"cache setting {k}={v} is not NAME=VALUE")
+    return " ".join(f"{k}={v}" for k, v in settings)
+
+
 def attach(origin: str, cache: str, *, writecache: bool = False,
-           mode: CacheMode | None = None) -> Change:
-    """Attach the cache pool or cachevol ``cache`` (VG/LV) to ``origin`` (VG/LV)."""
+           mode: CacheMode | None = None, policy: str | None = None,
+           settings: Sequence[tuple[str, str]] = ()) -> Change:
+    """Attach the cache pool or cachevol ``cache`` (VG/LV) to ``origin`` (VG/LV), with
+    lvm2's ``--cachemode``/``--cachepolicy``/``--cachesettings`` when given."""
     ovg, olv = command.check_vg_lv(origin)
     cvg, clv = command.check_vg_lv(cache)
     if ovg != cvg:
@@ -397,6 +412,12 @@ def attach(origin: str, cache: str, *, writecache: bool = False,
         argv += ["--cachepool" if is_pool else "--cachevol", f"{cvg}/{clv}"]
         if mode is not None:
             argv += ["--cachemode", mode.value]
+        if policy is not None:
+            if not re.fullmatch(r"[a-z0-9_]{1,32}", policy):
+                raise UsageError(f"{policy!r} is not a cache policy name")
+            argv += ["--cachepolicy", policy]
+        if settings:
+            argv += ["--cachesettings", _settings_word(settings)]
         if writecache and field(rows, cvg, clv, "lv_active") == "active":
             command.lvchange(f"{cvg}/{clv}", "-an")  # lvm2: the cachevol must be inactive
         try:

@@ -114,3 +114,32 @@ def field(rows: list[dict[str, Any]], vg: str, lv: str, name: str) -> str:
     "" when there is no such LV."""
     rs = lv_rows(rows, vg, lv)
     return _s(rs[0], name) if rs else ""
+
+
+def lvs_on(rows: list[dict[str, Any]], vg: str, pv: str) -> list[str]:
+    """The LVs of ``vg`` (hidden ones too, bare names) with a segment directly on PV ``pv``."""
+    out: list[str] = []
+    for r in rows:
+        if _s(r, "vg_name") != vg:
+            continue
+        if pv in _entries(_s(r, "devices")) + _entries(_s(r, "metadata_devices")):
+            name = _bare(_s(r, "lv_name"))
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def size(rows: list[dict[str, Any]], vg: str, lv: str) -> int | None:
+    """``vg/lv``'s size in bytes (the report is read with ``--units b``)."""
+    return _int(field(rows, vg, lv, "lv_size"))
+
+
+def pvs_of(rows: list[dict[str, Any]], vg: str, lv: str) -> list[str]:
+    """The PVs under ``vg/lv`` (through its hidden sub-LVs)."""
+    return _Vg([r for r in rows if _s(r, "vg_name") == vg]).pvs(lv)
+
+
+def lv_names(rows: list[dict[str, Any]], vg: str, segtype: str) -> list[str]:
+    """The LVs of ``vg`` (bare names) with a segment of type ``segtype``."""
+    return sorted({_bare(_s(r, "lv_name")) for r in rows
+                   if _s(r, "vg_name") == vg and _s(r, "segtype") == segtype})

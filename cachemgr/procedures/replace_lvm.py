@@ -1,0 +1,416 @@
+"""Replacing the SSD under an LVM-owned cache (lvmcache with a cache pool or cachevol, or lvm
+writecache): the journaled, resumable procedure of cachemgr/procedures/replace.py with its own
+steps, every one through lvm2 (docs/kernel-notes.md, "lvm2", "Replacing the SSD of an LVM
+cache").
+
+The cached LV stays up and keeps serving IO throughout: it is drained through lvm2's cleaner
+(writethrough while it drains, so no new dirty block appears), its cache is split off
+(``lvconvert --splitcache``: the LV goes on uncached, every byte on its origin), the old cache
+pool or cachevol is deleted, the SSD's PV is taken out of the VG and its label wiped, the SSD
+is SCSI-removed and the new (or re-inserted) one found and checked as for bcache; then the new
+disk becomes a PV of the VG, a cache pool or cachevol like the old one (name, size, metadata
+size, chunk size) is made on it alone, attached with the old mode, policy and settings, and
+checked. Each step first looks whether its effect is there already, so a resumed run neither
+repeats nor undoes work; before the old cache is deleted a run can be rolled back (the cache
+attached again, its policy put back).
+
+Refused at plan time: an LV whose cache lies on more than one PV besides the origin's, an SSD
+that is not a SCSI disk, an SSD PV that holds any other LV (vgreduce would fail, or move
+nothing), a failed or needs_check cache, and every wrong new disk bcache's replacement refuses.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from cachemgr.backends import scsi, signatures, snapshot
+from cachemgr.backends.lvm import command, manage
+from cachemgr.backends.lvm import report as lvm_report
+from cachemgr.backends.targets import find_dm
+from cachemgr.core import state
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
+from cachemgr.core.model import CacheMode, DmWritecacheDevice, DrainProgress, Size
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import replace
+from cachemgr.procedures.replace import Ctx, Journal, Options
+
+STEPS: tuple[tuple[str, str], ...] = (
+    ("preflight", "check the cached LV, its cache PV (the SSD) and the VG"),
+    ("remember", "record the cache's kind, size, chunk size, mode, policy and settings"),
+    ("drain", "write every dirty block back to the origin (lvm2's cleaner: writethrough)"),
+    ("split", "split the cache off (lvconvert --splitcache); the LV goes on uncached"),
+    ("remove-old-cache", "delete the old cache pool or cachevol (lvremove)"),
+    ("vgreduce", "take the SSD's PV out of the VG (vgreduce)"),
+    ("pvremove", "wipe the SSD's PV label (pvremove)"),
+    ("scsi-remove", "SCSI-remove the old SSD"),
+    ("wait-new", "wait for the new (or re-inserted) SSD"),
+    ("identify-new", "identify the new SSD and refuse a wrong disk"),
+    ("pvcreate", "make the new SSD a PV (pvcreate)"),
+    ("vgextend", "add it to the VG (vgextend)"),
+    ("make-cache", "make the cache pool or cachevol again, on the new SSD alone (lvcreate)"),
+    ("attach", "attach it with the old mode, policy and settings (lvconvert)"),
+    ("restore", "put back whatever of mode, policy and settings differs"),
+    ("verify", "verify the LV: cached on the new SSD, with the old mode and policy"),
+)
+POINT_OF_NO_RETURN = "remove-old-cache"
+# lvm2 places the cache pool's spare metadata LV (lvol0_pmspare, as large as the metadata)
+# beside a new pool, and rounds each LV up to whole extents (4 MiB by default): room for both
+SLACK_BYTES = 16 * 1024 * 1024
+
+
+def _lv_word(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text)[:24]
+
+
+def find(sysfs: Sysfs, target: str) -> manage.LvmDevice | None:
+    """The LVM-owned cache ``target`` names, if it names one."""
+    return find_dm(snapshot.take(sysfs), target, sysfs, lvm=True)
+
+
+def names_lv(target: str) -> bool:
+    """``target`` is spelt as an LV (VG/LV, /dev/VG/LV, /dev/mapper/VG-LV)."""
+    return command.spelling(target) is not None
+
+
+# --------------------------------------------------------------------------------- planning
+
+
+def plan(sysfs: Sysfs, target: str, opts: Options) -> Journal:
+    """Preflight and remember for an LVM cache; changes nothing."""
+    if opts.interim_mode != CacheMode.NONE.value:
+        raise UsageError(f"--interim-mode {opts.interim_mode} does not apply to an LVM cache",
+                         hint="it drains through lvm2's cleaner policy (writethrough while it "
+                              "drains); leave --interim-mode out")
+    if not opts.wipe_old:
+        raise UsageError("--keep-old-signature does not apply to an LVM cache",
+                         hint="its PV label is wiped (pvremove) once it has left the VG")
+    d = find(sysfs, target)
+    if d is None:
+        raise UsageError(f"{target} is not a cached LV",
+                         hint="cachemgr status lists the LVM caches (VG/LV)")
+    v = manage.lv_of(d)
+    manage.refuse_unhealthy(d, "cache")
+    ssd_pvs = [p for p in v.cache_pvs if p not in v.origin_pvs]
+    if len(ssd_pvs) != 1:
+        raise UnsafeError(f"{v.full_name}: its cache lies on {len(ssd_pvs)} PVs apart from the "
+                          f"origin's ({', '.join(ssd_pvs) or 'none'}); replace-ssd replaces a "
+                          "cache on one SSD", hint="lvs -a -o+devices shows where it lies")
+    pv = ssd_pvs[0]
+    name = sysfs.block_name_of(pv) if sysfs.live else pv.removeprefix("/dev/")
+    try:
+        disk = scsi.scsi_disk(sysfs, name or pv)
+    except CacheMgrError as exc:
+        raise UsageError(f"{pv} (the PV under {v.full_name}'s cache) is not a SCSI disk "
+                         f"({exc.message}); replace-ssd removes and re-inserts SCSI disks",
+                         hint=exc.hint) from exc
+    rows = command.default_source(sysfs).report()
+    own = {v.pool, f"{v.pool}_cdata", f"{v.pool}_cmeta", "lvol0_pmspare"}
+    others = [x for x in lvm_report.lvs_on(rows, v.vg, pv) if x not in own]
+    if others:
+        raise UnsafeError(f"{pv} holds other LVs of {v.vg} besides the cache: "
+                          f"{', '.join(others)}; taking it out of the VG would need them moved",
+                          hint=f"pvmove them off {pv} first (pvmove {pv} PV...)")
+    if "lvol0_pmspare" in lvm_report.lvs_on(rows, v.vg, pv) and [
+            x for x in lvm_report.lv_names(rows, v.vg, "cache-pool") if x != v.pool]:
+        raise UnsafeError(f"{pv} holds {v.vg}'s spare pool metadata (lvol0_pmspare), which "
+                          "another cache pool needs", hint=f"pvmove it off {pv} first")
+    data = lvm_report.size(rows, v.vg, v.pool)
+    meta = lvm_report.size(rows, v.vg, f"{v.pool}_cmeta") if v.pool_kind == "cachepool" else 0
+    if not data or meta is None:
+        raise CacheMgrError(f"{v.full_name}: lvs reports no size for its cache {v.pool}")
+    settings = [[k, val] for k, val in v.settings if k != "cleaner"]
+    need = data + 2 * meta + SLACK_BYTES
+    lvm: dict[str, Any] = {"vg": v.vg, "lv": v.lv, "segtype": v.segtype, "pool_kind": v.pool_kind,
+           "pool": v.pool_name, "data_bytes": data, "meta_bytes": meta,
+           "chunk_bytes": v.chunk_bytes, "mode": v.cache_mode, "policy": v.policy,
+           "settings": settings, "pv": pv,
+           "need_bytes": need}
+    replace._check_new_spec(sysfs, opts.new, disk, v.full_name, None, need)
+    if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
+        raise UsageError("--new any needs an operator to swap the disk",
+                         hint="run it on a terminal, or pass --yes once the disk is in")
+    replace._old_match(disk)  # refuses an SSD with neither WWID nor serial
+    return Journal(
+        id=replace.new_run_id(_lv_word(v.full_name)), cset=v.full_name, options=asdict(opts),
+        old={"name": disk.name, "node": disk.node, "hctl": str(disk.hctl), "host": disk.host,
+             "wwid": disk.wwid, "serial": disk.serial, "size_bytes": disk.size_bytes,
+             "bucket": None},
+        backings=[], kind="lvm", lvm=lvm)
+
+
+def head(j: Journal) -> list[str]:
+    m, old = j.lvm, j.old
+    what = "lvm writecache" if m["segtype"] == "writecache" else f"lvmcache ({m['pool_kind']})"
+    cfg = [f"{Size.exact(m['data_bytes'])}"]
+    if m.get("meta_bytes"):
+        cfg.append(f"metadata {Size.exact(m['meta_bytes'])}")
+    if m.get("chunk_bytes"):
+        cfg.append(f"{'block' if m['segtype'] == 'writecache' else 'chunk'} "
+                   f"{Size.exact(m['chunk_bytes'])}")
+    if m.get("mode"):
+        cfg.append(f"mode {m['mode']}")
+    if m.get("policy"):
+        cfg.append(f"policy {m['policy']}")
+    if m.get("settings"):
+        cfg.append("settings " + ",".join(f"{k}={v}" for k, v in m["settings"]))
+    return [f"replace the cache SSD {old['node']} [{old['hctl']}] ({old['wwid']}, serial "
+            f"{old['serial']}) of {what} {j.cset}",
+            f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg),
+            f"new SSD: {replace.new_words(j)}"]
+
+
+# --------------------------------------------------------------------------------- steps
+
+
+def _vg_lv(c: Ctx) -> str:
+    return f"{c.j.lvm['vg']}/{c.j.lvm['lv']}"
+
+
+def _pool(c: Ctx) -> str:
+    return f"{c.j.lvm['vg']}/{c.j.lvm['pool']}"
+
+
+def _cached(c: Ctx) -> manage.LvmDevice | None:
+    """The LV as a cached device now (None once its cache is split off)."""
+    return find(c.sysfs, _vg_lv(c))
+
+
+def _rows() -> list[dict[str, Any]]:
+    return command.LiveLvs().report()
+
+
+def s_drain(c: Ctx) -> None:
+    d = _cached(c)
+    if d is None:
+        return  # split off already
+    last = [0.0]
+
+    def prog(p: DrainProgress) -> None:
+        if time.monotonic() - last[0] >= 2:
+            last[0] = time.monotonic()
+            c.say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
+                  + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
+
+    # ``then`` makes even a clean cache go through the journaled cleaner, and keep_cleaner
+    # leaves it on (writethrough: nothing new gets dirty) until split takes the cache off
+    start, secs, _, _ = manage.drain(d, timeout=c.opts.drain_timeout,
+                                     stall_timeout=c.opts.stall_timeout, progress=prog,
+                                     then=lambda _d: None, keep_cleaner=True)
+    c.say(f"{_vg_lv(c)}: clean after {secs:.1f} s ({Size.exact(start or 0)} written back); "
+          "the cleaner stays on until the split")
+
+
+def s_split(c: Ctx) -> None:
+    d = _cached(c)
+    v = manage.lv_of(d) if d is not None else None
+    if v is not None:
+        if v.pool_name != c.j.lvm["pool"]:
+            raise UnsafeError(f"{_vg_lv(c)} is cached by {v.vg}/{v.pool_name}, not by the "
+                              f"cache this run replaces ({_pool(c)})")
+        command.lvconvert("--splitcache", "--", _vg_lv(c), timeout=c.opts.drain_timeout)
+        c.say(f"{_vg_lv(c)}: cache {_pool(c)} split off; the LV runs uncached")
+    # the drain's journal (the policy to put back) has no LV to go back to now: the old cache
+    # is deleted next, and the new one is attached with the remembered policy
+    manage.journal_for(_vg_lv(c)).unlink(missing_ok=True)
+
+
+def s_remove_old_cache(c: Ctx) -> None:
+    rows = _rows()
+    vg, pool = c.j.lvm["vg"], c.j.lvm["pool"]
+    layout = lvm_report.field(rows, vg, pool, "lv_layout")
+    if not layout:
+        return
+    if _cached(c) is not None:
+        raise UnsafeError(f"{_vg_lv(c)} is cached again; refusing to delete {vg}/{pool}")
+    if c.j.lvm["pv"] not in lvm_report.pvs_of(rows, vg, pool):
+        raise UnsafeError(f"{vg}/{pool} does not lie on the old SSD's PV {c.j.lvm['pv']} "
+                          "(another LV of that name?); refusing to delete it")
+    command.lvm("lvremove", "-y", "--", f"{vg}/{pool}", timeout=600)
+    c.say(f"{vg}/{pool} deleted (its data was written back)")
+
+
+def _old_node(c: Ctx) -> str | None:
+    d = replace._old_present(c)
+    return command.check_node(d.node) if d is not None else None
+
+
+def s_vgreduce(c: Ctx) -> None:
+    node = _old_node(c)
+    if node is None:
+        return
+    vg = c.j.lvm["vg"]
+    if command.pv_vg(node) != vg:
+        return
+    command.lvm("vgreduce", "--", vg, node, timeout=600)
+    c.say(f"{node} taken out of {vg}")
+
+
+def s_pvremove(c: Ctx) -> None:
+    node = _old_node(c)
+    if node is None:
+        c.say("the old SSD is not there any more: no PV label to wipe")
+        return
+    in_vg = command.pv_vg(node)
+    if in_vg is None:
+        c.say(f"{node}: no PV label left")
+        return
+    if in_vg:
+        raise UnsafeError(f"{node} is a PV of {in_vg}; refusing to wipe its label")
+    command.lvm("pvremove", "-y", "--", node, timeout=600)
+    c.say(f"{node}: PV label wiped")
+
+
+def _new_node(c: Ctx) -> str:
+    d = replace._find_new(c)
+    if d is None:
+        raise CacheMgrError("the new SSD is not there any more",
+                            hint=f"insert it and resume: cachemgr replace-ssd --resume {c.j.id}")
+    return command.check_node(d.node)
+
+
+def s_pvcreate(c: Ctx) -> None:
+    node = _new_node(c)
+    if command.pv_vg(node) is not None:
+        return
+    sig = signatures.first(node)
+    if sig is not None:
+        raise UnsafeError(f"{node} carries a {sig} signature now; refusing to make it a PV",
+                          hint="check it is the right disk; wipe it deliberately (wipefs -a), "
+                               f"then cachemgr replace-ssd --resume {c.j.id}")
+    command.lvm("pvcreate", "-y", "--", node, timeout=600)
+    c.say(f"{node}: PV made")
+
+
+def s_vgextend(c: Ctx) -> None:
+    node = _new_node(c)
+    vg = c.j.lvm["vg"]
+    cur = command.pv_vg(node)
+    if cur == vg:
+        return
+    if cur:
+        raise UnsafeError(f"{node} is a PV of another VG {cur}")
+    command.lvm("vgextend", "--", vg, node, timeout=600)
+    c.say(f"{node} added to {vg}")
+
+
+def s_make_cache(c: Ctx) -> None:
+    node = _new_node(c)
+    m = c.j.lvm
+    rows = _rows()
+    if lvm_report.field(rows, m["vg"], m["pool"], "lv_layout"):
+        if node not in lvm_report.pvs_of(rows, m["vg"], m["pool"]):
+            raise UnsafeError(f"{_pool(c)} exists and does not lie on the new SSD {node}")
+        return  # made by an earlier run
+    argv = ["lvcreate", "-y", "-n", m["pool"], "-L", f"{int(m['data_bytes'])}b"]
+    if m["pool_kind"] == "cachepool":
+        argv += ["--type", "cache-pool", "--poolmetadatasize", f"{int(m['meta_bytes'])}b"]
+        if m.get("chunk_bytes"):
+            argv += ["--chunksize", f"{int(m['chunk_bytes']) // 1024}k"]
+    command.lvm(*argv, "--", m["vg"], node, timeout=600)
+    c.say(f"{_pool(c)}: {m['pool_kind']} of {Size.exact(m['data_bytes'])} made on {node}")
+
+
+def _settings(c: Ctx) -> list[tuple[str, str]]:
+    return [(str(k), str(v)) for k, v in c.j.lvm.get("settings") or []]
+
+
+def s_attach(c: Ctx) -> None:
+    m = c.j.lvm
+    writecache = m["segtype"] == "writecache"
+    try:
+        manage.attach(_vg_lv(c), _pool(c), writecache=writecache,
+                      mode=None if writecache or not m.get("mode") else CacheMode(m["mode"]),
+                      policy=None if writecache else m.get("policy"),
+                      settings=_settings(c))
+        c.say(f"{_vg_lv(c)}: cached again by {_pool(c)}")
+    except AlreadyError:
+        d = _cached(c)
+        if d is None or manage.lv_of(d).pool_name != m["pool"]:
+            raise
+
+
+def s_restore(c: Ctx) -> None:
+    d = _cached(c)
+    if d is None:
+        raise CacheMgrError(f"{_vg_lv(c)} is not cached after attach")
+    v = manage.lv_of(d)
+    m = c.j.lvm
+    vl = _vg_lv(c)
+    if not isinstance(d, DmWritecacheDevice):
+        if m.get("mode") and v.cache_mode != m["mode"]:
+            command.lvchange(vl, "--cachemode", m["mode"])
+            c.say(f"{vl}: mode {m['mode']} restored")
+        if m.get("policy") and v.policy != m["policy"]:
+            command.lvchange(vl, "--cachepolicy", m["policy"])
+            c.say(f"{vl}: policy {m['policy']} restored")
+    differ = [(k, val) for k, val in _settings(c) if v.setting(k) != val]
+    if differ:
+        command.lvchange(vl, "--cachesettings", manage._settings_word(differ))
+        c.say(f"{vl}: settings {', '.join(f'{k}={val}' for k, val in differ)} restored")
+
+
+def s_verify(c: Ctx) -> None:
+    d = _cached(c)
+    m = c.j.lvm
+    if d is None:
+        raise CacheMgrError(f"verification failed: {_vg_lv(c)} is not cached")
+    v = manage.lv_of(d)
+    node = c.j.new.get("node")
+    problems = []
+    if v.pool_name != m["pool"]:
+        problems.append(f"cached by {v.pool_name}, not {m['pool']}")
+    new_pv = replace._find_new(c)
+    if new_pv is None or new_pv.node not in v.cache_pvs:
+        problems.append(f"its cache does not lie on the new SSD {node} ({v.cache_pvs})")
+    if m["pv"] in v.cache_pvs and (new_pv is None or new_pv.node != m["pv"]):
+        problems.append(f"its cache still lies on the old PV {m['pv']}")
+    if m.get("mode") and v.cache_mode != m["mode"]:
+        problems.append(f"mode {v.cache_mode}, not {m['mode']}")
+    if m.get("policy") and v.policy != m["policy"]:
+        problems.append(f"policy {v.policy}, not {m['policy']}")
+    if d.failure or v.check_needed or v.health:
+        problems.append(f"unhealthy ({d.failure or v.health or 'needs_check'})")
+    if problems:
+        raise CacheMgrError(f"verification failed: {_vg_lv(c)}: " + "; ".join(problems))
+    c.say(f"verified: {_vg_lv(c)} cached by {_pool(c)} on {new_pv.node if new_pv else node}")
+
+
+def _rollback(c: Ctx) -> None:
+    """Before the old cache is deleted: attach it again (if split) with the old mode, policy
+    and settings, or put the policy back (if only drained)."""
+    d = _cached(c)
+    if d is not None:
+        try:
+            manage.restore_interrupted(d)
+        except state.StateFileError:
+            raise
+        c.say(f"{_vg_lv(c)}: policy put back; the cache stays attached")
+        return
+    if lvm_report.field(_rows(), c.j.lvm["vg"], c.j.lvm["pool"], "lv_layout"):
+        s_attach(c)
+        s_restore(c)
+    manage.journal_for(_vg_lv(c)).unlink(missing_ok=True)
+
+
+FUNCS: dict[str, Callable[[Ctx], None]] = {
+    "drain": s_drain,
+    "split": s_split,
+    "remove-old-cache": s_remove_old_cache,
+    "vgreduce": s_vgreduce,
+    "pvremove": s_pvremove,
+    "scsi-remove": replace.s_scsi_remove,
+    "wait-new": replace.s_wait_new,
+    "identify-new": replace.s_identify_new,
+    "pvcreate": s_pvcreate,
+    "vgextend": s_vgextend,
+    "make-cache": s_make_cache,
+    "attach": s_attach,
+    "restore": s_restore,
+    "verify": s_verify,
+}
+KIND = replace.Kind(STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "cached LV")

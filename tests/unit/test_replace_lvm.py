@@ -1,0 +1,103 @@
+"""replace-ssd for LVM caches (procedures/replace_lvm.py): the plan's refusals on a lab
+capture of lvm2's own caches (tests/fixtures/lvm-caches-*), and the journal of the lvm kind.
+The steps themselves are proven in tests/kernel/test_replace_lvm_kernel.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cachemgr.core import state
+from cachemgr.core.errors import UnsafeError
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import replace, replace_lvm
+from tests.unit.guards import mutations_refused
+from tests.unit.test_replace_plan import _refused_before_any_step
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+CAPTURES = sorted(FIXTURES.glob("lvm-caches-*"))
+
+
+@pytest.fixture(params=CAPTURES, ids=lambda p: p.name)
+def root(request: pytest.FixtureRequest) -> Path:
+    p: Path = request.param
+    return p / "sys"
+
+
+@pytest.mark.parametrize("argv,code,says", [
+    # the lab capture's cache PVs are UML ubd disks: nothing to SCSI-remove
+    (["vg0/vm1", "--yes"], 2, "is not a SCSI disk"),
+    (["/dev/mapper/vg0-vm2", "--yes"], 2, "is not a SCSI disk"),
+    (["/dev/vg0/vm3", "--dry-run"], 2, "is not a SCSI disk"),
+    (["vg0/nosuch", "--yes"], 2, "vg0/nosuch is not a cached LV"),
+    (["vg0/vm1", "--interim-mode", "writethrough", "--yes"], 2,
+     "does not apply to an LVM cache"),
+    (["vg0/vm1", "--keep-old-signature", "--yes"], 2, "does not apply to an LVM cache"),
+    (["vg0/bad name", "--yes"], 2, "not a cached LV"),
+])
+def test_plan_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: Path,
+                       argv: list[str], code: int, says: str) -> None:
+    rc, err = _refused_before_any_step(tmp_path, monkeypatch, root, argv)
+    assert rc == code and says in err, (rc, err)
+
+
+def _journal(kind: str = "lvm", done: list[str] | None = None) -> dict[str, object]:
+    return {"id": "20261123-000000-vg0-vm1", "cset": "vg0/vm1", "options": {"new": "same"},
+            "old": {"name": "sda", "node": "/dev/sda", "hctl": "0:0:0:0", "host": "host0",
+                    "wwid": "naa.1", "serial": "S1", "size_bytes": 167772160, "bucket": None},
+            "backings": [], "done": done or ["preflight", "remember"], "kind": kind,
+            "created": 1795000000.0,
+            "lvm": {"vg": "vg0", "lv": "vm1", "segtype": "cache", "pool_kind": "cachepool",
+                    "pool": "pool", "data_bytes": 67108864, "meta_bytes": 8388608,
+                    "chunk_bytes": 65536, "mode": "writeback", "policy": "smq",
+                    "settings": [["migration_threshold", "4096"]], "pv": "/dev/sda",
+                    "need_bytes": 100663296}}
+
+
+def _write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict[str, object]) -> Path:
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
+    path = state.journal_path("replace", str(data["id"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_an_lvm_journal_reads_back_with_its_own_steps(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, monkeypatch, _journal(done=["preflight", "remember", "drain", "split"]))
+    j = replace.Journal.load("20261123-000000-vg0-vm1")
+    assert j.kind == "lvm" and j.steps == replace_lvm.STEPS
+    plan = replace.describe(j)
+    assert plan[0].startswith("replace the cache SSD /dev/sda [0:0:0:0]")
+    assert "of lvmcache (cachepool) vg0/vm1" in plan[0]
+    assert "chunk 64.0 KiB" in plan[1] and "migration_threshold=4096" in plan[1], plan
+    steps = [line.split()[1] for line in plan if line[:2].strip().isdigit()]
+    assert steps == [n for n, _ in replace_lvm.STEPS]
+
+
+@pytest.mark.parametrize("kind,done,says", [
+    ("zfs", ["preflight"], "unknown kind 'zfs'"),
+    ("bcache", ["preflight", "vgreduce"], "unknown steps"),  # an lvm step in a bcache run
+    ("lvm", ["preflight", "unregister"], "unknown steps"),  # and the other way round
+])
+def test_a_journal_of_the_wrong_kind_is_refused(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, kind: str,
+                                                done: list[str], says: str) -> None:
+    path = _write(tmp_path, monkeypatch, _journal(kind, done))
+    with pytest.raises(state.StateFileError, match=says):
+        replace.Journal.read(path)
+
+
+def test_no_rollback_past_the_old_cache_deletion(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, monkeypatch, _journal(done=["preflight", "remember", "drain", "split",
+                                                 "remove-old-cache"]))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    refused = mutations_refused(monkeypatch)
+    j = replace.Journal.load("20261123-000000-vg0-vm1")
+    with pytest.raises(UnsafeError, match="past 'remove-old-cache'"):
+        replace.rollback(Sysfs(CAPTURES[0] / "sys"), j)
+    assert refused == [] and replace.Journal.load(j.id).status == "running"
