@@ -49,6 +49,7 @@ from cachemgr.core.model import (
     CacheMode,
     CacheSet,
     DmCacheDevice,
+    DmWritecacheDevice,
     Snapshot,
 )
 from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
@@ -69,7 +70,7 @@ from tui.widgets.devices import DeviceTable
 from tui.widgets.logpanel import LogPanel
 from tui.widgets.trends import TrendPanel
 
-Obj = BcacheBacking | CacheSet | DmCacheDevice
+Obj = view.Obj
 
 # actions that change something: disabled (shown dimmed) in the read-only view
 WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove", "replace",
@@ -77,15 +78,19 @@ WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove"
 # actions about the selected device, and the kinds they apply to
 DEVICE_ACTIONS: dict[str, set[str]] = {
     "mode": {view.BCACHE, view.DM},
-    "drain": {view.BCACHE, view.DM},
-    "detach": {view.BCACHE},
+    "drain": {view.BCACHE, view.DM, view.WC},
+    "detach": {view.BCACHE, view.DM, view.WC},
     "attach": {view.BCACHE, view.CSET},
-    "tune": {view.BCACHE, view.CSET, view.DM},
-    "remove": {view.BCACHE, view.CSET, view.DM},
-    "replace": {view.CSET, view.BCACHE},
-    "bench": {view.BCACHE, view.DM},
-    "detail": {view.BCACHE, view.CSET, view.DM},
+    "tune": {view.BCACHE, view.CSET, view.DM, view.WC},
+    "remove": {view.BCACHE, view.CSET, view.DM, view.WC},
+    "replace": {view.CSET, view.BCACHE, view.DM, view.WC},
+    "bench": {view.BCACHE, view.DM, view.WC},
+    "detail": {view.BCACHE, view.CSET, view.DM, view.WC},
 }
+# actions on a dm device that only an LVM-owned one has (lvm2 splits, rebuilds and tunes
+# it; a dmsetup-made writecache is shown, not run)
+LVM_ONLY = {view.DM: {"detach", "replace"},
+            view.WC: {"drain", "detach", "tune", "remove", "replace"}}
 ERROR_WORDS: list[tuple[type[BaseException], str]] = [
     (Cancelled, "cancelled"),
     (AlreadyError, "already so (nothing changed)"),
@@ -298,10 +303,10 @@ class CacheMgrApp(App[int]):
         r = self.selected_row()
         if r is None:
             return "nothing selected"
-        kind = {view.BCACHE: "bcache", view.CSET: "cache set", view.DM: "dm-cache"}[r.kind]
+        kind = view.KIND_WORDS[r.kind]
         name = r.target[:8] if r.kind == view.CSET else r.target
-        line2 = {view.BCACHE: f"on {r.disk}", view.CSET: f"SSD {r.disk}",
-                 view.DM: f"origin {r.disk}"}[r.kind]
+        line2 = {view.BCACHE: f"on {r.disk}", view.CSET: f"SSD {r.disk}"}.get(
+            r.kind, f"origin {r.disk}")
         line3 = f"{r.mode} {r.state}" if r.kind != view.CSET else f"used {r.used} err {r.errors}"
         return f"{kind} {name}\n{line2}\n{line3}"
 
@@ -338,7 +343,9 @@ class CacheMgrApp(App[int]):
             if sel is None or sel[0].kind not in kinds:
                 return None
             obj = sel[1]
-            if action == "detach" and not (isinstance(obj, BcacheBacking) and obj.cset_uuid):
+            if action in LVM_ONLY.get(sel[0].kind, ()) and getattr(obj, "lvm", None) is None:
+                return None
+            if action == "detach" and isinstance(obj, BcacheBacking) and not obj.cset_uuid:
                 return None
             if action == "attach" and isinstance(obj, BcacheBacking) and obj.cset_uuid:
                 return None
@@ -592,7 +599,14 @@ class CacheMgrApp(App[int]):
         if sel is None:
             return
         r, obj = sel
-        if isinstance(obj, DmCacheDevice):
+        if isinstance(obj, DmWritecacheDevice):
+            how = ("cachemgr sets lvm2's cleaner=1 (lvchange --cachesettings) until every "
+                   "block is written back, then cleaner=0; on cancel or error too.")
+        elif isinstance(obj, DmCacheDevice) and obj.lvm is not None:
+            how = ("cachemgr loads lvm2's cleaner policy (lvchange --cachepolicy cleaner: "
+                   "writethrough while it drains) until every block is clean, then puts "
+                   f"the {obj.lvm.policy or 'original'} policy back; on cancel or error too.")
+        elif isinstance(obj, DmCacheDevice):
             how = ("cachemgr loads the cleaner policy (in writethrough) until every block is "
                    "clean, then reloads the original table; on cancel or error the original "
                    "table is put back.")
@@ -614,19 +628,26 @@ class CacheMgrApp(App[int]):
         if sel is None:
             return
         r, b = sel
-        if not isinstance(b, BcacheBacking):
+        if isinstance(b, DmCacheDevice | DmWritecacheDevice) and b.lvm is not None:
+            body = (f"Detach the cache {b.lvm.vg}/{b.lvm.pool_name} from {r.target}.\n\n"
+                    f"cachemgr drains its {r.dirty} of dirty data through lvm2's cleaner "
+                    "(with progress), then runs lvconvert --splitcache: the LV goes on "
+                    "uncached, the cache pool or cachevol is kept for a later attach.")
+            note = ("Cancel stops the drain at its next poll; the policy is put back and the "
+                    "cache stays attached.")
+        elif isinstance(b, BcacheBacking):
+            body = (f"Detach {r.target} from cache set {b.cset_uuid}.\n\nbcache writes its "
+                    f"{r.dirty} of dirty data back first, then the state reads 'no cache'; "
+                    f"{r.target} stays up without a cache (passthrough).")
+            note = "Cancel stops waiting; the kernel finishes the detach by itself."
+        else:
             return
-        body = (f"Detach {r.target} from cache set {b.cset_uuid}.\n\nbcache writes its "
-                f"{r.dirty} of dirty data back first, then the state reads 'no cache'; "
-                f"{r.target} stays up without a cache (passthrough).")
         self.push_screen(ConfirmDialog(f"Detach {r.target}", body,
                                        [("go", "Detach", "warning")]),
                          when(lambda x: self.start_op(
                              f"detach {r.target}",
                              lambda ctl: cache_ops.detach(self.sysfs, r.target, ctl=ctl),
-                             progress=True,
-                             cancel_note="Cancel stops waiting; the kernel finishes the "
-                                         "detach by itself.")))
+                             progress=True, cancel_note=note)))
 
     def action_attach(self) -> None:
         sel = self._target()
@@ -663,6 +684,11 @@ class CacheMgrApp(App[int]):
         names = cache_ops.tunables_of(obj)
 
         def current(name: str) -> str:
+            if isinstance(obj, DmCacheDevice | DmWritecacheDevice) and obj.lvm is not None \
+                    and obj.lvm.setting(name) is not None:
+                return str(obj.lvm.setting(name))
+            if isinstance(obj, DmWritecacheDevice):
+                return obj.table.settings().get(name, "default")
             if isinstance(obj, DmCacheDevice):
                 return str(obj.status.migration_threshold if obj.status else "?")
             v = getattr(obj, name, None)
@@ -701,13 +727,23 @@ class CacheMgrApp(App[int]):
             body = (f"Unregister cache set {obj.uuid} (SSD {r.disk}). Refused while backing "
                     "devices are attached or hold dirty data.")
             buttons = [("go", "Unregister", "error")]
-        else:
+        elif isinstance(obj, DmCacheDevice | DmWritecacheDevice) and obj.lvm is not None:
+            body = (f"Remove the cache of {r.target}: drain its {r.dirty} of dirty data "
+                    f"through lvm2's cleaner (with progress), then lvconvert --uncache: the "
+                    f"cache {obj.lvm.vg}/{obj.lvm.pool_name} is deleted, {r.target} goes on "
+                    "uncached with every byte on its origin. 'Keep the pool' splits it off "
+                    "instead (lvconvert --splitcache).")
+            buttons = [("go", "Remove the cache", "error"),
+                       ("keep", "Keep the pool (split)", "warning")]
+        elif isinstance(obj, DmCacheDevice):
             body = (f"Remove dm-cache {obj.node}: flush every dirty block to {r.disk}, swap "
                     "the table for a linear mapping of the origin, then remove the device. "
                     "'Keep device' leaves it as that linear mapping so its users keep "
                     "running.")
             buttons = [("go", f"Remove {obj.name}", "error"),
                        ("keep", "Keep device (linear)", "warning")]
+        else:
+            return
 
         def go(b: str | None) -> None:
             if not b:
@@ -784,7 +820,8 @@ class CacheMgrApp(App[int]):
             return
         _, obj = sel
         uuid = obj.uuid if isinstance(obj, CacheSet) else \
-            obj.cset_uuid if isinstance(obj, BcacheBacking) else None
+            obj.cset_uuid if isinstance(obj, BcacheBacking) else \
+            obj.lvm.full_name if obj.lvm is not None else None
         if not uuid:
             return
         from tui.screens.replace import ReplaceScreen
@@ -798,7 +835,7 @@ class CacheMgrApp(App[int]):
         r, obj = sel
         from tui.screens.bench import BenchScreen
 
-        dev = obj.node if isinstance(obj, DmCacheDevice) else r.target
+        dev = obj.node if isinstance(obj, DmCacheDevice | DmWritecacheDevice) else r.target
         self.push_screen(BenchScreen(dev, is_bcache=isinstance(obj, BcacheBacking)))
 
     def on_unmount(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from cachemgr.core.model import BcacheBacking, CacheSet, DmCacheDevice, Snapshot
+from cachemgr.core.model import DmCacheDevice, DmWritecacheDevice, Snapshot
 from cachemgr.core.sysfs import Sysfs
 from tui import view
 
@@ -39,8 +39,11 @@ def completed_ios(sysfs: Sysfs, name: str | None) -> int | None:
         return None
 
 
-def counters(obj: BcacheBacking | CacheSet | DmCacheDevice) -> tuple[int, int] | None:
-    """(hits, misses) since the start, where the kernel counts them."""
+def counters(obj: view.Obj) -> tuple[int, int] | None:
+    """(hits, misses) since the start, where the kernel counts them (not for writecache: it
+    caches writes, and its counters are no hit ratio)."""
+    if isinstance(obj, DmWritecacheDevice):
+        return None
     if isinstance(obj, DmCacheDevice):
         st = obj.status
         if st is None:

@@ -14,6 +14,7 @@ from cachemgr.core.model import (
     CacheSet,
     CacheState,
     DmCacheDevice,
+    DmWritecacheDevice,
     Snapshot,
     Stats,
 )
@@ -24,7 +25,10 @@ __all__ = ["Row", "dirty_text", "rows"]
 # kinds of selectable objects
 BCACHE = "bcache"
 CSET = "cset"
-DM = "dm"
+DM = "dm"  # dm-cache (LVM's lvmcache too)
+WC = "wc"  # dm-writecache (LVM's writecache too)
+KIND_WORDS = {BCACHE: "bcache", CSET: "cache set", DM: "dm-cache", WC: "dm-writecache"}
+Obj = BcacheBacking | CacheSet | DmCacheDevice | DmWritecacheDevice
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class Row:
     """One line of the device tree. ``key`` is stable across polls (uuid or dm name)."""
 
     key: str
-    kind: str  # BCACHE, CSET or DM
+    kind: str  # BCACHE, CSET, DM or WC
     device: str  # what the first column shows (tree-indented)
     disk: str  # the backing device, the SSD, or the dm origin
     mode: str
@@ -134,11 +138,16 @@ def cset_row(c: CacheSet, members: list[BcacheBacking]) -> Row:
     )
 
 
+def dm_name(d: DmCacheDevice | DmWritecacheDevice) -> str:
+    """How a dm device is named to an admin: VG/LV for LVM's, else its dm name."""
+    return d.lvm.full_name if d.lvm is not None else d.name
+
+
 def dm_row(d: DmCacheDevice) -> Row:
     st = d.status
     return Row(
         key=f"dm:{d.name}", kind=DM,
-        device=d.name,
+        device=dm_name(d),
         disk=bare(d.origin.node if d.origin else d.table.origin_dev),
         mode=d.mode.value,
         state=d.state.value,
@@ -148,9 +157,30 @@ def dm_row(d: DmCacheDevice) -> Row:
         wbrate="-",
         used=f"{100 * st.used // st.total}%" if st and st.total else "?",
         errors=d.failure or ("ro" if st and st.metadata_mode == "ro" else "0"),
-        target=d.name,
+        target=dm_name(d),
         dirty_bytes=d.dirty_bytes,
         alert=st is None or (st is not None and (st.metadata_mode == "ro" or st.needs_check)),
+    )
+
+
+def wc_row(d: DmWritecacheDevice) -> Row:
+    st = d.status
+    dirty = d.dirty_bytes
+    return Row(
+        key=f"wc:{d.name}", kind=WC,
+        device=dm_name(d),
+        disk=bare(d.origin.node if d.origin else d.table.origin_dev),
+        mode=d.mode.value,
+        state=d.state.value,
+        dirty=short(dirty) if st else "?",
+        hit5m="-",
+        hit="-",  # writecache caches writes: its counters are not a read hit ratio
+        wbrate="-",
+        used=f"{100 * (st.total - st.free) // st.total}%" if st and st.total else "?",
+        errors=d.failure or (str(st.error) if st else "?"),
+        target=dm_name(d),
+        dirty_bytes=dirty,
+        alert=st is None or bool(st.error),
     )
 
 
@@ -169,15 +199,18 @@ def rows(snap: Snapshot) -> list[Row]:
         if b.key not in seen:
             out.append(backing_row(b, ""))
     out.extend(dm_row(d) for d in snap.dmcaches)
+    out.extend(wc_row(d) for d in snap.writecaches)
     return out
 
 
-def find(snap: Snapshot, key: str) -> BcacheBacking | CacheSet | DmCacheDevice | None:
+def find(snap: Snapshot, key: str) -> Obj | None:
     """The snapshot's object behind a row key."""
     if key.startswith("cset:"):
         return snap.cache_set(key[5:])
     if key.startswith("dm:"):
         return next((d for d in snap.dmcaches if d.name == key[3:]), None)
+    if key.startswith("wc:"):
+        return next((d for d in snap.writecaches if d.name == key[3:]), None)
     return next((b for b in snap.backings if b.key == key), None)
 
 
@@ -190,10 +223,10 @@ def most_dirty(snap: Snapshot) -> str | None:
     return best[1] if best else None
 
 
-def block_name(obj: BcacheBacking | CacheSet | DmCacheDevice) -> str | None:
+def block_name(obj: Obj) -> str | None:
     """The kernel block device whose IO counters measure the device's IOPS."""
     if isinstance(obj, BcacheBacking):
         return obj.device_name
-    if isinstance(obj, DmCacheDevice):
+    if isinstance(obj, DmCacheDevice | DmWritecacheDevice):
         return obj.kernel_name
     return None

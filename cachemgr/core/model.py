@@ -639,6 +639,12 @@ class DmWritecacheTable:
     block_bytes: int
     args: tuple[str, ...]
 
+    def line(self) -> str:
+        """The table line again, as dmsetup prints it."""
+        return " ".join([str(self.start), str(self.length), "writecache",
+                         "p" if self.pmem else "s", self.origin_dev, self.cache_dev,
+                         str(self.block_bytes), str(len(self.args)), *self.args])
+
     def settings(self) -> dict[str, str]:
         """The optional arguments by name; a flag (``cleaner``) maps to ``"1"``."""
         out: dict[str, str] = {}

@@ -19,6 +19,11 @@ STEP_NAMES = replace.STEP_NAMES
 describe = replace.describe
 
 
+def steps_for(cache: str) -> tuple[tuple[str, str], ...]:
+    """The steps a replacement of ``cache`` (a cset UUID, SSD or cached LV) will take."""
+    return replace_lvm.STEPS if replace_lvm.names_lv(cache) else replace.STEPS
+
+
 def journal_json(j: replace.Journal) -> dict[str, Any]:
     """A run as ``replace-ssd --json`` prints it (schema 1, docs/json.md)."""
     lvm = j.kind == "lvm"

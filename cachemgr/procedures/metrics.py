@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheState, Snapshot
+from cachemgr.core.model import CacheState, DmCacheDevice, DmWritecacheDevice, Snapshot
 from cachemgr.core.sysfs import Sysfs
 
 BCACHE_MODES = ("writethrough", "writeback", "writearound", "none")
@@ -164,14 +164,24 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
             wc_wb.add_metric([name], w.status.writeback)
             wc_err.add_metric([name], w.status.error)
 
+    lvm = _g("lvm_cache_info", "1 for each LVM-owned cache: its VG/LV, cache pool or "
+             "cachevol, and whether lvm2 says it needs a check.",
+             ["device", "lv", "cache", "kind", "check_needed"])
+    every: list[DmCacheDevice | DmWritecacheDevice] = [*snap.dmcaches, *snap.writecaches]
+    for dmdev in every:
+        lv = dmdev.lvm
+        if lv is not None:
+            lvm.add_metric([dmdev.node, lv.full_name, f"{lv.vg}/{lv.pool_name}", lv.kind,
+                            "1" if lv.check_needed else "0"], 1.0)
+
     up = _g("bcache_loaded", "1 if the bcache module is loaded.", [])
     up.add_metric([], 1.0 if snap.bcache_loaded else 0.0)
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
     yield from (dirty, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate, wbp,
                 errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
-                *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, up,
-                warn)
+                *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
+                up, warn)
 
 
 class SnapshotCollector(Collector):

@@ -53,6 +53,13 @@ def test_metrics_match_status_json(fx: Path) -> None:
             assert dirty == [float(d["dirty_bytes"])]
     loaded = m["cachemgr_bcache_loaded"][0][1]
     assert loaded == (1.0 if status["bcache_loaded"] else 0.0)
+    # every LVM-owned cache status describes, by its VG/LV, and nothing else
+    want = {(d["device"], d["lvm"]["name"], d["lvm"]["pool_name_when_split"],
+             "lvm-writecache" if d["lvm"]["segtype"] == "writecache" else "lvmcache")
+            for d in status["devices"] if isinstance(d.get("lvm"), dict)}
+    got = {(lab["device"], lab["lv"], lab["cache"], lab["kind"])
+           for lab, _ in m.get("cachemgr_lvm_cache_info", [])}
+    assert got == want
 
 
 def test_counter_names_follow_conventions() -> None:

@@ -966,3 +966,83 @@ def test_resume_and_rollback_list_only_interrupted_runs() -> None:
                 await pilot.press("escape")
 
     asyncio.run(go())
+
+
+# ------------------------------------------------------------------------- LVM caches
+
+
+def test_lvm_caches_are_rows_named_as_lvm_names_them() -> None:
+    """lvmcache (cache pool, cachevol) and lvm writecache rows, on lvm2's own caches captured
+    in the lab: named VG/LV, the writecache with its dirty blocks and no hit ratio."""
+    from cachemgr.backends import snapshot
+
+    snap = snapshot.take(Sysfs(fx("lvm-caches")))
+    by_key = {r.key: r for r in view.rows(snap)}
+    assert by_key["dm:vg0-vm1"].device == by_key["dm:vg0-vm1"].target == "vg0/vm1"
+    assert by_key["dm:vg0-vm2"].device == "vg0/vm2" and by_key["dm:vg0-vm2"].kind == view.DM
+    wc = by_key["wc:vg0-vm3"]
+    assert (wc.kind, wc.device, wc.mode, wc.state, wc.hit) == (view.WC, "vg0/vm3",
+                                                               "writeback", "dirty", "-")
+    w = snap.writecaches[0]
+    assert w.status is not None and wc.dirty_bytes == w.status.dirty * w.table.block_bytes > 0
+    assert view.find(snap, "wc:vg0-vm3") is w
+
+
+def test_lvm_writecache_row_actions_and_detail() -> None:
+    async def go() -> None:
+        async with running(fx("lvm-caches"), at="wc:vg0-vm3") as (app, pilot):
+            assert app.check_action("mode", ()) is None  # writecache has no modes
+            assert app.check_action("detach", ()) is True
+            assert app.check_action("replace", ()) is True
+            await pilot.press("d")
+            body = rendered(app.screen, ".dialog-body")
+            assert "Drain vg0/vm3" in body and "cleaner=1" in body, body
+            await pilot.press("escape")
+            await pilot.press("t")
+            assert isinstance(app.screen, ChoiceDialog)
+            names = dict(app.screen.choices)
+            assert names["high_watermark"] == "high_watermark = 60  (0..100)", names
+            await pilot.press("escape")
+            await pilot.press("enter")
+            assert isinstance(app.screen, DetailScreen) and app.snap is not None
+            from rich.console import Console
+
+            from tui.screens import detail
+
+            con = Console(width=120, record=True, file=io.StringIO())
+            con.print(detail.render(app.snap, app.screen.key))
+            text = con.export_text()
+            assert "dm-writecache /dev/mapper/vg0-vm3" in text, text
+            assert "high 60, low 45" in text, text
+            assert "LVM lvm-writecache vg0/vm3" in text and "cachevol" in text, text
+
+    asyncio.run(go())
+
+
+def test_lvm_cache_detach_remove_and_replace_through_the_command_layer() -> None:
+    from tui.screens.replace import ReplaceScreen
+
+    async def go() -> None:
+        async with running(fx("lvm-caches"), at="dm:vg0-vm1") as (app, pilot):
+            await pilot.press("x")
+            body = rendered(app.screen, ".dialog-body")
+            assert "Detach the cache vg0/pool from vg0/vm1" in body, body
+            assert "lvconvert --splitcache" in body
+            await pilot.press("escape")
+            await pilot.press("delete")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert "lvconvert --uncache" in rendered(app.screen, ".dialog-body")
+            assert [b for b, *_ in app.screen.buttons] == ["go", "keep"]
+            await pilot.press("escape")
+            await pilot.press("s")
+            assert isinstance(app.screen, ReplaceScreen)
+            steps = rendered(app.screen, "#steps")
+            assert "vgreduce" in steps and "remove-old-cache" in steps, steps
+            assert app.screen.query_one("#interim", Input).disabled
+            plan = app.screen.query_one("#plan", Static)
+            assert "cached LV vg0/vm1" in str(plan.render())
+            await pilot.press("g")
+            await settle(pilot, lambda: str(plan.render()).startswith("refused"))
+            assert "is not a SCSI disk" in str(plan.render()), str(plan.render())
+
+    asyncio.run(go())

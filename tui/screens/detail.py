@@ -18,6 +18,7 @@ from cachemgr.core.model import (
     BcacheBacking,
     CacheSet,
     DmCacheDevice,
+    DmWritecacheDevice,
     Identity,
     Size,
     Snapshot,
@@ -170,9 +171,48 @@ def dm_detail(d: DmCacheDevice) -> list[RenderableType]:
                          ("metadata device", d.metadata)):
         if ident is not None:
             out.append(identity_table(title, ident))
-    if d.lvm_owned:
-        out.append(Text("owned by LVM: change it with lvchange/lvconvert", style="yellow"))
+    out += lvm_detail(d)
     return out
+
+
+def lvm_detail(d: DmCacheDevice | DmWritecacheDevice) -> list[RenderableType]:
+    """What lvm2 says of an LVM-owned cache (cachemgr changes it through lvm2)."""
+    v = d.lvm
+    if v is None:
+        if d.lvm_owned:
+            return [Text("owned by LVM, but lvs did not describe it (see cachemgr status's "
+                         "warnings)", style="yellow")]
+        return []
+    return [kv(f"LVM {v.kind} {v.full_name}", [
+        ("cache", f"{v.vg}/{v.pool_name} ({v.pool_kind})"), ("segment type", v.segtype),
+        ("origin PVs", ", ".join(v.origin_pvs) or None),
+        ("cache PVs", ", ".join(v.cache_pvs) or None),
+        ("mode (lvm2)", v.cache_mode), ("policy (lvm2)", v.policy),
+        ("settings", ",".join(f"{k}={x}" for k, x in v.settings) or None),
+        ("chunk/block size", human(v.chunk_bytes) if v.chunk_bytes else None),
+        ("health", v.health or "ok"), ("check needed", v.check_needed)])]
+
+
+def wc_detail(d: DmWritecacheDevice) -> list[RenderableType]:
+    st = d.status
+    out: list[RenderableType] = [kv(f"dm-writecache {d.node}", [
+        ("dm name", d.name), ("kernel name", d.kernel_name), ("devno", d.devno),
+        ("dm UUID", d.uuid), ("owned by LVM", d.lvm_owned), ("state", d.state),
+        ("dirty", human(d.dirty_bytes) if d.dirty_bytes is not None else "unknown"),
+        ("block size", human(d.table.block_bytes)), ("open count", d.open_count),
+        ("suspended", d.suspended), ("holders", ", ".join(d.holders) or None),
+        ("failure", d.failure), ("table", d.table.line()),
+    ])]
+    if st:
+        out.append(kv("status", [
+            ("error", st.error), ("blocks", st.total), ("free", st.free),
+            ("dirty", f"{st.dirty} blocks"), ("under writeback", st.writeback),
+            ("watermarks", f"high {d.table.settings().get('high_watermark', '50')}, "
+                           f"low {d.table.settings().get('low_watermark', '45')}")]))
+    for title, ident in (("origin", d.origin), ("cache device", d.cache)):
+        if ident is not None:
+            out.append(identity_table(title, ident))
+    return out + lvm_detail(d)
 
 
 def render(snap: Snapshot, key: str) -> RenderableType:
@@ -184,6 +224,8 @@ def render(snap: Snapshot, key: str) -> RenderableType:
         parts = backing_detail(obj, snap)
     elif isinstance(obj, CacheSet):
         parts = cset_detail(obj, snap)
+    elif isinstance(obj, DmWritecacheDevice):
+        parts = wc_detail(obj)
     else:
         parts = dm_detail(obj)
     spaced: list[RenderableType] = []

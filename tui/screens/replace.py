@@ -28,9 +28,10 @@ class SwapPrompt(ConfirmDialog):
         super().__init__("Physical swap", text, [("done", "Done: the disk is in", "primary")])
 
 
-def step_lines(done: list[str], current: str | None, failed: str | None) -> str:
+def step_lines(done: list[str], current: str | None, failed: str | None,
+               steps: tuple[tuple[str, str], ...] = replace.STEPS) -> str:
     out = []
-    for i, (name, _) in enumerate(replace.STEPS, 1):
+    for i, (name, _) in enumerate(steps, 1):
         if name in done:
             mark = "✓"
         elif name == failed:
@@ -58,7 +59,8 @@ class ReplaceScreen(Screen[None]):
 
     def __init__(self, cset: str) -> None:
         super().__init__()
-        self.cset = cset
+        self.cset = cset  # a cache set's UUID, or a cached LV's VG/LV
+        self.lvm = replace.steps_for(cset) is not replace.STEPS
         self.journal: replace.Journal | None = None
         self.current: str | None = None
         self.op: Any = None
@@ -69,12 +71,15 @@ class ReplaceScreen(Screen[None]):
             yield Label("new SSD")
             yield Input("same", id="new", placeholder="same | any | /dev/sdX | wwn:...")
             yield Label("interim mode")
-            yield Input("none", id="interim", placeholder="none|writearound|writethrough")
-        yield Static(literal(f"cache set {self.cset}: press p for the plan (changes "
+            yield Input("none", id="interim", placeholder="none|writearound|writethrough",
+                        disabled=self.lvm)  # an LVM cache drains through lvm2's cleaner
+        what = "cached LV" if self.lvm else "cache set"
+        yield Static(literal(f"{what} {self.cset}: press p for the plan (changes "
                              "nothing), g to start, r to resume an interrupted run."),
                      id="plan")
         with Horizontal(classes="two-cols"):
-            yield Static(literal(step_lines([], None, None)), id="steps")
+            yield Static(literal(step_lines([], None, None, replace.steps_for(self.cset))),
+                         id="steps")
             with Vertical():
                 yield RichLog(id="oplog", wrap=True, markup=False)
         yield Footer(compact=True, show_command_palette=False)
@@ -94,8 +99,9 @@ class ReplaceScreen(Screen[None]):
         failed = None
         if j is not None and j.status == "failed" and j.error:
             failed = j.error.split(":", 1)[0]
+        steps = j.steps if j else replace.steps_for(self.cset)
         self.query_one("#steps", Static).update(
-            literal(step_lines(list(j.done) if j else [], self.current, failed)))
+            literal(step_lines(list(j.done) if j else [], self.current, failed, steps)))
 
     def options(self) -> replace.Options:
         return replace.Options(new=self.query_one("#new", Input).value.strip() or "same",
@@ -140,9 +146,15 @@ class ReplaceScreen(Screen[None]):
             self.confirm_start(self.journal)
 
     def confirm_start(self, j: replace.Journal) -> None:
-        body = ("\n".join(replace.describe(j)) + "\n\nThe VMs' bcache devices stay up "
-                "(passthrough while detached). Every step is journaled: an interrupted run "
-                "resumes (r) or, before 'unregister', rolls back (u).")
+        if j.kind == "lvm":
+            tail = ("The LV stays up (uncached between the split and the new attach). Every "
+                    "step is journaled: an interrupted run resumes (r) or, before "
+                    "'remove-old-cache', rolls back (u).")
+        else:
+            tail = ("The VMs' bcache devices stay up (passthrough while detached). Every step "
+                    "is journaled: an interrupted run resumes (r) or, before 'unregister', "
+                    "rolls back (u).")
+        body = "\n".join(replace.describe(j)) + "\n\n" + tail
         self.app.push_screen(ConfirmDialog(f"Replace the SSD of {j.cset[:8]}", body,
                                            [("go", "Start replacement", "error")]),
                              when(lambda b: self.execute(j)))
@@ -170,7 +182,8 @@ class ReplaceScreen(Screen[None]):
     def _pick_run(self, title: str, then: Any) -> None:
         # finished and rolled-back runs can be neither resumed nor rolled back
         runs = replace.runs(unfinished=True)
-        choices = [(j.id, f"{j.id}  {j.status}  cset {j.cset[:8]}  last: "
+        choices = [(j.id, f"{j.id}  {j.status}  "
+                    f"{'lv ' + j.cset if j.kind == 'lvm' else 'cset ' + j.cset[:8]}  last: "
                     f"{(j.done or ['-'])[-1]}" + (f"  ({j.error})" if j.error else ""))
                    for j in runs]
         self.app.push_screen(ChoiceDialog(title, choices, empty="no interrupted run"),
@@ -194,9 +207,10 @@ class ReplaceScreen(Screen[None]):
             ctl.say = lambda m: app.call_from_thread(self.say, m)
             return replace.rollback(app.sysfs, j.id, ctl=ctl)
 
+        last = "remove-old-cache" if j.kind == "lvm" else "unregister"
         app.push_screen(ConfirmDialog(f"Roll back {j.id}",
                                       "Put the modes back and re-attach what was detached "
-                                      "(possible only before 'unregister').",
+                                      f"(possible only before '{last}').",
                                       [("go", "Roll back", "warning")]),
                         when(lambda b: app.start_op(f"replace-ssd rollback {j.id}", fn)))
 
