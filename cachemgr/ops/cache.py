@@ -175,6 +175,14 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
     _timeouts(timeout, stall_timeout)
     ctl = _ctl(ctl, f"drain of {target}")
     snap = status(sysfs, probe_unregistered=False)
+    lv = lvm_spelling(target)
+    if resume and lv and devices_mod.find(snap, target, sysfs) is None \
+            and lvm_manage.journal_for(lv).exists():
+        # killed after lvm2 split or uncached it: no cache left on the LV to restore
+        done = lvm_manage.restore_split(lv)
+        return Result(notes=[f"{lv}: an interrupted detach/remove had split the cache off; "
+                             + (f"policy {done['policy']} put back on {done['on']}" if done
+                                else "nothing left to put back")])
     dev = devices_mod.resolve(snap, target, sysfs)
     if isinstance(dev, BcacheDevice):
         require_root("draining")

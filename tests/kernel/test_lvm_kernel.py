@@ -217,6 +217,26 @@ def test_split_attach_uncache_keep_every_byte(lab_disks: list[str]) -> None:
     assert got == {"segtype": "cache", "cache_mode": "writeback", "cache_policy": "smq"}, got
     r = cm("attach", LV, f"{VG}/pool")
     assert r.returncode == 4, r.stderr
+    # a detach killed after lvm2's split, before its journal went (the state such a crash
+    # leaves: the cleaner in the split-off pool's metadata, the drain journal naming the LV):
+    # drain --resume puts the policy back on the pool and drops the journal
+    from cachemgr.backends.lvm import manage
+
+    lvm("lvchange", "-y", "--cachepolicy", "cleaner", LV)
+    state.write_json(manage.journal_for(LV), {
+        "lv": LV, "segtype": "cache", "policy": "smq", "pool": "pool",
+        "pool_kind": "cachepool", "cleaner": "0", "cache_mode": "writeback",
+        "started": time.time()})
+    lvm("lvconvert", "-y", "--splitcache", LV)
+    assert lvs(f"{VG}/pool", "cache_policy")["cache_policy"] == "cleaner"
+    r = cm("drain", LV, "--resume")
+    assert r.returncode == 0 and "policy smq put back on vg0/pool" in r.stderr, r.stderr
+    assert lvs(f"{VG}/pool", "cache_policy")["cache_policy"] == "smq"
+    assert not manage.journal_for(LV).exists()
+    r = cm("drain", LV, "--resume")
+    assert r.returncode == 2 and "not a cached LV" in r.stderr, r.stderr
+    r = cm("attach", LV, f"{VG}/pool", "--mode", "writeback")
+    assert r.returncode == 0, r.stderr
     fill("24M")
     want = sha256(f"/dev/{LV}")
     r = cm("remove", LV)

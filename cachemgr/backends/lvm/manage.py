@@ -219,6 +219,35 @@ def restore_saved(d: LvmDevice) -> dict[str, str]:
     return {what: value}
 
 
+def restore_split(vg_lv: str) -> dict[str, str]:
+    """The journal of a detach or remove killed after lvm2 split (or uncached) the LV and
+    before the journal went: the LV has no cache to put a policy back on. A cache pool keeps
+    the cleaner in its own metadata (docs/kernel-notes.md, "lvm2"), so its policy goes back
+    on the pool; then the journal goes. {} when there is none."""
+    vg, lv = command.check_vg_lv(vg_lv)
+    require_root("restoring an interrupted drain")
+    with _locked(vg, lv):
+        path = journal_for(vg_lv)
+        saved = state.read_json(path)
+        if saved is None:
+            return {}
+        if saved.get("lv") != vg_lv:
+            raise state.StateFileError(path, "not an LVM drain journal for this LV")
+        out: dict[str, str] = {}
+        pool = saved.get("pool")
+        if saved.get("segtype") == "cache" and saved.get("pool_kind") == "cachepool" \
+                and isinstance(pool, str):
+            command.check_vg_lv(f"{vg}/{pool}")
+            layout = field(command.LiveLvs().report(), vg, pool, "lv_layout")
+            if "pool" in layout.split(","):
+                _cleaner_off(saved, target=f"{vg}/{pool}")
+                out = {"policy": str(saved.get("policy") or "smq"), "on": f"{vg}/{pool}"}
+        path.unlink(missing_ok=True)
+        log.info("%s: the journal of an interrupted detach/remove is done with (%s)", vg_lv,
+                 out or "nothing to put back")
+        return out
+
+
 def restore_interrupted(d: LvmDevice) -> dict[str, str]:
     v = lv_of(d)
     require_root("restoring an interrupted drain")
@@ -258,6 +287,7 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
             return start, time.monotonic() - t0, {"mode": final_mode.value, "switched": True}, \
                 None
         saved: dict[str, Any] = {"lv": v.full_name, "segtype": v.segtype, "policy": v.policy,
+                                 "pool": v.pool_name, "pool_kind": v.pool_kind,
                                  "cleaner": v.setting("cleaner") or "0",
                                  "cache_mode": mode_now, "started": time.time()}
         path = journal(v)
