@@ -91,8 +91,7 @@ def find_dm(snap: Snapshot, target: str, sysfs: Sysfs | None = None,
     """A dm-cache or dm-writecache device ``target`` names: with ``lvm``, only those LVM's
     report joined (``VG/LV``, ``/dev/VG/LV``, ``/dev/mapper/VG-LV``, the dm name or
     /dev/dm-N); without, only dm-writecache devices LVM does not describe."""
-    every: list[DmCacheDevice | DmWritecacheDevice] = [*snap.dmcaches, *snap.writecaches]
-    devs = [x for x in every
+    devs = [x for x in snap.dm_devices
             if (x.lvm is not None) == lvm and (lvm or isinstance(x, DmWritecacheDevice))]
     for x in devs:
         names = {x.name, x.node, x.kernel_name, f"/dev/{x.kernel_name}"}

@@ -402,6 +402,11 @@ class Snapshot:
     # devices carrying a bcache superblock that are not registered (live systems only)
     unregistered: tuple[UnregisteredBcache, ...] = ()
 
+    @property
+    def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:
+        """Every dm-cache and dm-writecache device (LVM's included)."""
+        return (*self.dmcaches, *self.writecaches)
+
     def cache_set(self, uuid: str) -> CacheSet | None:
         return next((c for c in self.cache_sets if c.uuid == uuid), None)
 

@@ -74,8 +74,11 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
     if not cache:
         raise UsageError("replace-ssd needs the CACHE (its SSD, cset UUID or cached LV)",
                          hint="or --resume ID / --list")
-    if replace_lvm.names_lv(cache) or replace_lvm.find(sysfs, cache) is not None:
+    if replace_lvm.names_lv(cache):
         return replace_lvm.plan(sysfs, cache, opts)
+    found = replace_lvm.find(sysfs, cache)  # /dev/dm-N, a dm name: an LVM cache all the same
+    if found is not None:
+        return replace_lvm.plan(sysfs, cache, opts, found)
     return replace.plan(sysfs, cache, opts)
 
 

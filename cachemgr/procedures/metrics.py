@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheState, DmCacheDevice, DmWritecacheDevice, Snapshot
+from cachemgr.core.model import CacheState, Snapshot
 from cachemgr.core.sysfs import Sysfs
 
 BCACHE_MODES = ("writethrough", "writeback", "writearound", "none")
@@ -167,8 +167,7 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
     lvm = _g("lvm_cache_info", "1 for each LVM-owned cache: its VG/LV, cache pool or "
              "cachevol, and whether lvm2 says it needs a check.",
              ["device", "lv", "cache", "kind", "check_needed"])
-    every: list[DmCacheDevice | DmWritecacheDevice] = [*snap.dmcaches, *snap.writecaches]
-    for dmdev in every:
+    for dmdev in snap.dm_devices:
         lv = dmdev.lvm
         if lv is not None:
             lvm.add_metric([dmdev.node, lv.full_name, f"{lv.vg}/{lv.pool_name}", lv.kind,

@@ -32,7 +32,6 @@ from cachemgr.backends import scsi, signatures, snapshot
 from cachemgr.backends.lvm import command, manage
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.backends.targets import find_dm
-from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmWritecacheDevice, DrainProgress, Size
 from cachemgr.core.sysfs import Sysfs
@@ -80,8 +79,10 @@ def names_lv(target: str) -> bool:
 # --------------------------------------------------------------------------------- planning
 
 
-def plan(sysfs: Sysfs, target: str, opts: Options) -> Journal:
-    """Preflight and remember for an LVM cache; changes nothing."""
+def plan(sysfs: Sysfs, target: str, opts: Options,
+         found: manage.LvmDevice | None = None) -> Journal:
+    """Preflight and remember for an LVM cache; changes nothing. ``found``: the cache
+    ``target`` names, when the caller has looked it up already."""
     if opts.interim_mode != CacheMode.NONE.value:
         raise UsageError(f"--interim-mode {opts.interim_mode} does not apply to an LVM cache",
                          hint="it drains through lvm2's cleaner policy (writethrough while it "
@@ -89,7 +90,7 @@ def plan(sysfs: Sysfs, target: str, opts: Options) -> Journal:
     if not opts.wipe_old:
         raise UsageError("--keep-old-signature does not apply to an LVM cache",
                          hint="its PV label is wiped (pvremove) once it has left the VG")
-    d = find(sysfs, target)
+    d = found or find(sysfs, target)
     if d is None:
         raise UsageError(f"{target} is not a cached LV",
                          hint="cachemgr status lists the LVM caches (VG/LV)")
@@ -350,7 +351,7 @@ def s_restore(c: Ctx) -> None:
             c.say(f"{vl}: policy {m['policy']} restored")
     differ = [(k, val) for k, val in _settings(c) if v.setting(k) != val]
     if differ:
-        command.lvchange(vl, "--cachesettings", manage._settings_word(differ))
+        command.lvchange(vl, "--cachesettings", manage.settings_word(differ))
         c.say(f"{vl}: settings {', '.join(f'{k}={val}' for k, val in differ)} restored")
 
 
@@ -385,10 +386,7 @@ def _rollback(c: Ctx) -> None:
     and settings, or put the policy back (if only drained)."""
     d = _cached(c)
     if d is not None:
-        try:
-            manage.restore_interrupted(d)
-        except state.StateFileError:
-            raise
+        manage.restore_interrupted(d)
         c.say(f"{_vg_lv(c)}: policy put back; the cache stays attached")
         return
     if lvm_report.field(_rows(), c.j.lvm["vg"], c.j.lvm["pool"], "lv_layout"):

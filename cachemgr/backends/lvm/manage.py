@@ -117,8 +117,7 @@ def reread(d: LvmDevice) -> LvmDevice:
 
     v = lv_of(d)
     snap = snapshot.take(Sysfs())
-    every: list[LvmDevice] = [*snap.dmcaches, *snap.writecaches]
-    for x in every:
+    for x in snap.dm_devices:
         if x.lvm is not None and (x.lvm.vg, x.lvm.lv) == (v.vg, v.lv):
             return x
     raise UsageError(f"{v.full_name} is not a cached LV (any more)",
@@ -200,16 +199,23 @@ def _cleaner_off(saved: dict[str, Any], target: str | None = None) -> None:
         command.lvchange(name, "--cachepolicy", str(saved.get("policy") or "smq"))
 
 
+def _saved(vg_lv: str) -> tuple[Path, dict[str, Any] | None]:
+    """``vg_lv``'s drain journal and what it holds (None: there is none); a journal that is
+    not one for this LV raises StateFileError."""
+    path = journal_for(vg_lv)
+    saved = state.read_json(path)
+    if saved is not None and saved.get("lv") != vg_lv:
+        raise state.StateFileError(path, "not an LVM drain journal for this LV")
+    return path, saved
+
+
 def restore_saved(d: LvmDevice) -> dict[str, str]:
     """Put back the policy (or writecache cleaner setting) an interrupted drain left, from its
     journal; {} when there is none. Called under the LV's lock."""
     v = lv_of(d)
-    path = journal(v)
-    saved = state.read_json(path)
+    path, saved = _saved(v.full_name)
     if saved is None:
         return {}
-    if not isinstance(saved.get("lv"), str) or saved["lv"] != v.full_name:
-        raise state.StateFileError(path, "not an LVM drain journal for this LV")
     _cleaner_off(saved)
     path.unlink(missing_ok=True)
     what = "cleaner" if saved.get("segtype") == "writecache" else "policy"
@@ -227,12 +233,9 @@ def restore_split(vg_lv: str) -> dict[str, str]:
     vg, lv = command.check_vg_lv(vg_lv)
     require_root("restoring an interrupted drain")
     with _locked(vg, lv):
-        path = journal_for(vg_lv)
-        saved = state.read_json(path)
+        path, saved = _saved(vg_lv)
         if saved is None:
             return {}
-        if saved.get("lv") != vg_lv:
-            raise state.StateFileError(path, "not an LVM drain journal for this LV")
         out: dict[str, str] = {}
         pool = saved.get("pool")
         if saved.get("segtype") == "cache" and saved.get("pool_kind") == "cachepool" \
@@ -397,7 +400,7 @@ def uncache(d: LvmDevice, *, timeout: float, stall_timeout: float,
 # ----------------------------------------------------------------------------- attach / tune
 
 
-def _settings_word(settings: Sequence[tuple[str, str]]) -> str:
+def settings_word(settings: Sequence[tuple[str, str]]) -> str:
     for k, v in settings:
         if not re.fullmatch(r"[a-z_]{1,64}", k) or not re.fullmatch(r"[0-9A-Za-z_.]{1,64}", v):
             raise UsageError(f"cache setting {k}={v} is not NAME=VALUE")
@@ -447,7 +450,7 @@ def attach(origin: str, cache: str, *, writecache: bool = False,
                 raise UsageError(f"{policy!r} is not a cache policy name")
             argv += ["--cachepolicy", policy]
         if settings:
-            argv += ["--cachesettings", _settings_word(settings)]
+            argv += ["--cachesettings", settings_word(settings)]
         if writecache and field(rows, cvg, clv, "lv_active") == "active":
             command.lvchange(f"{cvg}/{clv}", "-an")  # lvm2: the cachevol must be inactive
         try:
