@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from cachemgr.backends import inuse
+from cachemgr.backends.dmcache.command import words as dm_words
 from cachemgr.core import runner
 from cachemgr.core.errors import CommandError, UsageError
 from cachemgr.core.sysfs import NEVER_READ, Sysfs
@@ -158,7 +159,7 @@ class Capturer:
         outputs = {}
         for what in ("table", "status", "info"):
             try:
-                outputs[what] = runner.run(["dmsetup", what], timeout=30).stdout
+                outputs[what] = runner.run(["dmsetup", *dm_words(what)], timeout=30).stdout
             except CommandError as exc:
                 outputs[what] = f"# dmsetup {what} failed: {exc}\n"
         for what, text in outputs.items():

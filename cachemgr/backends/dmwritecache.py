@@ -110,9 +110,6 @@ def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> WritecacheScan:
 
 
 def read_status(name: str) -> DmWritecacheStatus | str:
-    from cachemgr.backends.dmcache.command import dmsetup
+    from cachemgr.backends.dmcache.command import status_line
 
-    lines = [x for x in dmsetup("status", name, timeout=30).stdout.splitlines() if x.strip()]
-    if len(lines) != 1:
-        raise KernelFormatError(f"dmsetup status {name} (one target expected)", "\n".join(lines))
-    return parse_status(lines[0])
+    return parse_status(status_line(name))

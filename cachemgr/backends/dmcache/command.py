@@ -31,9 +31,26 @@ def dmsetup(*args: str, timeout: float = 60, check: bool = True) -> runner.Compl
     return runner.run(["dmsetup", *args], timeout=timeout, check=check, env=_env())
 
 
+def words(what: str) -> tuple[str, ...]:
+    """dmsetup's words for reading ``what`` (table, status, info). A status is always read
+    with ``--noflush``: without it dm-cache commits its metadata on every status read, and a
+    drain polling twice a second slowed the writeback down
+    (docs/kernel-notes.md, "dm-cache table and status")."""
+    return ("status", "--noflush") if what == "status" else (what,)
+
+
+def status_line(name: str) -> str:
+    """``dmsetup status --noflush NAME``: the one target line (a KernelFormatError otherwise)."""
+    lines = [x for x in dmsetup(*words("status"), name, timeout=30).stdout.splitlines()
+             if x.strip()]
+    if len(lines) != 1:
+        raise KernelFormatError(f"dmsetup status {name} (one target expected)", "\n".join(lines))
+    return lines[0]
+
+
 class LiveDmsetup:
     def output(self, what: str) -> str:
-        return dmsetup(what, timeout=30).stdout
+        return dmsetup(*words(what), timeout=30).stdout
 
 
 class CapturedDmsetup:
@@ -60,10 +77,7 @@ def default_source(sysfs: Sysfs) -> DmsetupSource:
 
 def read_status(name: str) -> DmCacheStatus | FailWord:
     """``dmsetup status NAME``: one line without the name prefix."""
-    lines = [x for x in dmsetup("status", name, timeout=30).stdout.splitlines() if x.strip()]
-    if len(lines) != 1:
-        raise KernelFormatError(f"dmsetup status {name} (one target expected)", "\n".join(lines))
-    return parse_status(lines[0])
+    return parse_status(status_line(name))
 
 
 def read_table(name: str) -> str:
