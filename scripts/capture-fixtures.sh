@@ -153,6 +153,36 @@ lvm-caches)
     dmsetup resume slow
     cap "lvm2's caches in vg0 (origin PV a dm-delay over the first disk, writes slowed to 2 s after the fill; caches on the second disk): vg0/vm1 cache pool writeback (written, then idle: clean again by the capture), vg0/vm2 cachevol writethrough, vg0/vm3 writecache (high_watermark 60) with dirty blocks"
     ;;
+lvm-split)
+    # Not in $all: run it by name (scripts/capture-fixtures.sh lvm-split). The states an
+    # [lvm.NAME] auto-attach policy entry meets. vg0 over the first disk (the HDD) and two
+    # dm-linear halves of the second (two "SSDs", the raw disk filtered out: it carries the
+    # first half's PV label). vm1: its cache pool "pool" (on ssd-a) split off, whole;
+    # vm2: cache pool "pool2" and vm4: cachevol "fast4", both on ssd-b, split off, and then
+    # ssd-b removed (a missing PV: both partial); vm3: cached by "pool3" (ssd-a), writethrough;
+    # "plain": a plain LV on ssd-a.
+    half=$(( $(blockdev --getsz "$ssd") / 2 ))
+    dmsetup create ssd-a --table "0 $half linear $ssd 0"
+    dmsetup create ssd-b --table "0 $half linear $ssd $half"
+    printf 'devices { global_filter = [ "r|^%s$|" ] }\n' "$ssd" >> /etc/lvm/lvmlocal.conf
+    lvm pvcreate -y "$hdd" /dev/mapper/ssd-a /dev/mapper/ssd-b
+    lvm vgcreate vg0 "$hdd" /dev/mapper/ssd-a /dev/mapper/ssd-b
+    for lv in vm1 vm2 vm3 vm4; do lvm lvcreate -y -n $lv -L 64M vg0 "$hdd"; done
+    for p in pool:ssd-a pool3:ssd-a pool2:ssd-b; do
+        lvm lvcreate -y --type cache-pool --poolmetadataspare n --chunksize 64k \
+            -n "${p%%:*}" -L 24M vg0 "/dev/mapper/${p#*:}"
+    done
+    lvm lvcreate -y -n fast4 -L 16M vg0 /dev/mapper/ssd-b
+    lvm lvcreate -y -n plain -L 8M vg0 /dev/mapper/ssd-a
+    lvm lvconvert -y --type cache --cachepool vg0/pool --cachemode writeback vg0/vm1
+    lvm lvconvert -y --type cache --cachepool vg0/pool2 vg0/vm2
+    lvm lvconvert -y --type cache --cachepool vg0/pool3 --cachemode writethrough vg0/vm3
+    lvm lvconvert -y --type cache --cachevol vg0/fast4 vg0/vm4
+    for lv in vm1 vm2 vm4; do lvm lvconvert -y --splitcache vg0/$lv; done
+    lvm lvchange -an vg0/fast4
+    dmsetup remove ssd-b
+    cap "lvm2 caches split off and a missing PV (vg0 over the first disk and two dm-linear halves of the second): vm1 uncached, its cache pool vg0/pool whole; vm2 and vm4 uncached, their cache pool vg0/pool2 and cachevol vg0/fast4 on the removed PV ssd-b (partial); vm3 cached by vg0/pool3 in writethrough; vg0/plain a plain LV"
+    ;;
 dmcache-failed)
     # the metadata device (a dm-linear) starts failing every IO; the next writes make the
     # kernel abort the metadata transaction and fail the cache: status reads "Fail" (the

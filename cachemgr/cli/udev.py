@@ -322,10 +322,11 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"schema": 1, "path": pol.path, "valid": True,
                           "caches": [c.name for c in pol.caches],
-                          "backings": [b.name for b in pol.backings]}))
+                          "backings": [b.name for b in pol.backings],
+                          "lvm": [m.name for m in pol.lvms]}))
     else:
         lines = [f"{pol.path}: valid; {len(pol.caches)} cache(s), {len(pol.backings)} "
-                 "backing device(s)"]
+                 f"backing device(s), {len(pol.lvms)} LVM cache(s)"]
         for c in pol.caches:
             lines.append(f"  cache {c.name}: {c.device or ''}"
                          f"{' cset ' + c.cset if c.cset else ''}"
@@ -334,6 +335,11 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
             tun = " ".join(f"{k}={v}" for k, v in b.tunables)
             lines.append(f"  backing {b.name}: {b.device} -> {b.cache}"
                          f"{' mode ' + b.mode.value if b.mode else ''}{' ' + tun if tun else ''}")
+        for m in pol.lvms:
+            lines.append(f"  lvm {m.name}: {m.cache} -> {m.lv} "
+                         f"({'writecache' if m.writecache else 'cache'}"
+                         f"{', mode ' + m.mode.value if m.mode else ''}"
+                         f"{', erases a plain LV' if m.erase_cachevol else ''})")
         # policy names and device strings as written in the file: control characters escaped
         print("\n".join(printable(line) for line in lines))
     return 0

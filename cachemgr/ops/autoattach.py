@@ -18,6 +18,7 @@ from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, require_root
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.cache import _lock_backing, _lock_set
 from cachemgr.ops.control import Result
 from cachemgr.procedures import autoattach, policy
@@ -25,6 +26,8 @@ from cachemgr.procedures.autoattach import (
     Action,
     Attach,
     Format,
+    LvmAttach,
+    LvmSetMode,
     Register,
     SetMode,
     SetTunable,
@@ -36,6 +39,12 @@ log = logging.getLogger("cachemgr.procedures.autoattach")
 
 def act(sysfs: Sysfs, view: View, a: Action) -> None:
     """Carry out one decided action (AlreadyError: already so; UnsafeError: skipped)."""
+    if isinstance(a, LvmAttach):  # through the attach and mode commands, with their locks
+        cache_ops.attach(sysfs, a.device, a.cache, writecache=a.writecache, mode=a.mode)
+        return
+    if isinstance(a, LvmSetMode):
+        cache_ops.mode(sysfs, a.device, a.mode)
+        return
     if isinstance(a, Register):
         bcache.register(sysfs, f"/dev/{a.device}")
         return

@@ -34,14 +34,16 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from cachemgr.backends import bcache, bcache_super, identity
+from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, UnsafeError
 from cachemgr.core.model import BcacheBacking, CacheState, Identity, Snapshot, hprint
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.policy import BackingPolicy, CachePolicy, DeviceId, Policy
+from cachemgr.procedures.policy import BackingPolicy, CachePolicy, DeviceId, LvmPolicy, Policy
 
 log = logging.getLogger("cachemgr.procedures.autoattach")
 
@@ -166,7 +168,11 @@ class View:
 
     snapshot: Snapshot
     devices: Mapping[str, DeviceFacts]
-    busy: Mapping[str, str] = field(default_factory=dict)  # uuid/wwn/serial -> why
+    busy: Mapping[str, str] = field(default_factory=dict)  # uuid/wwn/serial/VG/LV -> why
+    # lvm2's report (``lvs -a``, cachemgr.backends.lvm.command.REPORT_FIELDS), read only when
+    # the policy names LVM caches; None with ``lvm_error`` when it could not be read
+    lvm_rows: tuple[dict[str, Any], ...] | None = None
+    lvm_error: str | None = None
 
     def backing(self, name: str) -> BcacheBacking | None:
         return next((b for b in self.snapshot.backings if b.identity.name == name), None)
@@ -236,15 +242,38 @@ def _busy_from_journals() -> dict[str, str]:
             for b in j.get("backings") or []:
                 if isinstance(b, dict) and b.get("uuid"):
                     busy[str(b["uuid"])] = why
+            m = j.get("lvm")
+            if isinstance(m, dict) and m.get("vg") and m.get("lv"):
+                busy[f"{m['vg']}/{m['lv']}"] = why
     for p in sorted((root / "drain").glob("*.json")) if (root / "drain").is_dir() else []:
         busy[p.stem] = "a drain is in progress (or was interrupted: cachemgr drain --resume)"
+    lvm_dir = root / "lvm-drain"
+    for p in sorted(lvm_dir.glob("*.json")) if lvm_dir.is_dir() else []:
+        try:
+            lv = (state.read_json(p) or {}).get("lv")
+        except (state.StateFileError, AttributeError):
+            continue
+        if isinstance(lv, str):
+            busy[lv] = ("a drain, detach or remove of it is in progress (or was interrupted: "
+                        f"cachemgr drain {lv} --resume)")
     return busy
+
+
+def _lvm_report(sysfs: Sysfs) -> tuple[tuple[dict[str, Any], ...] | None, str | None]:
+    from cachemgr.backends.lvm import command as lvm_command
+
+    try:
+        return tuple(lvm_command.default_source(sysfs).report()), None
+    except CacheMgrError as exc:
+        return None, str(exc).splitlines()[0]
 
 
 def take_view(sysfs: Sysfs, *, udev: identity.UdevArg = identity.AUTO,
               probe: identity.ProbeArg = identity.AUTO,
-              super_show: Callable[[str], dict[str, str] | None] | None = None) -> View:
-    """Read the host once. ``udev``/``probe``/``super_show`` default to the live sources."""
+              super_show: Callable[[str], dict[str, str] | None] | None = None,
+              lvm: bool = False) -> View:
+    """Read the host once. ``udev``/``probe``/``super_show`` default to the live sources;
+    ``lvm``: read lvm2's report too (the policy names LVM caches)."""
     scan = bcache.scan(sysfs)
     snap = Snapshot(kernel=None, bcache_loaded=scan.loaded, cache_sets=scan.cache_sets,
                     backings=scan.backings, warnings=scan.warnings)
@@ -292,7 +321,8 @@ def take_view(sysfs: Sysfs, *, udev: identity.UdevArg = identity.AUTO,
         blank = (live or prober is not None) and ident.fs_type is None and not parts \
             and not holders and (ident.size_bytes or 0) > 0
         devices[name] = DeviceFacts(ident, blank=blank, holders=holders)
-    return View(snap, devices, _busy_from_journals())
+    rows, err = _lvm_report(sysfs) if lvm else (None, None)
+    return View(snap, devices, _busy_from_journals(), rows, err)
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,7 +410,33 @@ class Note(Action):
         return self.message
 
 
-_ORDER = {"format": 0, "register": 1, "attach": 2, "mode": 3, "tunable": 4, "note": 5}
+@dataclass(frozen=True)
+class LvmAttach(Action):
+    """``device`` and ``stable_id`` are the LV (VG/LV); lvm2 attaches ``cache`` to it."""
+
+    cache: str = ""
+    writecache: bool = False
+    mode: str | None = None
+    kind = "lvm-attach"
+
+    def describe(self) -> str:
+        how = "writecache" if self.writecache else "cache"
+        return (f"attach {self.cache} to {self.device} as its {how} with lvm2"
+                + (f" (mode {self.mode})" if self.mode else ""))
+
+
+@dataclass(frozen=True)
+class LvmSetMode(Action):
+    mode: str = ""
+    before: str | None = None
+    kind = "lvm-mode"
+
+    def describe(self) -> str:
+        return f"set cache mode of {self.device} to {self.mode} with lvm2 (was {self.before})"
+
+
+_ORDER = {"format": 0, "register": 1, "attach": 2, "lvm-attach": 2, "mode": 3, "lvm-mode": 3,
+          "tunable": 4, "note": 5}
 
 
 # ---------------------------------------------------------------------------------------
@@ -511,6 +567,73 @@ class _Planner:
             if not same:
                 self.out.append(SetTunable(f.name, f.stable_id, b.name, name, value, before))
 
+    def lvm(self, m: LvmPolicy) -> None:
+        """Attach ``m``'s cache pool or cachevol to its LV when both are there, uncached and
+        whole; set its mode. Never detaches, never repairs, never erases an LV unasked."""
+        if self.view.lvm_rows is None:
+            self.note(None, m.name, f"{m.label}: lvm2's report could not be read "
+                                    f"({self.view.lvm_error or 'not read'}); not acting",
+                      logging.WARNING)
+            return
+        why = self.busy(m.lv)
+        if why:
+            self.note(None, m.name, f"{m.label}: leaving it alone: {why}")
+            return
+        rows = list(self.view.lvm_rows)
+        vg, lv = m.lv.split("/", 1)
+        cvg, clv = m.cache.split("/", 1)
+        olay = lvm_report.field(rows, vg, lv, "lv_layout").split(",")
+        if olay == [""]:
+            return  # not here (yet): its VG or LV is elsewhere
+        if "cache" in olay or "writecache" in olay:
+            pool = lvm_report.bare(lvm_report.field(rows, vg, lv, "pool_lv"))
+            now = f"{vg}/{lvm_report.attached_name(pool)}"
+            kind = "writecache" if "writecache" in olay else "cache"
+            if now != m.cache or (kind == "writecache") != m.writecache:
+                self.note(None, m.name, f"{m.label}: {m.lv} is cached by {now} ({kind}), the "
+                                        f"policy says {m.cache} "
+                                        f"({'writecache' if m.writecache else 'cache'}); "
+                                        "auto-attach never detaches (cachemgr detach, then "
+                                        "attach)", logging.WARNING)
+                return
+            cur = lvm_report.field(rows, vg, lv, "cache_mode") or None
+            if m.mode is not None and kind == "cache" and cur != m.mode.value:
+                self.out.append(LvmSetMode(m.lv, m.lv, m.name, m.mode.value, cur))
+            return
+        if lvm_report.partial(rows, vg, lv):
+            self.note(None, m.name, f"{m.label}: {m.lv} is missing a PV; not attaching a "
+                                    "cache to it", logging.WARNING)
+            return
+        clay = lvm_report.field(rows, cvg, clv, "lv_layout").split(",")
+        if clay == [""]:
+            user = lvm_report.attached_to(rows, cvg, clv)
+            self.note(None, m.name, f"{m.label}: {m.cache} " + (
+                f"caches {cvg}/{user} now; auto-attach never detaches" if user else
+                "does not exist"), logging.WARNING)
+            return
+        if lvm_report.partial(rows, cvg, clv):
+            self.note(None, m.name, f"{m.label}: {m.cache} is missing a PV; it is attached "
+                                    "when its PV returns (lvm2 may want vgextend "
+                                    "--restoremissing first: lvs shows the PV as missing)")
+            return
+        is_pool = "pool" in clay
+        if m.writecache and is_pool:
+            self.note(None, m.name, f"{m.label}: {m.cache} is a cache pool; a writecache "
+                                    "takes a plain LV (cachevol)", logging.WARNING)
+            return
+        if not is_pool:
+            if clay != ["linear"] and "striped" not in clay:
+                self.note(None, m.name, f"{m.label}: {m.cache} ({','.join(clay)}) is neither "
+                                        "a cache pool nor a plain LV", logging.WARNING)
+                return
+            if not m.erase_cachevol:
+                self.note(None, m.name, f"{m.label}: {m.cache} is a plain LV: attaching it "
+                                        "as a cachevol erases it; not attaching "
+                                        "(erase_cachevol is false)", logging.WARNING)
+                return
+        self.out.append(LvmAttach(m.lv, m.lv, m.name, m.cache, m.writecache,
+                                  m.mode.value if m.mode else None))
+
     def cache_of(self, b: BackingPolicy) -> str | None:
         c = self.policy.cache(b.cache)
         return self.cache(c) if c else None
@@ -530,13 +653,15 @@ def _tunable_is(bk: BcacheBacking, name: str, value: int) -> tuple[bool, str | N
 
 
 def _scope(event: Event | None, view: View, policy: Policy
-           ) -> tuple[list[CachePolicy], list[BackingPolicy]]:
+           ) -> tuple[list[CachePolicy], list[BackingPolicy], list[LvmPolicy]]:
     if event is None:
-        return list(policy.caches), list(policy.backings)
+        return list(policy.caches), list(policy.backings), list(policy.lvms)
     name = view.event_device(event)
     f = view.devices.get(name) if name else None
     if f is None:
-        return [], []
+        return [], [], []
+    # a PV that appears may complete an LV or a cache pool (lvm2 finds which)
+    lvms = list(policy.lvms) if f.identity.fs_type == "LVM2_member" else []
     caches = [c for c in policy.caches
               if (c.device is not None and matches(c.device, f))
               or (c.cset is not None and f.cset == c.cset and (f.role or f.sb_kind) == "cache")]
@@ -545,7 +670,7 @@ def _scope(event: Event | None, view: View, policy: Policy
     caches += [c for c in policy.caches if c.name not in names
                and any(b.cache == c.name for b in backs)]
     backs += [b for b in policy.backings if b not in backs and b.cache in names]
-    return caches, backs
+    return caches, backs, lvms
 
 
 def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
@@ -562,12 +687,14 @@ def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
         return [Note(event.name or "", event.devname or "", n,
                      f"{event.devname} removed; nothing to do (auto-attach never detaches; it "
                      "comes back attached when it returns)") for n in named]
-    caches, backs = _scope(event, view, policy)
+    caches, backs, lvms = _scope(event, view, policy)
     p = _Planner(view, policy)
     for c in caches:
         p.cache(c)
     for b in backs:
         p.backing(b)
+    for m in lvms:
+        p.lvm(m)
     seen: set[Action] = set()
     out = []
     for a in p.out:
@@ -684,7 +811,9 @@ def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,
               view_fn: Callable[[Sysfs], View] | None = None,
               max_rounds: int = MAX_ROUNDS) -> PassResult:
     """Decide and execute (through ``act``) until nothing is left to do (or ``max_rounds``)."""
-    take = view_fn or take_view
+    def take(s: Sysfs) -> View:
+        return (view_fn or partial(take_view, lvm=bool(policy.lvms)))(s)
+
     outcomes: list[Outcome] = []
     noted: set[str] = set()
     tried: set[Action] = set()

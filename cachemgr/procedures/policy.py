@@ -22,6 +22,19 @@ kernel names::
     writeback_percent = 10
     sequential_cutoff = "4M"
 
+    [lvm.vm-b]                          # an LVM cache (lvm2 does the work)
+    lv = "vg0/vm-b"                     # the LV that is cached
+    cache = "vg0/vm-b-pool"             # its cache pool or cachevol
+    type = "cache"                      # or "writecache"
+    mode = "writeback"                  # cache only: writethrough, writeback, passthrough
+    erase_cachevol = false              # the default: a plain LV (cachevol) is not attached
+
+An ``[lvm.NAME]`` entry attaches the cache pool or cachevol to its LV with lvm2 when both are
+there, uncached and whole (every PV present): after ``cachemgr detach`` split it off, it is
+attached again when its SSD's PV returns. LVM names (VG/LV) are stable; lvm2 finds the PVs.
+lvm2 erases a plain LV that it attaches as a cachevol (a writecache's cache always is one), so
+that needs ``erase_cachevol = true``, as formatting a blank SSD needs ``format_blank_ssd``.
+
 Device ids (:class:`DeviceId`): a WWN in any usual form (``naa.5000…``, ``0x5000…``,
 ``wwn-0x5000…``, ``eui.…``, ``t10.…``); ``serial:XYZ``; a ``/dev/disk/by-id/…`` link; a
 ``/dev/disk/by-path/…`` link (a slot: whatever disk sits there); ``uuid:<bcache UUID>`` or
@@ -48,6 +61,8 @@ from typing import Any, Literal
 
 from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
 from cachemgr.backends.identity import looks_like_wwn, normalize_wwn
+from cachemgr.backends.lvm.command import check_vg_lv, spelling
+from cachemgr.backends.lvm.manage import LVM_CACHE_MODES
 from cachemgr.core import checks
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
@@ -199,10 +214,33 @@ class BackingPolicy:
 
 
 @dataclass(frozen=True)
+class LvmPolicy:
+    """An LVM cache: the LV (``VG/LV``), its cache pool or cachevol, writecache or not, and
+    the mode (lvmcache only)."""
+
+    name: str
+    lv: str
+    cache: str
+    writecache: bool = False
+    mode: CacheMode | None = None
+    erase_cachevol: bool = False  # a plain LV is erased when attached as a cachevol
+    line: int = field(default=0, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"lvm {self.name} ({self.lv})"
+
+    @property
+    def vg(self) -> str:
+        return self.lv.partition("/")[0]
+
+
+@dataclass(frozen=True)
 class Policy:
     caches: tuple[CachePolicy, ...] = ()
     backings: tuple[BackingPolicy, ...] = ()
     path: str = field(default=DEFAULT_PATH, compare=False)
+    lvms: tuple[LvmPolicy, ...] = ()
 
     def cache(self, name: str) -> CachePolicy | None:
         return next((c for c in self.caches if c.name == name), None)
@@ -396,7 +434,8 @@ _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
 _COMMON_KEYS = {"mode", *BACKING_TUNABLES}
 _CACHE_KEYS = {"device", "cset", "format_blank_ssd", "bucket_size"}
 _BACKING_KEYS = {"device", "cache", *_COMMON_KEYS}
-_TOP_KEYS = {"version", "defaults", "cache", "backing"}
+_LVM_KEYS = {"lv", "cache", "type", "mode", "erase_cachevol"}
+_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm"}
 
 
 def parse_size(value: object) -> int:
@@ -615,9 +654,92 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
             merged = {**d_tun, **tun}
             backings.append(BackingPolicy(name, dev, cache, mode or d_mode,
                                           tuple(sorted(merged.items())), ck.lines.get(p, 0)))
+    lvms = _lvms(ck, data)
     if ck.problems:
         raise PolicyError(path, ck.problems)
-    return Policy(tuple(caches), tuple(backings), path)
+    return Policy(tuple(caches), tuple(backings), path, tuple(lvms))
+
+
+def _lv_name(value: object) -> str:
+    """``vg0/vm1``, ``/dev/vg0/vm1`` or ``/dev/mapper/vg0-vm1`` -> ``vg0/vm1``."""
+    if not isinstance(value, str):
+        raise ValueError("must be a string: VG/LV")
+    ch = checks.bad_char(value)
+    if ch is not None:
+        raise ValueError(f"{value!r} contains the character {ch}")
+    name = spelling(value.strip())
+    if name is None:
+        raise ValueError(f"{value.strip()!r} is not an LV name (VG/LV, /dev/VG/LV or "
+                         "/dev/mapper/VG-LV)")
+    try:
+        check_vg_lv(name)
+    except UsageError as exc:
+        raise ValueError(exc.message) from None
+    return name
+
+
+def _lvms(ck: _Checker, data: Mapping[str, object]) -> list[LvmPolicy]:
+    out: list[LvmPolicy] = []
+    seen: dict[str, str] = {}
+    modes = ", ".join(m.value for m in LVM_CACHE_MODES)
+    for name, body in ck.entries(data, "lvm"):
+        p = ("lvm", name)
+        ck.unknown(body, _LVM_KEYS, p)
+        names: dict[str, str] = {}
+        for key in ("lv", "cache"):
+            if key not in body:
+                ck.bad(p, f"lvm {name!r} needs {key} = \"VG/LV\" (the "
+                          f"{'cached LV' if key == 'lv' else 'cache pool or cachevol'})")
+                continue
+            try:
+                names[key] = _lv_name(body[key])
+            except ValueError as exc:
+                ck.bad((*p, key), f"{key}: {exc}")
+        kind = body.get("type", "cache")
+        if kind not in ("cache", "writecache"):
+            ck.bad((*p, "type"), f"type must be \"cache\" or \"writecache\", not {_toml(kind)}")
+            kind = "cache"
+        mode = None
+        if "mode" in body:
+            v = body["mode"]
+            try:
+                mode = CacheMode(v.strip().lower()) if isinstance(v, str) else None
+            except ValueError:
+                mode = None
+            if kind == "writecache":
+                ck.bad((*p, "mode"), "mode: a writecache has no modes (leave mode out)")
+                mode = None
+            elif mode not in LVM_CACHE_MODES:
+                ck.bad((*p, "mode"), f"mode: lvmcache has no mode {_toml(v)}; one of {modes}")
+                mode = None
+        erase = body.get("erase_cachevol", False)
+        if not isinstance(erase, bool):
+            ck.bad((*p, "erase_cachevol"), "erase_cachevol must be true or false")
+            erase = False
+        if kind == "writecache" and not erase and "erase_cachevol" not in body:
+            ck.bad(p, f"lvm {name!r}: a writecache's cache is a plain LV (cachevol), which "
+                      "lvm2 erases when it attaches it: say erase_cachevol = true")
+        if len(names) < 2:
+            continue
+        lv, cache = names["lv"], names["cache"]
+        if lv == cache:
+            ck.bad((*p, "cache"), f"cache: {cache} is the cached LV itself")
+            continue
+        if lv.partition("/")[0] != cache.partition("/")[0]:
+            ck.bad((*p, "cache"), f"cache: {cache} is not in {lv}'s VG (lvm2 caches an LV "
+                                  "only with a cache pool or cachevol of its own VG)")
+            continue
+        bad = False
+        for key, what in (("lv", lv), ("cache", cache)):
+            if what in seen:
+                ck.bad((*p, key), f"{key}: {what} is already named by {seen[what]}")
+                bad = True
+        if bad:
+            continue
+        seen[lv] = seen[cache] = f"lvm {name}"
+        out.append(LvmPolicy(name, lv, cache, kind == "writecache", mode, erase,
+                             ck.lines.get(p, 0)))
+    return out
 
 
 def _kind_of(mode: int) -> str:
@@ -687,5 +809,14 @@ def dumps(policy: Policy) -> str:
             out.append(f"mode = {_q(b.mode.value)}")
         for k, v in b.tunables:
             out.append(f"{k} = {v}")
+        out.append("")
+    for m in policy.lvms:
+        out.append(f"[lvm.{m.name}]")
+        out.append(f"lv = {_q(m.lv)}")
+        out.append(f"cache = {_q(m.cache)}")
+        out.append(f"type = {_q('writecache' if m.writecache else 'cache')}")
+        if m.mode is not None:
+            out.append(f"mode = {_q(m.mode.value)}")
+        out.append(f"erase_cachevol = {'true' if m.erase_cachevol else 'false'}")
         out.append("")
     return "\n".join(out)

@@ -376,3 +376,85 @@ def test_malformed_policy_acts_on_nothing_and_says_why() -> None:
         assert r.returncode == 2, r
         assert f"cachemgr.toml:{bad_line}: mode: unknown cache mode" in r.stderr
     assert sysfs.readlink(f"block/{b.name}/bcache/cache") is None
+
+
+def _lvs(name: str, fields: str) -> dict[str, str]:
+    out = json.loads(runner.run(["lvm", "lvs", "-a", "--reportformat", "json", "-o", fields,
+                                 name], timeout=120).stdout)
+    rows = out["report"][0]["lv"]
+    assert len(rows) == 1, rows
+    return dict(rows[0])
+
+
+def _sha(node: str, mib: int) -> str:
+    return runner.run(["bash", "-c", f"head -c {mib}M {node} | sha256sum"],
+                      timeout=120).stdout.split()[0]
+
+
+@pytest.mark.kernel(udev=True, disks="512M", timeout=420, mem=1024)
+def test_lvm_cache_reattached_when_its_pv_returns(lab_disks: list[str]) -> None:
+    """An [lvm.NAME] policy entry: vg0/vm1's cache pool lies on a scsi_debug SSD. It is split
+    off (cachemgr detach) and the SSD pulled; a boot pass then attaches nothing (the pool is
+    missing a PV). When the SSD comes back (SCSI rescan: an add uevent of an LVM2_member),
+    the udev worker attaches the pool again with lvm2, in the policy's mode; the LV's data is
+    the same before and after."""
+    sysfs = Sysfs()
+    ssd = scsi.load_scsi_debug(sysfs, dev_size_mb=96, per_host_store=1, add_host=1)[0]
+    settle()
+    hdd = lab_disks[0]
+    lvm = ["lvm"]
+    runner.run([*lvm, "pvcreate", "-y", hdd, ssd.node])
+    runner.run([*lvm, "vgcreate", "vg0", hdd, ssd.node])
+    runner.run([*lvm, "lvcreate", "-y", "-n", "vm1", "-L", "128M", "vg0", hdd])
+    runner.run([*lvm, "lvcreate", "-y", "-n", "pool", "-L", "48M", "vg0", ssd.node])
+    runner.run([*lvm, "lvconvert", "-y", "--type", "cache-pool", "--chunksize", "64k",
+                "vg0/pool"])
+    runner.run([*lvm, "lvconvert", "-y", "--type", "cache", "--cachepool", "vg0/pool",
+                "--cachemode", "writethrough", "vg0/vm1"], timeout=120)
+    runner.run(["fio", "--name=w", "--filename=/dev/vg0/vm1", "--rw=randwrite", "--bs=4k",
+                "--size=128M", "--io_size=16M", "--direct=1", "--output-format=terse"],
+               timeout=300)
+    before = _sha("/dev/vg0/vm1", 128)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "cachemgr", "detach", "vg0/vm1"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _lvs("vg0/vm1", "segtype")["segtype"] == "linear"
+    assert _lvs("vg0/pool", "segtype")["segtype"] == "cache-pool"
+    settle()
+    scsi.remove(sysfs, ssd.name)
+    settle()
+    POLICY.parent.mkdir(parents=True, exist_ok=True)
+    POLICY.write_text('version = 1\n\n[lvm.vm1]\nlv = "vg0/vm1"\ncache = "vg0/pool"\n'
+                      'mode = "writeback"\n')
+    # the SSD is away: a boot pass says why it does nothing, and changes nothing
+    r = subprocess.run([sys.executable, "-m", "cachemgr", "autoattach", "--json"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(r.stdout)["actions"]
+    assert [a["kind"] for a in got] == ["note"], got
+    assert "missing a PV" in got[0]["message"], got
+    assert _lvs("vg0/vm1", "segtype")["segtype"] == "linear"
+    install(POLICY.read_text())
+    scsi.rescan(sysfs, ssd.host)
+    t0 = time.monotonic()
+    scsi.wait_for_disk(sysfs, ssd.wwid or "", 20)
+
+    def attached() -> bool:
+        got = _lvs("vg0/vm1", "segtype,pool_lv,cache_mode")
+        return got["segtype"] == "cache" and got["cache_mode"] == "writeback"
+
+    wait(attached, 120, "vg0/vm1 cached by vg0/pool again, in writeback", interval=0.5)
+    latency = time.monotonic() - t0
+    assert _lvs("vg0/vm1", "pool_lv")["pool_lv"] == "[pool_cpool]"
+    report("lvm_pv_returns", seconds_from_rescan=round(latency, 3),
+           actions=[(r["kind"], r["result"]) for r in records() if r["kind"] != "pass"])
+    assert len(acts("lvm-attach")) == 1, records()
+    assert not [x for x in records() if x.get("result") == "failed"], records()
+    assert _sha("/dev/vg0/vm1", 128) == before
+    # idempotent: the same events again change nothing
+    n = len(acts())
+    runner.run(["udevadm", "trigger", "--action=change", "--subsystem-match=block"])
+    settle()
+    time.sleep(2.0)
+    assert len(acts()) == n, records()

@@ -9,8 +9,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
+from cachemgr.backends.lvm.manage import LVM_CACHE_MODES
+from cachemgr.core.model import CacheMode
 from cachemgr.procedures import policy
-from cachemgr.procedures.policy import BackingPolicy, CachePolicy, DeviceId, Policy, PolicyError
+from cachemgr.procedures.policy import (
+    BackingPolicy,
+    CachePolicy,
+    DeviceId,
+    LvmPolicy,
+    Policy,
+    PolicyError,
+)
 
 # ------------------------------------------------------------------------- strategies
 
@@ -61,7 +70,16 @@ def policies(draw: st.DrawFn) -> Policy:
         tun = tuple(sorted((k, draw(tunable_values[k])) for k in keys))
         backs.append(BackingPolicy(n, ids[len(cache_names) + j], draw(st.sampled_from(
             cache_names)), mode, tun))
-    return Policy(tuple(caches), tuple(backs))
+    lvms = []
+    lv_names = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_+.-]{0,8}", fullmatch=True),
+                             max_size=6, unique=True))
+    for k in range(len(lv_names) // 2):
+        wc = draw(st.booleans())
+        mode = None if wc else draw(st.sampled_from([None, *LVM_CACHE_MODES]))
+        vg = draw(st.sampled_from(["vg0", "data_vg", "v.g"]))
+        lvms.append(LvmPolicy(f"lvm{k}", f"{vg}/{lv_names[2 * k]}", f"{vg}/{lv_names[2 * k + 1]}",
+                              wc, mode, wc or draw(st.booleans())))
+    return Policy(tuple(caches), tuple(backs), lvms=tuple(lvms))
 
 
 # ------------------------------------------------------------------------- properties
@@ -221,6 +239,51 @@ def test_every_problem_is_listed_in_line_order() -> None:
      "true or false"),
 ])
 def test_semantic_errors(text: str, line: int, what: str) -> None:
+    with pytest.raises(PolicyError) as exc:
+        policy.parse(text)
+    assert any(p.line == line and what in p.message for p in exc.value.problems), \
+        exc.value.problems
+
+
+def test_lvm_entries() -> None:
+    p = policy.parse('version = 1\n[lvm.vm1]\nlv = "/dev/mapper/vg0-vm--1"\n'
+                     'cache = "/dev/vg0/pool"\nmode = "Writeback"\n'
+                     '[lvm.vm2]\nlv = "vg0/vm2"\ncache = "vg0/fast"\ntype = "writecache"\n'
+                     'erase_cachevol = true\n')
+    assert p.lvms == (
+        LvmPolicy("vm1", "vg0/vm-1", "vg0/pool", False, CacheMode.WRITEBACK, False),
+        LvmPolicy("vm2", "vg0/vm2", "vg0/fast", True, None, True))
+    assert policy.parse(policy.dumps(p)) == p
+
+
+@pytest.mark.parametrize(("text", "line", "what"), [
+    ('[lvm.a]\ncache = "vg0/p"\n', 1, "needs lv ="),
+    ('[lvm.a]\nlv = "vg0/v"\n', 1, "needs cache ="),
+    ('[lvm.a]\nlv = "sdb"\ncache = "vg0/p"\n', 2, "not an LV name"),
+    ('[lvm.a]\nlv = "/dev/sdb"\ncache = "vg0/p"\n', 2, "not an LV name"),
+    ('[lvm.a]\nlv = "vg0/-v"\ncache = "vg0/p"\n', 2, "not an LVM name"),
+    ('[lvm.a]\nlv = "vg0/v\\u001b[31m"\ncache = "vg0/p"\n', 2, "contains the character"),
+    ('[lvm.a]\nlv = 3\ncache = "vg0/p"\n', 2, "must be a string"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg1/p"\n', 3, "not in vg0/v's VG"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/v"\n', 3, "the cached LV itself"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\nmode = "writearound"\n', 4,
+     "lvmcache has no mode"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\nmode = 1\n', 4, "lvmcache has no mode"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\ntype = "writecache"\n'
+     'erase_cachevol = true\nmode = "writeback"\n', 6, "a writecache has no modes"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\ntype = "writecache"\n', 1,
+     "say erase_cachevol = true"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\ntype = "dm-cache"\n', 4, "type must be"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\nerase_cachevol = "yes"\n', 4,
+     "true or false"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\npolicy = "smq"\n', 4, "unknown key 'policy'"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\n[lvm.b]\nlv = "vg0/w"\ncache = "vg0/p"\n',
+     6, "vg0/p is already named by lvm a"),
+    ('[lvm.a]\nlv = "vg0/v"\ncache = "vg0/p"\n[lvm.b]\nlv = "vg0/p"\ncache = "vg0/q"\n',
+     5, "vg0/p is already named by lvm a"),
+    ('lvm = 1\n', 1, "[lvm] must be a table"),
+])
+def test_lvm_semantic_errors(text: str, line: int, what: str) -> None:
     with pytest.raises(PolicyError) as exc:
         policy.parse(text)
     assert any(p.line == line and what in p.message for p in exc.value.problems), \

@@ -25,6 +25,18 @@ def _bare(name: str) -> str:
     return name[1:-1] if name.startswith("[") and name.endswith("]") else name
 
 
+bare = _bare
+
+
+def attached_name(pool: str) -> str:
+    """The name an attached cache pool (``pool_cpool``) or cachevol (``fast_cvol``) had
+    before it was attached, and gets back when it is split off."""
+    for suffix in ("_cpool", "_cvol"):
+        if pool.endswith(suffix):
+            return pool[:-len(suffix)]
+    return pool
+
+
 def _entries(field: str) -> list[str]:
     """``/dev/sdb(0),vm1_corig(12)`` -> [``/dev/sdb``, ``vm1_corig``]."""
     out = []
@@ -127,6 +139,21 @@ def lvs_on(rows: list[dict[str, Any]], vg: str, pv: str) -> list[str]:
             if name not in out:
                 out.append(name)
     return out
+
+
+def attached_to(rows: list[dict[str, Any]], vg: str, cache: str) -> str | None:
+    """The LV of ``vg`` that cache pool or cachevol ``cache`` (its own name) caches now."""
+    for r in rows:
+        if _s(r, "vg_name") == vg and _s(r, "segtype") in ("cache", "writecache") \
+                and attached_name(_bare(_s(r, "pool_lv"))) == cache:
+            return _bare(_s(r, "lv_name"))
+    return None
+
+
+def partial(rows: list[dict[str, Any]], vg: str, lv: str) -> bool:
+    """lvm2 marks an LV with a PV missing under it partial (``lv_attr`` character 9 ``p``)."""
+    attr = field(rows, vg, lv, "lv_attr")
+    return len(attr) > 8 and attr[8] == "p"
 
 
 def size(rows: list[dict[str, Any]], vg: str, lv: str) -> int | None:
