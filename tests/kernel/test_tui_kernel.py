@@ -723,3 +723,102 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
     assert b.cset_uuid == cset.uuid and b.mode == CacheMode.WRITEBACK
     assert b.writeback_percent == 10 and b.writeback_delay == 30
     assert sorted(j.status for j in replace.list_runs()) == ["done", "rolled-back"]
+
+
+# --------------------------------------------------------------------------- LVM caches
+
+
+def _lvs(name: str, fields: str) -> dict[str, str]:
+    import json
+
+    out = json.loads(runner.run(["lvm", "lvs", "-a", "--reportformat", "json", "-o", fields,
+                                 name], timeout=120).stdout)
+    (row,) = out["report"][0]["lv"]
+    return dict(row)
+
+
+def _sha(node: str) -> str:
+    return runner.run(["bash", "-c", f"sha256sum < {node}"], timeout=120).stdout.split()[0]
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=600, mem=1024)
+def test_tui_lvm_cache_mode_detach_and_writecache_uncache(
+        lab_disks: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lvm2's caches through the TUI on the kernel: vg0/vm1 with a writeback cache pool is
+    switched to writethrough (lvchange) and detached (drain + lvconvert --splitcache: the
+    pool kept); vg0/vm2 with an lvm writecache holding dirty blocks has its cache removed
+    (cleaner + lvconvert --uncache: the cachevol deleted). Each step checked with lvs, and
+    every byte of both LVs checked after."""
+    from tests.unit.tui_helpers import settle
+    from tui.app import CacheMgrApp
+    from tui.dialogs.choose import ChoiceDialog
+    from tui.dialogs.confirm import ConfirmDialog
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    hdd, ssd = lab_disks
+    lvm = ["lvm"]
+    runner.run([*lvm, "pvcreate", "-y", hdd, ssd])
+    runner.run([*lvm, "vgcreate", "vg0", hdd, ssd])
+    for lv in ("vm1", "vm2"):
+        runner.run([*lvm, "lvcreate", "-y", "-n", lv, "-L", "96M", "vg0", hdd])
+    runner.run([*lvm, "lvcreate", "-y", "--type", "cache-pool", "-n", "pool", "-L", "48M",
+                "vg0", ssd])
+    runner.run([*lvm, "lvconvert", "-y", "--type", "cache", "--cachepool", "vg0/pool",
+                "--cachemode", "writeback", "vg0/vm1"], timeout=120)
+    runner.run([*lvm, "lvcreate", "-y", "-an", "-n", "fast", "-L", "48M", "vg0", ssd])
+    # a high watermark above what is written: the dirty blocks stay until the cleaner
+    runner.run([*lvm, "lvconvert", "-y", "--type", "writecache", "--cachevol", "vg0/fast",
+                "--cachesettings", "high_watermark=90", "vg0/vm2"], timeout=120)
+    for lv in ("vm1", "vm2"):
+        runner.run(["fio", "--name=w", f"--filename=/dev/vg0/{lv}", "--rw=randwrite",
+                    "--bs=4k", "--size=96M", "--io_size=8M", "--direct=1",
+                    "--output-format=terse"], timeout=300)
+    wc = _dm("status", "vg0-vm2").split()
+    assert int(wc[4]) - int(wc[5]) > 0, wc  # writecache: total - free blocks in use
+    sums = {lv: _sha(f"/dev/vg0/{lv}") for lv in ("vm1", "vm2")}
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    def failed(app: CacheMgrApp) -> list[str]:
+        return [line for line in app.log_history if line.startswith("✗")]
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await _select(pilot, app, "dm:vg0-vm1")
+            await pilot.press("m")
+            assert isinstance(app.screen, ChoiceDialog)
+            await _pick(pilot, app, "writethrough")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.click("#b-switch")
+            await settle(pilot, lambda: _lvs("vg0/vm1", "cache_mode")["cache_mode"]
+                         == "writethrough" or bool(failed(app)), tries=1200)
+            assert not failed(app), log(app)
+            await _select(pilot, app, "dm:vg0-vm1")
+            await pilot.press("x")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert "lvconvert --splitcache" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: _lvs("vg0/vm1", "segtype")["segtype"] == "linear"
+                         or bool(failed(app)), tries=2400)
+            assert not failed(app), log(app)
+            await _select(pilot, app, "wc:vg0-vm2")
+            await pilot.press("delete")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert "lvconvert --uncache" in _text(app, ".dialog-body")
+            await pilot.click("#b-go")
+            await settle(pilot, lambda: _lvs("vg0/vm2", "segtype")["segtype"] == "linear"
+                         or bool(failed(app)), tries=2400)
+            assert not failed(app), log(app)
+            await settle(pilot, lambda: not {r.key for r in app.rows}
+                         & {"dm:vg0-vm1", "wc:vg0-vm2"}, tries=200)
+
+    asyncio.run(go())
+    # the pool is kept (split off, without the drain's cleaner policy), the cachevol is gone
+    pool = _lvs("vg0/pool", "segtype,cache_policy")
+    assert pool["segtype"] == "cache-pool" and pool["cache_policy"] != "cleaner", pool
+    lvs = runner.run([*lvm, "lvs", "--noheadings", "-o", "lv_name", "vg0"]).stdout.split()
+    assert "fast" not in lvs and "fast_cvol" not in lvs, lvs
+    for lv, want in sums.items():
+        assert _sha(f"/dev/vg0/{lv}") == want, lv
