@@ -56,10 +56,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     backend = config.getoption("--lab-backend")
     reason = "--no-lab given" if config.getoption("--no-lab") else _lab_problem(backend)
-    if reason:
-        for item in items:
-            if item.get_closest_marker("kernel"):
-                item.add_marker(pytest.mark.skip(reason=f"kernel test not run: {reason}"))
+    for item in items:
+        m = item.get_closest_marker("kernel")
+        if m is None:
+            continue
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"kernel test not run: {reason}"))
+        elif backend != "qemu" and "nvme:" in str(m.kwargs.get("disks", "")):
+            item.add_marker(pytest.mark.skip(
+                reason="kernel test not run: its NVMe disks need the qemu lab "
+                       "(--lab-backend=qemu); UML has no PCI"))
 
 
 def _report(item: pytest.Item, when: str, outcome: str, longrepr: object, duration: float,
@@ -89,7 +95,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     config = item.config
     backend = config.getoption("--lab-backend")
     kw = marker.kwargs
-    disks = core.parse_disks(kw.get("disks", "")) if kw.get("disks") else ()
+    disks, nvme = core.parse_disk_specs(kw.get("disks", "")) if kw.get("disks") else ((), ())
     timeout = float(kw.get("timeout", 300 if backend == "uml" else 900))
     if backend == "qemu" and "timeout" in kw:  # TCG runs guest code 5-20x slower than UML
         timeout = float(kw.get("qemu_timeout", 3 * timeout))
@@ -98,6 +104,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     spec = core.LabSpec(
         backend=backend,
         disks=disks,
+        nvme=nvme,
         udev=bool(kw.get("udev", False)),
         timeout=timeout,
         mem_mb=int(kw.get("mem", 1536)),

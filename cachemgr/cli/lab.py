@@ -16,11 +16,13 @@ from cachemgr.core.sysfs import Sysfs
 
 
 def _lab_spec(args: argparse.Namespace, **kw: object):  # type: ignore[no-untyped-def]
-    from cachemgr.lab.core import LabSpec, parse_disks
+    from cachemgr.lab.core import LabSpec, parse_disk_specs
 
+    disks, nvme = parse_disk_specs(args.disks) if args.disks else ((), ())
     return LabSpec(
         backend=args.backend,
-        disks=parse_disks(args.disks) if args.disks else (),
+        disks=disks,
+        nvme=nvme,
         udev=args.udev,
         timeout=args.timeout,
         mem_mb=args.mem,
@@ -95,7 +97,8 @@ def register(sub: Any) -> None:
     def lab_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--backend", choices=("uml", "qemu"),
                         default=os.environ.get("CACHEMGR_LAB_BACKEND", "uml"))
-        sp.add_argument("--disks", metavar="SIZES", help="scratch disks, e.g. 1G,256M")
+        sp.add_argument("--disks", metavar="SIZES",
+                        help="scratch disks, e.g. 1G,256M; nvme:512M: an NVMe controller (qemu)")
         sp.add_argument("--udev", action="store_true", help="run udevd in the guest")
         sp.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="S")
         sp.add_argument("--mem", type=argtypes.count, default=1536, metavar="MIB")

@@ -58,14 +58,53 @@ def parse_size(text: str) -> int:
     return size
 
 
+NVME = "nvme:"
+
+
+def parse_disk_specs(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``1G,nvme:512M,256M`` -> (virtio/ubd disk sizes, NVMe namespace sizes), each in the
+    order given. An ``nvme:SIZE`` item is one emulated NVMe controller with one namespace
+    (qemu only)."""
+    disks: list[int] = []
+    nvme: list[int] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if item.lower().startswith(NVME):
+            nvme.append(parse_size(item[len(NVME):]))
+        else:
+            disks.append(parse_size(item))
+    return tuple(disks), tuple(nvme)
+
+
 def parse_disks(text: str) -> tuple[int, ...]:
-    return tuple(parse_size(s) for s in text.split(",") if s.strip())
+    """Plain scratch disks only (``1G,256M``)."""
+    disks, nvme = parse_disk_specs(text)
+    if nvme:
+        raise UsageError("nvme: disks are not taken here", hint="use cachemgr lab run "
+                         "--backend qemu --disks 1G,nvme:512M")
+    return disks
+
+
+def nvme_serial(i: int) -> str:
+    """The serial of the lab's NVMe controller ``i`` (fixed: its identity is stable)."""
+    return f"CMLABNVME{i:02d}"
+
+
+def nvme_eui64(i: int) -> int:
+    """The EUI-64 of the namespace of the lab's NVMe controller ``i``."""
+    return 0x5254_00c0_ffee_0000 + i + 1
+
+
+def nvme_uuid(i: int) -> str:
+    return f"5c0ffee0-0000-4000-8000-{i + 1:012x}"
 
 
 @dataclass(frozen=True)
 class LabSpec:
     backend: str = "uml"
     disks: tuple[int, ...] = ()
+    nvme: tuple[int, ...] = ()  # qemu: one NVMe controller (own PCIe root port) per size
     udev: bool = False
     timeout: float = 600.0
     mem_mb: int = 1536
@@ -171,6 +210,9 @@ def run(
         raise UsageError("lab run needs a command", hint="cachemgr lab run -- COMMAND [ARGS]")
     if spec.backend not in ("uml", "qemu"):
         raise UsageError(f"unknown lab backend {spec.backend!r}", hint="use uml or qemu")
+    if spec.nvme and spec.backend != "qemu":
+        raise UsageError("NVMe disks need the qemu backend",
+                         hint="cachemgr lab run --backend qemu --disks 1G,nvme:512M -- CMD")
     manifest = kernels.load_manifest()
     info = manifest.get(spec.backend)
     if info is None or not Path(info.kernel).exists():
@@ -187,6 +229,10 @@ def run(
         with open(p, "wb") as f:
             f.truncate(size)
         disks.append(p)
+    for i, size in enumerate(spec.nvme):
+        with open(rundir / f"nvme{i}.img", "wb") as f:
+            f.truncate(size)
+        disks.append(rundir / f"nvme{i}.img")
     (rundir / "argv").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
     (rundir / "setup-argv").write_bytes(b"".join(a.encode() + b"\0" for a in spec.setup))
     (rundir / "env").write_bytes(
@@ -210,7 +256,9 @@ def run(
         "LAB_COLS": str(spec.cols),
         "LAB_MODULES": info.modules,
         "LAB_MODULES_LOAD": " ".join(spec.modules),
-        "LAB_DISKS": " ".join(_disk_names(spec.backend, len(disks))),
+        "LAB_DISKS": " ".join(_disk_names(spec.backend, len(spec.disks))),
+        # NVMe namespaces by controller serial (their kernel names follow the probe order)
+        "LAB_NVME_SERIALS": " ".join(nvme_serial(i) for i in range(len(spec.nvme))),
         "LAB_RW_PATHS": " ".join(rw_paths),
         "LAB_STAGE2": str(HERE / "stage2.sh"),
         "LAB_UPPER_SIZE": "2g",
@@ -218,7 +266,8 @@ def run(
         **backend.tty_names(),
     }
     for k, v in settings.items():
-        if " " in v and k not in ("LAB_MODULES_LOAD", "LAB_DISKS", "LAB_RW_PATHS"):
+        if " " in v and k not in ("LAB_MODULES_LOAD", "LAB_DISKS", "LAB_RW_PATHS",
+                                  "LAB_NVME_SERIALS"):
             raise UsageError(f"lab: {k} may not contain spaces: {v!r}")
     (rundir / "lab.env").write_text(
         "".join(f"{k}={_shq(v)}\n" for k, v in settings.items())

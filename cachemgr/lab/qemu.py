@@ -37,7 +37,17 @@ from typing import Any, BinaryIO
 
 from cachemgr.core.errors import LabError
 from cachemgr.lab import kernels
-from cachemgr.lab.core import HERE, Backend, LabResult, LabSpec, _Pump, supervise
+from cachemgr.lab.core import (
+    HERE,
+    Backend,
+    LabResult,
+    LabSpec,
+    _Pump,
+    nvme_eui64,
+    nvme_serial,
+    nvme_uuid,
+    supervise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +91,8 @@ class QemuBackend(Backend):
         ])
         argv = [
             qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-            "-accel", "tcg", "-machine", "pc", "-cpu", "max", "-smp", "2",
+            "-accel", "tcg", "-machine", "q35" if spec.nvme else "pc", "-cpu", "max",
+            "-smp", "2",
             "-m", str(spec.mem_mb),
             "-kernel", kernel, "-initrd", str(initrd), "-append", append,
             "-chardev", f"file,id=con,path={_opt(console)},append=on",
@@ -93,11 +104,23 @@ class QemuBackend(Backend):
                 "-serial", f"chardev:{name}",
             ]
         # disks first: virtio-blk names follow the PCI order (vda = disk0)
-        for i, d in enumerate(disks):
+        plain, nvme = disks[:len(spec.disks)], disks[len(spec.disks):]
+        for i, d in enumerate(plain):
             argv += [
                 "-drive", f"file={_opt(d)},format=raw,if=none,id=disk{i},"
                           "cache=writeback,discard=unmap",
                 "-device", f"virtio-blk-pci,drive=disk{i}",
+            ]
+        # NVMe: each controller on its own PCIe root port (q35), so that it can be removed
+        # and found again (its PCI function's remove, a rescan) like a hot-pluggable slot
+        for i, d in enumerate(nvme):
+            argv += [
+                "-drive", f"file={_opt(d)},format=raw,if=none,id=nvme{i},"
+                          "cache=writeback,discard=unmap",
+                "-device", f"pcie-root-port,id=rp{i},chassis={i + 1},slot={i + 1}",
+                "-device", f"nvme,id=nvmec{i},bus=rp{i},serial={nvme_serial(i)}",
+                "-device", f"nvme-ns,drive=nvme{i},bus=nvmec{i},nsid=1,"
+                          f"eui64={nvme_eui64(i)},uuid={nvme_uuid(i)}",
             ]
         shares = [("hostroot", "/", True)]
         shares += [(f"rw{i}", p, False) for i, p in enumerate(rw_paths)]

@@ -31,7 +31,7 @@ run_argv() {
     (
         # the command's environment: what the host passed, plus the lab's own variables
         while IFS= read -r -d '' kv; do export "$kv"; done <"$labrun/env"
-        export CACHEMGR_IN_LAB=1 LAB_BACKEND LAB_DISKS LAB_RUNDIR="$labrun" HOME=${HOME:-/root}
+        export CACHEMGR_IN_LAB=1 LAB_BACKEND LAB_DISKS LAB_NVME_SERIALS LAB_RUNDIR="$labrun" HOME=${HOME:-/root}
         cd "$LAB_CWD" || exit 127
         if [ "$LAB_INTERACTIVE" = 1 ]; then
             stty -F "$LAB_TTY_TERM" sane rows "$LAB_ROWS" cols "$LAB_COLS" 2>/dev/null

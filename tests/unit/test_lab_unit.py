@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from cachemgr.core.errors import LabError, UsageError
-from cachemgr.lab import kernels
-from cachemgr.lab.core import parse_disks, parse_size
+from cachemgr.lab import core, kernels
+from cachemgr.lab.core import parse_disk_specs, parse_disks, parse_size
 
 
 def test_sizes() -> None:
@@ -16,6 +16,20 @@ def test_sizes() -> None:
     for bad in ("", "1X", "-1G", "10"):
         with pytest.raises(UsageError):
             parse_size(bad)
+
+
+def test_nvme_disks_are_their_own_list_and_qemu_only(tmp_path: object) -> None:
+    assert parse_disk_specs("1G,nvme:512M, NVMe:256M,256M") == (
+        (1 << 30, 256 << 20), (512 << 20, 256 << 20))
+    with pytest.raises(UsageError, match="nvme: disks are not taken here"):
+        parse_disks("1G,nvme:512M")
+    with pytest.raises(UsageError):
+        parse_disk_specs("nvme:")
+    with pytest.raises(UsageError, match="NVMe disks need the qemu backend"):
+        core.run(["true"], core.LabSpec(backend="uml", nvme=(1 << 30,)))
+    # fixed identities, different per controller
+    assert core.nvme_serial(0) != core.nvme_serial(1) and len(core.nvme_serial(99)) <= 20
+    assert core.nvme_eui64(0) != core.nvme_eui64(1)
 
 
 DEB822 = """\
