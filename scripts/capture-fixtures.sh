@@ -14,8 +14,10 @@ if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
     backend=uml
     if [ "${1:-}" = --backend ]; then backend=$2; shift 2; fi
     for s in ${*:-$all}; do
-        echo "== $s ($backend)"
-        "$py" -m cachemgr lab run --backend "$backend" --disks 1G,256M,16M -- \
+        disks=1G,256M,16M b=$backend
+        case $s in nvme-*) disks=256M,nvme:128M,nvme:64M b=qemu ;; esac
+        echo "== $s ($b)"
+        "$py" -m cachemgr lab run --backend "$b" --disks "$disks" -- \
             bash "$here/scripts/capture-fixtures.sh" "$s"
     done
     exit 0
@@ -152,6 +154,20 @@ lvm-caches)
     dmsetup load slow --table "0 $hs delay $hdd 0 0 $hdd 0 2000"
     dmsetup resume slow
     cap "lvm2's caches in vg0 (origin PV a dm-delay over the first disk, writes slowed to 2 s after the fill; caches on the second disk): vg0/vm1 cache pool writeback (written, then idle: clean again by the capture), vg0/vm2 cachevol writethrough, vg0/vm3 writecache (high_watermark 60) with dirty blocks"
+    ;;
+nvme-pair)
+    # Not in $all: run it by name (qemu only: scripts/capture-fixtures.sh nvme-pair). Two
+    # NVMe controllers, one namespace each: CMLABNVME00's namespace is the cache device of a
+    # registered bcache cache set (the first disk its backing device); CMLABNVME01's is blank.
+    for sn in $LAB_NVME_SERIALS; do
+        for c in /sys/class/nvme/nvme*; do
+            [ "$(tr -d ' ' < "$c/serial")" = "$sn" ] && echo "/dev/$(ls "$c" | grep -m1 '^nvme[0-9]*n1$')"
+        done
+    done > /tmp/nvme-nodes
+    n0=$(sed -n 1p /tmp/nvme-nodes); n1=$(sed -n 2p /tmp/nvme-nodes)
+    make-bcache --bucket 128k -B "$hdd" -C "$n0" >/dev/null
+    reg "$hdd" "$n0"
+    cap "two NVMe controllers on their own PCIe root ports (qemu q35): $n0 (serial CMLABNVME00) is the cache device of a registered bcache cache set with $hdd as its backing device; $n1 (serial CMLABNVME01) is blank"
     ;;
 lvm-split)
     # Not in $all: run it by name (scripts/capture-fixtures.sh lvm-split). The states an

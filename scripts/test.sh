@@ -22,7 +22,7 @@ step "mypy"
 .venv/bin/mypy
 step "unit tests"
 # a hung test (a Textual pilot waiting forever) fails after 5 minutes instead of holding CI
-"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300 -n 2
+"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300
 step "kernel tests (UML kernel; each test boots its own guest, two at a time)"
 "$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 2 --durations=15
 step "kernel smoke set (qemu, Debian 12 kernel)"

@@ -112,6 +112,21 @@ class Capturer:
         return (self.sys.read_opt(f"block/{name}/size") or "0") != "0" or bool(
             inuse.uses(self.sys, f"block/{name}", mountinfo=None, swaps=None))
 
+    def capture_nvme(self) -> None:
+        """NVMe controllers (serial, model, address...), each one's PCI function (its
+        ``remove`` file) as bus/pci/devices/<function> reaches it, and bus/pci/rescan."""
+        if not self.sys.is_dir("class/nvme"):
+            return
+        self.copy_tree("class/nvme", depth=1, follow=1)
+        for c in self.sys.listdir("class/nvme"):
+            addr = (self.sys.read_opt(f"class/nvme/{c}/address") or "").strip()
+            target = self.copy_link(f"bus/pci/devices/{addr}") if addr and "/" not in addr \
+                else None
+            if target:
+                self.copy_tree(target, depth=0, follow=0)
+        if self.sys.exists("bus/pci/rescan"):
+            self.copy_file("bus/pci/rescan")
+
     def capture_scsi(self) -> None:
         """SCSI hosts (scan, proc_name), scsi_debug's pseudo bus, each disk's device/ dir."""
         if self.sys.is_dir("class/scsi_host"):
@@ -191,6 +206,7 @@ class Capturer:
         self.capture_block()  # before fs/bcache, whose links reach devices at shallower depth
         self.capture_bcache()
         self.capture_scsi()
+        self.capture_nvme()
         self.capture_devnums()
         self.capture_dmsetup()
         self.capture_lvs()

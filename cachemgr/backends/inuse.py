@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,3 +146,52 @@ def uses(sysfs: Sysfs, rel: str, *, mountinfo: str | None,
             if hit:
                 out.append(Use(*hit, "swap", path))
     return tuple(dict.fromkeys(out))
+
+
+def texts(sysfs: Sysfs, mountinfo: object, swaps: object) -> tuple[str | None, str | None]:
+    """The /proc texts to use: each given text (or None: skip) as it is; the AUTO sentinel
+    (anything else) becomes the live text (:func:`proc_texts`)."""
+    given = (mountinfo, swaps)
+    if all(x is None or isinstance(x, str) for x in given):
+        return mountinfo, swaps  # type: ignore[return-value]
+    live = proc_texts(sysfs)
+    m, s = (x if x is None or isinstance(x, str) else y for x, y in zip(given, live, strict=True))
+    return m, s
+
+
+def reasons(sysfs: Sysfs, rel: str, mountinfo: str | None,
+            swaps: str | None) -> tuple[str, ...]:
+    """:func:`uses` in words, each once: why the device at ``rel`` may not be pulled or
+    overwritten; empty when nothing uses it."""
+    out = []
+    for u in uses(sysfs, rel, mountinfo=mountinfo, swaps=swaps):
+        if u.kind == "held":
+            out.append(f"/dev/{u.member} is held by {u.by}"
+                       + (f" (/dev/mapper/{u.detail})" if u.detail else ""))
+        elif u.kind == "bcache":
+            out.append(_bcache_role(sysfs, u.member, f"{u.rel}/bcache"))
+        elif u.kind == "mounted":
+            out.append(f"/dev/{u.member} is mounted on {u.by} ({u.detail})")
+        else:
+            out.append(f"{u.by} is in use as swap")
+    return tuple(dict.fromkeys(out))
+
+
+def _bcache_role(sysfs: Sysfs, member: str, b: str) -> str:
+    cset = sysfs.readlink(f"{b}/set")
+    if cset:
+        return (f"/dev/{member} is the cache device of bcache cache set "
+                f"{os.path.basename(cset.rstrip('/'))}")
+    if sysfs.exists(f"{b}/cache_mode"):
+        dev = sysfs.readlink(f"{b}/dev")
+        where = f" of /dev/{os.path.basename(dev.rstrip('/'))}" if dev else ""
+        return f"/dev/{member} is a registered bcache backing device{where}"
+    return f"/dev/{member} is registered with bcache"
+
+
+def node_ready(node: str) -> bool:
+    """Is ``node`` a block device now (udev or devtmpfs made it)?"""
+    try:
+        return stat.S_ISBLK(os.stat(node).st_mode)
+    except OSError:
+        return False

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -242,42 +241,13 @@ def find_scsi_debug_host(sysfs: Sysfs) -> str:
 
 def in_use(sysfs: Sysfs, name: str, *, mountinfo: ProcText = AUTO,
            swaps: ProcText = AUTO) -> tuple[str, ...]:
-    """Why disk ``name`` (or one of its partitions) is in use; empty when it is not.
-
-    Looks at ``holders/`` (bcache and device-mapper devices built on it), the ``bcache/``
-    directory (registered as a bcache cache or backing device), mounts and swap
-    (:func:`cachemgr.backends.inuse.uses`). ``mountinfo`` and ``swaps`` are the texts of
-    /proc/self/mountinfo and /proc/swaps; AUTO reads them on the live system and skips them
-    on a capture, None skips them.
+    """Why disk ``name`` (or one of its partitions) is in use; empty when it is not
+    (:func:`cachemgr.backends.inuse.reasons`: held, registered with bcache, mounted, swap).
+    ``mountinfo`` and ``swaps`` are the texts of /proc/self/mountinfo and /proc/swaps; AUTO
+    reads them on the live system and skips them on a capture, None skips them.
     """
     rel = _whole_disk(sysfs, name)
-    live_mounts, live_swaps = inuse.proc_texts(sysfs) if AUTO in (mountinfo, swaps) \
-        else (None, None)
-    reasons = []
-    for u in inuse.uses(sysfs, rel, mountinfo=live_mounts if mountinfo is AUTO else mountinfo,
-                        swaps=live_swaps if swaps is AUTO else swaps):
-        if u.kind == "held":
-            reasons.append(f"/dev/{u.member} is held by {u.by}"
-                           + (f" (/dev/mapper/{u.detail})" if u.detail else ""))
-        elif u.kind == "bcache":
-            reasons.append(_bcache_role(sysfs, u.member, f"{u.rel}/bcache"))
-        elif u.kind == "mounted":
-            reasons.append(f"/dev/{u.member} is mounted on {u.by} ({u.detail})")
-        else:
-            reasons.append(f"{u.by} is in use as swap")
-    return tuple(dict.fromkeys(reasons))
-
-
-def _bcache_role(sysfs: Sysfs, member: str, b: str) -> str:
-    cset = sysfs.readlink(f"{b}/set")
-    if cset:
-        return (f"/dev/{member} is the cache device of bcache cache set "
-                f"{os.path.basename(cset.rstrip('/'))}")
-    if sysfs.exists(f"{b}/cache_mode"):
-        dev = sysfs.readlink(f"{b}/dev")
-        where = f" of /dev/{os.path.basename(dev.rstrip('/'))}" if dev else ""
-        return f"/dev/{member} is a registered bcache backing device{where}"
-    return f"/dev/{member} is registered with bcache"
+    return inuse.reasons(sysfs, rel, *inuse.texts(sysfs, mountinfo, swaps))
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,13 +350,6 @@ class DiskMatch:
         return f"{self.kind} {self.value}"
 
 
-def _node_ready(node: str) -> bool:
-    try:
-        return stat.S_ISBLK(os.stat(node).st_mode)
-    except OSError:
-        return False
-
-
 def _poll(pred: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     return wait_for(pred, timeout, interval)
 
@@ -405,7 +368,7 @@ def wait_for_disk(sysfs: Sysfs, match: str | Hctl, timeout: float, *, interval: 
     while True:
         present = disks(sysfs)
         for d in present:
-            if want.matches(d) and d.size_bytes and (not live or _node_ready(d.node)):
+            if want.matches(d) and d.size_bytes and (not live or inuse.node_ready(d.node)):
                 return d
         elapsed = time.monotonic() - start
         if progress is not None:
@@ -448,7 +411,7 @@ def load_scsi_debug(sysfs: Sysfs, *, timeout: float = 30.0,
         nonlocal found
         mine = set(scsi_debug_hosts(sysfs))
         found = tuple(d for d in disks(sysfs) if d.host in mine and d.size_bytes
-                      and (not sysfs.live or _node_ready(d.node)))
+                      and (not sysfs.live or inuse.node_ready(d.node)))
         return len(found) >= expected
 
     if not _poll(ready, timeout, 0.1):

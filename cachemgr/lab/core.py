@@ -255,7 +255,7 @@ def run(
         "LAB_ROWS": str(spec.rows),
         "LAB_COLS": str(spec.cols),
         "LAB_MODULES": info.modules,
-        "LAB_MODULES_LOAD": " ".join(spec.modules),
+        "LAB_MODULES_LOAD": " ".join(spec.modules + (("nvme",) if spec.nvme else ())),
         "LAB_DISKS": " ".join(_disk_names(spec.backend, len(spec.disks))),
         # NVMe namespaces by controller serial (their kernel names follow the probe order)
         "LAB_NVME_SERIALS": " ".join(nvme_serial(i) for i in range(len(spec.nvme))),

@@ -134,8 +134,11 @@ def test_lvmcache_status_and_drain_under_writes(lab_disks: list[str]) -> None:
     reads.communicate(timeout=120)
     trig = "/tmp/stop-drain"
     load = start_load(trig)
-    time.sleep(2)
-    before = dirty_blocks()
+    # the writes dirty blocks again once fio runs (seconds on a loaded TCG guest); the drain
+    # starts with dirty data
+    t0 = time.monotonic()
+    while (before := dirty_blocks()) == 0 and time.monotonic() - t0 < 120:
+        time.sleep(0.5)
     p = clirun.process("drain", f"/dev/{LV}", "--json")
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
