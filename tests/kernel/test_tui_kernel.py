@@ -753,6 +753,7 @@ def test_tui_lvm_cache_mode_detach_and_writecache_uncache(
     from tui.app import CacheMgrApp
     from tui.dialogs.choose import ChoiceDialog
     from tui.dialogs.confirm import ConfirmDialog
+    from tui.dialogs.progress import ProgressDialog
 
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
     hdd, ssd = lab_disks
@@ -802,6 +803,9 @@ def test_tui_lvm_cache_mode_detach_and_writecache_uncache(
             await pilot.click("#b-go")
             await settle(pilot, lambda: _lvs("vg0/vm1", "segtype")["segtype"] == "linear"
                          or bool(failed(app)), tries=2400)
+            # the split is done; the detach goes on (the pool's policy put back) until its
+            # progress dialog closes
+            await settle(pilot, lambda: not isinstance(app.screen, ProgressDialog), tries=1200)
             assert not failed(app), log(app)
             await _select(pilot, app, "wc:vg0-vm2")
             await pilot.press("delete")

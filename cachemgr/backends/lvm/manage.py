@@ -339,11 +339,14 @@ def _wait_clean(d: LvmDevice, *, timeout: float, stall_timeout: float, confirm: 
                                 blocks == 0, blocks)
 
     def stalled(raw: tuple[int | None, int | None], progressed: bool) -> StallError:
+        why = ("; a writecache still caches writes to the blocks it holds while it cleans "
+               "(dm-writecache's cleaner), so a block a writer keeps rewriting stays dirty: "
+               "pause that writer and run it again" if v.segtype == "writecache" else "")
         return StallError(
             f"{v.full_name}: no progress for {stall_timeout:g} s ({raw[0]} dirty blocks, "
             f"{human(raw[1])}); the original settings are put back, the dirty data stays safe "
             "in the cache", hint="check the origin's PVs for errors (dmesg); a longer "
-                                 "--stall-timeout waits longer")
+                                 f"--stall-timeout waits longer{why}")
 
     def timed_out(raw: tuple[int | None, int | None]) -> TimeoutExpired:
         return TimeoutExpired(f"{v.full_name}: still {raw[0]} dirty blocks after {timeout:g} s; "
