@@ -30,7 +30,7 @@ def backend(request: pytest.FixtureRequest) -> str:
     return b
 
 
-# One guest run serves the tests of the basic plumbing (a qemu boot costs ~30 s of TCG):
+# One guest run serves the tests of the basic plumbing (a qemu boot costs 10-20 s of TCG):
 # stderr gets the guest's kernel version, what a write to /etc did, and the sha256 of 3 MB of
 # random bytes that go to stdout raw; the run exits 42.
 BASICS = ("cat /proc/version >&2; "
@@ -111,7 +111,7 @@ def test_cli_lab_run_passes_exit_code(backend: str) -> None:
 
     if backend == "qemu":
         # the CLI's own plumbing is the same for both backends; qemu's exit code path is
-        # test_exit_code_and_streams_kept_apart (a qemu boot costs ~30 s of CI time)
+        # test_exit_code_and_streams_kept_apart (a qemu boot costs 10-20 s of CI time)
         pytest.skip("the CLI plumbing is tested on UML; qemu's exit code by the basics run")
 
     assert main(["lab", "run", "--backend", backend, "--", "bash", "-c", "exit 3"]) == 3
