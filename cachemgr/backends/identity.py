@@ -486,6 +486,13 @@ class Auto(enum.Enum):
 AUTO = Auto.AUTO
 UdevArg = UdevLookup | Literal[Auto.AUTO] | None
 ProbeArg = Prober | Literal[Auto.AUTO] | None
+# the text of a /proc file; AUTO: read it on the live system, skip it on a capture
+ProcText = str | Literal[Auto.AUTO] | None
+
+
+def id_words(wwid: str | None, serial: str | None) -> str:
+    """A disk's identity for a message: ``naa.…, serial X`` (what it has of the two)."""
+    return ", ".join(x for x in (wwid, f"serial {serial}" if serial else None) if x)
 
 
 def _udev_lookup(sysfs: Sysfs, udev: UdevArg) -> UdevLookup | None:

@@ -19,7 +19,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from cachemgr.core.errors import KernelFormatError
 from cachemgr.core.sysfs import Sysfs
@@ -148,15 +148,15 @@ def uses(sysfs: Sysfs, rel: str, *, mountinfo: str | None,
     return tuple(dict.fromkeys(out))
 
 
+def _given(text: object) -> TypeGuard[str | None]:
+    return text is None or isinstance(text, str)
+
+
 def texts(sysfs: Sysfs, mountinfo: object, swaps: object) -> tuple[str | None, str | None]:
     """The /proc texts to use: each given text (or None: skip) as it is; the AUTO sentinel
     (anything else) becomes the live text (:func:`proc_texts`)."""
-    given = (mountinfo, swaps)
-    if all(x is None or isinstance(x, str) for x in given):
-        return mountinfo, swaps  # type: ignore[return-value]
-    live = proc_texts(sysfs)
-    m, s = (x if x is None or isinstance(x, str) else y for x, y in zip(given, live, strict=True))
-    return m, s
+    live = (None, None) if _given(mountinfo) and _given(swaps) else proc_texts(sysfs)
+    return (mountinfo if _given(mountinfo) else live[0], swaps if _given(swaps) else live[1])
 
 
 def reasons(sysfs: Sysfs, rel: str, mountinfo: str | None,

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 from cachemgr.backends import inuse
 from cachemgr.backends.bcache import wait_for
-from cachemgr.backends.identity import AUTO
-from cachemgr.backends.scsi import ProcText
+from cachemgr.backends.identity import AUTO, ProcText, id_words
 from cachemgr.core.errors import TimeoutExpired, UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
 
@@ -61,18 +60,16 @@ class NvmeNamespace:
         return f"/dev/{self.name}"
 
     def describe(self) -> str:
-        ids = ", ".join(x for x in (self.wwid, f"serial {self.serial}" if self.serial else None)
-                        if x)
+        ids = id_words(self.wwid, self.serial)
         where = f" [PCI {self.pci}]" if self.pci else ""
         return f"{self.name}{where}" + (f" ({ids})" if ids else "")
 
 
 @dataclass(frozen=True)
 class Removed:
-    """What :func:`remove` took away: the namespace, and the PCI function to rescan for."""
+    """What :func:`remove` took away (the namespace, with its controller's identity)."""
 
     namespace: NvmeNamespace
-    overridden: tuple[str, ...] = ()
 
 
 def _text(sysfs: Sysfs, rel: str) -> str | None:

@@ -35,7 +35,14 @@ from typing import Literal
 
 from cachemgr.backends import inuse
 from cachemgr.backends.bcache import wait_for
-from cachemgr.backends.identity import AUTO, Auto, kernel_identity, looks_like_wwn, normalize_wwn
+from cachemgr.backends.identity import (
+    AUTO,
+    ProcText,
+    id_words,
+    kernel_identity,
+    looks_like_wwn,
+    normalize_wwn,
+)
 from cachemgr.core import runner
 from cachemgr.core.errors import (
     AlreadyError,
@@ -51,8 +58,6 @@ log = logging.getLogger(__name__)
 
 SCSI_DEBUG_DRIVER = "bus/pseudo/drivers/scsi_debug"
 
-# the text of a /proc file; AUTO: read it on the live system, skip it on a capture
-ProcText = str | Literal[Auto.AUTO] | None
 
 _HCTL = re.compile(r"^(\d+):(\d+):(\d+):(\d+)$")
 _HOST = re.compile(r"^host(\d+)$")
@@ -105,8 +110,7 @@ class ScsiDisk:
         return f"/dev/{self.name}"
 
     def describe(self) -> str:
-        ids = ", ".join(x for x in (self.wwid, f"serial {self.serial}" if self.serial else None)
-                        if x)
+        ids = id_words(self.wwid, self.serial)
         return f"{self.name} [{self.hctl}]" + (f" ({ids})" if ids else "")
 
 

@@ -811,9 +811,7 @@ def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,
               view_fn: Callable[[Sysfs], View] | None = None,
               max_rounds: int = MAX_ROUNDS) -> PassResult:
     """Decide and execute (through ``act``) until nothing is left to do (or ``max_rounds``)."""
-    def take(s: Sysfs) -> View:
-        return (view_fn or partial(take_view, lvm=bool(policy.lvms)))(s)
-
+    take = view_fn or partial(take_view, lvm=bool(policy.lvms))
     outcomes: list[Outcome] = []
     noted: set[str] = set()
     tried: set[Action] = set()

@@ -230,10 +230,6 @@ class LvmPolicy:
     def label(self) -> str:
         return f"lvm {self.name} ({self.lv})"
 
-    @property
-    def vg(self) -> str:
-        return self.lv.partition("/")[0]
-
 
 @dataclass(frozen=True)
 class Policy:

@@ -39,13 +39,19 @@ def words(what: str) -> tuple[str, ...]:
     return ("status", "--noflush") if what == "status" else (what,)
 
 
-def status_line(name: str) -> str:
-    """``dmsetup status --noflush NAME``: the one target line (a KernelFormatError otherwise)."""
-    lines = [x for x in dmsetup(*words("status"), name, timeout=30).stdout.splitlines()
+def one_line(what: str, name: str) -> str:
+    """``dmsetup <what> NAME`` (:func:`words`): its one target line (a KernelFormatError
+    otherwise)."""
+    lines = [x for x in dmsetup(*words(what), name, timeout=30).stdout.splitlines()
              if x.strip()]
     if len(lines) != 1:
-        raise KernelFormatError(f"dmsetup status {name} (one target expected)", "\n".join(lines))
+        raise KernelFormatError(f"dmsetup {what} {name} (one target expected)", "\n".join(lines))
     return lines[0]
+
+
+def status_line(name: str) -> str:
+    """``dmsetup status --noflush NAME``: the one target line."""
+    return one_line("status", name)
 
 
 class LiveDmsetup:
@@ -81,7 +87,4 @@ def read_status(name: str) -> DmCacheStatus | FailWord:
 
 
 def read_table(name: str) -> str:
-    lines = [x for x in dmsetup("table", name, timeout=30).stdout.splitlines() if x.strip()]
-    if len(lines) != 1:
-        raise KernelFormatError(f"dmsetup table {name} (one target expected)", "\n".join(lines))
-    return lines[0].strip()
+    return one_line("table", name).strip()

@@ -20,12 +20,9 @@ def _s(row: dict[str, Any], key: str) -> str:
     return v if isinstance(v, str) else ""
 
 
-def _bare(name: str) -> str:
+def bare(name: str) -> str:
     """``[pool_cpool]`` -> ``pool_cpool`` (lvs brackets hidden LVs)."""
     return name[1:-1] if name.startswith("[") and name.endswith("]") else name
-
-
-bare = _bare
 
 
 def attached_name(pool: str) -> str:
@@ -45,7 +42,7 @@ def _entries(field: str) -> list[str]:
         if not part:
             continue
         name, _, _ = part.rpartition("(") if part.endswith(")") else (part, "", "")
-        out.append(_bare(name or part))
+        out.append(bare(name or part))
     return out
 
 
@@ -66,7 +63,7 @@ class _Vg:
     def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
         self.rows: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
-            self.rows.setdefault(_bare(_s(r, "lv_name")), []).append(r)
+            self.rows.setdefault(bare(_s(r, "lv_name")), []).append(r)
 
     def pvs(self, lv: str, seen: frozenset[str] = frozenset()) -> list[str]:
         if lv in seen:
@@ -79,7 +76,7 @@ class _Vg:
                         out.append(pv)
             for sub in (_s(r, "data_lv"), _s(r, "metadata_lv")):
                 if sub:
-                    for pv in self.pvs(_bare(sub), seen | {lv}):
+                    for pv in self.pvs(bare(sub), seen | {lv}):
                         if pv not in out:
                             out.append(pv)
         return out
@@ -97,10 +94,10 @@ def cached_lvs(rows: list[dict[str, Any]]) -> dict[str, LvmCachedLv]:
             seg = _s(r, "segtype")
             if seg not in ("cache", "writecache"):
                 continue
-            lv = _bare(_s(r, "lv_name"))
-            pool = _bare(_s(r, "pool_lv"))
+            lv = bare(_s(r, "lv_name"))
+            pool = bare(_s(r, "pool_lv"))
             pool_layout = _s(v.rows.get(pool, [{}])[0], "lv_layout")
-            origin = _bare(_s(r, "origin"))
+            origin = bare(_s(r, "origin"))
             out[_s(r, "lv_dm_path")] = LvmCachedLv(
                 vg=vg, lv=lv, uuid=_s(r, "lv_uuid"), segtype=seg, pool=pool,
                 pool_kind="cachevol" if "cachevol" in pool_layout or pool.endswith("_cvol")
@@ -118,7 +115,7 @@ def cached_lvs(rows: list[dict[str, Any]]) -> dict[str, LvmCachedLv]:
 
 
 def lv_rows(rows: list[dict[str, Any]], vg: str, lv: str) -> list[dict[str, Any]]:
-    return [r for r in rows if _s(r, "vg_name") == vg and _bare(_s(r, "lv_name")) == lv]
+    return [r for r in rows if _s(r, "vg_name") == vg and bare(_s(r, "lv_name")) == lv]
 
 
 def field(rows: list[dict[str, Any]], vg: str, lv: str, name: str) -> str:
@@ -135,7 +132,7 @@ def lvs_on(rows: list[dict[str, Any]], vg: str, pv: str) -> list[str]:
         if _s(r, "vg_name") != vg:
             continue
         if pv in _entries(_s(r, "devices")) + _entries(_s(r, "metadata_devices")):
-            name = _bare(_s(r, "lv_name"))
+            name = bare(_s(r, "lv_name"))
             if name not in out:
                 out.append(name)
     return out
@@ -145,8 +142,8 @@ def attached_to(rows: list[dict[str, Any]], vg: str, cache: str) -> str | None:
     """The LV of ``vg`` that cache pool or cachevol ``cache`` (its own name) caches now."""
     for r in rows:
         if _s(r, "vg_name") == vg and _s(r, "segtype") in ("cache", "writecache") \
-                and attached_name(_bare(_s(r, "pool_lv"))) == cache:
-            return _bare(_s(r, "lv_name"))
+                and attached_name(bare(_s(r, "pool_lv"))) == cache:
+            return bare(_s(r, "lv_name"))
     return None
 
 
@@ -168,5 +165,5 @@ def pvs_of(rows: list[dict[str, Any]], vg: str, lv: str) -> list[str]:
 
 def lv_names(rows: list[dict[str, Any]], vg: str, segtype: str) -> list[str]:
     """The LVs of ``vg`` (bare names) with a segment of type ``segtype``."""
-    return sorted({_bare(_s(r, "lv_name")) for r in rows
+    return sorted({bare(_s(r, "lv_name")) for r in rows
                    if _s(r, "vg_name") == vg and _s(r, "segtype") == segtype})
