@@ -163,8 +163,13 @@ def reasons(sysfs: Sysfs, rel: str, mountinfo: str | None,
             swaps: str | None) -> tuple[str, ...]:
     """:func:`uses` in words, each once: why the device at ``rel`` may not be pulled or
     overwritten; empty when nothing uses it."""
+    return reasons_of(sysfs, uses(sysfs, rel, mountinfo=mountinfo, swaps=swaps))
+
+
+def reasons_of(sysfs: Sysfs, found: tuple[Use, ...]) -> tuple[str, ...]:
+    """Each :class:`Use` of ``found`` in words, in order, each once."""
     out = []
-    for u in uses(sysfs, rel, mountinfo=mountinfo, swaps=swaps):
+    for u in found:
         if u.kind == "held":
             out.append(f"/dev/{u.member} is held by {u.by}"
                        + (f" (/dev/mapper/{u.detail})" if u.detail else ""))

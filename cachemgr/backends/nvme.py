@@ -122,11 +122,11 @@ def siblings(sysfs: Sysfs, ns: NvmeNamespace) -> list[str]:
             if x.controller == ns.controller and x.name != ns.name]
 
 
-def removal_refusals(sysfs: Sysfs, ns: NvmeNamespace, *, mountinfo: ProcText = AUTO,
-                     swaps: ProcText = AUTO) -> tuple[str, ...]:
-    """Why removing ``ns``'s controller is not safe; empty when it is. A controller over
-    another transport, another namespace on the controller, or any namespace of it in use
-    (held, registered with bcache, mounted: the root filesystem too, swap)."""
+def controller_refusals(sysfs: Sysfs, ns: NvmeNamespace, *, mountinfo: ProcText = AUTO,
+                        swaps: ProcText = AUTO) -> tuple[str, ...]:
+    """Why ``ns``'s controller may not be pulled whatever ``ns`` itself is used for: it is
+    not a PCIe function, or it carries another namespace (which would go too; in use or
+    not: a root file system on it, for one). Empty when neither."""
     out: list[str] = []
     if ns.pci is None:
         out.append(f"{ns.node}'s controller {ns.controller} is not a PCIe function "
@@ -137,8 +137,19 @@ def removal_refusals(sysfs: Sysfs, ns: NvmeNamespace, *, mountinfo: ProcText = A
                    + ", ".join(f"/dev/{x}" for x in others)
                    + ": removing it takes them away too")
     texts = inuse.texts(sysfs, mountinfo, swaps)
-    for name in (ns.name, *others):
+    for name in others:
         out += inuse.reasons(sysfs, f"block/{name}", *texts)
+    return tuple(dict.fromkeys(out))
+
+
+def removal_refusals(sysfs: Sysfs, ns: NvmeNamespace, *, mountinfo: ProcText = AUTO,
+                     swaps: ProcText = AUTO) -> tuple[str, ...]:
+    """Why removing ``ns``'s controller is not safe; empty when it is: any of
+    :func:`controller_refusals`, or ``ns`` in use (held, registered with bcache, mounted,
+    swap)."""
+    texts = inuse.texts(sysfs, mountinfo, swaps)
+    out = [*controller_refusals(sysfs, ns, mountinfo=texts[0], swaps=texts[1]),
+           *inuse.reasons(sysfs, f"block/{ns.name}", *texts)]
     return tuple(dict.fromkeys(out))
 
 

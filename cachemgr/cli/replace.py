@@ -64,7 +64,8 @@ def register(sub: Any) -> None:
                    help="the SSD, its cset UUID, or a cached LV (VG/LV)")
     s.add_argument("--new", default="same", metavar="DEV",
                    help="same (re-insert the old SSD, default), any (operator swaps the disk "
-                        "in the same slot), or the new disk: /dev/sdX, wwn:..., serial:...")
+                        "in the same slot), or the new disk: /dev/sdX, /dev/nvmeXnY, wwn:..., "
+                        "serial:..., a SCSI address H:C:T:L or an NVMe PCI address")
     s.add_argument("--interim-mode", default="none",
                    choices=("none", "writearound", "writethrough"))
     s.add_argument("--keep-old-signature", action="store_true",

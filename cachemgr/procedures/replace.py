@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.backends import bcache, bcache_super, identity, scsi, signatures, snapshot
+from cachemgr.backends import bcache, bcache_super, hotplug, signatures, snapshot
+from cachemgr.backends.identity import looks_like_wwn, normalize_wwn
 from cachemgr.backends.targets import resolve_cache_set
 from cachemgr.core import runner, signals, state
 from cachemgr.core.errors import (
@@ -66,7 +67,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("detach", "detach every backing device (flushes; /dev/bcacheN stay up in passthrough)"),
     ("unregister", "unregister the old cache set"),
     ("wipe-old", "wipe the bcache signature of the old SSD"),
-    ("scsi-remove", "SCSI-remove the old SSD"),
+    ("remove-old", "remove the old SSD (SCSI delete; NVMe: its controller's PCI remove)"),
     ("wait-new", "wait for the new (or re-inserted) SSD"),
     ("identify-new", "identify the new SSD and refuse a wrong disk"),
     ("make-cache", "make a fresh bcache cache on the new SSD"),
@@ -76,6 +77,8 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("verify", "verify every backing device: new set, mode, state"),
 )
 STEP_NAMES = tuple(name for name, _ in STEPS)
+# Step names journals of earlier versions used, and the name each has now.
+RENAMED_STEPS = {"scsi-remove": "remove-old"}
 # Steps after which a rollback is no longer possible (the old set is gone).
 POINT_OF_NO_RETURN = "unregister"
 # Fault injection for the crash tests: SIGKILL ourselves right after this step is journaled.
@@ -103,7 +106,7 @@ class Journal:
     id: str
     cset: str
     options: dict[str, Any]
-    old: dict[str, Any]  # the old SSD: name, hctl, wwid, serial, size_bytes, bucket
+    old: dict[str, Any]  # the old SSD: hotplug.record (bus, slot, wwid, serial...), bucket
     backings: list[dict[str, Any]]  # uuid, name, node, device, mode, tunables
     congested: dict[str, int] = field(default_factory=dict)
     done: list[str] = field(default_factory=list)
@@ -145,6 +148,9 @@ class Journal:
         data = state.read_json(path)
         if data is None:
             return None
+        if isinstance(data.get("done"), list):
+            data["done"] = [RENAMED_STEPS.get(s, s) if isinstance(s, str) else s
+                            for s in data["done"]]
         problem = _journal_problem(data)
         if problem is None and state.journal_path("replace", data["id"]) != path:
             problem = f"it is the journal of run {data['id']!r}, not of its file name"
@@ -274,11 +280,8 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
         raise UnsafeError(f"cache set {cset.uuid} has {len(cset.caches)} cache devices; "
                           "replace-ssd handles sets with exactly one")
     ssd = cset.caches[0]
-    try:
-        disk = scsi.scsi_disk(sysfs, ssd.identity.name)
-    except CacheMgrError as exc:
-        raise UsageError(f"{ssd.identity.node} is not a SCSI disk ({exc.message}); replace-ssd "
-                         "removes and re-inserts SCSI devices", hint=exc.hint) from exc
+    disk = hotplug_disk(sysfs, ssd.identity.name, ssd.identity.node)
+    refuse_unpullable(sysfs, disk, ssd.identity.name)
     if cset.flash_volumes:
         raise UnsafeError(f"cache set {cset.uuid} holds {cset.flash_volumes} flash volume(s): "
                           "their data lives only on the SSD",
@@ -299,7 +302,7 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
         log.warning("%s has %d IO errors (a worn SSD: replacing it is right)",
                     ssd.identity.node, ssd.io_errors)
     old_id = _old_match(disk)
-    twins = [d.node for d in scsi.disks(sysfs) if old_id.matches(d) and d.name != disk.name]
+    twins = [d.node for d in hotplug.disks(sysfs) if old_id.matches(d) and d.name != disk.name]
     if twins:
         raise UnsafeError(f"{disk.node} cannot be told apart from {', '.join(twins)}: they "
                           f"share its {old_id}; the replacement finds the old SSD again by it "
@@ -315,9 +318,7 @@ def plan(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
         id=run_id,
         cset=cset.uuid,
         options=asdict(opts),
-        old={"name": disk.name, "node": disk.node, "hctl": str(disk.hctl),
-             "host": disk.host, "wwid": disk.wwid, "serial": disk.serial,
-             "size_bytes": disk.size_bytes,
+        old={**hotplug.record(disk),
              "bucket": ssd.bucket_size.low if ssd.bucket_size else None},
         backings=[{
             "uuid": _stable(b), "name": b.identity.name, "node": b.identity.node,
@@ -343,30 +344,55 @@ def new_run_id(tag: str) -> str:
 
 
 NEW_HINT = ("--new same (the old SSD re-inserted), any (the disk an operator puts in its slot), "
-            "/dev/sdX (a disk that is there now), wwn:WWN, serial:SERIAL or H:C:T:L")
+            "/dev/sdX or /dev/nvmeXnY (a disk that is there now), wwn:WWN, serial:SERIAL, "
+            "H:C:T:L (a SCSI slot) or a PCI address (an NVMe slot)")
 
 
-def _old_match(old: scsi.ScsiDisk | dict[str, Any]) -> scsi.DiskMatch:
-    """How the old SSD is found again after its cache set is gone (wipe-old, scsi-remove,
+def hotplug_disk(sysfs: Sysfs, name: str, node: str) -> hotplug.Disk:
+    """The SCSI disk or NVMe namespace the cache SSD ``name`` is; UsageError (exit 2) for
+    any other device: replace-ssd pulls and re-inserts only those."""
+    try:
+        return hotplug.disk(sysfs, name)
+    except CacheMgrError as exc:
+        raise UsageError(f"{node} is neither a SCSI disk nor an NVMe namespace; replace-ssd "
+                         "removes and re-inserts only those", hint=exc.hint) from exc
+
+
+def refuse_unpullable(sysfs: Sysfs, disk: hotplug.Disk, member: str | None) -> None:
+    """Refuse (exit 3, at plan time) an SSD that could not be pulled once its cache is
+    released: another use of it or of its partitions (a mounted file system, swap, a
+    holder), an NVMe controller that is not a PCIe function or carries another namespace.
+    ``member``: the cache device (the disk or a partition); None: every use of the disk is
+    the cache's (an LVM PV), only its controller is checked."""
+    why = hotplug.removal_refusals_besides(sysfs, disk, member)
+    if why:
+        raise UnsafeError(f"{disk.node} could not be pulled after its cache is released: "
+                          + "; ".join(why),
+                          hint="replace-ssd takes out the whole disk (NVMe: the whole "
+                               "controller); move what else lives on it first")
+
+
+def _old_match(old: hotplug.Disk | dict[str, Any]) -> hotplug.Match:
+    """How the old SSD is found again after its cache set is gone (wipe-old, remove-old,
     --new same): its WWID, else its serial. Neither: refused (exit 3), as nothing would
     tell it from another disk once it is removed; no step is skipped for want of one."""
     wwid: str | None
     serial: str | None
-    if isinstance(old, scsi.ScsiDisk):
+    if not isinstance(old, dict):
         wwid, serial, node = old.wwid, old.serial, old.node
     else:
         wwid, serial, node = old.get("wwid"), old.get("serial"), str(old.get("node"))
     if wwid:
-        return scsi.DiskMatch("wwn", identity.normalize_wwn(wwid) or wwid)
+        return hotplug.Match("wwn", normalize_wwn(wwid) or wwid)
     if serial:
-        return scsi.DiskMatch("serial", serial)
+        return hotplug.Match("serial", serial)
     raise UnsafeError(f"{node} has neither a WWID nor a serial number: after its cache set is "
                       "gone nothing would tell it from another disk, so replace-ssd could not "
                       "find it again to wipe, remove or re-insert it",
                       hint="replace this SSD by hand (docs/admin-guide.md, the runbook)")
 
 
-def new_match(new: str) -> scsi.DiskMatch | None:
+def new_match(new: str) -> hotplug.Match | None:
     """What ``--new`` names: None for same, any and /dev paths (checked apart), else the
     DiskMatch the new disk is waited for by. UsageError (exit 2) for a value that can never
     name a disk (empty, ``wwn:`` or ``serial:`` with nothing after, a wwn: that is no WWN)."""
@@ -381,15 +407,15 @@ def new_match(new: str) -> scsi.DiskMatch | None:
             if not value:
                 raise UsageError(f"--new {new} names no {prefix[:-1]}", hint=NEW_HINT)
             if prefix == "serial:":
-                return scsi.DiskMatch("serial", value)
-            if not identity.looks_like_wwn(value):
+                return hotplug.Match("serial", value)
+            if not looks_like_wwn(value):
                 raise UsageError(f"--new {new}: {value!r} is not a WWN (naa.…, eui.…, 0x…, "
-                                 "t10.…)", hint=NEW_HINT)
-            return scsi.DiskMatch("wwn", identity.normalize_wwn(value) or value)
-    return scsi.DiskMatch.parse(t)
+                                 "t10.…, nvme.…)", hint=NEW_HINT)
+            return hotplug.Match("wwn", normalize_wwn(value) or value)
+    return hotplug.Match.parse(t)
 
 
-def _check_new_spec(sysfs: Sysfs, new: str, old: scsi.ScsiDisk, cset: str,
+def _check_new_spec(sysfs: Sysfs, new: str, old: hotplug.Disk, cset: str,
                     bucket: int | None, need_bytes: int | None = None) -> None:
     """Refuse at plan time a --new that cannot finish: one that names nothing, the old SSD
     (but for same/any), several disks, or a disk there now that identify-new would refuse."""
@@ -406,17 +432,16 @@ def _check_new_spec(sysfs: Sysfs, new: str, old: scsi.ScsiDisk, cset: str,
             raise UsageError(f"--new {new} is the SSD being replaced",
                              hint="use --new same to re-insert the same SSD")
         try:
-            disk = scsi.scsi_disk(sysfs, name)
+            disk = hotplug.disk(sysfs, name)
         except CacheMgrError as exc:
-            raise UsageError(f"--new {new} is not a SCSI disk ({exc.message})",
-                             hint=NEW_HINT) from None
+            raise UsageError(f"--new {new}: {exc.message}", hint=NEW_HINT) from None
         refuse_new_disk(sysfs, disk, same=False, old=_old_dict(old), cset=cset, bucket=bucket,
                         probe=sysfs.live, need_bytes=need_bytes)
         return
     match = new_match(new)
     assert match is not None
-    found = [d for d in scsi.disks(sysfs) if match.matches(d)]
-    if match.kind == "hctl":  # the old SSD's slot: it is there until scsi-remove
+    found = hotplug.find(sysfs, match)
+    if match.kind == "slot":  # the old SSD's slot: it is there until remove-old
         found = [d for d in found if d.name != old.name]
     if len(found) > 1:
         raise UsageError(f"--new {new} matches {len(found)} disks: "
@@ -439,11 +464,11 @@ def _block_name(sysfs: Sysfs, path: str) -> str | None:
     return sysfs.block_name_of(path)
 
 
-def _old_dict(d: scsi.ScsiDisk) -> dict[str, Any]:
+def _old_dict(d: hotplug.Disk) -> dict[str, Any]:
     return {"wwid": d.wwid, "serial": d.serial, "size_bytes": d.size_bytes}
 
 
-def refuse_new_disk(sysfs: Sysfs, d: scsi.ScsiDisk, *, same: bool, old: dict[str, Any],
+def refuse_new_disk(sysfs: Sysfs, d: hotplug.Disk, *, same: bool, old: dict[str, Any],
                     cset: str, bucket: int | None, probe: bool = True,
                     need_bytes: int | None = None) -> None:
     """Refuse (exit 3) a disk that must not become the new cache: the old SSD when a new one
@@ -456,7 +481,7 @@ def refuse_new_disk(sysfs: Sysfs, d: scsi.ScsiDisk, *, same: bool, old: dict[str
                      or (old_serial and d.serial == old_serial)):
         raise UnsafeError(f"{d.describe()} is the old SSD, but a new one was asked for",
                           hint="insert the new SSD, or use --new same to reuse the old one")
-    reasons = scsi.in_use(sysfs, d.name)
+    reasons = hotplug.in_use(sysfs, d)
     if reasons:
         raise UnsafeError(f"{d.node} is in use: {'; '.join(reasons)}; refusing it as the new "
                           "cache")
@@ -497,15 +522,21 @@ def new_words(j: Journal) -> str:
     """What --new asks for, in words."""
     old = j.old
     new = str(j.options["new"])
-    return {"same": f"the same SSD re-inserted ({old['wwid']})",
-            "any": f"a new disk in the same slot [{old['hctl']}] (operator swap)"}.get(new, new)
+    return {"same": f"the same SSD re-inserted ({old['wwid'] or 'serial ' + str(old['serial'])})",
+            "any": f"a new disk in the same slot ({hotplug.slot_words(old)}) (operator swap)",
+            }.get(new, new)
+
+
+def ssd_words(old: dict[str, Any]) -> str:
+    """The old SSD of a journal, for the plan's head: node, slot, identity."""
+    return (f"{old['node']} ({hotplug.slot_words(old)}; {old['wwid']}, serial "
+            f"{old['serial']})")
 
 
 def _head(j: Journal) -> list[str]:
     old = j.old
     devs = ", ".join(f"{b['device'] or b['node']} ({b['mode']})" for b in j.backings) or "none"
-    return [f"replace the cache SSD {old['node']} [{old['hctl']}] ({old['wwid']}, serial "
-            f"{old['serial']}) of cache set {j.cset}",
+    return [f"replace the cache SSD {ssd_words(old)} of cache set {j.cset}",
             f"backing devices: {devs}", f"new SSD: {new_words(j)}"]
 
 
@@ -634,9 +665,9 @@ def s_unregister(c: Ctx) -> None:
     c.say(f"cache set {c.j.cset} unregistered")
 
 
-def _old_present(c: Ctx) -> scsi.ScsiDisk | None:
+def _old_present(c: Ctx) -> hotplug.Disk | None:
     match = _old_match(c.j.old)
-    found = [d for d in scsi.disks(c.sysfs) if match.matches(d)]
+    found = hotplug.find(c.sysfs, match)
     if len(found) > 1:
         raise UnsafeError(f"{len(found)} disks have the old SSD's {match}: "
                           + "; ".join(d.describe() for d in found),
@@ -664,41 +695,43 @@ def s_wipe_old(c: Ctx) -> None:
     c.say(f"{d.node}: old bcache signature wiped")
 
 
-def s_scsi_remove(c: Ctx) -> None:
+def s_remove_old(c: Ctx) -> None:
     d = _old_present(c)
     if d is None:
         c.say(f"the old SSD ({_old_match(c.j.old)}) is not there any more: already removed")
         return
-    r = scsi.remove(c.sysfs, d.name)
-    c.j.old["hctl"], c.j.old["host"] = str(r.disk.hctl), r.disk.host
+    # where it sits now (a SCSI address, a PCI function) is where its replacement is looked for
+    bucket = c.j.old.get("bucket")
+    c.j.old.update(hotplug.record(d), bucket=bucket)
     c.j.save()
-    c.say(f"{d.node} [{r.disk.hctl}] removed from SCSI {r.disk.host}")
+    r = hotplug.remove(c.sysfs, d)
+    c.say(f"{d.node} ({hotplug.where(d)}): {r.how}")
 
 
-def _new_match(c: Ctx) -> str:
-    """What wait-new waits for, in the form scsi.DiskMatch.parse reads back."""
+def _new_match(c: Ctx) -> hotplug.Match:
+    """What wait-new waits for."""
     new = c.opts.new
-    m = _old_match(c.j.old) if new == "same" else scsi.DiskMatch.parse(str(c.j.old["hctl"])) \
-        if new == "any" else new_match(new)
+    if new == "any":
+        return hotplug.Match("slot", str(c.j.old.get("slot") or c.j.old["hctl"]))
+    m = _old_match(c.j.old) if new == "same" else new_match(new)
     assert m is not None
-    return f"serial:{m.value}" if m.kind == "serial" else m.value
+    return m
 
 
-def _find_new(c: Ctx) -> scsi.ScsiDisk | None:
+def _find_new(c: Ctx) -> hotplug.Disk | None:
     if c.j.new.get("wwid"):
         want = c.j.new["wwid"]
-        return next((d for d in scsi.disks(c.sysfs) if d.wwid == want), None)
+        return next((d for d in hotplug.disks(c.sysfs) if d.wwid == want), None)
     new = c.opts.new
     if new.startswith("/dev/"):
         name = _block_name(c.sysfs, new)
         if name:
             try:
-                return scsi.scsi_disk(c.sysfs, name)
-            except CacheMgrError:
-                raise UsageError(f"--new {new} is not a SCSI disk") from None
+                return hotplug.disk(c.sysfs, name)
+            except CacheMgrError as exc:
+                raise UsageError(f"--new {new}: {exc.message}") from None
         return None
-    match = scsi.DiskMatch.parse(_new_match(c))
-    found = [d for d in scsi.disks(c.sysfs) if match.matches(d)]
+    found = hotplug.find(c.sysfs, _new_match(c))
     if len(found) > 1:
         raise UnsafeError(f"{len(found)} disks match --new {new}: "
                           + "; ".join(d.describe() for d in found),
@@ -710,14 +743,14 @@ def s_wait_new(c: Ctx) -> None:
     if _find_new(c) is not None:
         return
     if c.opts.new != "same" and not c.opts.yes:
-        c.prompt(f"Insert the new SSD (slot of the old one: SCSI {c.j.old['host']} "
-                 f"[{c.j.old['hctl']}]), then press Enter")
-    scsi.rescan(c.sysfs, c.j.old["host"])
+        c.prompt(f"Insert the new SSD (slot of the old one: {hotplug.slot_words(c.j.old)}), "
+                 "then press Enter")
+    c.say(hotplug.rescan(c.sysfs, c.j.old))
     if c.opts.new.startswith("/dev/"):
         if not bcache.wait_for(lambda: _find_new(c) is not None, c.opts.wait_timeout, 0.2):
             raise CacheMgrError(f"{c.opts.new} did not appear within {c.opts.wait_timeout:g} s")
         return
-    d = scsi.wait_for_disk(c.sysfs, _new_match(c), c.opts.wait_timeout)
+    d = hotplug.wait_for(c.sysfs, _new_match(c), c.opts.wait_timeout)
     c.say(f"found {d.describe()}")
 
 
@@ -733,8 +766,7 @@ def s_identify_new(c: Ctx) -> None:
     if c.j.old.get("size_bytes") and d.size_bytes < c.j.old["size_bytes"]:
         c.say(f"note: {d.node} is smaller than the old SSD ({d.size_bytes} < "
               f"{c.j.old['size_bytes']} bytes)")
-    c.j.new.update({"name": d.name, "node": d.node, "wwid": d.wwid, "serial": d.serial,
-                    "hctl": str(d.hctl), "checked": True})
+    c.j.new.update({**hotplug.record(d), "checked": True})
     c.j.save()
     c.say(f"new SSD: {d.describe()}")
 
@@ -877,7 +909,7 @@ STEP_FUNCS: dict[str, Callable[[Ctx], None]] = {
     "detach": s_detach,
     "unregister": s_unregister,
     "wipe-old": s_wipe_old,
-    "scsi-remove": s_scsi_remove,
+    "remove-old": s_remove_old,
     "wait-new": s_wait_new,
     "identify-new": s_identify_new,
     "make-cache": s_make_cache,

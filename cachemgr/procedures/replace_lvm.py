@@ -15,8 +15,9 @@ repeats nor undoes work; before the old cache is deleted a run can be rolled bac
 attached again, its policy put back).
 
 Refused at plan time: an LV whose cache lies on more than one PV besides the origin's, an SSD
-that is not a SCSI disk, an SSD PV that holds any other LV (vgreduce would fail, or move
-nothing), a failed or needs_check cache, and every wrong new disk bcache's replacement refuses.
+that is neither a SCSI disk nor an NVMe namespace (or on a shared NVMe controller), an SSD PV
+that holds any other LV (vgreduce would fail, or move nothing), a failed or needs_check cache,
+and every wrong new disk bcache's replacement refuses.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from cachemgr.backends import scsi, signatures, snapshot
+from cachemgr.backends import hotplug, signatures, snapshot
 from cachemgr.backends.lvm import command, manage
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.backends.targets import find_dm
@@ -46,7 +47,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("remove-old-cache", "delete the old cache pool or cachevol (lvremove)"),
     ("vgreduce", "take the SSD's PV out of the VG (vgreduce)"),
     ("pvremove", "wipe the SSD's PV label (pvremove)"),
-    ("scsi-remove", "SCSI-remove the old SSD"),
+    ("remove-old", "remove the old SSD (SCSI delete; NVMe: its controller's PCI remove)"),
     ("wait-new", "wait for the new (or re-inserted) SSD"),
     ("identify-new", "identify the new SSD and refuse a wrong disk"),
     ("pvcreate", "make the new SSD a PV (pvcreate)"),
@@ -103,12 +104,8 @@ def plan(sysfs: Sysfs, target: str, opts: Options,
                           "cache on one SSD", hint="lvs -a -o+devices shows where it lies")
     pv = ssd_pvs[0]
     name = sysfs.block_name_of(pv) if sysfs.live else pv.removeprefix("/dev/")
-    try:
-        disk = scsi.scsi_disk(sysfs, name or pv)
-    except CacheMgrError as exc:
-        raise UsageError(f"{pv} (the PV under {v.full_name}'s cache) is not a SCSI disk "
-                         f"({exc.message}); replace-ssd removes and re-inserts SCSI disks",
-                         hint=exc.hint) from exc
+    disk = replace.hotplug_disk(sysfs, name or pv, f"{pv} (the PV under {v.full_name}'s cache)")
+    replace.refuse_unpullable(sysfs, disk, None)
     rows = command.default_source(sysfs).report()
     own = {v.pool, f"{v.pool}_cdata", f"{v.pool}_cmeta", "lvol0_pmspare"}
     others = [x for x in lvm_report.lvs_on(rows, v.vg, pv) if x not in own]
@@ -138,9 +135,7 @@ def plan(sysfs: Sysfs, target: str, opts: Options,
     replace._old_match(disk)  # refuses an SSD with neither WWID nor serial
     return Journal(
         id=replace.new_run_id(_lv_word(v.full_name)), cset=v.full_name, options=asdict(opts),
-        old={"name": disk.name, "node": disk.node, "hctl": str(disk.hctl), "host": disk.host,
-             "wwid": disk.wwid, "serial": disk.serial, "size_bytes": disk.size_bytes,
-             "bucket": None},
+        old={**hotplug.record(disk), "bucket": None},
         backings=[], kind="lvm", lvm=lvm)
 
 
@@ -159,8 +154,7 @@ def head(j: Journal) -> list[str]:
         cfg.append(f"policy {m['policy']}")
     if m.get("settings"):
         cfg.append("settings " + ",".join(f"{k}={v}" for k, v in m["settings"]))
-    return [f"replace the cache SSD {old['node']} [{old['hctl']}] ({old['wwid']}, serial "
-            f"{old['serial']}) of {what} {j.cset}",
+    return [f"replace the cache SSD {replace.ssd_words(old)} of {what} {j.cset}",
             f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg),
             f"new SSD: {replace.new_words(j)}"]
 
@@ -401,7 +395,7 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "remove-old-cache": s_remove_old_cache,
     "vgreduce": s_vgreduce,
     "pvremove": s_pvremove,
-    "scsi-remove": replace.s_scsi_remove,
+    "remove-old": replace.s_remove_old,
     "wait-new": replace.s_wait_new,
     "identify-new": replace.s_identify_new,
     "pvcreate": s_pvcreate,

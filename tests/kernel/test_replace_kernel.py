@@ -127,7 +127,7 @@ def test_replace_same_ssd_under_verify_load(lab_disks: list[str]) -> None:
     load = start_load(devices)
     try:
         r = cm("replace-ssd", ssds[0].node, "--dry-run")
-        assert r.returncode == 0 and "scsi-remove" in r.stdout and "drain" in r.stdout
+        assert r.returncode == 0 and "remove-old" in r.stdout and "drain" in r.stdout
         assert status_modes(sysfs) == (old, modes)  # the dry run changed nothing
         assert not replace.list_runs()
         r = cm("replace-ssd", ssds[0].node, "--yes", "--json")

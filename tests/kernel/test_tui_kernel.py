@@ -684,7 +684,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
             await settle(pilot, lambda: shown(app, SwapPrompt), tries=2400)
             assert "Insert the new SSD" in _text(app, ".dialog-body")
             steps = str(screen.query_one("#steps", Static).render())
-            assert "✓  6 unregister" in steps and "✓  8 scsi-remove" in steps, steps
+            assert "✓  6 unregister" in steps and "✓  8 remove-old" in steps, steps
             assert "▶  9 wait-new" in steps, steps
             # the operator cancels (Escape): the run stops, journaled, past the point of no
             # return
@@ -694,7 +694,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
             assert "the operator did not confirm the swap" in _text(app, ".dialog-body")
             await pilot.press("escape")
             (run,) = [j for j in replace.list_runs() if j.status not in ("done", "rolled-back")]
-            assert run.status == "failed" and run.done[-1] == "scsi-remove"
+            assert run.status == "failed" and run.done[-1] == "remove-old"
             assert snapshot.take(sysfs).cache_sets == ()  # the old set is gone
             # resume it from the screen; this time the disk goes in, then Done
             assert app.screen is screen

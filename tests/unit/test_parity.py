@@ -138,7 +138,8 @@ CASES = [
          "unknown cache mode 'writeforward'"),
     Case("replace-plan-non-scsi-ssd", "bcache-writeback-dirty",
          ("replace-ssd", DIRTY_CSET, "--dry-run"), f"cset:{DIRTY_CSET}",
-         (("press", "s"), ("press", "p")), 2, "/dev/ubdb is not a SCSI disk", plan=True),
+         (("press", "s"), ("press", "p")), 2,
+         "/dev/ubdb is neither a SCSI disk nor an NVMe namespace", plan=True),
     # --- dm-cache
     Case("dm-passthrough-while-dirty", "dmcache-writeback",
          ("mode", "vmcache", "passthrough"), "dm:vmcache", mode("passthrough"), 3,

@@ -29,9 +29,9 @@ def root(request: pytest.FixtureRequest) -> Path:
 
 @pytest.mark.parametrize("argv,code,says", [
     # the lab capture's cache PVs are UML ubd disks: nothing to SCSI-remove
-    (["vg0/vm1", "--yes"], 2, "is not a SCSI disk"),
-    (["/dev/mapper/vg0-vm2", "--yes"], 2, "is not a SCSI disk"),
-    (["/dev/vg0/vm3", "--dry-run"], 2, "is not a SCSI disk"),
+    (["vg0/vm1", "--yes"], 2, "is neither a SCSI disk nor an NVMe namespace"),
+    (["/dev/mapper/vg0-vm2", "--yes"], 2, "is neither a SCSI disk nor an NVMe namespace"),
+    (["/dev/vg0/vm3", "--dry-run"], 2, "is neither a SCSI disk nor an NVMe namespace"),
     (["vg0/nosuch", "--yes"], 2, "vg0/nosuch is not a cached LV"),
     (["vg0/vm1", "--interim-mode", "writethrough", "--yes"], 2,
      "does not apply to an LVM cache"),
@@ -71,7 +71,7 @@ def test_an_lvm_journal_reads_back_with_its_own_steps(tmp_path: Path,
     j = replace.Journal.load("20261123-000000-vg0-vm1")
     assert j.kind == "lvm" and j.steps == replace_lvm.STEPS
     plan = replace.describe(j)
-    assert plan[0].startswith("replace the cache SSD /dev/sda [0:0:0:0]")
+    assert plan[0].startswith("replace the cache SSD /dev/sda (SCSI host0 [0:0:0:0]")
     assert "of lvmcache (cachepool) vg0/vm1" in plan[0]
     assert "chunk 64.0 KiB" in plan[1] and "migration_threshold=4096" in plan[1], plan
     steps = [line.split()[1] for line in plan if line[:2].strip().isdigit()]

@@ -64,7 +64,7 @@ def _refused_before_any_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     ("   ", "--new is empty"),
     ("wwn:not-a-wwn", "'not-a-wwn' is not a WWN"),
     ("/dev/cachemgr-no-such-disk", "--new /dev/cachemgr-no-such-disk: no such block device"),
-    ("/dev/ubda", "--new /dev/ubda is not a SCSI disk"),
+    ("/dev/ubda", "--new /dev/ubda: /dev/ubda is neither a SCSI disk nor an NVMe namespace"),
     ("/dev/sda", "--new /dev/sda is the SSD being replaced"),
     ("serial:2000", "is the SSD being replaced"),
     ("wwn:0x33333330000007d0", "is the SSD being replaced"),
@@ -105,7 +105,7 @@ def test_an_old_ssd_without_wwid_and_serial_is_refused_at_plan(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Exit 3 (refused as unsafe, not bad input: the command is right, the disk is the
     problem): once its cache set is gone nothing tells the old SSD from another disk, so
-    wipe-old and scsi-remove could not find it (they were skipped silently) and --new same
+    wipe-old and remove-old could not find it (they were skipped silently) and --new same
     could not wait for it."""
     from tests.unit.tui_helpers import copy_capture
 
@@ -131,7 +131,7 @@ def test_an_old_ssd_without_wwid_is_followed_by_its_serial(
     c = replace.Ctx(sysfs, j, replace.Options(**j.options), said.append, lambda t: None)
     old = replace._old_present(c)
     assert old is not None and old.name == "sda"
-    assert replace._new_match(c) == "serial:2000"
+    assert replace._new_match(c).words() == "serial:2000"
 
 
 def test_an_old_ssd_that_is_gone_is_said_not_skipped_silently(
@@ -143,7 +143,7 @@ def test_an_old_ssd_that_is_gone_is_said_not_skipped_silently(
     said: list[str] = []
     c = replace.Ctx(sysfs, j, replace.Options(**j.options), said.append, lambda t: None)
     replace.s_wipe_old(c)
-    replace.s_scsi_remove(c)
+    replace.s_remove_old(c)
     assert said == [
         "the old SSD (wwn naa.0000000000000001) is not there any more: nothing to wipe",
         "the old SSD (wwn naa.0000000000000001) is not there any more: already removed"]
@@ -161,3 +161,100 @@ def test_a_good_new_spec_passes_the_plan(tmp_path: Path,
                 "naa.5000000000000001"):
         j = replace.plan(sysfs, "/dev/sda", replace.Options(new=new, yes=True))
         assert j.options["new"] == new
+
+
+# --------------------------------------------------------------------------------------
+# issue #17 item 3: an NVMe cache SSD (capture nvme-pair-qemu: nvme0n1 the cache device of a
+# registered set, nvme1n1 blank, each namespace alone on its controller)
+
+NVME = Path(__file__).resolve().parents[1] / "fixtures" / "nvme-pair-qemu" / "sys"
+
+
+def test_an_nvme_cache_ssd_is_planned_with_its_pci_slot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
+    sysfs = Sysfs(NVME)
+    j = replace.plan(sysfs, "/dev/nvme0n1", replace.Options(yes=True))
+    assert (j.old["bus"], j.old["slot"], j.old["controller"], j.old["serial"]) == (
+        "nvme", "0000:01:00.0", "nvme0", "CMLABNVME00")
+    plan = "\n".join(replace.describe(j))
+    assert "/dev/nvme0n1 (PCI 0000:01:00.0; nvme.1b36-" in plan
+    assert " 8. remove-old " in plan
+    c = replace.Ctx(sysfs, j, replace.Options(**j.options), lambda m: None, lambda t: None)
+    assert replace._new_match(c) == replace._old_match(j.old)
+    assert replace._new_match(c).kind == "wwn"
+    found = replace._old_present(c)
+    assert found is not None and found.name == "nvme0n1"
+    # --new any waits for a drive in the same PCIe slot
+    j2 = replace.plan(sysfs, "/dev/nvme0n1", replace.Options(new="any", yes=True))
+    c2 = replace.Ctx(sysfs, j2, replace.Options(**j2.options), lambda m: None, lambda t: None)
+    assert replace._new_match(c2).words() == "0000:01:00.0"
+    assert "a new disk in the same slot (PCI 0000:01:00.0)" in replace.new_words(j2)
+    # a drive not inserted yet, by serial or WWID, or whatever goes into the old slot
+    for new in ("serial:CMLABNVME09", "wwn:eui.0025385b71b07a3c", "0000:01:00.0"):
+        assert replace.plan(sysfs, "/dev/nvme0n1",
+                            replace.Options(new=new, yes=True)).options["new"] == new
+
+
+@pytest.mark.parametrize("new,rc,says", [
+    ("/dev/vda", 2, "/dev/vda is neither a SCSI disk nor an NVMe namespace"),
+    ("serial:CMLABNVME00", 2, "is the SSD being replaced"),
+    # the other controller's namespace, named any way: 64 MiB, too small for the old
+    # cache's 128 KiB buckets
+    ("/dev/nvme1n1", 3, "/dev/nvme1n1 (67108864 bytes) is too small"),
+    ("serial:CMLABNVME01", 3, "/dev/nvme1n1 (67108864 bytes) is too small"),
+    ("0000:02:00.0", 3, "/dev/nvme1n1 (67108864 bytes) is too small"),
+])
+def test_a_wrong_new_nvme_spec_is_refused_at_plan(
+        new: str, rc: int, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.unit.tui_helpers import copy_capture
+
+    root = copy_capture(tmp_path, "nvme-pair")
+    got, err = _refused_before_any_step(tmp_path, monkeypatch, root,
+                                        ["/dev/nvme0n1", "--new", new, "--yes"])
+    assert got == rc and says in err, err
+
+
+def test_a_shared_nvme_controller_is_refused_at_plan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second namespace on the cache SSD's controller (the capture's nvme0n1 files again,
+    nsid 2): pulling the controller would take it too."""
+    import os
+    import shutil
+
+    from tests.unit.tui_helpers import copy_capture
+
+    root = copy_capture(tmp_path, "nvme-pair")
+    src = Path(os.path.realpath(root / "block" / "nvme0n1"))
+    sib = src.parent / "nvme0n2"
+    shutil.copytree(src, sib, symlinks=True)
+    shutil.rmtree(sib / "bcache")
+    for h in (sib / "holders").iterdir():
+        h.unlink()
+    (sib / "nsid").write_text("2\n")
+    os.symlink(os.path.relpath(sib, root / "block"), root / "block" / "nvme0n2")
+    rc, err = _refused_before_any_step(tmp_path, monkeypatch, root, ["/dev/nvme0n1", "--yes"])
+    assert rc == 3, err
+    assert "/dev/nvme0n1 could not be pulled after its cache is released" in err
+    assert "controller nvme0 also carries /dev/nvme0n2" in err
+
+
+def test_a_journal_of_an_earlier_version_reads_its_scsi_remove_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
+    j = replace.plan(Sysfs(ROOT), "/dev/sda", replace.Options(yes=True))
+    j.save()
+    data = json.loads(j.path.read_text())
+    for k in ("bus", "slot"):
+        del data["old"][k]
+    data["done"] = ["preflight", "remember", "mode-interim", "drain", "detach", "unregister",
+                    "wipe-old", "scsi-remove"]
+    j.path.write_text(json.dumps(data))
+    back = replace.Journal.load(j.id)
+    assert back.done[-1] == "remove-old"
+    c = replace.Ctx(Sysfs(ROOT), back, replace.Options(new="any", yes=True), lambda m: None,
+                    lambda t: None)
+    assert replace._new_match(c).kind == "slot"
+    assert replace._new_match(c).value == data["old"]["hctl"]

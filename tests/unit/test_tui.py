@@ -795,9 +795,10 @@ def test_replace_refused_for_a_non_scsi_ssd_and_nothing_to_roll_back() -> None:
             plan = app.screen.query_one("#plan", Static)
             await pilot.press("g")
             await settle(pilot, lambda: str(plan.render()).startswith("refused"))
-            assert "/dev/ubdb is not a SCSI disk" in str(plan.render())
+            neither = "/dev/ubdb is neither a SCSI disk nor an NVMe namespace"
+            assert neither in str(plan.render())
             assert isinstance(app.screen, ReplaceScreen)  # nothing to confirm
-            assert "✗ replace-ssd plan: /dev/ubdb is not a SCSI disk" in log_text(app)
+            assert f"✗ replace-ssd plan: {neither}" in log_text(app)
             await pilot.press("u")
             assert isinstance(app.screen, ChoiceDialog)
             assert "no interrupted run" in rendered(app.screen, ".dialog-body")
@@ -1043,6 +1044,7 @@ def test_lvm_cache_detach_remove_and_replace_through_the_command_layer() -> None
             assert "cached LV vg0/vm1" in str(plan.render())
             await pilot.press("g")
             await settle(pilot, lambda: str(plan.render()).startswith("refused"))
-            assert "is not a SCSI disk" in str(plan.render()), str(plan.render())
+            assert "is neither a SCSI disk nor an NVMe namespace" in str(plan.render()), \
+                str(plan.render())
 
     asyncio.run(go())

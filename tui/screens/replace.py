@@ -69,7 +69,8 @@ class ReplaceScreen(Screen[None]):
         yield Header(icon="≡")
         with Horizontal(classes="row"):
             yield Label("new SSD")
-            yield Input("same", id="new", placeholder="same | any | /dev/sdX | wwn:...")
+            yield Input("same", id="new",
+                        placeholder="same | any | /dev/sdX | /dev/nvmeXnY | wwn:...")
             yield Label("interim mode")
             yield Input("none", id="interim", placeholder="none|writearound|writethrough",
                         disabled=self.lvm)  # an LVM cache drains through lvm2's cleaner
