@@ -61,7 +61,8 @@ def cmd_replace(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     s = sub.add_parser("replace-ssd", help="replace a cache SSD safely (journaled, resumable)")
     s.add_argument("cache", nargs="?", metavar="CACHE",
-                   help="the SSD, its cset UUID, or a cached LV (VG/LV)")
+                   help="the SSD, its cset UUID, a cached LV (VG/LV) or a dm-cache device "
+                        "(NAME, /dev/mapper/NAME)")
     s.add_argument("--new", default="same", metavar="DEV",
                    help="same (re-insert the old SSD, default), any (operator swaps the disk "
                         "in the same slot), or the new disk: /dev/sdX, /dev/nvmeXnY, wwn:..., "

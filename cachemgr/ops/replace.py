@@ -10,7 +10,7 @@ from cachemgr.core.errors import Cancelled, UsageError, require_root
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import replace, replace_lvm
+from cachemgr.procedures import replace, replace_dmcache, replace_lvm
 
 Options = replace.Options
 Journal = replace.Journal
@@ -19,17 +19,23 @@ STEP_NAMES = replace.STEP_NAMES
 describe = replace.describe
 
 
-def steps_for(cache: str) -> tuple[tuple[str, str], ...]:
-    """The steps a replacement of ``cache`` (a cset UUID, SSD or cached LV) will take."""
-    return replace_lvm.STEPS if replace_lvm.names_lv(cache) else replace.STEPS
+def steps_for(cache: str, sysfs: Sysfs | None = None) -> tuple[tuple[str, str], ...]:
+    """The steps a replacement of ``cache`` (a cset UUID, SSD, cached LV or dm-cache
+    device) will take."""
+    if replace_lvm.names_lv(cache):
+        return replace_lvm.STEPS
+    if sysfs is not None and replace_dmcache.names_dm(sysfs, cache) is not None:
+        return replace_dmcache.STEPS
+    return replace.STEPS
 
 
 def journal_json(j: replace.Journal) -> dict[str, Any]:
     """A run as ``replace-ssd --json`` prints it (schema 1, docs/json.md)."""
-    lvm = j.kind == "lvm"
+    lvm, dm = j.kind == "lvm", j.kind == "dmcache"
     return {"schema": 1, "id": j.id, "kind": j.kind, "status": j.status, "error": j.error,
-            "cset": None if lvm else j.cset, "new_cset": j.new.get("cset"),
+            "cset": j.cset if j.kind == "bcache" else None, "new_cset": j.new.get("cset"),
             "lv": j.cset if lvm else None, "lvm": j.lvm if lvm else None,
+            "dm_name": j.cset if dm else None, "dm": j.dm if dm else None,
             "old": j.old, "new": j.new,
             "steps": [{"name": n, "done": n in j.done} for n, _ in j.steps],
             "backings": [{"uuid": b["uuid"], "device": b["device"], "backing": b["node"],
@@ -56,13 +62,16 @@ def list_runs() -> Result:
     JSON) and skipped: the others are listed all the same."""
     found, bad = replace.scan_runs()
     return Result(
-        lines=[f"{j.id}  {j.status:<11} {'lv' if j.kind == 'lvm' else 'cset'} {j.cset}  "
+        lines=[f"{j.id}  {j.status:<11} {_WHAT.get(j.kind, 'cset')} {j.cset}  "
                f"done: {', '.join(j.done[-1:])}"
                + (f"  error: {j.error}" if j.error else "") for j in found],
         notes=[f"replace-ssd: skipped {e.path}: {e.reason}" for e in bad],
         data={"schema": 1, "runs": [journal_json(j) for j in found],
               "unreadable": [{"path": str(e.path), "reason": e.reason} for e in bad]},
         value=found)
+
+
+_WHAT = {"lvm": "lv", "dmcache": "dm"}
 
 
 def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
@@ -72,13 +81,17 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
     if for_run:
         require_root("replace-ssd")
     if not cache:
-        raise UsageError("replace-ssd needs the CACHE (its SSD, cset UUID or cached LV)",
+        raise UsageError("replace-ssd needs the CACHE (its SSD, cset UUID, cached LV or "
+                         "dm-cache device)",
                          hint="or --resume ID / --list")
     if replace_lvm.names_lv(cache):
         return replace_lvm.plan(sysfs, cache, opts)
     found = replace_lvm.find(sysfs, cache)  # /dev/dm-N, a dm name: an LVM cache all the same
     if found is not None:
         return replace_lvm.plan(sysfs, cache, opts, found)
+    dm = replace_dmcache.names_dm(sysfs, cache)
+    if dm is not None:
+        return replace_dmcache.plan(sysfs, cache, opts, dm)
     return replace.plan(sysfs, cache, opts)
 
 

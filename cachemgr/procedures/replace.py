@@ -115,10 +115,12 @@ class Journal:
     error: str | None = None
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
-    # "bcache" (``cset`` is the cache set's UUID) or "lvm" (``cset`` is the cached LV's VG/LV,
-    # ``lvm`` what rebuilds its cache: procedures/replace_lvm.py)
+    # "bcache" (``cset`` is the cache set's UUID), "lvm" (``cset`` is the cached LV's VG/LV,
+    # ``lvm`` what rebuilds its cache: procedures/replace_lvm.py) or "dmcache" (``cset`` is
+    # the dm name, ``dm`` its table and areas: procedures/replace_dmcache.py)
     kind: str = "bcache"
     lvm: dict[str, Any] = field(default_factory=dict)
+    dm: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:
@@ -170,7 +172,7 @@ _JOURNAL_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "cset": (str,), "options": (dict,), "old": (dict,), "backings": (list,),
     "congested": (dict,), "done": (list,), "new": (dict,), "status": (str,),
     "error": (str, type(None)), "created": (int, float), "updated": (int, float),
-    "kind": (str,), "lvm": (dict,)}
+    "kind": (str,), "lvm": (dict,), "dm": (dict,)}
 _OPTION_NAMES = frozenset(Options.__dataclass_fields__)
 STATUSES = ("running", "done", "failed", "rolled-back")
 
@@ -762,7 +764,8 @@ def s_identify_new(c: Ctx) -> None:
     if c.j.new.get("wwid") == d.wwid and c.j.new.get("checked"):
         return
     refuse_new_disk(c.sysfs, d, same=c.opts.new == "same", old=c.j.old, cset=c.j.cset,
-                    bucket=c.j.old.get("bucket"), need_bytes=c.j.lvm.get("need_bytes"))
+                    bucket=c.j.old.get("bucket"),
+                    need_bytes=(c.j.lvm or c.j.dm).get("need_bytes"))
     if c.j.old.get("size_bytes") and d.size_bytes < c.j.old["size_bytes"]:
         c.say(f"note: {d.node} is smaller than the old SSD ({d.size_bytes} < "
               f"{c.j.old['size_bytes']} bytes)")
@@ -934,7 +937,7 @@ class Kind:
 
 
 BCACHE = Kind(STEPS, STEP_FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set")
-KIND_NAMES = ("bcache", "lvm")
+KIND_NAMES = ("bcache", "lvm", "dmcache")
 
 
 def kind_of(name: str) -> Kind:
@@ -942,6 +945,10 @@ def kind_of(name: str) -> Kind:
         from cachemgr.procedures import replace_lvm
 
         return replace_lvm.KIND
+    if name == "dmcache":
+        from cachemgr.procedures import replace_dmcache
+
+        return replace_dmcache.KIND
     return BCACHE
 
 
