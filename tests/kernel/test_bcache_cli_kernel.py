@@ -52,7 +52,6 @@ def device(data: dict[str, Any], node: str) -> dict[str, Any]:
     return next(d for d in data["devices"] if node in (d["device"], d["backing"]))
 
 
-@pytest.mark.qemu_smoke
 def test_cli_lifecycle(lab_disks: list[str]) -> None:
     hdd, ssd, hdd2 = lab_disks
     r = cm("create", "bcache", "--backing", hdd, "--cache", ssd, "--bucket", "128k",

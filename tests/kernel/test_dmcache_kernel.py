@@ -117,7 +117,6 @@ def status_json(name: str = "vc") -> dict[str, object]:
 
 
 @pytest.mark.kernel(disks=DISKS)
-@pytest.mark.qemu_smoke
 def test_create_status_tune_and_create_refusals(lab_disks: list[str]) -> None:
     make(lab_disks)
     hdd, ssd, meta = lab_disks

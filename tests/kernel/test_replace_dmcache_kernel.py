@@ -136,6 +136,18 @@ def test_dmcache_linear_areas_moved_to_another_disk_and_refusals(
     r = cm("replace-ssd", "vc", "--new", ssds[1].node, "--yes")
     assert r.returncode == 3 and "in use" in r.stderr, r.stderr
     dm("remove", "hold")
+    # a run killed after its drain (the device linear over its origin), rolled back: the
+    # cache is back on the old SSD's areas, cold, with its table
+    r = cm("replace-ssd", "vc", "--yes", env={replace.KILL_AFTER_ENV: "drain"})
+    assert r.returncode == -9, r.stderr
+    assert table_words()[2] == "linear"
+    (run,) = replace.list_runs()
+    r = cm_here("replace-ssd", "--rollback", run.id)
+    assert r.returncode == 0, r.stderr
+    end_state(sysfs, before, ("/dev/mapper/vc-meta", "/dev/mapper/vc-cdata"))
+    d = discover.find(sysfs, "vc")
+    assert d.status is not None and d.status.dirty == 0 and d.status.used == 0  # cold
+    assert replace.Journal.load(run.id).status == "rolled-back"
     load = start_load(["/dev/mapper/vc"])
     try:
         r = cm("replace-ssd", "vc", "--new", f"wwn:{ssds[1].wwid}", "--yes", "--json")

@@ -120,7 +120,6 @@ def status_modes(sysfs: Sysfs) -> tuple[str, dict[str, str]]:
 
 
 @pytest.mark.kernel(disks="512M,512M", timeout=900)
-@pytest.mark.qemu_smoke
 def test_replace_same_ssd_under_verify_load(lab_disks: list[str]) -> None:
     sysfs, devices, ssds = setup(lab_disks)
     old, modes = status_modes(sysfs)

@@ -5,8 +5,10 @@ and verifying on every /dev/bcacheN throughout.
 
 The procedure's steps are the same code for SCSI and NVMe but for the disk ones (remove-old
 pulls the controller's PCI function, wait-new rescans the PCI bus and finds the namespace by
-its WWID, identify-new); the kill points of those are tested here, every other kill point on
-SCSI (tests/kernel/test_replace_kernel.py)."""
+its WWID, identify-new); a kill with the controller pulled is tested here, every kill point on
+SCSI (tests/kernel/test_replace_kernel.py, test_replace_dmcache_kernel.py). A dm-cache device
+whose cache and metadata are partitions of an NVMe namespace is moved to the other
+controller's namespace under load."""
 
 from __future__ import annotations
 
@@ -68,8 +70,9 @@ def test_nvme_cache_replaced_under_verify_load_killed_at_the_pci_steps(
         assert r.returncode == 0, r.stderr
         assert "remove-old" in r.stdout and f"PCI {a.pci}" in r.stdout, r.stdout
         assert status_modes(sysfs) == (old, modes) and not replace.list_runs()
-        # killed right after the controller was pulled, then right after it came back
-        for step in ("remove-old", "wait-new"):
+        # killed right after the controller was pulled (the PCI-specific state: the drive is
+        # out and the journal must bring it back by a PCI rescan)
+        for step in ("remove-old",):
             old, modes = status_modes(sysfs)
             ssd = snapshot.take(sysfs).cache_sets[0].caches[0].identity.node
             r = cm("replace-ssd", ssd, "--yes", env={replace.KILL_AFTER_ENV: step})
@@ -99,3 +102,40 @@ def test_nvme_cache_replaced_under_verify_load_killed_at_the_pci_steps(
     finally:
         stop_load(load)
     verify_pre(devices)
+
+
+@pytest.mark.kernel(disks="512M,nvme:192M,nvme:192M", timeout=1200)
+@pytest.mark.qemu_smoke
+def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
+        lab_disks: list[str]) -> None:
+    from tests.kernel import test_replace_dmcache_kernel as dmk
+
+    sysfs = Sysfs()
+    a, b = nvme.wait_for_all(sysfs, os.environ["LAB_NVME_SERIALS"].split(), 30)
+    sectors = runner.run(["blockdev", "--getsz", lab_disks[0]]).stdout.strip()
+    runner.run(["dmsetup", "create", "slowhdd", "--table",
+                f"0 {sectors} delay {lab_disks[0]} 0 2"])
+    runner.run(["sfdisk", "--quiet", a.node], input="label: gpt\nsize=16MiB\nsize=128MiB\n",
+               timeout=60)
+    runner.run(["blockdev", "--rereadpt", a.node])
+    r = cm_here("create", "dm-cache", "vc", "--origin", "/dev/mapper/slowhdd",
+                "--cache", f"{a.node}p2", "--metadata", f"{a.node}p1", "--mode", "writeback")
+    assert r.returncode == 0, r.stderr
+    runner.run(["fio", "--name=pre", "--filename=/dev/mapper/vc", "--rw=randwrite",
+                "--offset=64M", "--size=32M", "--do_verify=0", *FIO_COMMON,
+                "--output-format=json"], timeout=600)
+    runner.run(["dmsetup", "message", "vc", "0", "migration_threshold", dmk.THRESHOLD])
+    before = dmk.table_words()
+    load = start_load(["/dev/mapper/vc"])
+    try:
+        r = cm("replace-ssd", "/dev/mapper/vc", "--new", f"wwn:{b.wwid}", "--yes", "--json")
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["kind"] == "dmcache" and res["old"]["bus"] == "nvme"
+        assert res["new"]["wwid"] == b.wwid and res["new"]["slot"] == b.pci
+        node = res["new"]["node"]
+        dmk.end_state(sysfs, before, (f"{node}p1", f"{node}p2"))
+        assert a.wwid not in {n.wwid for n in nvme.namespaces(sysfs)}  # pulled
+    finally:
+        stop_load(load)
+    verify_pre(["/dev/mapper/vc"])
