@@ -88,8 +88,9 @@ DEVICE_ACTIONS: dict[str, set[str]] = {
     "detail": {view.BCACHE, view.CSET, view.DM, view.WC},
 }
 # actions on a dm device that only an LVM-owned one has (lvm2 splits, rebuilds and tunes
-# it; a dmsetup-made writecache is shown, not run)
-LVM_ONLY = {view.DM: {"detach", "replace"},
+# it; a dmsetup-made writecache is shown, not run); a plain dm-cache's SSD is replaced by
+# replace-ssd's dm-cache kind
+LVM_ONLY = {view.DM: {"detach"},
             view.WC: {"drain", "detach", "tune", "remove", "replace"}}
 ERROR_WORDS: list[tuple[type[BaseException], str]] = [
     (Cancelled, "cancelled"),
@@ -821,12 +822,14 @@ class CacheMgrApp(App[int]):
         _, obj = sel
         uuid = obj.uuid if isinstance(obj, CacheSet) else \
             obj.cset_uuid if isinstance(obj, BcacheBacking) else \
-            obj.lvm.full_name if obj.lvm is not None else None
+            obj.lvm.full_name if obj.lvm is not None else \
+            obj.name if isinstance(obj, DmCacheDevice) else None
         if not uuid:
             return
+        from cachemgr.ops import replace as replace_ops
         from tui.screens.replace import ReplaceScreen
 
-        self.push_screen(ReplaceScreen(uuid))
+        self.push_screen(ReplaceScreen(uuid, replace_ops.steps_for(uuid, self.sysfs)))
 
     def action_bench(self) -> None:
         sel = self._target()

@@ -15,6 +15,8 @@ from cachemgr.procedures import replace, replace_dmcache, replace_lvm
 Options = replace.Options
 Journal = replace.Journal
 STEPS = replace.STEPS
+LVM_STEPS = replace_lvm.STEPS
+DM_STEPS = replace_dmcache.STEPS
 STEP_NAMES = replace.STEP_NAMES
 describe = replace.describe
 

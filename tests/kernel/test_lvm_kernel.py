@@ -102,7 +102,6 @@ def device(name: str = LV) -> dict[str, object]:
     return devs[0]
 
 
-@pytest.mark.qemu_smoke
 @pytest.mark.kernel(disks="1G,512M", timeout=900)
 def test_lvmcache_status_and_drain_under_writes(lab_disks: list[str]) -> None:
     vg(lab_disks)

@@ -141,6 +141,11 @@ CASES = [
          (("press", "s"), ("press", "p")), 2,
          "/dev/ubdb is neither a SCSI disk nor an NVMe namespace", plan=True),
     # --- dm-cache
+    Case("dm-replace-plan-non-scsi-ssd", "dmcache-writeback",
+         ("replace-ssd", "vmcache", "--dry-run"), "dm:vmcache",
+         (("press", "s"), ("press", "p")), 2,
+         "/dev/ubdb (the SSD under /dev/mapper/vmcache) is neither a SCSI disk nor an NVMe "
+         "namespace", plan=True),
     Case("dm-passthrough-while-dirty", "dmcache-writeback",
          ("mode", "vmcache", "passthrough"), "dm:vmcache", mode("passthrough"), 3,
          "dm-cache accepts passthrough only when every block is clean"),

@@ -780,7 +780,7 @@ def test_dmcache_drain_and_remove_confirmations() -> None:
             assert [b for b, *_ in app.screen.buttons] == ["go", "keep"]
             await pilot.press("escape")
             assert app.check_action("detach", ()) is None  # bcache only
-            assert app.check_action("replace", ()) is None
+            assert app.check_action("replace", ()) is True  # replace-ssd, dm-cache kind
 
     asyncio.run(go())
 

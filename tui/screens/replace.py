@@ -57,10 +57,12 @@ class ReplaceScreen(Screen[None]):
     # the keys act on the screen; Tab reaches the two inputs
     AUTO_FOCUS = "#oplog"
 
-    def __init__(self, cset: str) -> None:
+    def __init__(self, cset: str, steps: tuple[tuple[str, str], ...] | None = None) -> None:
         super().__init__()
-        self.cset = cset  # a cache set's UUID, or a cached LV's VG/LV
-        self.lvm = replace.steps_for(cset) is not replace.STEPS
+        self.cset = cset  # a cache set's UUID, a cached LV's VG/LV, a dm-cache device's name
+        self.steps = steps or replace.steps_for(cset)
+        # LVM and dm-cache caches drain through the cleaner: no interim mode to choose
+        self.lvm = self.steps is not replace.STEPS
         self.journal: replace.Journal | None = None
         self.current: str | None = None
         self.op: Any = None
@@ -73,13 +75,14 @@ class ReplaceScreen(Screen[None]):
                         placeholder="same | any | /dev/sdX | /dev/nvmeXnY | wwn:...")
             yield Label("interim mode")
             yield Input("none", id="interim", placeholder="none|writearound|writethrough",
-                        disabled=self.lvm)  # an LVM cache drains through lvm2's cleaner
-        what = "cached LV" if self.lvm else "cache set"
+                        disabled=self.lvm)  # LVM and dm-cache drain through the cleaner
+        what = {replace.LVM_STEPS: "cached LV", replace.DM_STEPS: "dm-cache device"}.get(
+            self.steps, "cache set")
         yield Static(literal(f"{what} {self.cset}: press p for the plan (changes "
                              "nothing), g to start, r to resume an interrupted run."),
                      id="plan")
         with Horizontal(classes="two-cols"):
-            yield Static(literal(step_lines([], None, None, replace.steps_for(self.cset))),
+            yield Static(literal(step_lines([], None, None, self.steps)),
                          id="steps")
             with Vertical():
                 yield RichLog(id="oplog", wrap=True, markup=False)
@@ -100,7 +103,7 @@ class ReplaceScreen(Screen[None]):
         failed = None
         if j is not None and j.status == "failed" and j.error:
             failed = j.error.split(":", 1)[0]
-        steps = j.steps if j else replace.steps_for(self.cset)
+        steps = j.steps if j else self.steps
         self.query_one("#steps", Static).update(
             literal(step_lines(list(j.done) if j else [], self.current, failed, steps)))
 
