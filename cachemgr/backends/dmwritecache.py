@@ -16,9 +16,11 @@ error indicator, blocks, free blocks, blocks under writeback, then (newer kernel
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 from cachemgr.backends.bcache import block_dirs
+from cachemgr.backends.dmcache import command
 from cachemgr.backends.dmcache.command import DmsetupSource
 from cachemgr.backends.dmcache.discover import dm_identity, find_targets
 from cachemgr.backends.dmcache.parse import (
@@ -113,3 +115,25 @@ def read_status(name: str) -> DmWritecacheStatus | str:
     from cachemgr.backends.dmcache.command import status_line
 
     return parse_status(status_line(name))
+
+
+def flush_held(name: str) -> float:
+    """Write every cached block of writecache ``name`` back with IO held: the
+    ``flush_on_suspend`` message, then suspend (dm-writecache's postsuspend writes everything
+    back and waits for it) and resume. Returns the seconds IO was held.
+
+    What the cleaner setting alone cannot do: under it dm-writecache still caches writes to
+    the blocks it holds (writecache.rst, "cleaner"), so a block a writer keeps rewriting never
+    gets clean. Once written back with IO held it is no longer held, and the writes after the
+    resume go around the cache (docs/kernel-notes.md, "dm-writecache"). Signals are held
+    while the device is suspended; a failed suspend is resumed."""
+    from cachemgr.backends.dmcache.switch import critical  # (switch imports this package)
+
+    with critical():
+        t0 = time.monotonic()
+        command.dmsetup("message", "--", name, "0", "flush_on_suspend")
+        try:
+            command.dmsetup("suspend", "--", name, timeout=600)
+        finally:
+            command.dmsetup("resume", "--", name)
+        return time.monotonic() - t0
