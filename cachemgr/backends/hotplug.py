@@ -48,20 +48,10 @@ def where(d: Disk) -> str:
     return f"PCI {slot(d)}" if bus(d) == "nvme" else f"SCSI {slot(d)}"
 
 
-def _whole(sysfs: Sysfs, name: str) -> str:
-    """The whole disk of partition ``name`` (``nvme0n1p1`` -> ``nvme0n1``), else ``name``."""
-    if sysfs.exists(f"block/{name}"):
-        return name
-    for disk in sysfs.block_names():
-        if sysfs.exists(f"block/{disk}/{name}/partition"):
-            return disk
-    return name
-
-
 def disk(sysfs: Sysfs, name: str) -> Disk:
     """The SCSI disk or NVMe namespace ``name`` is (or is a partition of); UsageError for any
     other block device (virtio, loop, device-mapper, a missing name)."""
-    whole = _whole(sysfs, name)
+    whole = name if sysfs.exists(f"block/{name}") else sysfs.disk_of_partition(name) or name
     if nvme.is_namespace(whole):
         return nvme.namespace(sysfs, whole)
     try:

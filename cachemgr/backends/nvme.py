@@ -86,10 +86,10 @@ def namespace(sysfs: Sysfs, name: str) -> NvmeNamespace:
     """Namespace ``name`` (``nvme0n1``); UsageError when it is not one (a partition, the
     ``ngXnY`` character device, another disk, nothing)."""
     if not is_namespace(name) or not sysfs.exists(f"block/{name}"):
-        for disk in sysfs.block_names():
-            if sysfs.exists(f"block/{disk}/{name}/partition"):
-                raise UsageError(f"/dev/{name} is a partition of /dev/{disk}",
-                                 hint=f"NVMe hotplug works on whole namespaces: /dev/{disk}")
+        disk = sysfs.disk_of_partition(name)
+        if disk is not None:
+            raise UsageError(f"/dev/{name} is a partition of /dev/{disk}",
+                             hint=f"NVMe hotplug works on whole namespaces: /dev/{disk}")
         raise UsageError(f"{name} is not an NVMe namespace here",
                          hint="ls /sys/class/nvme; lsblk -o NAME,SERIAL,WWN")
     b = f"block/{name}"

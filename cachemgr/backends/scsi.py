@@ -146,10 +146,10 @@ def _whole_disk(sysfs: Sysfs, name: str) -> str:
     rel = f"block/{name}"
     if sysfs.exists(rel):
         return rel
-    for disk in sysfs.block_names():
-        if sysfs.exists(f"block/{disk}/{name}/partition"):
-            raise UsageError(f"/dev/{name} is a partition of /dev/{disk}",
-                             hint=f"SCSI hotplug works on whole disks: use /dev/{disk}")
+    disk = sysfs.disk_of_partition(name)
+    if disk is not None:
+        raise UsageError(f"/dev/{name} is a partition of /dev/{disk}",
+                         hint=f"SCSI hotplug works on whole disks: use /dev/{disk}")
     raise UsageError(f"no such block device: {name}",
                      hint="lsblk -o NAME,HCTL,SERIAL,WWN lists the SCSI disks")
 

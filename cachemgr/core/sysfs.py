@@ -141,6 +141,12 @@ class Sysfs:
     def block_names(self) -> Iterator[str]:
         yield from self.listdir("block")
 
+    def disk_of_partition(self, name: str) -> str | None:
+        """The whole disk partition ``name`` (``sdb1``, ``nvme0n1p1``) belongs to, or None
+        when ``name`` is no partition here (a whole disk, or unknown)."""
+        return next((d for d in self.block_names()
+                     if self.exists(f"block/{d}/{name}/partition")), None)
+
     def block_name_of(self, node: str) -> str | None:
         """Kernel name (sdb, dm-1, sda1) of a device node, by its major:minor.
 

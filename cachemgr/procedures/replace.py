@@ -573,6 +573,19 @@ def s_mode_interim(c: Ctx) -> None:
             pass
 
 
+def drain_reporter(say: Say) -> Callable[[DrainProgress], None]:
+    """A drain's progress callback that says the dirty amount and ETA every 2 s at most."""
+    last = [0.0]
+
+    def report(p: DrainProgress) -> None:
+        if time.monotonic() - last[0] >= 2:
+            last[0] = time.monotonic()
+            say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
+                + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
+
+    return report
+
+
 class _Stopped(Exception):
     """A drain stopped because another one failed (or the run was interrupted)."""
 
@@ -597,15 +610,12 @@ def s_drain(c: Ctx) -> None:
             c.say(msg)
 
     def one(e: dict[str, Any], b: BcacheBacking) -> None:
-        last = [0.0]
+        report = drain_reporter(say)
 
         def prog(p: DrainProgress) -> None:
             if stop.is_set():
                 raise _Stopped
-            if time.monotonic() - last[0] >= 2:
-                last[0] = time.monotonic()
-                say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
-                    + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
+            report(p)
 
         try:
             res = drain.drain(c.sysfs, b, timeout=c.opts.drain_timeout,
@@ -756,11 +766,17 @@ def s_wait_new(c: Ctx) -> None:
     c.say(f"found {d.describe()}")
 
 
-def s_identify_new(c: Ctx) -> None:
+def new_disk(c: Ctx) -> hotplug.Disk:
+    """The new SSD, found as :func:`_find_new` does; CacheMgrError if it is gone."""
     d = _find_new(c)
     if d is None:
         raise CacheMgrError("the new SSD is not there any more",
                             hint=f"insert it and resume: cachemgr replace-ssd --resume {c.j.id}")
+    return d
+
+
+def s_identify_new(c: Ctx) -> None:
+    d = new_disk(c)
     if c.j.new.get("wwid") == d.wwid and c.j.new.get("checked"):
         return
     refuse_new_disk(c.sysfs, d, same=c.opts.new == "same", old=c.j.old, cset=c.j.cset,

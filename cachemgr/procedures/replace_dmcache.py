@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -39,7 +38,7 @@ from cachemgr.backends.dmcache.parse import parse_listing, parse_table
 from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
-from cachemgr.core.model import DmCacheDevice, DmCacheTable, DrainProgress, Identity, Size
+from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
 from cachemgr.procedures.replace import Ctx, Journal, Options
@@ -112,8 +111,7 @@ def _area(sysfs: Sysfs, role: str, ident: Identity | None, d: DmCacheDevice) -> 
     if sysfs.is_dir(f"block/{k}"):
         return {"how": "disk", "disk": k, "node": ident.node,
                 "sectors": int(sysfs.read(f"block/{k}/size").strip())}
-    parent = ident.partition_of or next(
-        (x for x in sysfs.block_names() if sysfs.exists(f"block/{x}/{k}/partition")), None)
+    parent = ident.partition_of or sysfs.disk_of_partition(k)
     if parent is None:
         raise UnsafeError(f"{d.node}: cannot tell where its {role} device {ident.node} lies")
     p = f"block/{parent}/{k}"
@@ -223,16 +221,8 @@ def s_drain(c: Ctx) -> None:
     if _is_linear(cur):
         return  # drained and switched by an earlier run
     d = discover.find(c.sysfs, _name(c))
-    last = [0.0]
-
-    def prog(p: DrainProgress) -> None:
-        if time.monotonic() - last[0] >= 2:
-            last[0] = time.monotonic()
-            c.say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
-                  + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
-
     manage.remove(c.sysfs, d, keep_device=True, timeout=c.opts.drain_timeout,
-                  stall_timeout=c.opts.stall_timeout, progress=prog)
+                  stall_timeout=c.opts.stall_timeout, progress=replace.drain_reporter(c.say))
     c.say(f"{d.node}: clean; now a linear mapping of its origin (IO goes on)")
 
 
@@ -256,14 +246,6 @@ def s_release_old(c: Ctx) -> None:
             c.say(f"{d.node}: partition table wiped")
 
 
-def _new_disk(c: Ctx) -> hotplug.Disk:
-    d = replace._find_new(c)
-    if d is None:
-        raise CacheMgrError("the new SSD is not there any more",
-                            hint=f"insert it and resume: cachemgr replace-ssd --resume {c.j.id}")
-    return d
-
-
 def _node_of(c: Ctx, role: str, disk: hotplug.Disk) -> str:
     a = c.j.dm["areas"][role]
     if a["how"] == "linear":
@@ -276,7 +258,7 @@ def _node_of(c: Ctx, role: str, disk: hotplug.Disk) -> str:
 
 
 def s_layout_new(c: Ctx) -> None:
-    d = _new_disk(c)
+    d = replace.new_disk(c)
     script = c.j.dm.get("partitions")
     if script is not None:
         want = [a for a in c.j.dm["areas"].values() if a["how"] == "partition"]
@@ -303,7 +285,7 @@ def _rebuild(c: Ctx, disk: hotplug.Disk) -> None:
     cur = _live_table(c)
     meta, cache = _node_of(c, "metadata", disk), _node_of(c, "cache", disk)
     old = parse_table(c.j.dm["table"])
-    devno = {n: _devno(c.sysfs, n) for n in (meta, cache)}
+    devno = {n: _devno(n) for n in (meta, cache)}
     if not _is_linear(cur):
         t = parse_table(cur)
         if (t.metadata_dev, t.cache_dev) == (devno[meta], devno[cache]):
@@ -320,21 +302,21 @@ def _rebuild(c: Ctx, disk: hotplug.Disk) -> None:
     c.say(f"/dev/mapper/{_name(c)}: cache table loaded (metadata {meta}, cache {cache})")
 
 
-def _devno(sysfs: Sysfs, node: str) -> str:
+def _devno(node: str) -> str:
     st = os.stat(node)
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
 def s_rebuild(c: Ctx) -> None:
-    _rebuild(c, _new_disk(c))
+    _rebuild(c, replace.new_disk(c))
 
 
 def s_verify(c: Ctx) -> None:
     d = discover.find(c.sysfs, _name(c))
-    disk = _new_disk(c)
+    disk = replace.new_disk(c)
     old = parse_table(c.j.dm["table"])
     problems = []
-    want = {r: _devno(c.sysfs, _node_of(c, r, disk)) for r in ROLES}
+    want = {r: _devno(_node_of(c, r, disk)) for r in ROLES}
     if (d.table.metadata_dev, d.table.cache_dev) != (want["metadata"], want["cache"]):
         problems.append(f"cache {d.table.cache_dev} and metadata {d.table.metadata_dev} are "
                         f"not the new SSD's areas ({want['cache']}, {want['metadata']})")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -34,7 +33,7 @@ from cachemgr.backends.lvm import command, manage
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.backends.targets import find_dm
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
-from cachemgr.core.model import CacheMode, DmWritecacheDevice, DrainProgress, Size
+from cachemgr.core.model import CacheMode, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
 from cachemgr.procedures.replace import Ctx, Journal, Options
@@ -183,18 +182,11 @@ def s_drain(c: Ctx) -> None:
     d = _cached(c)
     if d is None:
         return  # split off already
-    last = [0.0]
-
-    def prog(p: DrainProgress) -> None:
-        if time.monotonic() - last[0] >= 2:
-            last[0] = time.monotonic()
-            c.say(f"drain {p.device}: dirty {Size.exact(p.dirty_bytes or 0)}"
-                  + (f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""))
-
     # ``then`` makes even a clean cache go through the journaled cleaner, and keep_cleaner
     # leaves it on (writethrough: nothing new gets dirty) until split takes the cache off
     start, secs, _, _ = manage.drain(d, timeout=c.opts.drain_timeout,
-                                     stall_timeout=c.opts.stall_timeout, progress=prog,
+                                     stall_timeout=c.opts.stall_timeout,
+                                     progress=replace.drain_reporter(c.say),
                                      then=lambda _d: None, keep_cleaner=True)
     c.say(f"{_vg_lv(c)}: clean after {secs:.1f} s ({Size.exact(start or 0)} written back); "
           "the cleaner stays on until the split")
@@ -261,11 +253,7 @@ def s_pvremove(c: Ctx) -> None:
 
 
 def _new_node(c: Ctx) -> str:
-    d = replace._find_new(c)
-    if d is None:
-        raise CacheMgrError("the new SSD is not there any more",
-                            hint=f"insert it and resume: cachemgr replace-ssd --resume {c.j.id}")
-    return command.check_node(d.node)
+    return command.check_node(replace.new_disk(c).node)
 
 
 def s_pvcreate(c: Ctx) -> None:

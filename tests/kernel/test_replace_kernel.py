@@ -37,11 +37,17 @@ def setup(lab_disks: list[str], hosts: int = 1) -> tuple[Sysfs, list[str], list[
     sysfs = Sysfs()
     ssds = list(scsi.load_scsi_debug(sysfs, dev_size_mb=160, per_host_store=1,
                                      add_host=hosts))
+    return sysfs, bcache_holding_dirt(sysfs, lab_disks, ssds[0].node), ssds
+
+
+def bcache_holding_dirt(sysfs: Sysfs, lab_disks: list[str], cache: str) -> list[str]:
+    """bcache in writeback over a dm-delay "HDD" (the first disk) and the second disk, its
+    cache ``cache``, writeback held, a region written (dirty): the /dev/bcacheN devices."""
     sectors = runner.run(["blockdev", "--getsz", lab_disks[0]]).stdout.strip()
     runner.run(["dmsetup", "create", "slowhdd", "--table",
                 f"0 {sectors} delay {lab_disks[0]} 0 2"])
     backings = ["/dev/mapper/slowhdd", lab_disks[1]]
-    bcache.create(sysfs, backings=backings, cache=ssds[0].node, bucket="64k",
+    bcache.create(sysfs, backings=backings, cache=cache, bucket="64k",
                   mode=CacheMode.WRITEBACK)
     snap = snapshot.take(sysfs)
     devices = sorted(b.device or "" for b in snap.backings)
@@ -58,7 +64,7 @@ def setup(lab_disks: list[str], hosts: int = 1) -> tuple[Sysfs, list[str], list[
                    timeout=300)
     for b in snapshot.take(sysfs).backings:
         assert b.dirty is not None and not b.dirty.is_zero(512), "no dirty data to protect"
-    return sysfs, devices, ssds
+    return devices
 
 
 def writeback_on(sysfs: Sysfs) -> None:

@@ -17,13 +17,13 @@ import os
 
 import pytest
 
-from cachemgr.backends import bcache, nvme, snapshot
+from cachemgr.backends import nvme, snapshot
 from cachemgr.core import runner
-from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
 from tests.kernel.test_replace_kernel import (
     FIO_COMMON,
+    bcache_holding_dirt,
     cm,
     cm_here,
     end_state,
@@ -36,25 +36,8 @@ from tests.kernel.test_replace_kernel import (
 
 def setup(lab_disks: list[str]) -> tuple[Sysfs, list[str], list[nvme.NvmeNamespace]]:
     sysfs = Sysfs()
-    serials = os.environ["LAB_NVME_SERIALS"].split()
-    ssds = nvme.wait_for_all(sysfs, serials, 30)
-    sectors = runner.run(["blockdev", "--getsz", lab_disks[0]]).stdout.strip()
-    runner.run(["dmsetup", "create", "slowhdd", "--table",
-                f"0 {sectors} delay {lab_disks[0]} 0 2"])
-    backings = ["/dev/mapper/slowhdd", lab_disks[1]]
-    bcache.create(sysfs, backings=backings, cache=ssds[0].node, bucket="64k",
-                  mode=CacheMode.WRITEBACK)
-    snap = snapshot.take(sysfs)
-    devices = sorted(b.device or "" for b in snap.backings)
-    for b in snap.backings:  # hold the dirty data until the load starts
-        sysfs.write(f"block/{b.device_name}/bcache/writeback_running", "0")
-    for dev in devices:  # the region written before, checked after (verify_pre)
-        runner.run(["fio", "--name=pre", f"--filename={dev}", "--rw=randwrite", "--offset=64M",
-                    "--size=32M", "--do_verify=0", *FIO_COMMON, "--output-format=json"],
-                   timeout=300)
-    for b in snapshot.take(sysfs).backings:
-        assert b.dirty is not None and not b.dirty.is_zero(512), "no dirty data to protect"
-    return sysfs, devices, ssds
+    ssds = nvme.wait_for_all(sysfs, os.environ["LAB_NVME_SERIALS"].split(), 30)
+    return sysfs, bcache_holding_dirt(sysfs, lab_disks, ssds[0].node), ssds
 
 
 @pytest.mark.kernel(disks="512M,512M,nvme:160M,nvme:160M", timeout=1200)
