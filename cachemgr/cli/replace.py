@@ -36,7 +36,7 @@ def cmd_replace(args: argparse.Namespace) -> int:
     ctl = Control(what="replace-ssd", say=(lambda m: None) if args.json else _say,
                   prompt=_ask_stdin)
     if args.list:
-        return emit(args, ops.list_runs())
+        return emit(args, ops.list_runs(args.cache))
     if args.rollback:
         return emit(args, ops.rollback(sysfs, args.rollback, ctl=ctl))
     if args.resume:
@@ -76,7 +76,8 @@ def register(sub: Any) -> None:
     s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
     s.add_argument("--rollback", metavar="ID",
                    help="undo an interrupted run that has not unregistered the old set")
-    s.add_argument("--list", action="store_true", help="list journaled runs")
+    s.add_argument("--list", action="store_true",
+                   help="list journaled runs (with CACHE: only the runs on that cache)")
     s.add_argument("--drain-timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
     s.add_argument("--stall-timeout", type=argtypes.seconds, default=120.0, metavar="S")
     s.add_argument("--wait-timeout", type=argtypes.seconds, default=600.0, metavar="S")

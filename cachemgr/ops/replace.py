@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemgr.core.errors import Cancelled, UsageError, require_root
+from cachemgr.core.errors import Cancelled, UnsafeError, UsageError, require_root
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Control, Result
@@ -59,10 +59,13 @@ def unreadable() -> list[StateFileError]:
     return replace.scan_runs()[1]
 
 
-def list_runs() -> Result:
-    """Every run; a journal that cannot be read is reported (stderr, ``unreadable`` in the
-    JSON) and skipped: the others are listed all the same."""
+def list_runs(cache: str | None = None) -> Result:
+    """Every run (``cache``: only the runs on that cache or its old SSD, spelt as replace-ssd
+    takes its CACHE); a journal that cannot be read is reported (stderr, ``unreadable`` in
+    the JSON) and skipped: the others are listed all the same."""
     found, bad = replace.scan_runs()
+    if cache:
+        found = [j for j in found if j.named_by(cache)]
     return Result(
         lines=[f"{j.id}  {j.status:<11} {_WHAT.get(j.kind, 'cset')} {j.cset}  "
                f"done: {', '.join(j.done[-1:])}"
@@ -86,6 +89,31 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
         raise UsageError("replace-ssd needs the CACHE (its SSD, cset UUID, cached LV or "
                          "dm-cache device)",
                          hint="or --resume ID / --list")
+    unfinished = runs(unfinished=True)
+    for r in unfinished:
+        if r.named_by(cache):
+            _refuse_second(r)
+    j = _plan(sysfs, cache, opts)
+    for r in unfinished:
+        if r.same_cache(j):
+            _refuse_second(r)
+    return j
+
+
+def _refuse_second(r: replace.Journal) -> None:
+    """A new plan on a cache with an unfinished run would remember the interim state (mode
+    none, a cleaner policy) as the one to restore: the run must be finished or undone."""
+    kind = replace.kind_of(r.kind)
+    last = r.done[-1] if r.done else "none"
+    undo = kind.point_of_no_return not in r.done
+    raise UnsafeError(
+        f"run {r.id} on {_WHAT.get(r.kind, 'cset')} {r.cset} is unfinished ({r.status}, last "
+        f"step done: {last}); a new run would take its interim state for the one to restore",
+        hint=f"cachemgr replace-ssd --resume {r.id}"
+             + (f" (or --rollback {r.id})" if undo else ""))
+
+
+def _plan(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal:
     if replace_lvm.names_lv(cache):
         return replace_lvm.plan(sysfs, cache, opts)
     found = replace_lvm.find(sysfs, cache)  # /dev/dm-N, a dm name: an LVM cache all the same
@@ -129,6 +157,8 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
     if done.kind == "lvm":
         line = (f"{done.id}: done; {done.cset} cached by {done.lvm['vg']}/{done.lvm['pool']} "
                 f"on {done.new.get('node')}")
+    elif done.kind == "dmcache":
+        line = f"{done.id}: done; dm-cache {done.cset} caches on {done.new.get('node')}"
     else:
         line = (f"{done.id}: done; cache set {done.new.get('cset')} on {done.new.get('node')} "
                 "caches " + ", ".join(b["device"] or b["node"] for b in done.backings))

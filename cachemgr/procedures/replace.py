@@ -160,6 +160,35 @@ class Journal:
             raise state.StateFileError(path, f"not a replace-ssd journal: {problem}")
         return cls(**data)
 
+    def named_by(self, spec: str) -> bool:
+        """``spec``, spelt as replace-ssd takes its CACHE, names this run's cache or its old
+        SSD; told from the journal alone, so it holds once the old SSD is gone."""
+        spec = spec.strip()
+        if not spec:
+            return False
+        if self.kind == "lvm":
+            from cachemgr.backends.lvm import command
+
+            if command.spelling(spec) == self.cset:
+                return True
+        elif self.kind == "dmcache":
+            if spec.removeprefix("/dev/mapper/") == self.cset:
+                return True
+        elif spec.lower() == self.cset.lower():
+            return True
+        old = self.old
+        wwid = str(old.get("wwid") or "")
+        if spec in {old.get("node"), old.get("name"), f"/dev/{old.get('name')}"}:
+            return True
+        return bool(wwid) and normalize_wwn(spec.removeprefix("wwn:")) == wwid
+
+    def same_cache(self, other: Journal) -> bool:
+        """``other`` works on this run's cache or on its old SSD."""
+        if (self.kind, self.cset) == (other.kind, other.cset):
+            return True
+        mine, theirs = self.old.get("wwid"), other.old.get("wwid")
+        return bool(mine) and mine == theirs
+
     def mark(self, step: str) -> None:
         if step not in self.done:
             self.done.append(step)

@@ -258,3 +258,96 @@ def test_a_journal_of_an_earlier_version_reads_its_scsi_remove_step(
                     lambda t: None)
     assert replace._new_match(c).kind == "slot"
     assert replace._new_match(c).value == data["old"]["hctl"]
+
+
+# --------------------------------------------------------------------------------------
+# issue #17 item 5: a second plan on a cache with an unfinished run is refused; --list CACHE
+# and the Ansible module find that run by the cache's name alone
+
+
+def _unfinished_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> replace.Journal:
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    j = replace.plan(Sysfs(ROOT), "/dev/sda", replace.Options(yes=True))
+    j.mark("preflight")
+    j.mark("remember")
+    j.mark("mode-interim")  # killed here: the set's mode is none now
+    return j
+
+
+def test_a_second_plan_on_a_cache_with_an_unfinished_run_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachemgr.core.errors import UnsafeError
+    from cachemgr.ops import replace as ops
+
+    j = _unfinished_run(tmp_path, monkeypatch)
+    for spec in ("/dev/sda", j.cset, j.cset.upper()):
+        with pytest.raises(UnsafeError) as e:
+            ops.plan(Sysfs(ROOT), spec, replace.Options(yes=True))
+        assert f"run {j.id} on cset {j.cset} is unfinished" in e.value.message
+        assert "last step done: mode-interim" in e.value.message
+        assert e.value.hint == f"cachemgr replace-ssd --resume {j.id} (or --rollback {j.id})"
+    j.status = "rolled-back"
+    j.save()
+    assert ops.plan(Sysfs(ROOT), "/dev/sda", replace.Options(yes=True)).cset == j.cset
+
+
+def test_a_run_is_named_by_its_cache_or_old_ssd_after_the_ssd_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = _unfinished_run(tmp_path, monkeypatch)
+    wwid = j.old["wwid"]
+    assert wwid.startswith("naa.")
+    for spec in (j.cset, "/dev/sda", "sda", wwid, "wwn:0x" + wwid[4:], " /dev/sda "):
+        assert j.named_by(spec), spec
+    for spec in ("", "/dev/sdb", j.cset[:8], "vg0/lv", "naa.5000000000000001"):
+        assert not j.named_by(spec), spec
+    lvm = replace.Journal(id="x", cset="vg0/vm1", options={}, old={}, backings=[], kind="lvm")
+    assert lvm.named_by("/dev/vg0/vm1") and lvm.named_by("/dev/mapper/vg0-vm1")
+    assert not lvm.named_by("vg0/vm2")
+    dm = replace.Journal(id="y", cset="vc", options={}, old={}, backings=[], kind="dmcache")
+    assert dm.named_by("vc") and dm.named_by("/dev/mapper/vc") and not dm.named_by("vc2")
+
+
+def test_list_with_a_cache_shows_only_that_caches_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachemgr.ops import replace as ops
+
+    j = _unfinished_run(tmp_path, monkeypatch)
+    other = replace.Journal(id="20261123-000000-vc", cset="vc", options={}, old={},
+                            backings=[], kind="dmcache")
+    other.save()
+    assert [r["id"] for r in ops.list_runs("/dev/sda").data["runs"]] == [j.id]
+    assert [r["id"] for r in ops.list_runs("/dev/mapper/vc").data["runs"]] == [other.id]
+    assert {r["id"] for r in ops.list_runs().data["runs"]} == {j.id, other.id}
+    assert ops.list_runs("/dev/sdz").data["runs"] == []
+
+
+def test_ansible_module_resumes_the_run_on_its_cache_not_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Check mode (nothing run): the module asks the real CLI for the cache's runs."""
+    import subprocess
+    import sys
+
+    j = _unfinished_run(tmp_path, monkeypatch)
+    later = replace.Journal(id="20991231-235959-vc", cset="vc", options={}, old={},
+                            backings=[], kind="dmcache", status="failed")
+    later.save()  # newer, unfinished, on another cache
+    repo = Path(__file__).resolve().parents[2]
+    wrapper = tmp_path / "cachemgr"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m cachemgr --sysfs-root {ROOT} "
+                       '"$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(repo / "ansible"),
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "al"), "ANSIBLE_REMOTE_TEMP": str(tmp_path / "ar"),
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+           "PYTHONPATH": str(repo)}
+    out = {}
+    for cache in ("/dev/sda", "vc"):
+        r = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,",
+             "-c", "local", "-C", "-m", "cachemgr.cachemgr.cachemgr_replace_ssd",
+             "-a", f"cache={cache} cachemgr_bin={wrapper}"],
+            capture_output=True, text=True, env=env, timeout=120, cwd=repo)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[cache] = r.stdout
+    assert f'"resume": "{j.id}"' in out["/dev/sda"]
+    assert f'"resume": "{later.id}"' in out["vc"]
