@@ -8,7 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$here/.venv/bin/python}
-all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback dmcache-states dmcache-failed scsi-ssd-in-use lvm-caches"
+all="bcache-writeback-dirty bcache-unattached bcache-missing-cache dmcache-writeback dmcache-states dmcache-failed scsi-ssd-in-use lvm-caches schedulers"
 
 if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
     backend=uml
@@ -154,6 +154,24 @@ lvm-caches)
     dmsetup load slow --table "0 $hs delay $hdd 0 0 $hdd 0 2000"
     dmsetup resume slow
     cap "lvm2's caches in vg0 (origin PV a dm-delay over the first disk, writes slowed to 2 s after the fill; caches on the second disk): vg0/vm1 cache pool writeback (written, then idle: clean again by the capture), vg0/vm2 cachevol writethrough, vg0/vm3 writecache (high_watermark 60) with dirty blocks"
+    ;;
+schedulers)
+    # IO schedulers on every kind of device: the first disk partitioned, its partition the
+    # backing device of a bcache cache set on the second disk; the first disk on bfq with
+    # slice_idle 0 (not the default), the second on kyber (bfq and kyber are modules on
+    # Debian's kernel: the write loads them), the third on mq-deadline under a dm-linear
+    # "lin". bcache0 and dm-0 are bio-based: no scheduler of their own.
+    echo 'size=+,type=83' | sfdisk -q "$hdd"
+    sleep 0.5
+    make-bcache --bucket 128k -B "${hdd}1" -C "$ssd" >/dev/null
+    reg "${hdd}1" "$ssd"
+    dmsetup create lin --table "0 $(blockdev --getsz "$meta") linear $meta 0"
+    q() { echo "/sys/block/$(basename "$1")/queue"; }
+    echo bfq > "$(q "$hdd")/scheduler"
+    echo 0 > "$(q "$hdd")/iosched/slice_idle"
+    echo kyber > "$(q "$ssd")/scheduler"
+    echo mq-deadline > "$(q "$meta")/scheduler"
+    cap "IO schedulers: $hdd on bfq (slice_idle 0), its partition ${hdd}1 the backing device of bcache0 cached by $ssd (kyber); $meta on mq-deadline under dm-linear lin (dm-0); bcache0 and dm-0 bio-based"
     ;;
 nvme-pair)
     # Not in $all: run it by name (qemu only: scripts/capture-fixtures.sh nvme-pair). Two

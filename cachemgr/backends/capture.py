@@ -6,8 +6,9 @@ Run inside the lab after building a scenario, e.g.::
     cachemgr lab run --disks 1G,256M -- scripts/capture-fixtures.sh
 
 What is copied: /sys/fs/bcache (every file, links kept as links), every /sys/block entry
-(the link and its device directory, its bcache/, dm/, holders/, slaves/, queue/ basics and
-partitions) and the SCSI device attributes behind ``device`` (vendor, model, wwid, vpd pages),
+(the link and its device directory, its bcache/, dm/, holders/, slaves/, queue/ basics with
+the IO scheduler's tunables (queue/iosched/) and partitions) and the SCSI device attributes
+behind ``device`` (vendor, model, wwid, vpd pages),
 plus ``dmsetup table`` / ``dmsetup status`` / ``dmsetup info`` output and a meta.json naming
 the kernel. Write-only files are recorded as empty files with their mode, so their presence
 is part of the capture. ``priority_stats`` is never read (it locks every bucket).
@@ -30,7 +31,7 @@ from cachemgr.core.errors import CommandError, UsageError
 from cachemgr.core.sysfs import NEVER_READ, Sysfs
 
 # Directory names not worth copying under a block device (large, volatile or irrelevant).
-SKIP_DIRS = frozenset({"power", "trace", "mq", "integrity", "iosched", "subsystem", "driver",
+SKIP_DIRS = frozenset({"power", "trace", "mq", "integrity", "subsystem", "driver",
                        "bdi", "firmware_node", "physical_node", "generic", "bsg", "scsi_generic",
                        "scsi_disk", "block", "mpath"})
 SKIP_FILES = frozenset({"uevent_seqnum"}) | NEVER_READ

@@ -6,8 +6,10 @@
     cachemgr bench plot RESULT.json [--out DIR]
     cachemgr bench demo                      # in the lab: dm-delay HDD vs bcache writeback
 
-TARGET is ``[LABEL=]DEVICE[:MODE]``: ``/dev/mapper/hdd``, ``/dev/bcache0``,
-``wb=/dev/bcache0:writeback`` (the mode is switched for those runs and restored after). Results
+TARGET is ``[LABEL=]DEVICE[:MODE][@SCHEDULER]``: ``/dev/mapper/hdd``, ``/dev/bcache0``,
+``wb=/dev/bcache0:writeback`` (the mode is switched for those runs and restored after),
+``/dev/sdb@bfq`` (the disk's IO scheduler for those runs; a bio-based device's @SCHEDULER is
+set on the disks under it; restored after). Results
 are saved as JSON under the results directory (``/var/lib/cachemgr/bench``, or
 ``$CACHEMGR_BENCH_DIR``, or ``--out``) with the plots next to them; ``--json`` prints the same
 document (``{"schema": 1, "results": [...], ...}``) on stdout. Progress goes to stderr.
@@ -244,13 +246,17 @@ def register(sub: Any) -> None:
     bsub.required = True
 
     s = bsub.add_parser("run", help="benchmark one target")
-    s.add_argument("target", metavar="TARGET", help="[LABEL=]DEVICE[:MODE]")
+    s.add_argument("target", metavar="TARGET", help="[LABEL=]DEVICE[:MODE][@SCHEDULER]")
     job_options(s, repeat=1)
     s.set_defaults(func=cmd_run)
 
-    s = bsub.add_parser("compare", help="the same job on several targets or modes, interleaved")
+    s = bsub.add_parser("compare", help="the same job on several targets, modes or IO "
+                                        "schedulers, interleaved")
     s.add_argument("targets", nargs="+", metavar="TARGET",
-                   help="[LABEL=]DEVICE[:MODE]; the first is the baseline of the ratios")
+                   help="[LABEL=]DEVICE[:MODE][@SCHEDULER]; the first is the baseline of the "
+                        "ratios. @SCHEDULER (mq-deadline, bfq, kyber, none) puts the device's "
+                        "disk on that IO scheduler for its runs (a bcache or dm device: the "
+                        "disks under it); the schedulers are restored afterwards")
     job_options(s)
     s.set_defaults(func=cmd_compare)
 

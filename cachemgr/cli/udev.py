@@ -323,10 +323,12 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         print(json.dumps({"schema": 1, "path": pol.path, "valid": True,
                           "caches": [c.name for c in pol.caches],
                           "backings": [b.name for b in pol.backings],
-                          "lvm": [m.name for m in pol.lvms]}))
+                          "lvm": [m.name for m in pol.lvms],
+                          "schedulers": [sp.name for sp in pol.schedulers]}))
     else:
         lines = [f"{pol.path}: valid; {len(pol.caches)} cache(s), {len(pol.backings)} "
-                 f"backing device(s), {len(pol.lvms)} LVM cache(s)"]
+                 f"backing device(s), {len(pol.lvms)} LVM cache(s), {len(pol.schedulers)} "
+                 "IO scheduler(s)"]
         for c in pol.caches:
             lines.append(f"  cache {c.name}: {c.device or ''}"
                          f"{' cset ' + c.cset if c.cset else ''}"
@@ -340,6 +342,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
                          f"({'writecache' if m.writecache else 'cache'}"
                          f"{', mode ' + m.mode.value if m.mode else ''}"
                          f"{', erases a plain LV' if m.erase_cachevol else ''})")
+        for sp in pol.schedulers:
+            lines.append(f"  scheduler {sp.name}: {sp.device} -> {sp.scheduler}")
         # policy names and device strings as written in the file: control characters escaped
         print("\n".join(printable(line) for line in lines))
     return 0

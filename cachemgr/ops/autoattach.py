@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cachemgr.backends import bcache
+from cachemgr.backends import scheduler as sched
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, require_root
 from cachemgr.core.model import CacheMode
@@ -30,6 +31,7 @@ from cachemgr.procedures.autoattach import (
     LvmSetMode,
     Register,
     SetMode,
+    SetScheduler,
     SetTunable,
     View,
 )
@@ -47,6 +49,9 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
         return
     if isinstance(a, Register):
         bcache.register(sysfs, f"/dev/{a.device}")
+        return
+    if isinstance(a, SetScheduler):  # what `cachemgr scheduler DISK NAME` does, read back
+        sched.set_scheduler(sysfs, a.device, a.scheduler)
         return
     if isinstance(a, Format):
         node = f"/dev/{a.device}"

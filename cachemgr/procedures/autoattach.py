@@ -10,9 +10,10 @@ At boot (``cachemgr autoattach``, a full pass) and on every block-device uevent 
    (replace-ssd, drain) is working on.
 2. :func:`decide` (pure: event + view + policy -> actions) says what to do: register a bcache
    device the policy names, attach a backing device to its cache set, set its mode and
-   tunables, format a blank SSD in a named slot (only with ``format_blank_ssd = true``), or
-   nothing, with a :class:`Note` saying why. It never detaches, never formats a backing
-   device, and ignores devices the policy does not name.
+   tunables, format a blank SSD in a named slot (only with ``format_blank_ssd = true``), set
+   a disk's IO scheduler (``[scheduler.NAME]``), or nothing, with a :class:`Note` saying
+   why. It never detaches, never formats a backing device, and ignores devices the policy
+   does not name.
 3. :func:`execute` carries the actions out through the bcache backend, logs each with the
    device's stable id (syslog/journald through :mod:`logging`) and appends it to
    ``<state dir>/autoattach/actions.jsonl``. :func:`reconcile` repeats 1-3 until nothing is
@@ -33,17 +34,25 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
 from cachemgr.backends import bcache, bcache_super, identity
+from cachemgr.backends import scheduler as sched
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, UnsafeError
 from cachemgr.core.model import BcacheBacking, CacheState, Identity, Snapshot, hprint
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.policy import BackingPolicy, CachePolicy, DeviceId, LvmPolicy, Policy
+from cachemgr.procedures.policy import (
+    BackingPolicy,
+    CachePolicy,
+    DeviceId,
+    LvmPolicy,
+    Policy,
+    SchedulerPolicy,
+)
 
 log = logging.getLogger("cachemgr.procedures.autoattach")
 
@@ -134,6 +143,8 @@ class DeviceFacts:
     sb_state: str | None = None  # unregistered backing: clean, dirty, ...
     blank: bool = False  # no signature, no partitions, not in use
     holders: bool = False
+    # a whole disk's active IO scheduler; None for a partition, a bio-based device, unread
+    scheduler: str | None = None
 
     @property
     def name(self) -> str:
@@ -321,6 +332,11 @@ def take_view(sysfs: Sysfs, *, udev: identity.UdevArg = identity.AUTO,
         blank = (live or prober is not None) and ident.fs_type is None and not parts \
             and not holders and (ident.size_bytes or 0) > 0
         devices[name] = DeviceFacts(ident, blank=blank, holders=holders)
+    for name, f in devices.items():
+        if f.identity.partition_of is None:  # a whole disk: its IO scheduler
+            current = sched.parse(sysfs.read_opt(f"{dirs[name]}/queue/scheduler"))[0]
+            if current is not None:
+                devices[name] = replace(f, scheduler=current)
     rows, err = _lvm_report(sysfs) if lvm else (None, None)
     return View(snap, devices, _busy_from_journals(), rows, err)
 
@@ -389,6 +405,19 @@ class SetTunable(Action):
 
 
 @dataclass(frozen=True)
+class SetScheduler(Action):
+    """``device`` is the whole disk (a partition the policy names stands for its disk)."""
+
+    scheduler: str = ""
+    before: str | None = None
+    kind = "scheduler"
+
+    def describe(self) -> str:
+        return (f"set IO scheduler of {self.stable_id} (/dev/{self.device}) to "
+                f"{self.scheduler} (was {self.before})")
+
+
+@dataclass(frozen=True)
 class Format(Action):
     bucket: str | None = None
     kind = "format"
@@ -436,7 +465,7 @@ class LvmSetMode(Action):
 
 
 _ORDER = {"format": 0, "register": 1, "attach": 2, "lvm-attach": 2, "mode": 3, "lvm-mode": 3,
-          "tunable": 4, "note": 5}
+          "tunable": 4, "scheduler": 4, "note": 5}
 
 
 # ---------------------------------------------------------------------------------------
@@ -634,6 +663,28 @@ class _Planner:
         self.out.append(LvmAttach(m.lv, m.lv, m.name, m.cache, m.writecache,
                                   m.mode.value if m.mode else None))
 
+    def scheduler(self, sp: SchedulerPolicy) -> None:
+        """Set the IO scheduler of the disk ``sp`` names (of its disk, for a partition)."""
+        found = self.find(sp.device)
+        if not found:
+            return
+        if len(found) > 1:
+            self.note(None, sp.name, f"{sp.label}: {', '.join(f.node for f in found)} all "
+                                     "match; ambiguous (multipath?), doing nothing",
+                      logging.WARNING)
+            return
+        f = found[0]
+        disk = self.view.devices.get(f.identity.partition_of or f.name)
+        if disk is None:
+            return
+        if disk.scheduler is None:
+            self.note(disk, sp.name, f"{sp.label}: {disk.node} has no IO scheduler of its "
+                                     "own (bio-based); name the disks under it",
+                      logging.WARNING)
+        elif disk.scheduler != sp.scheduler:
+            self.out.append(SetScheduler(disk.name, disk.stable_id, sp.name, sp.scheduler,
+                                         disk.scheduler))
+
     def cache_of(self, b: BackingPolicy) -> str | None:
         c = self.policy.cache(b.cache)
         return self.cache(c) if c else None
@@ -653,13 +704,15 @@ def _tunable_is(bk: BcacheBacking, name: str, value: int) -> tuple[bool, str | N
 
 
 def _scope(event: Event | None, view: View, policy: Policy
-           ) -> tuple[list[CachePolicy], list[BackingPolicy], list[LvmPolicy]]:
+           ) -> tuple[list[CachePolicy], list[BackingPolicy], list[LvmPolicy],
+                      list[SchedulerPolicy]]:
     if event is None:
-        return list(policy.caches), list(policy.backings), list(policy.lvms)
+        return (list(policy.caches), list(policy.backings), list(policy.lvms),
+                list(policy.schedulers))
     name = view.event_device(event)
     f = view.devices.get(name) if name else None
     if f is None:
-        return [], [], []
+        return [], [], [], []
     # a PV that appears may complete an LV or a cache pool (lvm2 finds which)
     lvms = list(policy.lvms) if f.identity.fs_type == "LVM2_member" else []
     caches = [c for c in policy.caches
@@ -670,7 +723,13 @@ def _scope(event: Event | None, view: View, policy: Policy
     caches += [c for c in policy.caches if c.name not in names
                and any(b.cache == c.name for b in backs)]
     backs += [b for b in policy.backings if b not in backs and b.cache in names]
-    return caches, backs, lvms
+    # a disk's event, or one of its partitions' (a policy may name either)
+    disk = view.devices.get(f.identity.partition_of or "")
+    scheds = [sp for sp in policy.schedulers
+              if matches(sp.device, f) or (disk is not None and matches(sp.device, disk))
+              or any(matches(sp.device, p) for p in view.devices.values()
+                     if p.identity.partition_of == f.name)]
+    return caches, backs, lvms, scheds
 
 
 def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
@@ -687,7 +746,7 @@ def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
         return [Note(event.name or "", event.devname or "", n,
                      f"{event.devname} removed; nothing to do (auto-attach never detaches; it "
                      "comes back attached when it returns)") for n in named]
-    caches, backs, lvms = _scope(event, view, policy)
+    caches, backs, lvms, scheds = _scope(event, view, policy)
     p = _Planner(view, policy)
     for c in caches:
         p.cache(c)
@@ -695,6 +754,8 @@ def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
         p.backing(b)
     for m in lvms:
         p.lvm(m)
+    for sp in scheds:
+        p.scheduler(sp)
     seen: set[Action] = set()
     out = []
     for a in p.out:

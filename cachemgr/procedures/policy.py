@@ -29,11 +29,18 @@ kernel names::
     mode = "writeback"                  # cache only: writethrough, writeback, passthrough
     erase_cachevol = false              # the default: a plain LV (cachevol) is not attached
 
+    [scheduler.hdd-a]                   # a disk's IO scheduler, set when it appears
+    device = "serial:2001"              # any device id; a partition stands for its disk
+    scheduler = "bfq"                   # mq-deadline (or deadline), bfq, kyber, none
+
 An ``[lvm.NAME]`` entry attaches the cache pool or cachevol to its LV with lvm2 when both are
 there, uncached and whole (every PV present): after ``cachemgr detach`` split it off, it is
 attached again when its SSD's PV returns. LVM names (VG/LV) are stable; lvm2 finds the PVs.
 lvm2 erases a plain LV that it attaches as a cachevol (a writecache's cache always is one), so
 that needs ``erase_cachevol = true``, as formatting a blank SSD needs ``format_blank_ssd``.
+A ``[scheduler.NAME]`` entry sets a disk's IO scheduler (the udev worker when the disk
+appears, the boot pass): the disk must be request-based (a bcache or device-mapper device has
+none: name the disks under it), and the name one of :data:`SCHEDULERS`.
 
 Device ids (:class:`DeviceId`): a WWN in any usual form (``naa.5000…``, ``0x5000…``,
 ``wwn-0x5000…``, ``eui.…``, ``t10.…``); ``serial:XYZ``; a ``/dev/disk/by-id/…`` link; a
@@ -59,6 +66,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cachemgr.backends import scheduler as sched
 from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
 from cachemgr.backends.identity import looks_like_wwn, normalize_wwn
 from cachemgr.backends.lvm.command import check_vg_lv, spelling
@@ -232,11 +240,31 @@ class LvmPolicy:
 
 
 @dataclass(frozen=True)
+class SchedulerPolicy:
+    """A disk's IO scheduler (the kernel's name: ``deadline`` is read as ``mq-deadline``)."""
+
+    name: str
+    device: DeviceId
+    scheduler: str
+    line: int = field(default=0, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"scheduler {self.name} ({self.device})"
+
+
+# the schedulers a policy may name: mainline's (an out-of-tree one fails at run time, not
+# in `policy check`: a typo must not wait for a disk to appear to be found)
+SCHEDULERS = sched.KNOWN
+
+
+@dataclass(frozen=True)
 class Policy:
     caches: tuple[CachePolicy, ...] = ()
     backings: tuple[BackingPolicy, ...] = ()
     path: str = field(default=DEFAULT_PATH, compare=False)
     lvms: tuple[LvmPolicy, ...] = ()
+    schedulers: tuple[SchedulerPolicy, ...] = ()
 
     def cache(self, name: str) -> CachePolicy | None:
         return next((c for c in self.caches if c.name == name), None)
@@ -431,7 +459,8 @@ _COMMON_KEYS = {"mode", *BACKING_TUNABLES}
 _CACHE_KEYS = {"device", "cset", "format_blank_ssd", "bucket_size"}
 _BACKING_KEYS = {"device", "cache", *_COMMON_KEYS}
 _LVM_KEYS = {"lv", "cache", "type", "mode", "erase_cachevol"}
-_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm"}
+_SCHED_KEYS = {"device", "scheduler"}
+_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler"}
 
 
 def parse_size(value: object) -> int:
@@ -651,9 +680,48 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
             backings.append(BackingPolicy(name, dev, cache, mode or d_mode,
                                           tuple(sorted(merged.items())), ck.lines.get(p, 0)))
     lvms = _lvms(ck, data)
+    schedulers = _schedulers(ck, data)
     if ck.problems:
         raise PolicyError(path, ck.problems)
-    return Policy(tuple(caches), tuple(backings), path, tuple(lvms))
+    return Policy(tuple(caches), tuple(backings), path, tuple(lvms), tuple(schedulers))
+
+
+def _scheduler_name(value: object) -> str:
+    names = ", ".join(SCHEDULERS)
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string: one of {names}")
+    try:
+        word = sched.check_name(value)
+    except UsageError as exc:
+        raise ValueError(f"{exc.message}; {exc.hint}") from None
+    if word not in SCHEDULERS:
+        raise ValueError(f"unknown IO scheduler {value!r}; one of {names}")
+    return word
+
+
+def _schedulers(ck: _Checker, data: Mapping[str, object]) -> list[SchedulerPolicy]:
+    out: list[SchedulerPolicy] = []
+    seen: dict[DeviceId, str] = {}
+    for name, body in ck.entries(data, "scheduler"):
+        p = ("scheduler", name)
+        ck.unknown(body, _SCHED_KEYS, p)
+        dev = ck.device(body, p)
+        word = None
+        if "scheduler" not in body:
+            ck.bad(p, f"scheduler {name!r} needs scheduler = \"NAME\" (one of "
+                      f"{', '.join(SCHEDULERS)})")
+        else:
+            try:
+                word = _scheduler_name(body["scheduler"])
+            except ValueError as exc:
+                ck.bad((*p, "scheduler"), f"scheduler: {exc}")
+        if dev is not None and dev in seen:
+            ck.bad((*p, "device"), f"{dev} is already named by {seen[dev]}")
+            continue
+        if dev is not None and word is not None:
+            seen[dev] = f"scheduler {name}"
+            out.append(SchedulerPolicy(name, dev, word, ck.lines.get(p, 0)))
+    return out
 
 
 def _lv_name(value: object) -> str:
@@ -814,5 +882,10 @@ def dumps(policy: Policy) -> str:
         if m.mode is not None:
             out.append(f"mode = {_q(m.mode.value)}")
         out.append(f"erase_cachevol = {'true' if m.erase_cachevol else 'false'}")
+        out.append("")
+    for sp in policy.schedulers:
+        out.append(f"[scheduler.{sp.name}]")
+        out.append(f"device = {_q(str(sp.device))}")
+        out.append(f"scheduler = {_q(sp.scheduler)}")
         out.append("")
     return "\n".join(out)

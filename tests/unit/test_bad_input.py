@@ -456,6 +456,17 @@ CASES: list[Case] = [
       word="--timeout"),
     c("lab-run-mem-zero", "lab", "run", "--mem", "0", "--", "true", word="--mem"),
     c("lab-no-subcommand", "lab", word="lab"),
+    # ----------------------------------------------------------------------- scheduler
+    c("scheduler-bio-based", "scheduler", "/dev/bcache0", "bfq", word="bio-based"),
+    c("scheduler-unknown-name", "scheduler", "ubdc", "frobnicate", word="frobnicate"),
+    c("scheduler-removed-name", "scheduler", "ubdc", "cfq", word="removed"),
+    c("scheduler-already", "scheduler", "ubdc", "mq-deadline", code=4, word="already"),
+    c("scheduler-alias-already", "scheduler", "ubdc", "deadline", code=4, word="already"),
+    c("scheduler-no-device", "scheduler", "ubdz", "bfq", word="ubdz"),
+    c("scheduler-dotdot", "scheduler", "..", word="not a block device name"),
+    c("scheduler-newline", "scheduler", "ubdc\n", "bfq", word="U+000A"),
+    c("scheduler-path-missing", "scheduler", "/dev/nosuch/ubdc", word="no such device"),
+    c("scheduler-extra-args", "scheduler", "ubdc", "bfq", "more", word="unrecognized"),
     # ----------------------------------------------------------------------------- tui
     c("tui-interval-nan", "tui", "--interval", "nan", word="--interval"),
 ]

@@ -19,6 +19,7 @@ from cachemgr.procedures.policy import (
     LvmPolicy,
     Policy,
     PolicyError,
+    SchedulerPolicy,
 )
 
 # ------------------------------------------------------------------------- strategies
@@ -79,7 +80,12 @@ def policies(draw: st.DrawFn) -> Policy:
         vg = draw(st.sampled_from(["vg0", "data_vg", "v.g"]))
         lvms.append(LvmPolicy(f"lvm{k}", f"{vg}/{lv_names[2 * k]}", f"{vg}/{lv_names[2 * k + 1]}",
                               wc, mode, wc or draw(st.booleans())))
-    return Policy(tuple(caches), tuple(backs), lvms=tuple(lvms))
+    sched_names = draw(st.lists(names, max_size=3, unique=True))
+    sids = draw(st.lists(device_ids, min_size=len(sched_names), max_size=len(sched_names),
+                         unique=True))
+    scheds = tuple(SchedulerPolicy(n, sids[i], draw(st.sampled_from(policy.SCHEDULERS)))
+                   for i, n in enumerate(sched_names))
+    return Policy(tuple(caches), tuple(backs), lvms=tuple(lvms), schedulers=scheds)
 
 
 # ------------------------------------------------------------------------- properties
@@ -96,6 +102,8 @@ def test_any_valid_policy_round_trips(p: Policy) -> None:
         assert lines[c.line - 1] == f"[cache.{c.name}]"
     for b in back.backings:
         assert lines[b.line - 1] == f"[backing.{b.name}]"
+    for sp in back.schedulers:
+        assert lines[sp.line - 1] == f"[scheduler.{sp.name}]"
 
 
 def _check_error(text: str, err: PolicyError) -> None:
@@ -239,6 +247,38 @@ def test_every_problem_is_listed_in_line_order() -> None:
      "true or false"),
 ])
 def test_semantic_errors(text: str, line: int, what: str) -> None:
+    with pytest.raises(PolicyError) as exc:
+        policy.parse(text)
+    assert any(p.line == line and what in p.message for p in exc.value.problems), \
+        exc.value.problems
+
+
+def test_scheduler_entries() -> None:
+    p = policy.parse('version = 1\n[scheduler.hdd]\ndevice = "serial:2001"\n'
+                     'scheduler = "BFQ"\n[scheduler.ssd]\ndevice = "naa.5000c500a1b2c3d4"\n'
+                     'scheduler = "deadline"\n')
+    assert p.schedulers == (
+        SchedulerPolicy("hdd", policy.DeviceId("serial", "2001"), "bfq"),
+        SchedulerPolicy("ssd", policy.DeviceId("wwn", "naa.5000c500a1b2c3d4"), "mq-deadline"))
+    assert [sp.line for sp in p.schedulers] == [2, 5]
+    assert policy.parse(policy.dumps(p)) == p
+
+
+@pytest.mark.parametrize(("text", "line", "what"), [
+    ('[scheduler.a]\ndevice = "serial:1"\n', 1, "needs scheduler ="),
+    ('[scheduler.a]\ndevice = "serial:1"\nscheduler = "cfq"\n', 3,
+     "its multi-queue successor is bfq"),
+    ('[scheduler.a]\ndevice = "serial:1"\nscheduler = "bfg"\n', 3,
+     "unknown IO scheduler 'bfg'; one of mq-deadline, bfq, kyber, none"),
+    ('[scheduler.a]\ndevice = "serial:1"\nscheduler = 1\n', 3, "must be a string"),
+    ('[scheduler.a]\ndevice = "/dev/sdb"\nscheduler = "bfq"\n', 2, "not a stable device id"),
+    ('[scheduler.a]\ndevice = "serial:1"\nscheduler = "bfq"\nslice_idle = 0\n', 4,
+     "unknown key 'slice_idle'"),
+    ('[scheduler.a]\ndevice = "serial:1"\nscheduler = "bfq"\n'
+     '[scheduler.b]\ndevice = "serial:1"\nscheduler = "none"\n', 5,
+     "already named by scheduler a"),
+])
+def test_scheduler_semantic_errors(text: str, line: int, what: str) -> None:
     with pytest.raises(PolicyError) as exc:
         policy.parse(text)
     assert any(p.line == line and what in p.message for p in exc.value.problems), \

@@ -3,6 +3,7 @@ the kernel does, and waiting on the app."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.core.errors import SysfsError
 from cachemgr.core.sysfs import Sysfs
 from tui.app import CacheMgrApp
 
@@ -41,18 +43,25 @@ def copy_capture(tmp_path: Path, prefix: str) -> Path:
 
 def kernel_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Make writes to a copied capture read back as the kernel's would: a choice file
-    (cache_mode) shows the written word in brackets, other attributes read back the value
-    written (the real write(2) keeps the old tail: "0" over "10" reads "00"). Returns the
-    writes, in order, as (relative path, value)."""
+    (cache_mode, a disk's queue/scheduler) shows the written word in brackets (a scheduler
+    the list lacks is refused with EINVAL, as by a kernel that cannot load it), other
+    attributes read back the value written (the real write(2) keeps the old tail: "0" over
+    "10" reads "00"). Returns the writes, in order, as (relative path, value)."""
     done: list[tuple[str, str]] = []
     real = Sysfs.write
 
     def write(self: Sysfs, rel: str, value: str) -> None:
+        if rel.endswith("/queue/scheduler") and self.exists(rel):
+            text = self.path(rel).read_text()
+            if "[" in text and value not in text.replace("[", " ").replace("]", " ").split():
+                # elevator_change: a name the kernel has neither built in nor as a module
+                raise SysfsError(str(self.path(rel)), f"write {value!r} to", errno.EINVAL,
+                                 "Invalid argument")
+        p = self.path(rel)
+        old = p.read_text() if p.is_file() else ""  # the choices, before the write over them
         real(self, rel, value)  # the same error paths (missing file: SysfsError)
         done.append((rel, value))
-        p = self.path(rel)
-        old = p.read_text()
-        if rel.endswith("/cache_mode"):
+        if rel.endswith("/cache_mode") or (rel.endswith("/queue/scheduler") and "[" in old):
             words = [w.strip("[]") for w in old.split()]
             p.write_text(" ".join(f"[{w}]" if w == value else w for w in words) + "\n")
         elif rel.endswith("/detach"):

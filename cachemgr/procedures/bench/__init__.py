@@ -115,6 +115,8 @@ from cachemgr.procedures.bench.targets import (
     Target,
     parse_target,
     resolve_target,
+    scheduler_disks,
+    split_scheduler,
     write_refusal,
 )
 
@@ -161,7 +163,9 @@ __all__ = [
     "run_json",
     "run_one",
     "save",
+    "scheduler_disks",
     "short_for_hit_ratio",
+    "split_scheduler",
     "spread",
     "summarize",
     "summary_json",

@@ -32,7 +32,12 @@ from cachemgr.procedures.bench.sampling import (
     wait_accounting_tick,
 )
 from cachemgr.procedures.bench.stats import Spread, disagreeing, ratio, spread
-from cachemgr.procedures.bench.targets import Target, resolve_target, write_refusal
+from cachemgr.procedures.bench.targets import (
+    Target,
+    resolve_target,
+    scheduler_disks,
+    write_refusal,
+)
 
 DEFAULT_TOLERANCE = 0.2
 
@@ -219,6 +224,9 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
     warm_s = None
     fresh = False
     flags: list[str] = []
+    if target.scheduler is not None:
+        for disk in target.scheduler_disks:
+            hyg.scheduler(disk, target.scheduler)
     if target.backing_name is None:
         res, jf, _ = _run_sampled(sysfs, spec, target, seed, progress)
         return RunResult(target.label, rep, seed, started, res, None, jf)
@@ -407,9 +415,23 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
     predictions = {t.label: predict_for(spec, sysfs, t) for t in targets}
     identities = _identities(sysfs, targets)
     hyg = Hygiene(sysfs)
+    for t in targets:
+        if t.scheduler is not None and t.name is not None:
+            note = scheduler_disks(sysfs, t.name)[1]
+            if note and note not in hyg.notes:
+                hyg.notes.append(note)
     runs: list[RunResult] = []
     version = fio_version()
     try:
+        # every target's scheduler once before the first run: a name the kernel cannot load
+        # fails now, not after minutes of runs (Hygiene puts the originals back)
+        for t in targets:
+            if t.scheduler is not None:
+                if progress:
+                    progress(f"{t.label}: IO scheduler {t.scheduler} on "
+                             f"{', '.join(t.scheduler_disks)}")
+                for disk in t.scheduler_disks:
+                    hyg.scheduler(disk, t.scheduler)
         for rep in range(1, opts.repeat + 1):
             for t in targets:
                 if progress:

@@ -1,6 +1,6 @@
 """Cache hygiene for benchmarks: tunables changed for a run and restored at the end
-(:class:`Hygiene`: mode, congestion thresholds, ``sequential_cutoff``), and a fresh cache set
-rebuilt before a run (:func:`fresh_cache`)."""
+(:class:`Hygiene`: mode, congestion thresholds, ``sequential_cutoff``, a disk's IO
+scheduler), and a fresh cache set rebuilt before a run (:func:`fresh_cache`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from cachemgr.backends import bcache, signatures, snapshot
+from cachemgr.backends import scheduler as sched
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -46,6 +47,22 @@ class Hygiene:
         if not any(p == path for _, p, _ in self._restore):
             self._restore.append((what, path, before))
             self.notes.append(f"{what}: {before} -> {value} (restored afterwards)")
+
+    def scheduler(self, disk: str, name: str) -> None:
+        """Put whole disk ``disk`` on IO scheduler ``name`` for the next run, read back from
+        sysfs (UsageError: the kernel has no such scheduler); the scheduler it had before
+        the first change is put back by :meth:`restore`."""
+        q = sched.read(self.sysfs, disk)
+        if q.current == name:
+            return
+        path = f"block/{disk}/queue/scheduler"
+        first = not any(p == path for _, p, _ in self._restore)
+        if first and q.current is not None:
+            # recorded before the write: a Ctrl-C or an error after it still restores it
+            self._restore.append((f"/dev/{disk} IO scheduler", path, q.current))
+            self.notes.append(f"/dev/{disk} IO scheduler: {q.current}, set per target for "
+                              f"its runs (restored afterwards)")
+        sched.set_scheduler(self.sysfs, disk, name)
 
     def restore(self) -> None:
         for what, path, value in reversed(self._restore):

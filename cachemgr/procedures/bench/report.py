@@ -127,6 +127,8 @@ def to_json(c: Comparison) -> dict[str, Any]:
         "options": asdict(c.options),
         "targets": [{"label": t.label, "spec": t.spec, "device": t.device,
                      "mode": t.mode.value if t.mode else None,
+                     "scheduler": t.scheduler,
+                     "scheduler_disks": [f"/dev/{d}" for d in t.scheduler_disks],
                      "identity": c.identities.get(t.label)} for t in c.targets],
         "hygiene": list(c.hygiene),
         "results": [summary_json(s, base) for s in c.summaries],
@@ -168,8 +170,8 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def table(doc: Mapping[str, Any]) -> str:
     """The comparison as a table for people: medians, ratios to the first target."""
-    rows = [("target", "IOPS", "x base", "p50 us", "p99 us", "p99 /", "hit", "expected",
-             "flags")]
+    rows = [("target", "IOPS", "x base", "p50 us", "p99 us", "p99.9 us", "p99 /", "hit",
+             "expected", "flags")]
     for r in doc["results"]:
         rows.append((
             str(r["label"]),
@@ -177,6 +179,7 @@ def table(doc: Mapping[str, Any]) -> str:
             _fmt(r.get("iops_ratio"), 1, "x"),
             _fmt(r["lat_p50_us"], 1),
             _fmt(r["lat_p99_us"], 1),
+            _fmt(r.get("lat_p99_9_us"), 1),
             _fmt(r.get("p99_ratio"), 1, "x"),
             _fmt(r["hit_ratio"], 3),
             _fmt(r.get("expected_hit_ratio"), 3),

@@ -1,6 +1,7 @@
-"""What a benchmark runs on: ``[LABEL=]DEVICE[:MODE]`` parsed and resolved to a
-:class:`Target` (a bcache device named with a mode, or its backing device), and why writing to
-one would be unsafe (:func:`write_refusal`)."""
+"""What a benchmark runs on: ``[LABEL=]DEVICE[:MODE][@SCHEDULER]`` parsed and resolved to a
+:class:`Target` (a bcache device named with a mode, or its backing device; the IO scheduler
+its disks run under for those runs), and why writing to one would be unsafe
+(:func:`write_refusal`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from cachemgr.backends import bcache, signatures, snapshot
+from cachemgr.backends import scheduler as sched
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode, Snapshot
 from cachemgr.core.sysfs import Sysfs
@@ -24,6 +26,37 @@ class Target:
     name: str | None  # kernel name
     mode: CacheMode | None = None  # asked for; None keeps the current one
     backing_name: str | None = None  # set for bcache devices
+    scheduler: str | None = None  # DEVICE@NAME: the IO scheduler for this target's runs
+    # the whole disks it is set on: the device's own disk, or the disks under a bio-based
+    # device (bcacheN, dm-N: no scheduler of their own)
+    scheduler_disks: tuple[str, ...] = ()
+
+
+def split_scheduler(text: str) -> tuple[str, str | None]:
+    """``/dev/sdb:writeback@bfq`` -> (``/dev/sdb:writeback``, ``bfq``); the name checked
+    (``deadline`` -> ``mq-deadline``; a removed or malformed one: UsageError)."""
+    rest, at, word = text.rpartition("@")
+    if not at or "/" in word:
+        return text, None
+    if not word or not rest:
+        raise UsageError(f"{text}: nothing after @" if not word else f"{text}: no device",
+                         hint="use DEVICE@SCHEDULER, e.g. /dev/sdb@bfq")
+    return rest, sched.check_name(word)
+
+
+def scheduler_disks(sysfs: Sysfs, name: str) -> tuple[tuple[str, ...], str | None]:
+    """The whole disks a scheduler for device ``name`` is set on, and a note when they are
+    not the device itself (a partition's disk; the disks under a bio-based device)."""
+    disk, part = sched.whole_disk(sysfs, name)
+    if sched.read(sysfs, disk).request_based:
+        return (disk,), (f"{part} is a partition: the IO scheduler is set on {disk}"
+                         if part else None)
+    under = sched.disks_under(sysfs, disk)
+    if not under:
+        raise UsageError(f"{sched.label(sysfs, disk)} is bio-based and no disk with an IO "
+                         "scheduler was found under it")
+    return under, (f"{sched.label(sysfs, disk)} is bio-based (no IO scheduler of its own): "
+                   f"the scheduler is set on the disks under it: {', '.join(under)}")
 
 
 def parse_target(text: str) -> tuple[str | None, str, CacheMode | None]:
@@ -44,6 +77,8 @@ def parse_target(text: str) -> tuple[str | None, str, CacheMode | None]:
 def resolve_target(sysfs: Sysfs, text: str) -> Target:
     from cachemgr.backends.targets import resolve_backing
 
+    given = text
+    text, scheduler = split_scheduler(text)
     label, dev, mode = parse_target(text)
     if not os.path.exists(dev):
         raise UsageError(f"{dev}: no such device")
@@ -66,8 +101,14 @@ def resolve_target(sysfs: Sysfs, text: str) -> Target:
         dev, name = backing.device, backing.device_name
     if backing is not None and backing.cset_uuid is None and mode is not None:
         raise UsageError(f"{backing.device} has no cache attached; its mode means nothing")
-    return Target(label=label or text, spec=text, device=dev, name=name, mode=mode,
-                  backing_name=backing.identity.name if backing else None)
+    disks: tuple[str, ...] = ()
+    if scheduler is not None:
+        if name is None:
+            raise UsageError(f"{dev}: no kernel name to find its disks by")
+        disks, _ = scheduler_disks(sysfs, name)
+    return Target(label=label or given, spec=given, device=dev, name=name, mode=mode,
+                  backing_name=backing.identity.name if backing else None,
+                  scheduler=scheduler, scheduler_disks=disks)
 
 
 def write_refusal(sysfs: Sysfs, target: Target, snap: Snapshot) -> tuple[str, bool]:
