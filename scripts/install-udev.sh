@@ -34,6 +34,11 @@ while [ $# -gt 0 ]; do
     shift
 done
 say() { echo "install-udev: $*" >&2; }
+# the rule's TEST (udev(7)) takes a path relative to the device's sysfs directory
+case $policy in
+"" | /*) ;;
+*) echo "install-udev: --policy needs an absolute path ($policy)" >&2; exit 2 ;;
+esac
 units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.service
     cachemgr-textfile.timer"
 # sd_booted(3): systemd is PID 1 (else systemctl only edits unit files, offline)
@@ -75,8 +80,9 @@ args=""
 [ -n "$policy" ] && args=" --policy $policy"
 
 mkdir -p "$rules_dir"
-sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$args|g" "$here/udev/90-cachemgr.rules" \
-    >"$rules_dir/90-cachemgr.rules.tmp"
+sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$args|g" \
+    -e "s|TEST!=\"/etc/cachemgr/cachemgr.toml\"|TEST!=\"${policy:-/etc/cachemgr/cachemgr.toml}\"|" \
+    "$here/udev/90-cachemgr.rules" >"$rules_dir/90-cachemgr.rules.tmp"
 mv "$rules_dir/90-cachemgr.rules.tmp" "$rules_dir/90-cachemgr.rules"
 say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.cli.udev)"
 

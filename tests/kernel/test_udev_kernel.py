@@ -232,6 +232,48 @@ def test_hot_add_in_either_order(order: str) -> None:
     assert len(acts()) == before, records()
 
 
+@pytest.mark.kernel(udev=True, disks="64M", timeout=240)
+def test_no_policy_no_program_per_event() -> None:
+    """The rule's TEST guard: without the policy file a block event starts no program; with
+    one, the same events run the handler. The rule is installed with an interpreter that
+    records each start and then runs the real one."""
+    if POLICY.exists():
+        POLICY.unlink()
+    ran = Path("/run/cachemgr-rule-ran")
+    wrapper = Path("/run/cachemgr-wrap/python")
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >>{ran}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--python", str(wrapper),
+                "--no-systemd"])
+    settle()
+
+    def storm() -> tuple[int, float]:
+        """A change event for every block device; (events, seconds until udev was idle)."""
+        ran.write_text("")  # the installer's import check ran the wrapper too
+        t0 = time.monotonic()
+        out = runner.run(["udevadm", "trigger", "--verbose", "--action=change",
+                          "--subsystem-match=block"]).stdout.split()
+        settle()
+        # the lab disk (ubda) is one the rule does not skip by name
+        assert [x for x in out if not os.path.basename(x).startswith("loop")], out
+        return len(out), time.monotonic() - t0
+
+    n_without, s_without = storm()
+    started_without = ran.read_text().splitlines()
+    POLICY.parent.mkdir(parents=True, exist_ok=True)
+    POLICY.write_text("version = 1\n")  # valid, names nothing
+    n_with, s_with = storm()
+    started_with = ran.read_text().splitlines()
+    report("rule_guard", events=[n_without, n_with], programs=[len(started_without),
+           len(started_with)], settle_s=[round(s_without, 3), round(s_with, 3)])
+    assert started_without == []
+    # the same rule, with a policy: the handler ran (so the guard, not a broken rule, kept it
+    # quiet before)
+    assert started_with and all("cachemgr.cli.udev udev-event" in x for x in started_with), \
+        started_with
+
+
 def passes() -> list[dict[str, object]]:
     return [r for r in records() if r["kind"] == "pass"]
 
