@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -77,7 +78,9 @@ def wait(pred: Callable[[], bool], timeout: float, what: str) -> float:
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}\n"
                                  + sh("journalctl", "-b", "--no-pager", "-n", "60",
-                                      check=False))
+                                      check=False)
+                                 + sh("systemctl", "status", "--no-pager", "--full", "-n", "20",
+                                      "cachemgr-*", check=False))
         time.sleep(0.1)
     return time.monotonic() - t0
 
@@ -223,12 +226,47 @@ def test_hot_add_runs_the_worker_as_a_transient_unit() -> None:
 # ------------------------------------------------------------------------------ metrics
 
 
-@pytest.mark.kernel(systemd=True, disks="256M,64M", timeout=240)
+def cap_bounding_set(unit: str) -> int:
+    pid = show(unit, "MainPID")["MainPID"]
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x.split()[1] for x in status.splitlines() if x.startswith("CapBnd:")), 16)
+
+
+def textfile_runs(n: int, timeout: float) -> tuple[int, str]:
+    """Wait for ``n`` more runs of the textfile timer (each replaces the file: a new inode);
+    returns (runs seen, the journal cursor from before the first)."""
+    cursor = sh("journalctl", "--show-cursor", "-n", "0", "--no-pager").strip()
+    cursor = cursor.rsplit("cursor: ", 1)[-1]
+    seen, ino = 0, TEXTFILE.stat().st_ino
+    t0 = time.monotonic()
+    while seen < n and time.monotonic() - t0 < timeout:
+        time.sleep(0.2)
+        with contextlib.suppress(FileNotFoundError):
+            if TEXTFILE.stat().st_ino != ino:
+                seen, ino = seen + 1, TEXTFILE.stat().st_ino
+    return seen, cursor
+
+
+def unit_journal(unit: str, cursor: str) -> list[str]:
+    """What the journal holds about ``unit`` after ``cursor``: PID 1's lines about it and
+    its own output (journalctl -u matches both)."""
+    sh("journalctl", "--sync", check=False)
+    out = sh("journalctl", "-u", unit, f"--after-cursor={cursor}", "-o", "json", "--no-pager",
+             check=False)
+    return [json.loads(x).get("MESSAGE", "") for x in out.splitlines() if x.startswith("{")]
+
+
+@pytest.mark.kernel(systemd=True, disks="256M,64M,64M,32M,16M", timeout=300)
 def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
     scenarios.bcache_holding_dirty(lab_disks[0], lab_disks[1], bucket="64k", size="32M",
                                    io_size="4M")
+    # a dm-cache too: the sandboxed units read it with dmsetup (CAP_SYS_ADMIN, the ioctl)
+    sh(sys.executable, "-m", "cachemgr", "create", "dm-cache", "vc", "--origin", lab_disks[2],
+       "--cache", lab_disks[3], "--metadata", lab_disks[4], "--mode", "writethrough")
     install("--metrics", "--textfile")
     assert show("cachemgr-metrics.service", "ActiveState")["ActiveState"] == "active"
+    # the sandbox is in force: one capability left (CAP_SYS_ADMIN = 21, capability.h)
+    assert cap_bounding_set("cachemgr-metrics.service") == 1 << 21
     assert show("cachemgr-textfile.timer", "ActiveState")["ActiveState"] == "active"
     text = ""
 
@@ -254,12 +292,39 @@ def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
     assert got[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"] > 0
     assert got[("cachemgr_cache_mode", (*labels, ("mode", "writeback")))] == 1.0
     assert got[("cachemgr_cache_state", (*labels, ("state", "dirty")))] == 1.0
+    dm = next(x for x in status["devices"] if x["kind"] == "dm-cache")
+    dm_labels = (("device", dm["device"]), ("kind", "dm-cache"))
+    assert got[("cachemgr_cache_mode", (*dm_labels, ("mode", "writethrough")))] == 1.0
     # the timer (OnBootSec=30s) starts the textfile service, which writes the file
     took = wait(lambda: TEXTFILE.exists(), 45, f"{TEXTFILE} from the timer")
     tf = samples(TEXTFILE.read_text())
     assert tf[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"]
     ts = show("cachemgr-textfile.service", "Result", "ExecMainStatus")
     assert ts == {"Result": "success", "ExecMainStatus": "0"}, ts
+    assert tf[("cachemgr_cache_mode", (*dm_labels, ("mode", "writethrough")))] == 1.0
+    # a timer run every 15 s: what each leaves in the journal (5,760 runs a day). The lab
+    # boots systemd with --log-target=console: PID 1's own lines go to the journal from now
+    sh("systemctl", "log-target", "journal-or-kmsg")
+    runs, cursor = textfile_runs(3, 60)
+    lines = unit_journal("cachemgr-textfile.service", cursor)
+    assert runs >= 2, runs
+    assert lines == [], (f"{len(lines)} lines in {runs} runs", lines)
+    # ... while a failing run is still logged: a drop-in points it at a missing directory
+    dropin = Path("/run/systemd/system/cachemgr-textfile.service.d/fail.conf")
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    exe = show("cachemgr-textfile.service", "ExecStart")["ExecStart"]
+    argv = exe.split("argv[]=")[1].split(" --textfile")[0]  # @CACHEMGR@ metrics
+    dropin.write_text(f"[Service]\nExecStart=\nExecStart={argv} "
+                      "--textfile /var/lib/cachemgr-missing/x.prom\n")
+    sh("systemctl", "daemon-reload")
+    cursor = sh("journalctl", "--show-cursor", "-n", "0", "--no-pager").strip()
+    cursor = cursor.rsplit("cursor: ", 1)[-1]
+    sh("systemctl", "start", "cachemgr-textfile.service", check=False)
+    failed = unit_journal("cachemgr-textfile.service", cursor)
+    dropin.unlink()
+    sh("systemctl", "daemon-reload")
+    assert [m for m in failed if "cachemgr-missing" in m], failed
+    assert [m for m in failed if "Failed with result" in m], failed
     # uninstall stops and removes everything
     runner.run([str(INSTALL), "--uninstall"], timeout=120)
     assert not scrape()
@@ -267,7 +332,9 @@ def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
               "cachemgr-autoattach.service"):
         assert show(u, "LoadState")["LoadState"] == "not-found", u
     report("metrics", textfile_wait_s=round(took, 1),
-           uptime_s=float(Path("/proc/uptime").read_text().split()[0]))
+           uptime_s=float(Path("/proc/uptime").read_text().split()[0]),
+           textfile_runs=runs, journal_lines=len(lines),
+           journal_lines_per_day=round(len(lines) / runs * 86400 / 15), failed_run=failed)
 
 
 if __name__ == "__main__":

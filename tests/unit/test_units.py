@@ -1,0 +1,101 @@
+"""The udev rule and the systemd units as shipped: the rule's policy guard, and the units'
+sandboxing as systemd-analyze scores it (offline: no running systemd is needed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cachemgr.cli import udev as udev_cli
+from cachemgr.procedures import policy
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE = ROOT / "udev" / "90-cachemgr.rules"
+UNITS = ROOT / "systemd"
+
+
+def rule_lines() -> list[str]:
+    """The rule's lines without comments, continuation lines joined."""
+    text = RULE.read_text().replace("\\\n", "")
+    return [x.strip() for x in text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+
+
+def test_rule_runs_nothing_without_the_policy_file() -> None:
+    lines = rule_lines()
+    run = next(i for i, x in enumerate(lines) if "RUN+=" in x)
+    guard = [i for i, x in enumerate(lines)
+             if re.search(r'TEST!="([^"]+)",\s*GOTO="cachemgr_end"', x)]
+    assert guard and guard[0] < run, lines
+    path = re.search(r'TEST!="([^"]+)"', lines[guard[0]]).group(1)  # type: ignore[union-attr]
+    # the path the handler and the boot pass read: one policy file for all of them
+    assert path == policy.DEFAULT_PATH == udev_cli.DEFAULT_POLICY
+    boot = (UNITS / "cachemgr-autoattach.service").read_text()
+    assert f"ConditionPathExists={path}\n" in boot
+    # nothing between the guard and RUN jumps past the end label into RUN
+    assert lines[-1] == 'LABEL="cachemgr_end"'
+
+
+def test_rule_does_not_skip_md_arrays() -> None:
+    skipped = next(x for x in rule_lines() if x.startswith('KERNEL=="'))
+    names = skipped.split('"')[1].split("|")
+    assert "md*" not in names and "loop*" in names, names
+
+
+def test_installer_puts_the_policy_path_in_the_guard(tmp_path: Path) -> None:
+    bash = shutil.which("bash")
+    assert bash
+    r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--python",
+                        str(Path(ROOT / ".venv" / "bin" / "python")
+                            if (ROOT / ".venv" / "bin" / "python").exists() else "python3"),
+                        "--rules-dir", str(tmp_path), "--no-systemd", "--no-reload",
+                        "--policy", "/srv/cache policy.toml"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "90-cachemgr.rules").read_text()
+    assert 'TEST!="/srv/cache policy.toml", GOTO="cachemgr_end"' in text
+    assert "/etc/cachemgr/cachemgr.toml" not in text.split("LABEL=")[0].split("TEST!=")[1]
+    # a relative path would be relative to the device's sysfs directory (udev(7)): refused
+    r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--rules-dir",
+                        str(tmp_path / "x"), "--no-systemd", "--policy", "cachemgr.toml"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "absolute" in r.stderr, r.stderr
+
+
+def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@pytest.fixture
+def units(tmp_path: Path) -> Path:
+    """The units with @CACHEMGR@ made an existing program (verify checks ExecStart=)."""
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed")
+    for u in UNITS.iterdir():
+        if u.suffix in (".service", ".timer"):
+            (tmp_path / u.name).write_text(u.read_text().replace("@CACHEMGR@", "/bin/true")
+                                           .replace("@ARGS@", ""))
+    return tmp_path
+
+
+def exposure(unit: Path) -> float:
+    r = _analyze("security", "--offline=true", "--no-pager", str(unit))
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d)", r.stdout)
+    assert m, r.stdout + r.stderr
+    return float(m.group(1))
+
+
+def test_units_verify_clean(units: Path) -> None:
+    r = _analyze("verify", "--man=true", *map(str, sorted(units.iterdir())))
+    assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
+
+
+@pytest.mark.parametrize(("name", "most"), [("cachemgr-metrics.service", 5.0),
+                                            ("cachemgr-textfile.service", 5.0),
+                                            ("cachemgr-autoattach.service", 5.0)])
+def test_unit_exposure(units: Path, name: str, most: float) -> None:
+    assert exposure(units / name) <= most
