@@ -13,13 +13,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from cachemgr.core.errors import CacheMgrError
 
-matplotlib.use("Agg")  # files only: no display in the lab, on servers or in CI
+_missing: ImportError | None = None
+try:
+    import matplotlib
 
-import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter
+    matplotlib.use("Agg")  # files only: no display in the lab, on servers or in CI
+
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+except ImportError as exc:
+    _missing = exc
+
+
+class PlotsUnavailable(CacheMgrError, ImportError):
+    """matplotlib is not installed: it is an extra (``cachemgr[plots]``), about two thirds of
+    an installation's size, needed only here. An ImportError too, so a caller for whom plots
+    are optional (ops.bench) can carry on without them."""
+
+
+if _missing is not None:
+    raise PlotsUnavailable(f"plots need matplotlib, which is not installed ({_missing})",
+                           hint="install cachemgr's 'plots' extra (matplotlib) into its "
+                                "environment, or the distribution's python3-matplotlib"
+                           ) from _missing
 
 FORMATS = ("png", "svg")
 

@@ -37,6 +37,9 @@ PLACEHOLDER = re.compile(r"[<>*{}$]|(?:^|/)[A-Z][A-Z_]*(?:/|$)")
 NOT_PATHS = {
     ("docs/schema/status.schema.json", "cachemgr/" "status.schema.json"):
         "the schema's $id, an identifier (JSON Schema), not a file",
+    **{("pyproject.toml", "cachemgr/" f"data/{p}"): "where the wheel carries it (force-include)"
+       for p in ("udev/90-cachemgr.rules", "udev/README.md", "systemd",
+                 "scripts/install-udev.sh")},
 }
 # Captured kernel trees: kernel text, not ours.
 NOT_SCANNED = ("tests/fixtures/",)
