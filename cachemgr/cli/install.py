@@ -1,6 +1,6 @@
 """``cachemgr install-udev``: the udev rule and the systemd units, put in place by the installer
 that ships with cachemgr (``scripts/install-udev.sh`` in a checkout; in a wheel the same
-script, rule and units are package data under ``cachemgr/data/``)."""
+script, rule and units are package data, in the package's ``data`` directory)."""
 
 from __future__ import annotations
 
