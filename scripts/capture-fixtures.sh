@@ -14,10 +14,13 @@ if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
     backend=uml
     if [ "${1:-}" = --backend ]; then backend=$2; shift 2; fi
     for s in ${*:-$all}; do
-        disks=1G,256M,16M b=$backend
-        case $s in nvme-*) disks=256M,nvme:128M,nvme:64M b=qemu ;; esac
+        disks=1G,256M,16M b=$backend flags=()
+        case $s in
+        nvme-*) disks=256M,nvme:128M,nvme:64M b=qemu ;;
+        vms) disks=512M,128M,512M,128M,16M,256M flags=(--libvirt) ;;
+        esac
         echo "== $s ($b)"
-        "$py" -m cachemgr lab run --backend "$b" --disks "$disks" -- \
+        "$py" -m cachemgr lab run --backend "$b" --disks "$disks" "${flags[@]}" -- \
             bash "$here/scripts/capture-fixtures.sh" "$s"
     done
     exit 0
@@ -120,6 +123,20 @@ dmcache-states)
         "$(ct 3 /dev/mapper/slow3) 64 1 writethrough cleaner 2 migration_threshold 64"
     dmsetup resume flushing
     cap "four dm-cache devices over dm-linear slices: wt (writethrough, metadata2, 128 KiB blocks, migration_threshold 4096 set by message), vg0-lv0 (writeback, dirty, dm UUID LVM-...: LVM-owned), pt (passthrough), flushing (writethrough + cleaner policy, dirty blocks left); vg0-lv0 and flushing over dm-delay origins with 2 s writes, migration_threshold 64"
+    ;;
+vms)
+    # libvirt domains on the caches (the kernel test's own set-up): vm-bc on bcache0 (over a
+    # 20 ms dm-delay disk) cache=none, vm-dm on dm-cache vc cache=writeback, vm.bare on a file
+    # on ext4 on the bare disk cache=unsafe; fio (QD1 random writes, 4 s) in vm-bc's scope
+    # machine.slice/machine-qemu\x2d7\x2dvm\x2dbc.scope, so its io.stat counts IO
+    # shellcheck disable=SC2086
+    "$py" - $LAB_DISKS <<'PY'
+import sys
+from tests.kernel.test_vms_kernel import _fio_in, _scope, build
+build(sys.argv[1:])
+_fio_in(_scope("vm-bc", 7), "/dev/bcache0", 4).wait()
+PY
+    cap "three libvirt domains (not running) on a bcache device, a dm-cache device and a file on ext4 on a bare disk; VM cache modes none/writeback/unsafe; one qemu scope under machine.slice that did 4 s of QD1 random writes to bcache0"
     ;;
 lvm-caches)
     # lvm2's own caches in one VG: the origin PV a dm-delay "HDD" over the first disk (the raw

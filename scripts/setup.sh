@@ -30,7 +30,8 @@ say() { echo "setup: $*" >&2; }
 pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       bcache-tools fio dmsetup udev kmod util-linux e2fsprogs xz-utils
       patchelf qemu-system-x86 busybox-static tmux ca-certificates
-      lvm2 thin-provisioning-tools fdisk)
+      lvm2 thin-provisioning-tools fdisk
+      libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -9,7 +9,8 @@ and failure text come back and are reported as the test's own. Inside the guest
 
 ``systemd=True`` boots systemd as PID 1 and runs the test as a service once multi-user.target
 is up; ``setup=[argv...]`` runs a command first (before systemd), e.g. what a host has on its
-disks and in /etc when it boots.
+disks and in /etc when it boots. ``libvirt=True`` mounts cgroup v2 with machine.slice and starts
+libvirtd (qemu:///system) before the test.
 
 A ``timeout`` given for UML is tripled on qemu (TCG), unless ``qemu_timeout`` says otherwise.
 
@@ -106,6 +107,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         disks=disks,
         nvme=nvme,
         udev=bool(kw.get("udev", False)),
+        libvirt=bool(kw.get("libvirt", False)),
         timeout=timeout,
         mem_mb=int(kw.get("mem", 1536)),
         cwd=str(ROOT),

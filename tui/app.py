@@ -16,6 +16,7 @@ Structure (after harlequin, frogmouth, toolong and posting):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -51,6 +52,7 @@ from cachemgr.core.model import (
     DmCacheDevice,
     DmWritecacheDevice,
     Snapshot,
+    VmScan,
 )
 from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.ops import cache as cache_ops
@@ -73,6 +75,7 @@ from tui.widgets.trends import TrendPanel
 Obj = view.Obj
 
 # actions that change something: disabled (shown dimmed) in the read-only view
+VM_EVERY = 15.0  # seconds between two looks at libvirt's domains (the VMs on each cache)
 WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove", "replace",
                  "bench"}
 # actions about the selected device, and the kinds they apply to
@@ -169,6 +172,8 @@ class CacheMgrApp(App[int]):
         self.ops: dict[int, Op] = {}
         self._next_op = 1
         self._polling = False
+        self._vms_at: float | None = None  # when libvirt was last asked (poll worker only)
+        self._vms: VmScan | None = None
         self._poll_timer: Any = None
         self.polls = 0
         self.poll_error: str | None = None
@@ -237,7 +242,15 @@ class CacheMgrApp(App[int]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="poll", name="poll")
     def poll(self) -> None:
-        snap = cache_ops.status(self.sysfs)
+        # libvirt is asked every VM_EVERY seconds (a virsh call per domain); the polls between
+        # keep the last answer
+        now = self.clock()
+        ask = self._vms_at is None or now - self._vms_at >= VM_EVERY
+        snap = cache_ops.status(self.sysfs, vms=ask)
+        if ask:
+            self._vms_at, self._vms = now, snap.vms
+        elif self._vms is not None:
+            snap = dataclasses.replace(snap, vms=self._vms)
         ios = history.io_counts(self.sysfs, snap)
         self.post_message(SnapshotReady(snap, ios, self.clock()))
 
@@ -295,6 +308,13 @@ class CacheMgrApp(App[int]):
                 r = next(r for r in self.rows if r.key == md)
                 bits.append(f"most dirty: {r.device.lstrip('├└ ')} {r.dirty} (g)")
             bits += [f"! {w}" for w in snap.warnings]
+            if snap.vms is not None:
+                warned = [f"{v.name} {d.target}" for v in snap.vms.vms for d in v.disks
+                          if d.warnings]
+                if warned:
+                    bits.append(f"! VM disk cache-mode warnings: {', '.join(warned[:3])}"
+                                + (f" (+{len(warned) - 3})" if len(warned) > 3 else "")
+                                + " (enter on their cache)")
         running = [o for o in self.ops.values() if o.last_line]
         bits += [f"» {o.last_line}" for o in running]
         bits.append(f"refresh {self.interval:g}s (+/-)  q quit")

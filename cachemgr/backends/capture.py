@@ -212,6 +212,9 @@ class Capturer:
         self.capture_dmsetup()
         self.capture_lvs()
         self.capture_tools()
+        from cachemgr.backends import virsh  # libvirt's domains and the VMs' cgroups
+
+        virsh.record(self.out, self.sys)
         meta = {
             "scenario": scenario,
             "description": description,

@@ -20,19 +20,24 @@ from cachemgr.core.model import (
     DmCacheDevice,
     DmWritecacheDevice,
     LvmCachedLv,
+    Pressure,
     Snapshot,
     Stats,
     UnregisteredBcache,
+    Vm,
+    VmScan,
 )
 from cachemgr.core.sysfs import Sysfs
 
 SCHEMA = 1
 
 
-def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False) -> Snapshot:
+def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
+         vms: bool = False, uri: str | None = None) -> Snapshot:
     """Read everything once. ``probe_unregistered`` also reads the superblock of every
     unclaimed block device (finds backing devices bcache stopped after a cache failure); it
-    opens devices, so pollers leave it off and `status` turns it on."""
+    opens devices, so pollers leave it off and `status` turns it on. ``vms``: also the
+    libvirt domains of ``uri`` (default qemu:///system) above the caches."""
     sysfs = sysfs or Sysfs()
     scan = bcache.scan(sysfs)
     unregistered: tuple[UnregisteredBcache, ...] = ()
@@ -44,7 +49,7 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False) -> Sna
     dm = dmcache.scan(sysfs, src)
     wc = dmwritecache.scan(sysfs, src)
     dmcaches, writecaches, lvm_warnings = _with_lvm(sysfs, dm.devices, wc.devices)
-    return Snapshot(
+    snap = Snapshot(
         kernel=platform.release(),
         bcache_loaded=scan.loaded,
         cache_sets=scan.cache_sets,
@@ -54,6 +59,12 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False) -> Sna
         dmcaches=dmcaches,
         writecaches=writecaches,
     )
+    if vms:
+        from cachemgr.backends import virsh
+        from cachemgr.backends import vms as vms_mod
+
+        snap = replace(snap, vms=vms_mod.scan(sysfs, snap, virsh.default_source(sysfs, uri)))
+    return snap
 
 
 class _Once:
@@ -257,17 +268,56 @@ def cache_set_json(c: CacheSet) -> dict[str, Any]:
 
 
 def to_json(snap: Snapshot) -> dict[str, Any]:
-    return {
+    devices = ([backing_json(b) for b in snap.backings]
+               + [dmcache_json(d) for d in snap.dmcaches]
+               + [writecache_json(w) for w in snap.writecaches])
+    out = {
         "schema": SCHEMA,
         "kernel": snap.kernel,
         "bcache_loaded": snap.bcache_loaded,
-        "devices": [backing_json(b) for b in snap.backings]
-        + [dmcache_json(d) for d in snap.dmcaches]
-        + [writecache_json(w) for w in snap.writecaches],
+        "devices": devices,
         "caches": [cache_set_json(c) for c in snap.cache_sets],
         "unregistered": [unregistered_json(u) for u in snap.unregistered],
         "warnings": list(snap.warnings),
     }
+    if snap.vms is not None:
+        for dev in devices:
+            dev["vms"] = [{"name": v.name, "disk": d.target, "cache": d.cache,
+                           "pressure": pressure_json(v.pressure)}
+                          for v in snap.vms.vms for d in v.disks if dev["device"] in d.caches]
+        out.update(vm_scan_json(snap.vms))
+    return out
+
+
+def pressure_json(p: Pressure | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {"some_avg10": p.some_avg10, "some_avg60": p.some_avg60,
+            "some_total_us": p.some_total_us, "full_avg10": p.full_avg10,
+            "full_avg60": p.full_avg60, "full_total_us": p.full_total_us}
+
+
+def vm_json(v: Vm) -> dict[str, Any]:
+    return {
+        "name": v.name, "uuid": v.uuid, "state": v.state, "id": v.domain_id,
+        "cgroup": v.cgroup, "pressure": pressure_json(v.pressure),
+        "io": None if v.io is None else {"rbytes": v.io.rbytes, "wbytes": v.io.wbytes,
+                                         "rios": v.io.rios, "wios": v.io.wios},
+        "disks": [{"target": d.target, "bus": d.bus, "source_type": d.source_type,
+                   "source": d.source, "cache": d.cache, "io": d.io, "read_only": d.read_only,
+                   "stack": list(d.stack), "caches": list(d.caches),
+                   "warnings": list(d.warnings), "unresolved": d.unresolved}
+                  for d in v.disks],
+        "warnings": list(v.warnings),
+    }
+
+
+def vm_scan_json(s: VmScan) -> dict[str, Any]:
+    """``vms`` (every domain) and ``host`` (the host's IO pressure) of status and vms."""
+    return {"libvirt_uri": s.uri, "vms": [vm_json(v) for v in s.vms],
+            "host": {"pressure": pressure_json(s.host_pressure),
+                     "iowait_ticks": s.iowait_ticks},
+            "vm_warnings": list(s.warnings)}
 
 
 def unregistered_json(u: UnregisteredBcache) -> dict[str, Any]:

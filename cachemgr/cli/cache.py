@@ -27,7 +27,8 @@ def _sysfs(args: argparse.Namespace) -> Sysfs:
 
 def cmd_status(args: argparse.Namespace) -> int:
     while True:
-        snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch)
+        snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch,
+                                vms=not args.no_vms, uri=args.connect)
         if args.json:
             print(json.dumps(cache_ops.status_json(snap), indent=None if args.watch else 2),
                   flush=True)
@@ -116,6 +117,9 @@ def register(sub: Any) -> None:
     s = sub.add_parser("status", help="show every cache, its mode, state and dirty data")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
     s.add_argument("--watch", type=argtypes.seconds, metavar="SECONDS", help="repeat every SECONDS")
+    s.add_argument("--connect", metavar="URI",
+                   help="libvirt connection whose VMs are shown (default qemu:///system)")
+    s.add_argument("--no-vms", action="store_true", help="do not ask libvirt for the VMs")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("mode", help="switch the cache mode of a cached device")

@@ -24,6 +24,7 @@ def _lab_spec(args: argparse.Namespace, **kw: object):  # type: ignore[no-untype
         disks=disks,
         nvme=nvme,
         udev=args.udev,
+        libvirt=args.libvirt,
         timeout=args.timeout,
         mem_mb=args.mem,
         keep=args.keep,
@@ -100,6 +101,9 @@ def register(sub: Any) -> None:
         sp.add_argument("--disks", metavar="SIZES",
                         help="scratch disks, e.g. 1G,256M; nvme:512M: an NVMe controller (qemu)")
         sp.add_argument("--udev", action="store_true", help="run udevd in the guest")
+        sp.add_argument("--libvirt", action="store_true",
+                        help="cgroup v2 with machine.slice and libvirtd (qemu:///system) in "
+                             "the guest")
         sp.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="S")
         sp.add_argument("--mem", type=argtypes.count, default=1536, metavar="MIB")
         sp.add_argument("--keep", action="store_true", help="keep the run directory")

@@ -20,7 +20,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     listen = parse_listen(args.listen) if args.listen is not None else None
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(Sysfs(args.sysfs_root)))
+    registry.register(SnapshotCollector(Sysfs(args.sysfs_root), vms=not args.no_vms,
+                                        uri=args.connect))
     if listen is not None:
         servers = serve(listen, registry)
         print(f"cachemgr: serving /metrics on {bound(servers)}", file=sys.stderr, flush=True)
@@ -48,4 +49,7 @@ def register(sub: Any) -> None:
                         "explicit address: HOST:PORT, [IPV6]:PORT, or 0.0.0.0:PORT / [::]:PORT "
                         "for every address. Exit 2 for a malformed value or an address not on "
                         "this host, 1 when the port is in use")
+    s.add_argument("--connect", metavar="URI",
+                   help="libvirt connection whose VMs are measured (default qemu:///system)")
+    s.add_argument("--no-vms", action="store_true", help="no VM metrics (libvirt not asked)")
     s.set_defaults(func=cmd_metrics)

@@ -49,7 +49,7 @@ def cmd_replace(args: argparse.Namespace) -> int:
         return emit(args, ops.dry_run(sysfs, args.cache, opts))
     j = ops.plan(sysfs, args.cache, opts, for_run=True)
     if not args.yes and sys.stdin.isatty():
-        print(printable("\n".join(ops.describe(j)), newlines=True), file=sys.stderr)
+        print(printable("\n".join(ops.plan_lines(sysfs, j)), newlines=True), file=sys.stderr)
         ans = input("Go ahead? [y/N] ").strip().lower()
         if ans not in ("y", "yes"):
             print("replace-ssd: nothing done", file=sys.stderr)

@@ -401,6 +401,8 @@ class Snapshot:
     writecaches: tuple[DmWritecacheDevice, ...] = ()  # dm-writecache devices
     # devices carrying a bcache superblock that are not registered (live systems only)
     unregistered: tuple[UnregisteredBcache, ...] = ()
+    # the libvirt domains above the caches; None: not looked at (``take(vms=True)`` does)
+    vms: VmScan | None = None
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:
@@ -748,3 +750,87 @@ class DrainProgress:
         if not self.start_bytes or self.dirty_bytes is None:
             return None
         return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))
+
+
+# ---------------------------------------------------------------------------------------
+# The VMs above the caches (libvirt domains: cachemgr/backends/vms.py). What a hypervisor
+# admin thinks in: a VM, its disks, the host devices under each disk down to the cache, and
+# the IO pressure the kernel measures for the VM's cgroup.
+
+# libvirt's disk <driver cache=...> values; "default" when the attribute is absent (qemu then
+# uses writeback). docs/admin-guide.md, "VM disk cache modes", says what each means.
+VM_CACHE_MODES = ("none", "writethrough", "writeback", "directsync", "unsafe", "default")
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One PSI file (``io.pressure`` of a cgroup, /proc/pressure/io): the share of wall time
+    in which some (``some``) or all (``full``) runnable tasks waited on IO, in percent
+    averaged over 10 s and 60 s, and the total stall time in microseconds."""
+
+    some_avg10: float
+    some_avg60: float
+    some_total_us: int
+    full_avg10: float | None
+    full_avg60: float | None
+    full_total_us: int | None
+
+
+@dataclass(frozen=True)
+class IoCounters:
+    """A cgroup's ``io.stat`` summed over its devices: bytes and IOs read and written since
+    the cgroup was made (rates come from two readings)."""
+
+    rbytes: int
+    wbytes: int
+    rios: int
+    wios: int
+
+
+@dataclass(frozen=True)
+class VmDisk:
+    """One disk of a domain and the host devices under it."""
+
+    target: str  # the guest's name for it: vda, sda
+    bus: str | None  # virtio, scsi, sata, ide...
+    source_type: str  # block, file, volume, network...
+    source: str | None  # the block device or file path, pool/volume, or the network name
+    cache: str  # VM_CACHE_MODES
+    io: str | None  # native, threads, io_uring, or None (default)
+    read_only: bool
+    # the host's block devices from the one holding the source down to the first cache (or
+    # the bare disk), by kernel name: ("dm-4", "bcache0") for an LV on a bcache PV
+    stack: tuple[str, ...]
+    # the cached devices the disk sits on (status targets: /dev/bcache0, /dev/mapper/NAME)
+    caches: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    unresolved: str | None = None  # why the stack could not be followed
+
+
+@dataclass(frozen=True)
+class Vm:
+    """A libvirt domain, running or only defined."""
+
+    name: str
+    uuid: str
+    state: str  # virsh domstate: running, shut off, paused...
+    domain_id: int | None  # set while it runs
+    disks: tuple[VmDisk, ...]
+    cgroup: str | None  # its scope under machine.slice (a path below the cgroup root)
+    pressure: Pressure | None  # the scope's io.pressure (None: no scope, or no PSI)
+    io: IoCounters | None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(f"{d.target}: {w}" for d in self.disks for w in d.warnings)
+
+
+@dataclass(frozen=True)
+class VmScan:
+    """Every domain of one libvirt connection, and the host's own IO pressure."""
+
+    uri: str
+    vms: tuple[Vm, ...]
+    host_pressure: Pressure | None
+    iowait_ticks: int | None  # /proc/stat's cpu iowait (USER_HZ ticks since boot)
+    warnings: tuple[str, ...] = ()

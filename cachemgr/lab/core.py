@@ -106,6 +106,8 @@ class LabSpec:
     disks: tuple[int, ...] = ()
     nvme: tuple[int, ...] = ()  # qemu: one NVMe controller (own PCIe root port) per size
     udev: bool = False
+    # cgroup v2 with machine.slice and libvirt's daemon (qemu:///system) in the guest
+    libvirt: bool = False
     timeout: float = 600.0
     mem_mb: int = 1536
     interactive: bool = False
@@ -240,6 +242,10 @@ def run(
     )
     (rundir / "modprobe.err").write_bytes(b"")
     rw_paths = [str(PROJECT_DIR), str(rundir), *spec.rw_paths]
+    libvirt_cache = kernels.lab_dir() / f"libvirt-cache-{spec.backend}"
+    if spec.libvirt:
+        libvirt_cache.mkdir(parents=True, exist_ok=True)
+        rw_paths.append(str(libvirt_cache))
     cwd = spec.cwd
     if not any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p in rw_paths):
         log.info("lab: %s is not a read-write path; it will be read-only in the guest", cwd)
@@ -251,6 +257,8 @@ def run(
         "LAB_TIMEOUT": str(int(spec.timeout)),
         "LAB_UDEV": "1" if spec.udev else "0",
         "LAB_SYSTEMD": "1" if spec.systemd else "0",
+        "LAB_LIBVIRT": "1" if spec.libvirt else "0",
+        "LAB_LIBVIRT_CACHE": str(libvirt_cache) if spec.libvirt else "",
         "LAB_INTERACTIVE": "1" if spec.interactive else "0",
         "LAB_ROWS": str(spec.rows),
         "LAB_COLS": str(spec.cols),

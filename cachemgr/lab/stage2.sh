@@ -170,5 +170,47 @@ LVMCONF
     fi
 fi
 
+# A hypervisor's own parts (LAB_LIBVIRT=1): cgroup v2 with machine.slice as systemd makes it
+# (io controller on, so a scope under it has io.stat; io.pressure where the kernel has PSI), and
+# libvirt's daemon serving qemu:///system. Debian's libvirtd resolves its built-in qemu user
+# (libvirt-qemu) before it reads qemu.conf; libvirt-daemon-system's postinst would create it,
+# here it goes into the guest's /etc (the overlay). The qemu capabilities libvirtd probes at
+# its first start (about a minute under UML) are kept on the host between guests
+# (docs/kernel-notes.md, "libvirt in the lab").
+start_libvirt() {
+    if ! mountpoint -q /sys/fs/cgroup; then
+        mount -t cgroup2 cgroup2 /sys/fs/cgroup || { ctl "cgroup2-failed"; return; }
+    fi
+    echo +io >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    mkdir -p /sys/fs/cgroup/machine.slice
+    echo +io >/sys/fs/cgroup/machine.slice/cgroup.subtree_control 2>/dev/null
+    command -v libvirtd >/dev/null || { ctl "libvirt-missing"; return; }
+    getent group libvirt-qemu >/dev/null || echo 'libvirt-qemu:x:64055:' >>/etc/group
+    getent passwd libvirt-qemu >/dev/null ||
+        echo 'libvirt-qemu:x:64055:64055:Libvirt Qemu:/var/lib/libvirt:/usr/sbin/nologin' >>/etc/passwd
+    getent group kvm >/dev/null || echo 'kvm:x:64056:' >>/etc/group
+    mkdir -p /etc/libvirt /var/lib/libvirt /run/libvirt /var/log/libvirt /var/cache/libvirt
+    cat >/etc/libvirt/qemu.conf <<'QEMUCONF'
+user = "root"
+group = "root"
+dynamic_ownership = 0
+security_driver = "none"
+namespaces = [ ]
+QEMUCONF
+    if [ -n "${LAB_LIBVIRT_CACHE:-}" ] && [ -d "$LAB_LIBVIRT_CACHE" ]; then
+        mount --bind "$LAB_LIBVIRT_CACHE" /var/cache/libvirt
+    fi
+    LIBVIRT_LOG_OUTPUTS="3:file:$labrun/libvirtd.log" libvirtd >>"$labrun/libvirtd.log" 2>&1 &
+    local i
+    for i in $(seq 1 600); do
+        virsh -q -c qemu:///system version >/dev/null 2>&1 && { ctl "libvirt-started"; return; }
+        sleep 0.5
+    done
+    ctl "libvirt-failed"
+}
+if [ "${LAB_LIBVIRT:-0}" = 1 ]; then
+    start_libvirt
+fi
+
 run_setup
 run_command

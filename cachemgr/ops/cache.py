@@ -43,9 +43,11 @@ DETACH_TIMEOUT = 3600.0
 STALL_TIMEOUT = 60.0
 
 
-def status(sysfs: Sysfs, *, probe_unregistered: bool = False) -> Snapshot:
-    """Everything on the host, once: the one snapshot every face reads."""
-    return snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered)
+def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
+           uri: str | None = None) -> Snapshot:
+    """Everything on the host, once: the one snapshot every face reads. ``vms``: with the
+    libvirt domains of ``uri`` (default qemu:///system) above the caches."""
+    return snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri)
 
 
 def parse_mode(word: str, *, hint: str = "use writethrough, writeback, writearound or none"

@@ -88,6 +88,13 @@ def status_table(snap: Snapshot) -> str:
             lines.append(f"  {u.identity.node} had dirty data on that cache: bring the cache "
                          "SSD back and register it; running it without the cache "
                          "(force-run) risks filesystem corruption")
+    if snap.vms is not None:
+        for node in [b.device for b in snap.backings if b.device] + [
+                d.node for d in snap.dm_devices]:
+            served = [f"{v.name} ({d.target}, cache={d.cache})" for v in snap.vms.vms
+                      for d in v.disks if node in d.caches]
+            if served:
+                lines.append(f"VMs on {node}: " + ", ".join(served))
     for w in snap.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(printable(line) for line in lines)

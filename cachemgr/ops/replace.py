@@ -125,10 +125,37 @@ def _plan(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal:
     return replace.plan(sysfs, cache, opts)
 
 
+def vm_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
+    """The VMs whose disks sit on the devices the run takes out of caching (mode none, a
+    linear table, an uncached LV) until it ends: they run at the backing disk's speed."""
+    from cachemgr.ops import vms
+
+    snap = vms.scan(sysfs)
+    if snap.vms is None or not snap.vms.vms:
+        return []
+    if j.kind == "bcache":
+        nodes = {b["device"] for b in j.backings if b.get("device")}
+    elif j.kind == "lvm":
+        nodes = {d.node for d in snap.dm_devices if d.lvm and d.lvm.full_name == j.cset}
+    else:
+        nodes = {f"/dev/mapper/{j.cset}"}
+    served = [f"{v.name} ({d.target} on {c})" for v in snap.vms.vms for d in v.disks
+              for c in d.caches if c in nodes]
+    if not served:
+        return []
+    return ["VMs that run at the backing disk's speed until the run ends: " + ", ".join(served)]
+
+
+def plan_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
+    """The plan as every face shows it: the steps and what they restore, then the VMs."""
+    return replace.describe(j) + vm_lines(sysfs, j)
+
+
 def dry_run(sysfs: Sysfs, cache: str | None, opts: replace.Options) -> Result:
     j = plan(sysfs, cache, opts)
-    return Result(lines=replace.describe(j), value=j,
-                  data={**journal_json(j), "status": "planned", "plan": replace.describe(j)})
+    lines = plan_lines(sysfs, j)
+    return Result(lines=lines, value=j,
+                  data={**journal_json(j), "status": "planned", "plan": lines})
 
 
 def _hooks(ctl: Control) -> dict[str, Any]:

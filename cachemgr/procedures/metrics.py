@@ -181,16 +181,65 @@ def collect(snap: Snapshot) -> Iterator[Metric]:
                 errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
                 up, warn)
+    if snap.vms is not None:
+        yield from _vm_metrics(snap)
+
+
+def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
+    """The VMs above the caches (libvirt): each disk and what serves it, and the IO pressure
+    and IO of each VM's cgroup and of the host."""
+    assert snap.vms is not None
+    disk = _g("vm_disk_info", "1 for each VM disk: its cache mode and the cached device "
+              "under it (empty: none).", ["vm", "disk", "cache_mode", "device"])
+    disk_warn = _g("vm_disk_warnings", "Warnings about a VM disk's cache mode (live "
+                   "migration, flushes ignored, stacked write-back layers).", ["vm", "disk"])
+    pressure = _g("vm_io_pressure_ratio", "Share of the last 10 s in which some or all of a "
+                  "VM's tasks waited on IO (PSI io.pressure avg10 / 100).", ["vm", "kind"])
+    stall = _c("vm_io_stall_seconds", "Time some or all of a VM's tasks waited on IO (PSI "
+               "total).", ["vm", "kind"])
+    ios = _c("vm_io_ops", "IOs of a VM's cgroup (io.stat).", ["vm", "op"])
+    nbytes = _c("vm_io_bytes", "Bytes of a VM's cgroup (io.stat).", ["vm", "op"])
+    host = _g("host_io_pressure_ratio", "Share of the last 10 s in which some or all tasks "
+              "of the host waited on IO (/proc/pressure/io avg10 / 100).", ["kind"])
+    host_stall = _c("host_io_stall_seconds", "Time some or all tasks of the host waited on "
+                    "IO (/proc/pressure/io total).", ["kind"])
+    for v in snap.vms.vms:
+        for d in v.disks:
+            for dev in d.caches or ("",):
+                disk.add_metric([v.name, d.target, d.cache, dev], 1.0)
+            disk_warn.add_metric([v.name, d.target], len(d.warnings))
+        if v.pressure is not None:
+            pressure.add_metric([v.name, "some"], v.pressure.some_avg10 / 100)
+            stall.add_metric([v.name, "some"], v.pressure.some_total_us / 1e6)
+            if v.pressure.full_avg10 is not None and v.pressure.full_total_us is not None:
+                pressure.add_metric([v.name, "full"], v.pressure.full_avg10 / 100)
+                stall.add_metric([v.name, "full"], v.pressure.full_total_us / 1e6)
+        if v.io is not None:
+            ios.add_metric([v.name, "read"], v.io.rios)
+            ios.add_metric([v.name, "write"], v.io.wios)
+            nbytes.add_metric([v.name, "read"], v.io.rbytes)
+            nbytes.add_metric([v.name, "write"], v.io.wbytes)
+    hp = snap.vms.host_pressure
+    if hp is not None:
+        host.add_metric(["some"], hp.some_avg10 / 100)
+        host_stall.add_metric(["some"], hp.some_total_us / 1e6)
+        if hp.full_avg10 is not None and hp.full_total_us is not None:
+            host.add_metric(["full"], hp.full_avg10 / 100)
+            host_stall.add_metric(["full"], hp.full_total_us / 1e6)
+    yield from (disk, disk_warn, pressure, stall, ios, nbytes, host, host_stall)
 
 
 class SnapshotCollector(Collector):
     """Takes a fresh snapshot on every scrape: sysfs and dmsetup only, never a disk probe."""
 
-    def __init__(self, sysfs: Sysfs) -> None:
+    def __init__(self, sysfs: Sysfs, *, vms: bool = True, uri: str | None = None) -> None:
         self.sysfs = sysfs
+        self.vms = vms  # also libvirt's domains (a virsh call per domain and scrape)
+        self.uri = uri
 
     def collect(self) -> Iterable[Metric]:
-        return list(collect(snapshot_mod.take(self.sysfs, probe_unregistered=False)))
+        return list(collect(snapshot_mod.take(self.sysfs, probe_unregistered=False,
+                                              vms=self.vms, uri=self.uri)))
 
 
 # ------------------------------------------------------------------------------ listener

@@ -194,6 +194,34 @@ def test_detail_help_and_palette() -> None:
     asyncio.run(go())
 
 
+def test_detail_names_the_vms_a_cache_serves_with_their_warnings() -> None:
+    """Capture vms-uml: libvirt's domains vm-bc (cache=none) on bcache0, vm-dm
+    (cache=writeback) on dm-cache vc."""
+    async def go() -> None:
+        async with running(fx("vms"), at="dm:vc") as (app, pilot):
+            await pilot.press("enter")
+            assert isinstance(app.screen, DetailScreen)
+            from rich.console import Console
+
+            from tui.screens import detail
+
+            assert app.snap is not None and app.snap.vms is not None
+            con = Console(width=80, record=True, file=io.StringIO())
+            con.print(detail.render(app.snap, app.screen.key))
+            text = con.export_text()
+            assert "VMs on this cache" in text and "vm-dm vda" in text
+            assert "cache=writeback, shut off" in text and "two write-back layers" in text
+            assert "vm-bc" not in text  # on bcache0, not here
+            con = Console(width=80, record=True, file=io.StringIO())
+            con.print(detail.render(app.snap, bcache0_key(fx("vms"))))
+            assert "vm-bc vda" in con.export_text()
+            await pilot.press("escape")
+            assert "VM disk cache-mode warnings: vm-dm vda, vm.bare vdb" in rendered(
+                app, "#banner")
+
+    asyncio.run(go())
+
+
 def test_hotplug_shows_up_without_restart(tmp_path: Path) -> None:
     async def go() -> None:
         async with running(fx("bcache-unattached")) as (app, pilot):

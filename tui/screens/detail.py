@@ -25,6 +25,8 @@ from cachemgr.core.model import (
     Stats,
     human,
 )
+from cachemgr.core.text import printable
+from cachemgr.ops import vms as vm_ops
 from tui import view
 from tui.safe import literal
 
@@ -45,7 +47,7 @@ def kv(title: str, pairs: list[tuple[str, object]]) -> Table:
     t.add_column(style="cyan", no_wrap=True)
     t.add_column(overflow="fold")
     for k, v in pairs:
-        t.add_row(k, literal(_v(v)))
+        t.add_row(literal(k), literal(_v(v)))  # keys too: a VM's name is the owner's text
     return t
 
 
@@ -215,19 +217,39 @@ def wc_detail(d: DmWritecacheDevice) -> list[RenderableType]:
     return out + lvm_detail(d)
 
 
+def vm_detail(node: str | None, snap: Snapshot) -> list[RenderableType]:
+    """The VM disks this cached device serves, their cache modes, the VM's IO pressure and
+    the warnings (cachemgr vms says the same)."""
+    if snap.vms is None or node is None:
+        return []
+    pairs: list[tuple[str, object]] = []
+    for v in snap.vms.vms:
+        for d in v.disks:
+            if node in d.caches:
+                pairs.append((printable(f"{v.name} {d.target}"),  # one line in its cell
+                              f"cache={d.cache}, {v.state}, IO pressure % "
+                              f"{vm_ops.pressure_text(v.pressure)}"))
+                pairs += [("  !", w) for w in d.warnings]
+    if not pairs:
+        if snap.vms.warnings and not snap.vms.vms:
+            return []  # libvirt not there (or not reachable): nothing to say per cache
+        pairs = [("(none)", "no libvirt domain's disk is here")]
+    return [kv("VMs on this cache", pairs)]
+
+
 def render(snap: Snapshot, key: str) -> RenderableType:
     obj = view.find(snap, key)
     if obj is None:
         return literal(f"{key} is gone (removed or unplugged since it was selected)",
                        style="bold red")
     if isinstance(obj, BcacheBacking):
-        parts = backing_detail(obj, snap)
+        parts = backing_detail(obj, snap) + vm_detail(obj.device, snap)
     elif isinstance(obj, CacheSet):
         parts = cset_detail(obj, snap)
     elif isinstance(obj, DmWritecacheDevice):
-        parts = wc_detail(obj)
+        parts = wc_detail(obj) + vm_detail(obj.node, snap)
     else:
-        parts = dm_detail(obj)
+        parts = dm_detail(obj) + vm_detail(obj.node, snap)
     spaced: list[RenderableType] = []
     for p in parts:
         spaced += [p, Text("")]

@@ -64,6 +64,7 @@ class ReplaceScreen(Screen[None]):
         # LVM and dm-cache caches drain through the cleaner: no interim mode to choose
         self.lvm = self.steps is not replace.STEPS
         self.journal: replace.Journal | None = None
+        self.plan_text: list[str] = []  # the plan as shown (steps, then the VMs slowed)
         self.current: str | None = None
         self.op: Any = None
 
@@ -122,20 +123,22 @@ class ReplaceScreen(Screen[None]):
         try:
             app: Any = self.app
             j = replace.plan(app.sysfs, self.cset, opts)
+            lines = replace.plan_lines(app.sysfs, j)
         except CacheMgrError as exc:
             self.app.call_from_thread(self.plan_failed, str(exc))
             return
-        self.app.call_from_thread(self.planned, j, then_start)
+        self.app.call_from_thread(self.planned, j, lines, then_start)
 
     def plan_failed(self, text: str) -> None:
         self.query_one("#plan", Static).update(literal(f"refused: {text}"))
         self.app.log_line(f"✗ replace-ssd plan: {text}", "red")  # type: ignore[attr-defined]
 
-    def planned(self, j: replace.Journal, then_start: bool) -> None:
+    def planned(self, j: replace.Journal, lines: list[str], then_start: bool) -> None:
         self.journal = j
-        self.query_one("#plan", Static).update(literal("\n".join(replace.describe(j)[:3])))
+        self.plan_text = lines
+        self.query_one("#plan", Static).update(literal("\n".join(lines[:3])))
         log = self.query_one("#oplog", RichLog)
-        for line in replace.describe(j):
+        for line in lines:
             log.write(literal(line))
         self.show_steps()
         if then_start:
@@ -154,11 +157,16 @@ class ReplaceScreen(Screen[None]):
             tail = ("The LV stays up (uncached between the split and the new attach). Every "
                     "step is journaled: an interrupted run resumes (r) or, before "
                     "'remove-old-cache', rolls back (u).")
+        elif j.kind == "dmcache":
+            tail = ("The dm-cache device stays up (a linear table over its origin while the "
+                    "SSD is out). Every step is journaled: an interrupted run resumes (r) or, "
+                    "before 'release-old', rolls back (u).")
         else:
             tail = ("The VMs' bcache devices stay up (passthrough while detached). Every step "
                     "is journaled: an interrupted run resumes (r) or, before 'unregister', "
                     "rolls back (u).")
-        body = "\n".join(replace.describe(j)) + "\n\n" + tail
+        lines = self.plan_text if self.journal is j and self.plan_text else replace.describe(j)
+        body = "\n".join(lines) + "\n\n" + tail
         self.app.push_screen(ConfirmDialog(f"Replace the SSD of {j.cset[:8]}", body,
                                            [("go", "Start replacement", "error")]),
                              when(lambda b: self.execute(j)))

@@ -1,0 +1,347 @@
+"""The VMs above the caches: libvirt domains, their disks, the host devices under each disk
+down to the cache, and the IO pressure of each VM's cgroup.
+
+* Domains and disks come from libvirt (cachemgr/backends/virsh.py): every ``<disk>`` of a
+  domain's XML with its source, bus, ``<driver cache= io=>``.
+* The stack: the source's device number (a block device's own, a file's filesystem's) names
+  the host block device (``/sys/dev/block/MAJ:MIN``); from there ``slaves/`` (and a
+  partition's disk) lead down until a cached device of the snapshot (bcacheN, a dm-cache or
+  dm-writecache device) or a disk with nothing under it.
+* Pressure: libvirt puts a running domain in the systemd scope
+  ``machine.slice/machine-qemu\\x2d<ID>\\x2d<NAME>.scope`` (the machine name systemd-escaped,
+  NAME reduced to letters, digits, single ``-`` and ``.``). Its ``io.pressure`` (PSI) and
+  ``io.stat`` are the kernel's accounting for the VM's IO. The host's is /proc/pressure/io.
+  (docs/kernel-notes.md, "VMs, cgroups and IO pressure").
+
+Everything here is read-only; every string from a domain definition is data.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from pathlib import Path
+
+from cachemgr.backends import virsh
+from cachemgr.core.errors import CacheMgrError
+from cachemgr.core.model import (
+    CacheMode,
+    IoCounters,
+    Pressure,
+    Snapshot,
+    Vm,
+    VmDisk,
+    VmScan,
+)
+from cachemgr.core.sysfs import Sysfs
+
+PROC_PRESSURE_IO = "/proc/pressure/io"
+PROC_STAT = "/proc/stat"
+MACHINE_SLICE = "fs/cgroup/machine.slice"
+# cache modes with which libvirt lets a domain migrate live without --unsafe
+MIGRATION_SAFE = ("none", "directsync")
+# cache modes that go through the host's page cache for writes
+PAGE_CACHE_WRITES = ("writeback", "unsafe", "default")
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _xml(text: str) -> ET.Element:
+    try:
+        return ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise CacheMgrError(f"libvirt returned a domain XML that does not parse: {exc}") from None
+
+
+def domain_name(xml: str) -> str | None:
+    return _xml(xml).findtext("name")
+
+
+def parse_domain(xml: str) -> tuple[str, str, int | None, list[dict[str, object]]]:
+    """(name, uuid, id, disks) of a domain XML; each disk a dict of its attributes."""
+    root = _xml(xml)
+    dom_id = root.get("id")
+    disks: list[dict[str, object]] = []
+    for d in root.iterfind("devices/disk"):
+        if d.get("device", "disk") not in ("disk", "lun"):
+            continue  # cdrom, floppy: no cache under them that matters
+        src, drv, tgt = d.find("source"), d.find("driver"), d.find("target")
+        kind = d.get("type", "file")
+        source: str | None = None
+        if src is not None:
+            if kind == "block":
+                source = src.get("dev")
+            elif kind == "file":
+                source = src.get("file")
+            elif kind == "volume":
+                source = f"{src.get('pool')}/{src.get('volume')}"
+            elif kind == "network":
+                source = f"{src.get('protocol')}:{src.get('name')}"
+            else:
+                source = src.get("dir") or src.get("name")
+        cache = (drv.get("cache") if drv is not None else None) or "default"
+        disks.append({
+            "target": (tgt.get("dev") if tgt is not None else None) or "?",
+            "bus": tgt.get("bus") if tgt is not None else None,
+            "source_type": kind,
+            "source": source,
+            "cache": cache,
+            "io": drv.get("io") if drv is not None else None,
+            "read_only": d.find("readonly") is not None,
+        })
+    return (root.findtext("name") or "?", root.findtext("uuid") or "?",
+            int(dom_id) if dom_id and dom_id.isdigit() else None, disks)
+
+
+_PSI = re.compile(r"^(some|full) avg10=([\d.]+) avg60=([\d.]+) avg300=[\d.]+ total=(\d+)$")
+
+
+def parse_pressure(text: str) -> Pressure | None:
+    """A PSI file (Documentation/accounting/psi.rst): ``some`` and, for IO, ``full`` lines."""
+    vals: dict[str, tuple[float, float, int]] = {}
+    for line in text.splitlines():
+        m = _PSI.match(line.strip())
+        if m:
+            vals[m[1]] = (float(m[2]), float(m[3]), int(m[4]))
+    if "some" not in vals:
+        return None
+    full = vals.get("full")
+    return Pressure(vals["some"][0], vals["some"][1], vals["some"][2],
+                    full[0] if full else None, full[1] if full else None,
+                    full[2] if full else None)
+
+
+def parse_io_stat(text: str, devnos: set[str] | None = None) -> IoCounters:
+    """``io.stat`` (cgroup-v2.rst): one ``MAJ:MIN key=value...`` line per device, summed over
+    ``devnos`` (all lines when None). A VM's write to bcache0 is charged to its cgroup on
+    bcache0 and again on the disks bcache writes to: counting the VM's own disks only counts
+    each IO once."""
+    tot = {"rbytes": 0, "wbytes": 0, "rios": 0, "wios": 0}
+    for line in text.splitlines():
+        f = line.split()
+        if not f or (devnos is not None and f[0] not in devnos):
+            continue
+        for kv in f[1:]:
+            k, _, v = kv.partition("=")
+            if k in tot and v.isdigit():
+                tot[k] += int(v)
+    return IoCounters(**tot)
+
+
+def parse_iowait(text: str) -> int | None:
+    """The iowait ticks of /proc/stat's ``cpu`` line (proc_stat(5): the fifth value)."""
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0] == "cpu" and len(f) > 5 and f[5].isdigit():
+            return int(f[5])
+    return None
+
+
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
+def scope_machine(scope: str) -> str | None:
+    """The machine name of a ``machine-….scope`` directory (systemd's escaping undone)."""
+    if not (scope.startswith("machine-") and scope.endswith(".scope")):
+        return None
+    return _ESCAPE.sub(lambda m: chr(int(m[1], 16)), scope[len("machine-"):-len(".scope")])
+
+
+def machine_name_part(name: str) -> str:
+    """What libvirt keeps of a domain name in the machine name (its own rule: letters,
+    digits, and ``-``/``.`` but never two in a row, nor first or last), up to 64 characters
+    with the ``qemu-ID-`` prefix (cut here to what any ID leaves: 64 - len("qemu-N-"))."""
+    out: list[str] = []
+    skip = True
+    for c in name:
+        if c in ".-":
+            if not skip:
+                out.append(c)
+                skip = True
+            continue
+        if c.isascii() and c.isalnum():
+            out.append(c)
+            skip = False
+    return "".join(out).strip(".-")
+
+
+def _scopes(sysfs: Sysfs) -> dict[str, dict[int, str]]:
+    """machine name part -> {domain ID: cgroup path below the cgroup root} of every qemu
+    scope under machine.slice."""
+    out: dict[str, dict[int, str]] = {}
+    for d in sysfs.listdir(MACHINE_SLICE):
+        m = scope_machine(d)
+        if m is None or not m.startswith("qemu-"):
+            continue
+        _, _, rest = m.partition("-")
+        dom_id, _, name = rest.partition("-")
+        if dom_id.isdigit() and name:
+            out.setdefault(name, {})[int(dom_id)] = f"machine.slice/{d}"
+    return out
+
+
+def _scope_of(scopes: dict[str, dict[int, str]], name: str, dom_id: int | None) -> str | None:
+    """The scope of a domain: the one with its ID while it runs, else its name's only one."""
+    found = scopes.get(machine_name_part(name), {})
+    if dom_id is not None and dom_id in found:
+        return found[dom_id]
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+# ----------------------------------------------------------------------------- the stack
+
+
+def cached_devices(snap: Snapshot) -> dict[str, tuple[str, CacheMode | None]]:
+    """Kernel name -> (node, mode) of every cached device VMs can sit on."""
+    out: dict[str, tuple[str, CacheMode | None]] = {}
+    for b in snap.backings:
+        if b.device_name and b.device:
+            out[b.device_name] = (b.device, b.mode)
+    for d in snap.dm_devices:
+        out[d.kernel_name] = (d.node, d.mode)
+    return out
+
+
+def block_name(sysfs: Sysfs, devno: str) -> str | None:
+    rel = sysfs.resolve(f"dev/block/{devno}")
+    return Path(rel).name if rel else None
+
+
+def _devno_of(sysfs: Sysfs, name: str) -> str | None:
+    """MAJ:MIN of a block device by kernel name (a whole disk, or a partition of one)."""
+    disk = sysfs.disk_of_partition(name)
+    return sysfs.read_opt(f"block/{disk}/{name}/dev" if disk else f"block/{name}/dev")
+
+
+def walk(sysfs: Sysfs, name: str, caches: Mapping[str, object]) -> tuple[tuple[str, ...],
+                                                                           tuple[str, ...]]:
+    """The block devices from ``name`` down to the cached devices in ``caches`` (or to disks
+    with nothing under them), and the cached ones reached."""
+    stack: list[str] = []
+    found: list[str] = []
+    todo = [name]
+    while todo:
+        n = todo.pop(0)
+        if n in stack:
+            continue
+        stack.append(n)
+        if n in caches:
+            found.append(n)
+            continue
+        disk = sysfs.disk_of_partition(n)
+        todo.extend([disk] if disk else sysfs.listdir(f"block/{n}/slaves"))
+    return tuple(stack), tuple(found)
+
+
+def _disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
+          caches: Mapping[str, tuple[str, CacheMode | None]]) -> VmDisk:
+    source = d["source"] if isinstance(d["source"], str) else None
+    kind = str(d["source_type"])
+    stack: tuple[str, ...] = ()
+    found: tuple[str, ...] = ()
+    why: str | None = None
+    if kind not in ("block", "file") or not source:
+        why = f"a {kind} disk: no host block device to follow"
+    else:
+        num = src.devno(source)
+        name = block_name(sysfs, num[0]) if num else None
+        if num is None:
+            why = f"{source} cannot be read here"
+        elif name is None:
+            why = f"{source} is on device {num[0]}, which is no block device here"
+        else:
+            stack, found = walk(sysfs, name, caches)
+    cache = str(d["cache"])
+    warnings = vm_cache_warnings(cache, bool(d["read_only"]),
+                                 [caches[n][1] for n in found])
+    return VmDisk(target=str(d["target"]), bus=d["bus"] if isinstance(d["bus"], str) else None,
+                  source_type=kind, source=source, cache=cache,
+                  io=d["io"] if isinstance(d["io"], str) else None,
+                  read_only=bool(d["read_only"]), stack=stack,
+                  caches=tuple(caches[n][0] for n in found), warnings=tuple(warnings),
+                  unresolved=why)
+
+
+def vm_cache_warnings(cache: str, read_only: bool,
+                      host_modes: list[CacheMode | None]) -> list[str]:
+    """What a VM disk's cache mode means for the admin, given the modes of the host caches
+    under it (docs/admin-guide.md, "VM disk cache modes")."""
+    out: list[str] = []
+    if read_only:
+        return out
+    if cache not in MIGRATION_SAFE:
+        out.append(f"cache={cache}: libvirt refuses live migration of this VM unless forced "
+                   "(--unsafe); none or directsync migrate safely")
+    if cache == "unsafe":
+        out.append("cache=unsafe ignores the guest's flushes: a host crash loses writes the "
+                   "guest was told are on disk")
+    if cache in PAGE_CACHE_WRITES and CacheMode.WRITEBACK in host_modes:
+        out.append(f"cache={cache} over a writeback host cache: two write-back layers (the "
+                   "host page cache, volatile, over the SSD's dirty data)")
+    if any(m in (CacheMode.NONE, CacheMode.PASSTHROUGH) for m in host_modes):
+        out.append("the host cache under it is in mode none: this disk runs at the backing "
+                   "disk's speed")
+    return out
+
+
+# ------------------------------------------------------------------------------- the scan
+
+
+def _read_host(sysfs: Sysfs, path: str) -> str | None:
+    """A /proc file of the host: the live one, or the capture's copy beside a captured tree."""
+    p = Path(path) if sysfs.live else sysfs.root.parent / path.lstrip("/")
+    try:
+        return p.read_text()
+    except OSError:
+        return None
+
+
+def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None) -> VmScan:
+    """Every domain of the connection with its disks' stacks, warnings and pressure. When
+    libvirt cannot be asked, no VMs and a warning saying why."""
+    src = src or virsh.default_source(sysfs)
+    host_text = _read_host(sysfs, PROC_PRESSURE_IO)
+    stat_text = _read_host(sysfs, PROC_STAT)
+    host = parse_pressure(host_text) if host_text else None
+    iowait = parse_iowait(stat_text) if stat_text else None
+    why = src.available()
+    if why is not None:
+        return VmScan(src.uri, (), host, iowait, (f"VMs: {why}",))
+    caches = cached_devices(snap)
+    scopes = _scopes(sysfs)
+    vms: list[Vm] = []
+    warnings: list[str] = []
+    try:
+        uuids = virsh.domain_uuids(src)
+    except CacheMgrError as exc:
+        return VmScan(src.uri, (), host, iowait, (f"VMs: libvirt: {exc.message}",))
+    for u in uuids:
+        try:
+            xml = virsh.dumpxml(src, u)
+            state = virsh.domstate(src, u)
+        except CacheMgrError as exc:  # undefined between the listing and now
+            warnings.append(f"VM {u}: {exc.message}")
+            continue
+        name, uuid, dom_id, disks = parse_domain(xml)
+        cg = _scope_of(scopes, name, dom_id)
+        pressure = io = None
+        s: str | None = None
+        if cg is not None:
+            p = sysfs.read_opt(f"fs/cgroup/{cg}/io.pressure")
+            pressure = parse_pressure(p) if p else None
+            s = sysfs.read_opt(f"fs/cgroup/{cg}/io.stat")
+        vm_disks = tuple(_disk(sysfs, src, d, caches) for d in disks)
+        if cg is not None and s is not None:
+            tops = {n for n in (_devno_of(sysfs, d.stack[0]) for d in vm_disks if d.stack) if n}
+            io = parse_io_stat(s, tops or None)
+        vms.append(Vm(name=name, uuid=uuid, state=state, domain_id=dom_id, disks=vm_disks,
+                      cgroup=cg, pressure=pressure, io=io))
+    vms.sort(key=lambda v: v.name)
+    return VmScan(src.uri, tuple(vms), host, iowait, tuple(warnings))
+
+
+def serving(scan_: VmScan, node: str) -> list[tuple[Vm, VmDisk]]:
+    """The VM disks a cached device (by its node) serves."""
+    return [(v, d) for v in scan_.vms for d in v.disks if node in d.caches]

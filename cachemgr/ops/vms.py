@@ -1,0 +1,188 @@
+"""The VM commands: ``vms`` (the domains above the caches, their disks' stacks, cache modes,
+warnings and IO pressure) and ``vm-cache`` (a VM disk's cache mode in the domain's persistent
+definition, through libvirt). cachemgr/backends/vms.py reads; virsh.py is the one wrapper."""
+
+from __future__ import annotations
+
+import io
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+from cachemgr.backends import snapshot as snapshot_mod
+from cachemgr.backends import virsh
+from cachemgr.backends import vms as vms_mod
+from cachemgr.backends.bcache import Change
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
+from cachemgr.core.model import VM_CACHE_MODES, Pressure, Snapshot, VmScan, human
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops.control import Result
+
+
+def scan(sysfs: Sysfs, uri: str | None = None) -> Snapshot:
+    """The snapshot with the VMs of ``uri`` (default qemu:///system) filled in."""
+    return snapshot_mod.take(sysfs, vms=True, uri=uri)
+
+
+def pressure_text(p: Pressure | None) -> str:
+    if p is None:
+        return "-"
+    full = f" full {p.full_avg10:.1f}/{p.full_avg60:.1f}" if p.full_avg10 is not None else ""
+    return f"some {p.some_avg10:.1f}/{p.some_avg60:.1f}{full}"
+
+
+def table(s: VmScan) -> list[str]:
+    """``vms`` as text: one line per VM disk, its warnings under it, the host's pressure."""
+    lines = [f"{'VM':<16} {'STATE':<9} {'DISK':<5} {'CACHE':<12} {'ON':<22} IO PRESSURE %"]
+    for v in s.vms:
+        for i, d in enumerate(v.disks or ()):
+            on = ", ".join(d.caches) or (f"/dev/{d.stack[-1]} (no cache)" if d.stack
+                                         else (d.unresolved or "?"))
+            lines.append(f"{v.name if i == 0 else '':<16.16} {v.state if i == 0 else '':<9.9} "
+                         f"{d.target:<5} {d.cache:<12} {on:<22.22} "
+                         + (pressure_text(v.pressure) if i == 0 else ""))
+            lines += [f"  ! {d.target}: {w}" for w in d.warnings]
+        if not v.disks:
+            lines.append(f"{v.name:<16.16} {v.state:<9.9} (no disks)")
+    if not s.vms:
+        lines.append("(no domains)")
+    lines.append(f"host IO pressure % (10 s/60 s): {pressure_text(s.host_pressure)}")
+    return lines
+
+
+def vms(sysfs: Sysfs, uri: str | None = None) -> Result:
+    snap = scan(sysfs, uri)
+    assert snap.vms is not None
+    return Result(lines=table(snap.vms), notes=[f"cachemgr: {w}" for w in snap.vms.warnings],
+                  data={"schema": 1, **snapshot_mod.vm_scan_json(snap.vms)}, value=snap)
+
+
+def watch_lines(prev: VmScan | None, cur: VmScan, dt: float) -> list[str]:
+    """``vms --watch``: one line per VM with a cgroup, its IO pressure now and its IOPS and
+    bytes per second since the previous look (the before/after around a mode change or a
+    drain made meanwhile), then the host's pressure."""
+    before = {v.uuid: v.io for v in prev.vms} if prev is not None else {}
+    lines = []
+    for v in cur.vms:
+        if v.cgroup is None:
+            continue
+        rate = ""
+        old = before.get(v.uuid)
+        if old is not None and v.io is not None and dt > 0:
+            r_io, w_io = (v.io.rios - old.rios) / dt, (v.io.wios - old.wios) / dt
+            r_b, w_b = (v.io.rbytes - old.rbytes) / dt, (v.io.wbytes - old.wbytes) / dt
+            rate = (f" read {r_io:.0f} IO/s {human(int(r_b))}/s, "
+                    f"write {w_io:.0f} IO/s {human(int(w_b))}/s")
+        lines.append(f"{v.name}: IO pressure % {pressure_text(v.pressure)}{rate}")
+    lines.append(f"host: IO pressure % {pressure_text(cur.host_pressure)}")
+    return lines
+
+
+# ------------------------------------------------------------------------------ vm-cache
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    uri: str
+    uuid: str
+    domain: str
+    disk: str
+    before: str
+    after: str
+    running: bool
+    warnings: tuple[str, ...]
+    xml: str  # the persistent definition with the change made
+
+
+def _namespaces(xml: str) -> None:
+    """Keep the prefixes the document uses (ElementTree would rename them ns0...)."""
+    for _, (prefix, uri) in ET.iterparse(io.StringIO(xml), events=("start-ns",)):
+        if prefix:
+            ET.register_namespace(prefix, uri)
+
+
+def _set_cache(xml: str, disk: str, mode: str) -> tuple[str, str]:
+    """(the changed XML, the disk's mode before) with ``disk`` (its target dev, or its
+    source path) given ``mode``."""
+    _namespaces(xml)
+    root = ET.fromstring(xml)
+    found = []
+    for d in root.iterfind("devices/disk"):
+        tgt, src = d.find("target"), d.find("source")
+        names = {tgt.get("dev") if tgt is not None else None}
+        if src is not None:
+            names |= {src.get("dev"), src.get("file")}
+        if disk in names - {None}:
+            found.append(d)
+    if len(found) != 1:
+        targets = [t.get("dev") for t in root.iterfind("devices/disk/target")]
+        raise UsageError(f"{root.findtext('name')!r} has {'no' if not found else 'more than one'}"
+                         f" disk {disk!r}",
+                         hint="its disks: " + (", ".join(str(t) for t in targets) or "none"))
+    d = found[0]
+    drv = d.find("driver")
+    if drv is None:
+        drv = ET.Element("driver", {"name": "qemu"})
+        d.insert(0, drv)
+    before = drv.get("cache") or "default"
+    if mode == "default":
+        drv.attrib.pop("cache", None)
+    else:
+        drv.set("cache", mode)
+    return ET.tostring(root, encoding="unicode"), before
+
+
+def plan_cache(sysfs: Sysfs, domain: str, disk: str, mode: str, *, uri: str | None = None,
+               next_boot: bool = False) -> CachePlan:
+    """Everything checked, nothing changed: the definition ``vm-cache`` would store."""
+    if mode not in VM_CACHE_MODES:
+        raise UsageError(f"unknown VM disk cache mode {mode!r}",
+                         hint="one of " + ", ".join(VM_CACHE_MODES))
+    src = virsh.LiveVirsh(uri)
+    why = src.available()
+    if why is not None:
+        raise CacheMgrError(f"cannot reach libvirt at {src.uri}: {why}")
+    uuid = virsh.find(src, domain)
+    state = virsh.domstate(src, uuid)
+    running = state != "shut off"
+    if running and not next_boot:
+        raise UnsafeError(f"domain {domain!r} is {state}: a disk's cache mode changes only "
+                          "when qemu starts again",
+                          hint="add --next-boot to change the definition for its next boot")
+    new_xml, before = _set_cache(virsh.dumpxml(src, uuid, inactive=True), disk, mode)
+    if before == mode:
+        raise AlreadyError(f"{domain} {disk}: cache is {mode} already")
+    snap = snapshot_mod.take(sysfs)
+    caches = vms_mod.cached_devices(snap)
+    name, _, _, disks = vms_mod.parse_domain(new_xml)
+    d = next(x for x in disks if x["target"] == disk or x["source"] == disk)
+    modes = []
+    num = src.devno(str(d["source"])) if d["source"] else None
+    if num is not None:
+        kname = vms_mod.block_name(sysfs, num[0])
+        if kname:
+            modes = [caches[n][1] for n in vms_mod.walk(sysfs, kname, caches)[1]]
+    warnings = vms_mod.vm_cache_warnings(mode, bool(d["read_only"]), modes)
+    return CachePlan(uri=src.uri, uuid=uuid, domain=name, disk=str(d["target"]), before=before,
+                     after=mode, running=running, warnings=tuple(warnings), xml=new_xml)
+
+
+def describe_cache(p: CachePlan) -> list[str]:
+    lines = [f"{p.domain} {p.disk}: cache {p.before} -> {p.after} in the persistent definition"
+             + (" (the domain runs: from its next boot)" if p.running else "")]
+    return lines + [f"! {w}" for w in p.warnings]
+
+
+def vm_cache(p: CachePlan) -> Result:
+    """Store the planned definition through libvirt and read it back."""
+    require_root("vm-cache")
+    virsh.define(p.uri, p.xml)
+    src = virsh.LiveVirsh(p.uri)
+    _, _, _, disks = vms_mod.parse_domain(virsh.dumpxml(src, p.uuid, inactive=True))
+    now = next((str(d["cache"]) for d in disks if d["target"] == p.disk), None)
+    if now != p.after:
+        raise CacheMgrError(f"{p.domain} {p.disk}: libvirt stored cache {now}, not {p.after}")
+    res = Result(changes=[Change(f"{p.domain}:{p.disk}", "cache", p.before, p.after)],
+                 notes=[f"cachemgr: {w}" for w in p.warnings]
+                 + (["cachemgr: the domain runs: the mode applies from its next boot"]
+                    if p.running else []))
+    return res
