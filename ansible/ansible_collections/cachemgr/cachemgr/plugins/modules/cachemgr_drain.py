@@ -5,10 +5,24 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: cachemgr_drain
 short_description: Drain a cache until clean (fast; tunables restored)
+description:
+  - Runs C(cachemgr drain --json) on a bcache or dm-cache device; it writes the dirty data back
+    to the backing device as fast as it allows, then puts the writeback tunables (or the
+    dm-cache policy) back.
+  - Already clean is not a change.
 options:
-  device: {description: the cached device, type: str, required: true}
-  timeout: {description: seconds before giving up, type: int, default: 86400}
-  cachemgr_bin: {description: path of the cachemgr command, type: str, default: cachemgr}
+  device:
+    description: The cached device (/dev/bcacheN, its backing device or UUID, /dev/mapper/NAME).
+    type: str
+    required: true
+  timeout:
+    description: Seconds before giving up (the cache is left as it is, tunables restored).
+    type: int
+    default: 86400
+  cachemgr_bin:
+    description: Path of the cachemgr command.
+    type: str
+    default: cachemgr
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -5,8 +5,16 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: cachemgr_facts
 short_description: Gather bcache/dm-cache state as facts (cachemgr status --json)
+description:
+  - Sets the fact C(cachemgr) to the document C(cachemgr status --json) prints (schema 1),
+    with every cached device, its mode, state, dirty data and hit ratio, the cache sets, and the
+    libvirt VMs above the caches.
+  - Changes nothing.
 options:
-  cachemgr_bin: {description: path of the cachemgr command, type: str, default: cachemgr}
+  cachemgr_bin:
+    description: Path of the cachemgr command.
+    type: str
+    default: cachemgr
 """
 
 from ansible.module_utils.basic import AnsibleModule

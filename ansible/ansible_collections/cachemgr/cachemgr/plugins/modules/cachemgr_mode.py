@@ -5,11 +5,29 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: cachemgr_mode
 short_description: Ensure the cache mode of a cached device (bcache or dm-cache)
+description:
+  - Switches the cache mode with C(cachemgr mode); a device already in that mode is not a
+    change (cachemgr's exit code 4).
+  - bcache modes are writethrough, writeback, writearound and none; dm-cache has writeback,
+    writethrough and passthrough (none is taken as passthrough).
 options:
-  device: {description: /dev/bcacheN, the backing device, its UUID or /dev/mapper/NAME, type: str, required: true}
-  mode: {description: writethrough, writeback, writearound, none (dm-cache passthrough), type: str, required: true}
-  drain: {description: after switching, drain until clean, type: bool, default: false}
-  cachemgr_bin: {description: path of the cachemgr command, type: str, default: cachemgr}
+  device:
+    description: /dev/bcacheN, the backing device, its UUID, or /dev/mapper/NAME.
+    type: str
+    required: true
+  mode:
+    description: The cache mode to ensure.
+    type: str
+    required: true
+    choices: [writethrough, writeback, writearound, none, passthrough]
+  drain:
+    description: After switching, drain until clean.
+    type: bool
+    default: false
+  cachemgr_bin:
+    description: Path of the cachemgr command.
+    type: str
+    default: cachemgr
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -21,9 +39,13 @@ from ansible_collections.cachemgr.cachemgr.plugins.module_utils.cachemgr_cli imp
 )
 
 
+MODES = ["writethrough", "writeback", "writearound", "none", "passthrough"]
+
+
 def main() -> None:
     spec = dict(COMMON_ARGS)
-    spec.update(device={"type": "str", "required": True}, mode={"type": "str", "required": True},
+    spec.update(device={"type": "str", "required": True}, mode={"type": "str", "required": True,
+                                                              "choices": MODES},
                 drain={"type": "bool", "default": False})
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     p = module.params
