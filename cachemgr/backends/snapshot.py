@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from cachemgr.backends import bcache, dmcache, dmwritecache
+from cachemgr.backends import vms as vms_mod
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
     BcacheBacking,
@@ -61,7 +62,6 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     )
     if vms:
         from cachemgr.backends import virsh
-        from cachemgr.backends import vms as vms_mod
 
         snap = replace(snap, vms=vms_mod.scan(sysfs, snap, virsh.default_source(sysfs, uri)))
     return snap
@@ -284,7 +284,7 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
         for dev in devices:
             dev["vms"] = [{"name": v.name, "disk": d.target, "cache": d.cache,
                            "pressure": pressure_json(v.pressure)}
-                          for v in snap.vms.vms for d in v.disks if dev["device"] in d.caches]
+                          for v, d in vms_mod.serving(snap.vms, dev["device"])]
         out.update(vm_scan_json(snap.vms))
     return out
 

@@ -142,12 +142,12 @@ def domstate(src: VirshSource, uuid: str) -> str:
 
 def find(src: VirshSource, spec: str) -> str:
     """The UUID of the domain ``spec`` names (its name or UUID); exit 2 if none does."""
-    for u in domain_uuids(src):
-        if spec.lower() == u:
-            return u
+    uuids = domain_uuids(src)
+    if spec.lower() in uuids:
+        return spec.lower()
     from cachemgr.backends import vms  # the XML parser
 
-    for u in domain_uuids(src):
+    for u in uuids:
         if vms.domain_name(dumpxml(src, u, inactive=True)) == spec:
             return u
     raise UsageError(f"no libvirt domain {spec!r} on {src.uri}",

@@ -230,13 +230,14 @@ def walk(sysfs: Sysfs, name: str, caches: Mapping[str, object]) -> tuple[tuple[s
         if n in caches:
             found.append(n)
             continue
-        disk = sysfs.disk_of_partition(n)
-        todo.extend([disk] if disk else sysfs.listdir(f"block/{n}/slaves"))
+        whole = sysfs.disk_of_partition(n)
+        todo.extend([whole] if whole else sysfs.listdir(f"block/{n}/slaves"))
     return tuple(stack), tuple(found)
 
 
-def _disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
-          caches: Mapping[str, tuple[str, CacheMode | None]]) -> VmDisk:
+def disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
+         caches: Mapping[str, tuple[str, CacheMode | None]]) -> VmDisk:
+    """A disk of :func:`parse_domain` with its stack, the caches under it and its warnings."""
     source = d["source"] if isinstance(d["source"], str) else None
     kind = str(d["source_type"])
     stack: tuple[str, ...] = ()
@@ -332,7 +333,7 @@ def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None) -> 
             p = sysfs.read_opt(f"fs/cgroup/{cg}/io.pressure")
             pressure = parse_pressure(p) if p else None
             s = sysfs.read_opt(f"fs/cgroup/{cg}/io.stat")
-        vm_disks = tuple(_disk(sysfs, src, d, caches) for d in disks)
+        vm_disks = tuple(disk(sysfs, src, d, caches) for d in disks)
         if cg is not None and s is not None:
             tops = {n for n in (_devno_of(sysfs, d.stack[0]) for d in vm_disks if d.stack) if n}
             io = parse_io_stat(s, tops or None)

@@ -6,6 +6,7 @@ never reaches the terminal (issue #15)."""
 
 from __future__ import annotations
 
+from cachemgr.backends import vms
 from cachemgr.core.model import (
     BcacheBacking,
     DmCacheDevice,
@@ -91,8 +92,8 @@ def status_table(snap: Snapshot) -> str:
     if snap.vms is not None:
         for node in [b.device for b in snap.backings if b.device] + [
                 d.node for d in snap.dm_devices]:
-            served = [f"{v.name} ({d.target}, cache={d.cache})" for v in snap.vms.vms
-                      for d in v.disks if node in d.caches]
+            served = [f"{v.name} ({d.target}, cache={d.cache})"
+                      for v, d in vms.serving(snap.vms, node)]
             if served:
                 lines.append(f"VMs on {node}: " + ", ".join(served))
     for w in snap.warnings:

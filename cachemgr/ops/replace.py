@@ -139,8 +139,8 @@ def vm_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
         nodes = {d.node for d in snap.dm_devices if d.lvm and d.lvm.full_name == j.cset}
     else:
         nodes = {f"/dev/mapper/{j.cset}"}
-    served = [f"{v.name} ({d.target} on {c})" for v in snap.vms.vms for d in v.disks
-              for c in d.caches if c in nodes]
+    served = [f"{v.name} ({d.target} on {n})" for n in sorted(nodes)
+              for v, d in vms.serving(snap.vms, n)]
     if not served:
         return []
     return ["VMs that run at the backing disk's speed until the run ends: " + ", ".join(served)]

@@ -23,6 +23,9 @@ def scan(sysfs: Sysfs, uri: str | None = None) -> Snapshot:
     return snapshot_mod.take(sysfs, vms=True, uri=uri)
 
 
+serving = vms_mod.serving  # the VM disks a cached device serves (for the TUI: ops + core)
+
+
 def pressure_text(p: Pressure | None) -> str:
     if p is None:
         return "-"
@@ -151,19 +154,12 @@ def plan_cache(sysfs: Sysfs, domain: str, disk: str, mode: str, *, uri: str | No
     new_xml, before = _set_cache(virsh.dumpxml(src, uuid, inactive=True), disk, mode)
     if before == mode:
         raise AlreadyError(f"{domain} {disk}: cache is {mode} already")
-    snap = snapshot_mod.take(sysfs)
-    caches = vms_mod.cached_devices(snap)
+    caches = vms_mod.cached_devices(snapshot_mod.take(sysfs))
     name, _, _, disks = vms_mod.parse_domain(new_xml)
-    d = next(x for x in disks if x["target"] == disk or x["source"] == disk)
-    modes = []
-    num = src.devno(str(d["source"])) if d["source"] else None
-    if num is not None:
-        kname = vms_mod.block_name(sysfs, num[0])
-        if kname:
-            modes = [caches[n][1] for n in vms_mod.walk(sysfs, kname, caches)[1]]
-    warnings = vms_mod.vm_cache_warnings(mode, bool(d["read_only"]), modes)
-    return CachePlan(uri=src.uri, uuid=uuid, domain=name, disk=str(d["target"]), before=before,
-                     after=mode, running=running, warnings=tuple(warnings), xml=new_xml)
+    d = vms_mod.disk(sysfs, src, next(x for x in disks
+                                      if x["target"] == disk or x["source"] == disk), caches)
+    return CachePlan(uri=src.uri, uuid=uuid, domain=name, disk=d.target, before=before,
+                     after=mode, running=running, warnings=d.warnings, xml=new_xml)
 
 
 def describe_cache(p: CachePlan) -> list[str]:

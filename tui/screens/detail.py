@@ -223,13 +223,11 @@ def vm_detail(node: str | None, snap: Snapshot) -> list[RenderableType]:
     if snap.vms is None or node is None:
         return []
     pairs: list[tuple[str, object]] = []
-    for v in snap.vms.vms:
-        for d in v.disks:
-            if node in d.caches:
-                pairs.append((printable(f"{v.name} {d.target}"),  # one line in its cell
-                              f"cache={d.cache}, {v.state}, IO pressure % "
-                              f"{vm_ops.pressure_text(v.pressure)}"))
-                pairs += [("  !", w) for w in d.warnings]
+    for v, d in vm_ops.serving(snap.vms, node):
+        pairs.append((printable(f"{v.name} {d.target}"),  # one line in its cell
+                      f"cache={d.cache}, {v.state}, IO pressure % "
+                      f"{vm_ops.pressure_text(v.pressure)}"))
+        pairs += [("  !", w) for w in d.warnings]
     if not pairs:
         if snap.vms.warnings and not snap.vms.vms:
             return []  # libvirt not there (or not reachable): nothing to say per cache
