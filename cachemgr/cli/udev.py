@@ -119,8 +119,26 @@ def event_from(env: Mapping[str, str]) -> dict[str, Any] | None:
             "ID_SERIAL_SHORT", "ID_SCSI_SERIAL", "ID_PATH", "MAJOR", "MINOR")
     ev: dict[str, Any] = {k: env[k] for k in keep if env.get(k)}
     ev["ACTION"] = action
+    started = process_started()
+    if started is not None:
+        ev["_started"] = round(started, 3)
     ev["_received"] = time.time()
     return ev
+
+
+def process_started() -> float | None:
+    """When this process started, as a time.time() value (10 ms steps): proc(5) gives its
+    start in clock ticks after boot (/proc/self/stat, field 22), the clock CLOCK_BOOTTIME
+    counts; None where /proc cannot say. The handler's start is the first stage of an event
+    the action journal shows (the interpreter's own start precedes any line of ours)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # the command name (field 2) may hold spaces and parentheses: split after its ")"
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / hz)
 
 
 def enqueue(ev: Mapping[str, Any]) -> Path:
@@ -250,6 +268,7 @@ def _double_fork(policy: str, settle: float) -> None:
 def worker(policy_path: str, *, settle: float = SETTLE_S, sysfs_root: str | None = None) -> int:
     """Drain the queue in batches, one reconcile pass per batch, one worker at a time."""
     setup_logging()
+    started = time.time()
     while True:
         pending = _lock_fd("autoattach-pending")
         if not _try_lock(pending):
@@ -257,6 +276,7 @@ def worker(policy_path: str, *, settle: float = SETTLE_S, sysfs_root: str | None
             return 0  # another worker is pending: it will read what is queued
         run = _lock_fd("autoattach-run")
         fcntl.flock(run, fcntl.LOCK_EX)  # wait for the worker that is acting, if any
+        ready = time.time()  # this batch's settle wait starts now
         os.pwrite(run, f"pid {os.getpid()}\n".encode(), 0)
         os.close(pending)  # from here on, a new event starts a new (pending) worker
         try:
@@ -265,19 +285,22 @@ def worker(policy_path: str, *, settle: float = SETTLE_S, sysfs_root: str | None
                 batch = drain()
                 if not batch:
                     break
-                _process(batch, policy_path, sysfs_root)
+                _process(batch, policy_path, sysfs_root,
+                         {"worker": started, "ready": ready, "drained": time.time()})
+                ready = time.time()  # the next batch's settle wait starts here
         finally:
             os.close(run)
         if _queue_empty():
             return 0
 
 
-def _process(batch: list[dict[str, Any]], policy_path: str, sysfs_root: str | None) -> None:
+def _process(batch: list[dict[str, Any]], policy_path: str, sysfs_root: str | None,
+             stages: dict[str, float]) -> None:
     from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
     from cachemgr.ops import autoattach as autoattach_ops
 
     sysfs = Sysfs(sysfs_root or os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT))
-    autoattach_ops.event_pass(sysfs, policy_path, batch)
+    autoattach_ops.event_pass(sysfs, policy_path, batch, {**stages, "imported": time.time()})
 
 
 # ---------------------------------------------------------------------------------------

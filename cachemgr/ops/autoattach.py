@@ -10,7 +10,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cachemgr.backends import bcache
@@ -112,9 +112,17 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
             for o in res.outcomes]})
 
 
-def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]]) -> None:
+def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
+               stages: Mapping[str, float] | None = None) -> None:
     """The udev worker's pass over one batch of queued events (the caller holds the run
-    lock). Every decision is logged and journaled; a bad policy is logged, never raised."""
+    lock). Every decision is logged and journaled; a bad policy is logged, never raised.
+
+    The pass's journal record carries the time of each stage (``stages``: time.time()
+    values, docs/json.md): the worker's own (``stages`` given: its start, the run lock taken
+    or its previous pass ended, the queue drained after the settle wait, its modules
+    imported), then the policy read, each
+    round's view, decisions and actions, the end; and per event when the handler started
+    and queued it."""
     events = []
     for e in batch:
         try:
@@ -124,6 +132,7 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]]) 
     t0 = time.time()
     last = max((e.received for e in events), default=t0)
     log.debug("batch of %d events: %s", len(events), ", ".join(e.describe() for e in events))
+    times: dict[str, Any] = {k: round(v, 3) for k, v in (stages or {}).items()}
     try:
         pol = policy.load(policy_path)
     except policy.PolicyError as exc:
@@ -135,10 +144,13 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]]) 
         autoattach.record({"kind": "policy-error", "error": exc.message,
                            "events": len(events)})
         return
+    times["policy"] = round(time.time(), 3)
     res = autoattach.reconcile(sysfs, pol, events, act=act)
     done = time.time()
     autoattach.record({"kind": "pass", "events": len(events), "rounds": res.rounds,
                        "changed": len(res.changed), "failed": len(res.failed),
                        "seqnums": [e.seqnum for e in events][:50],
                        "last_event": round(last, 3), "latency_s": round(done - last, 3),
-                       "pass_s": round(done - t0, 3)})
+                       "pass_s": round(done - t0, 3),
+                       "stages": {**times, "rounds": res.timeline, "done": round(done, 3)},
+                       "event_stages": [e.stages() for e in events][:50]})

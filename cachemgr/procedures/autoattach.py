@@ -75,13 +75,15 @@ class Event:
     devpath: str | None = None
     properties: tuple[tuple[str, str], ...] = ()  # ID_* and DEVLINKS, sorted
     received: float = 0.0  # time.time() when udev-event queued it
+    started: float | None = None  # time.time() when udev started the udev-event handler
 
     KEEP = ("ACTION", "DEVNAME", "DEVPATH", "DEVTYPE", "SEQNUM", "SUBSYSTEM", "DEVLINKS",
             "ID_FS_TYPE", "ID_FS_UUID", "ID_WWN", "ID_WWN_WITH_EXTENSION", "ID_SERIAL",
             "ID_SERIAL_SHORT", "ID_SCSI_SERIAL", "ID_PATH", "MAJOR", "MINOR")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], received: float | None = None) -> Event:
+    def from_env(cls, env: Mapping[str, str], received: float | None = None,
+                 started: float | None = None) -> Event:
         seq = env.get("SEQNUM", "")
         props = tuple(sorted((k, v) for k, v in env.items()
                              if k in cls.KEEP and k not in ("ACTION", "DEVNAME", "SEQNUM",
@@ -93,27 +95,30 @@ class Event:
             devpath=env.get("DEVPATH") or None,
             properties=props,
             received=time.time() if received is None else received,
+            started=started,
         )
 
     def to_json(self) -> dict[str, Any]:
         return {"ACTION": self.action, "DEVNAME": self.devname or "",
                 "SEQNUM": "" if self.seqnum is None else str(self.seqnum),
                 "DEVPATH": self.devpath or "", **dict(self.properties),
-                "_received": self.received}
+                "_received": self.received,
+                **({} if self.started is None else {"_started": self.started})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Event:
         """A queued event (cli/udev.py enqueue); KernelFormatError for a record that is not
-        one (a ``_received`` that is not a time)."""
+        one (a ``_received`` or ``_started`` that is not a time)."""
         env = {str(k): str(v) for k, v in data.items() if not str(k).startswith("_")}
-        received = data.get("_received", 0.0)
-        try:
-            if isinstance(received, bool) or not isinstance(received, int | float | str):
-                raise TypeError
-            when = float(received)
-        except (TypeError, ValueError, OverflowError):
-            raise KernelFormatError("queued udev event (_received)", repr(dict(data))) from None
-        return cls.from_env(env, when)
+        return cls.from_env(env, _time_of(data, "_received", 0.0),
+                            _time_of(data, "_started", None, optional=True))
+
+    def stages(self) -> dict[str, Any]:
+        """This event's entry in the action journal's pass record: when udev started the
+        handler and when the handler had queued it."""
+        return {"seq": self.seqnum, "action": self.action, "dev": self.name or "",
+                "started": None if self.started is None else round(self.started, 3),
+                "queued": round(self.received, 3)}
 
     @property
     def name(self) -> str | None:
@@ -125,6 +130,19 @@ class Event:
     def describe(self) -> str:
         seq = f" #{self.seqnum}" if self.seqnum is not None else ""
         return f"{self.action}{seq} {self.devname or self.devpath or '?'}"
+
+
+def _time_of(data: Mapping[str, Any], key: str, default: float | None, *,
+             optional: bool = False) -> float | None:
+    value = data.get(key, default)
+    if value is None and optional:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise KernelFormatError(f"queued udev event ({key})", repr(dict(data))) from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -832,6 +850,7 @@ def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, act: Act | N
             record({**ctx, **a.record(), "result": "dry-run"})
             out.append(Outcome(a, "dry-run"))
             continue
+        t0 = time.time()
         try:
             if act is None:
                 raise CacheMgrError("no executor given for the autoattach actions")
@@ -848,7 +867,8 @@ def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, act: Act | N
         else:
             log.info("%s: done [policy %s]", a.describe(), a.policy)
             o = Outcome(a, "done")
-        record({**ctx, **a.record(), "result": o.result, "error": o.error})
+        record({**ctx, **a.record(), "result": o.result, "error": o.error,
+                "took_s": round(time.time() - t0, 3)})
         out.append(o)
     return out
 
@@ -857,6 +877,8 @@ def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, act: Act | N
 class PassResult:
     outcomes: list[Outcome]
     rounds: int
+    # per round, time.time() when its view was read, its actions decided and carried out
+    timeline: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def failed(self) -> list[Outcome]:
@@ -879,9 +901,13 @@ def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,
     seqs = [e.seqnum for e in events if e is not None and e.seqnum is not None]
     ctx = {"events": len(events), "seqnums": seqs[:50]}
     rounds = 0
+    timeline: list[dict[str, float]] = []
     for rounds in range(1, max_rounds + 1):  # noqa: B007
         view = take(sysfs)
+        stamp = {"view": time.time()}
+        timeline.append(stamp)
         actions = decide_all(events, view, policy)
+        stamp["decided"] = time.time()
         todo = [a for a in actions if not isinstance(a, Note) and a not in tried]
         outcomes += execute(sysfs, view, [a for a in actions if isinstance(a, Note)],
                             context=ctx, noted=noted)
@@ -889,6 +915,8 @@ def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,
             break
         tried.update(todo)
         outcomes += execute(sysfs, view, todo, act=act, dry_run=dry_run, context=ctx)
+        stamp["acted"] = time.time()
         if dry_run:
             break
-    return PassResult(outcomes, rounds)
+    return PassResult(outcomes, rounds, [{k: round(v, 3) for k, v in t.items()}
+                                         for t in timeline])

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,27 +100,46 @@ def prepare(n_backing: int, size_mb: int = 64) -> tuple[Sysfs, Disk, list[Disk]]
                                  add_host=1 + n_backing)
     settle()
     found = tuple(sorted(found, key=lambda d: int(d.host[4:])))
+    ssd, backs = make_cold(sysfs, found)
+    return sysfs, ssd, backs
+
+
+def make_cold(sysfs: Sysfs, found: Sequence[ScsiDisk]) -> tuple[Disk, list[Disk]]:
+    """Format ``found[0]`` as a cache and the rest as backing devices (what bcache held of
+    them let go and wiped first), then unregister and remove them all. Run it without the
+    policy in place: 69-bcache.rules registers the disks on the change events."""
     ssd, backs = found[0], found[1:]
+    release(sysfs, found)
+    for d in found:
+        # a cache device is released a moment after its set is gone ("Device or resource busy")
+        wait(lambda d=d: runner.run(["wipefs", "-a", d.node], check=False).returncode == 0,
+             20, f"wipefs of {d.node}")
+    settle()
     bcache.make_bcache(cache=ssd.node, bucket="64k")
     for b in backs:
         bcache.make_bcache(backing=[b.node])
     settle()
     disks = [Disk(d.host, d.wwid or "", d.serial or "", super_uuid(d.node)) for d in found]
-    # 69-bcache.rules registered them on the change events: undo that, then pull the disks
-    for b in backs:
-        rel = f"block/{b.name}/bcache"
-        if sysfs.exists(rel):
+    release(sysfs, found)  # 69-bcache.rules registered them on the change events
+    settle()
+    for d in found:
+        scsi.remove(sysfs, d.name)
+    settle()
+    return disks[0], disks[1:]
+
+
+def release(sysfs: Sysfs, found: Sequence[ScsiDisk]) -> None:
+    """Stop the backing devices among ``found``, unregister every cache set, and wait until
+    bcache holds none of ``found``."""
+    for d in found:
+        rel = f"block/{d.name}/bcache"
+        if sysfs.exists(f"{rel}/stop"):
             sysfs.write(f"{rel}/stop", "1")
     for cset in sysfs.listdir("fs/bcache"):
         if sysfs.is_dir(f"fs/bcache/{cset}"):
             sysfs.write(f"fs/bcache/{cset}/unregister", "1")
     wait(lambda: not any(sysfs.exists(f"block/{d.name}/bcache") for d in found), 20,
          "bcache to let go of the disks")
-    settle()
-    for d in found:
-        scsi.remove(sysfs, d.name)
-    settle()
-    return sysfs, disks[0], disks[1:]
 
 
 def policy_text(ssd: Disk, backs: list[Disk], *, mode: str = "writeback",
