@@ -30,8 +30,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch,
                                 vms=not args.no_vms, uri=args.connect)
         if args.json:
-            print(json.dumps(cache_ops.status_json(snap), indent=None if args.watch else 2),
-                  flush=True)
+            print(json.dumps(cache_ops.status_json(snap, _sysfs(args)),
+                             indent=None if args.watch else 2), flush=True)
         else:
             if args.watch:
                 print(time.strftime("%H:%M:%S"))

@@ -37,9 +37,12 @@ from cachemgr.core.errors import UnsafeError, UsageError
 DEFAULT_STATE_DIR = "/var/lib/cachemgr"
 
 
-def state_dir() -> Path:
+def state_dir(*, create: bool = True) -> Path:
+    """The state directory; made (mode 0700) unless ``create`` is false (a reader that may
+    run in a read-only sandbox, like the metrics)."""
     p = Path(os.environ.get("CACHEMGR_STATE_DIR", DEFAULT_STATE_DIR))
-    p.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if create:
+        p.mkdir(parents=True, exist_ok=True, mode=0o700)
     return p
 
 

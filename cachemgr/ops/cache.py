@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cachemgr.backends import bcache, dmcache
+from cachemgr.backends import bcache, dmcache, smart
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
 from cachemgr.backends.lvm import manage as lvm_manage
@@ -395,6 +395,22 @@ def dirty_consequence(obj: object, mode: CacheMode) -> str:
     return ""
 
 
-def status_json(snap: Snapshot) -> dict[str, Any]:
-    """``status --json``: schema 1 (docs/json.md)."""
-    return snapshot_mod.to_json(snap)
+def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
+    """``status --json``: schema 1 (docs/json.md). With ``sysfs``, also ``ssd_health``: each
+    cache SSD's SMART health (smart.lookup: smartctl at most every 10 min per disk, cached;
+    never on the snapshot's own scan)."""
+    doc = snapshot_mod.to_json(snap)
+    if sysfs is not None:
+        doc["ssd_health"] = ssd_health_json(sysfs, snap)
+    return doc
+
+
+def ssd_health(sysfs: Sysfs, snap: Snapshot) -> list[tuple[smart.Ssd, smart.Health | None]]:
+    """Each cache SSD of ``snap`` with its SMART health (cached; status and the TUI detail)."""
+    return smart.ssd_health(sysfs, snap)
+
+
+def ssd_health_json(sysfs: Sysfs, snap: Snapshot) -> list[dict[str, Any]]:
+    return [{"device": ssd.node, "name": ssd.name, "caches": list(ssd.caches),
+             "health": smart.health_json(h)}
+            for ssd, h in ssd_health(sysfs, snap)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cachemgr.backends import smart
 from cachemgr.core.errors import Cancelled, UnsafeError, UsageError, require_root
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
@@ -147,8 +148,20 @@ def vm_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
 
 
 def plan_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
-    """The plan as every face shows it: the steps and what they restore, then the VMs."""
-    return replace.describe(j) + vm_lines(sysfs, j)
+    """The plan as every face shows it: the steps and what they restore, then the VMs and
+    the old SSD's health."""
+    return replace.describe(j) + vm_lines(sysfs, j) + health_lines(sysfs, j)
+
+
+def health_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
+    """The old SSD's SMART health (cached; smartctl against the live /sys only)."""
+    if not j.old.get("node"):
+        return []
+    got = smart.of_records([j.old], refresh=sysfs.live)
+    if not got:
+        return []
+    node, h = got[0]
+    return [f"old SSD {node} health: " + (h.words() if h is not None else "not read")]
 
 
 def dry_run(sysfs: Sysfs, cache: str | None, opts: replace.Options) -> Result:

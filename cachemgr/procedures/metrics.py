@@ -36,13 +36,16 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
+from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot
 from cachemgr.core.sysfs import Sysfs
 
 BCACHE_MODES = ("writethrough", "writeback", "writearound", "none")
 DM_MODES = ("writeback", "writethrough", "passthrough")
+# label values without spaces: bcache's "no cache" is exported as no_cache
 STATES = tuple(s.value for s in CacheState)
 
 
@@ -54,135 +57,238 @@ def _c(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(f"cachemgr_{name}", doc, labels=labels)
 
 
-def collect(snap: Snapshot) -> Iterator[Metric]:
-    dev = ["kind", "device"]
+def _kname(path: str) -> str:
+    """The kernel name node_exporter's ``device`` label uses for a node we know only by path
+    (``/dev/sdc`` -> ``sdc``)."""
+    return path.rsplit("/", 1)[-1]
+
+
+def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
+    """Every metric family of ``snap``. ``device`` is the kernel name (``bcache0``, ``dm-3``,
+    ``sdc``: node_exporter's ``node_disk_*`` label), ``path`` the node (``/dev/bcache0``,
+    ``/dev/mapper/vmcache``). ``journals``: also the drain and replacement journals under the
+    state directory (docs/admin-guide.md, "Alerts and dashboard")."""
+    dev = ["kind", "device", "path"]
+    one = ["device", "path"]
     dirty = _g("dirty_bytes", "Dirty data held only in the cache (lower bound).", dev)
+    size = _g("cache_size_bytes", "Size of the cache (dm-cache, dm-writecache).", dev)
     mode = _g("cache_mode", "Cache mode: 1 for the active mode.", [*dev, "mode"])
     state = _g("cache_state", "Cache state: 1 for the current state.", [*dev, "state"])
-    hit = _g("bcache_hit_ratio", "bcache hit ratio per stats interval.", ["device", "interval"])
-    hits = _c("bcache_hits", "bcache cache hits (stats_total).", ["device"])
-    misses = _c("bcache_misses", "bcache cache misses (stats_total).", ["device"])
-    bypassed = _c("bcache_bypassed_bytes", "Bytes that bypassed the cache (stats_total).",
-                  ["device"])
-    bhits = _c("bcache_bypass_hits", "Bypassed requests that hit (stats_total).", ["device"])
-    bmiss = _c("bcache_bypass_misses", "Bypassed requests that missed (stats_total).",
-               ["device"])
-    coll = _c("bcache_miss_collisions", "Miss collisions (stats_total).", ["device"])
-    rate = _g("bcache_writeback_rate_bytes", "Current writeback rate, bytes per second.",
-              ["device"])
-    wbp = _g("bcache_writeback_percent", "writeback_percent tunable.", ["device"])
-    errors = _g("bcache_io_errors", "IO errors counted on the backing device.", ["device"])
+    hit = _g("bcache_hit_ratio", "bcache hit ratio per stats interval.", [*one, "interval"])
+    hits = _c("bcache_hits", "bcache cache hits (stats_total).", one)
+    misses = _c("bcache_misses", "bcache cache misses (stats_total).", one)
+    bypassed = _c("bcache_bypassed_bytes", "Bytes that bypassed the cache (stats_total).", one)
+    bhits = _c("bcache_bypass_hits", "Bypassed requests that hit (stats_total).", one)
+    bmiss = _c("bcache_bypass_misses", "Bypassed requests that missed (stats_total).", one)
+    coll = _c("bcache_miss_collisions", "Miss collisions (stats_total).", one)
+    rate = _g("bcache_writeback_rate_bytes_per_second", "Current writeback rate.", one)
+    wbp = _g("bcache_writeback_percent", "writeback_percent tunable.", one)
+    errors = _g("bcache_io_errors", "IO errors counted on the backing device.", one)
     attached = _g("bcache_attached", "1 if the backing device is attached to a cache set.",
-                  ["device", "backing", "cset"])
+                  [*one, "backing_device", "cset"])
     avail = _g("bcache_cache_available_ratio", "Share of the cache set that is available.",
                ["cset"])
-    cerr = _g("bcache_cache_io_errors", "IO errors counted on the cache device.",
-              ["cset", "cache_device"])
+    cerr = _g("bcache_cache_io_errors", "IO errors counted on the cache device (decaying: "
+              "io_error_halflife).", ["cset", *one])
     for b in snap.backings:
-        name = b.device or b.identity.node
+        path = b.device or b.identity.node
+        lab = [b.device_name or b.identity.name, path]
         if b.dirty is not None and not (b.state == CacheState.DIRTY and b.cset_uuid is None):
-            dirty.add_metric(["bcache", name], b.dirty.low)
+            dirty.add_metric(["bcache", *lab], b.dirty.low)
         if b.mode is not None:
             for m in BCACHE_MODES:
-                mode.add_metric(["bcache", name, m], 1.0 if b.mode.value == m else 0.0)
+                mode.add_metric(["bcache", *lab, m], 1.0 if b.mode.value == m else 0.0)
         for s in STATES:
-            state.add_metric(["bcache", name, s], 1.0 if b.state.value == s else 0.0)
+            state.add_metric(["bcache", *lab, _word(s)], 1.0 if b.state.value == s else 0.0)
         for interval, st in b.stats.items():
             r = st.computed_hit_ratio
             if r is not None:
-                hit.add_metric([name, interval], r)
+                hit.add_metric([*lab, interval], r)
         tot = b.stats.get("total")
         if tot is not None:
             for fam, v in ((hits, tot.hits), (misses, tot.misses), (bhits, tot.bypass_hits),
                            (bmiss, tot.bypass_misses), (coll, tot.miss_collisions),
                            (bypassed, tot.bypassed.low if tot.bypassed else None)):
                 if v is not None:
-                    fam.add_metric([name], v)
+                    fam.add_metric(lab, v)
         if b.writeback_rate is not None:
-            rate.add_metric([name], b.writeback_rate.low)
+            rate.add_metric(lab, b.writeback_rate.low)
         if b.writeback_percent is not None:
-            wbp.add_metric([name], b.writeback_percent)
+            wbp.add_metric(lab, b.writeback_percent)
         if b.io_errors is not None:
-            errors.add_metric([name], b.io_errors)
-        attached.add_metric([name, b.identity.node, b.cset_uuid or ""],
+            errors.add_metric(lab, b.io_errors)
+        attached.add_metric([*lab, b.identity.name, b.cset_uuid or ""],
                             1.0 if b.cset_uuid else 0.0)
     for c in snap.cache_sets:
         if c.cache_available_percent is not None:
             avail.add_metric([c.uuid], c.cache_available_percent / 100)
         for x in c.caches:
             if x.io_errors is not None:
-                cerr.add_metric([c.uuid, x.identity.node], x.io_errors)
+                cerr.add_metric([c.uuid, x.identity.name, x.identity.node], x.io_errors)
 
-    dm_used = _g("dmcache_used_blocks", "Cache blocks in use.", ["device"])
-    dm_total = _g("dmcache_total_blocks", "Cache blocks in all.", ["device"])
-    dm_block = _g("dmcache_block_bytes", "Cache block size.", ["device"])
-    dm_md = _g("dmcache_metadata_used_ratio", "Share of the metadata device in use.", ["device"])
-    dm_counters = {k: _c(f"dmcache_{k}", f"dm-cache {k.replace('_', ' ')}.", ["device"])
+    dm_used = _g("dmcache_used_blocks", "Cache blocks in use.", one)
+    dm_total = _g("dmcache_total_blocks", "Cache blocks in all.", one)
+    dm_block = _g("dmcache_block_bytes", "Cache block size.", one)
+    dm_md = _g("dmcache_metadata_used_ratio", "Share of the metadata device in use.", one)
+    dm_counters = {k: _c(f"dmcache_{k}", f"dm-cache {k.replace('_', ' ')}.", one)
                    for k in ("read_hits", "read_misses", "write_hits", "write_misses",
                              "demotions", "promotions")}
-    dm_check = _g("dmcache_needs_check", "1 if the metadata needs a check.", ["device"])
-    dm_ro = _g("dmcache_metadata_read_only", "1 if the metadata went read-only.", ["device"])
+    dm_check = _g("dmcache_needs_check", "1 if the metadata needs a check.", one)
+    dm_ro = _g("dmcache_metadata_read_only", "1 if the metadata went read-only.", one)
     for d in snap.dmcaches:
-        name = d.node
+        lab = [d.kernel_name, d.node]
         db = d.dirty_bytes
         if db is not None:
-            dirty.add_metric(["dm-cache", name], db)
+            dirty.add_metric(["dm-cache", *lab], db)
         m_active = d.mode.value
         for m in DM_MODES:
-            mode.add_metric(["dm-cache", name, m], 1.0 if m_active == m else 0.0)
+            mode.add_metric(["dm-cache", *lab, m], 1.0 if m_active == m else 0.0)
         for s in STATES:
-            state.add_metric(["dm-cache", name, s], 1.0 if d.state.value == s else 0.0)
+            state.add_metric(["dm-cache", *lab, _word(s)], 1.0 if d.state.value == s else 0.0)
         ds = d.status
         if ds is None:
             continue
-        dm_used.add_metric([name], ds.used)
-        dm_total.add_metric([name], ds.total)
-        dm_block.add_metric([name], ds.block_sectors * 512)
+        size.add_metric(["dm-cache", *lab], ds.total * ds.block_sectors * 512)
+        dm_used.add_metric(lab, ds.used)
+        dm_total.add_metric(lab, ds.total)
+        dm_block.add_metric(lab, ds.block_sectors * 512)
         if ds.metadata_total:
-            dm_md.add_metric([name], ds.metadata_used / ds.metadata_total)
+            dm_md.add_metric(lab, ds.metadata_used / ds.metadata_total)
         for k, fam in dm_counters.items():
-            fam.add_metric([name], getattr(ds, k))
-        dm_check.add_metric([name], 1.0 if ds.needs_check else 0.0)
-        dm_ro.add_metric([name], 1.0 if ds.metadata_mode == "ro" else 0.0)
+            fam.add_metric(lab, getattr(ds, k))
+        dm_check.add_metric(lab, 1.0 if ds.needs_check else 0.0)
+        dm_ro.add_metric(lab, 1.0 if ds.metadata_mode == "ro" else 0.0)
 
-    wc_free = _g("writecache_free_blocks", "dm-writecache blocks free.", ["device"])
-    wc_total = _g("writecache_total_blocks", "dm-writecache blocks in all.", ["device"])
-    wc_wb = _g("writecache_writeback_blocks", "dm-writecache blocks being written back.",
-               ["device"])
-    wc_err = _g("writecache_error", "dm-writecache error indicator (0: none).", ["device"])
+    wc_free = _g("writecache_free_blocks", "dm-writecache blocks free.", one)
+    wc_total = _g("writecache_total_blocks", "dm-writecache blocks in all.", one)
+    wc_wb = _g("writecache_writeback_blocks", "dm-writecache blocks being written back.", one)
+    wc_err = _g("writecache_error", "dm-writecache error indicator (0: none).", one)
     for w in snap.writecaches:
-        name = w.node
+        lab = [w.kernel_name, w.node]
         if w.dirty_bytes is not None:
-            dirty.add_metric(["dm-writecache", name], w.dirty_bytes)
+            dirty.add_metric(["dm-writecache", *lab], w.dirty_bytes)
         for m in DM_MODES:  # writecache has writeback only
-            mode.add_metric(["dm-writecache", name, m], 1.0 if m == w.mode.value else 0.0)
+            mode.add_metric(["dm-writecache", *lab, m], 1.0 if m == w.mode.value else 0.0)
         for s in STATES:
-            state.add_metric(["dm-writecache", name, s], 1.0 if w.state.value == s else 0.0)
+            state.add_metric(["dm-writecache", *lab, _word(s)],
+                             1.0 if w.state.value == s else 0.0)
         if w.status is not None:
-            wc_free.add_metric([name], w.status.free)
-            wc_total.add_metric([name], w.status.total)
-            wc_wb.add_metric([name], w.status.writeback)
-            wc_err.add_metric([name], w.status.error)
+            if w.block_bytes:
+                size.add_metric(["dm-writecache", *lab], w.status.total * w.block_bytes)
+            wc_free.add_metric(lab, w.status.free)
+            wc_total.add_metric(lab, w.status.total)
+            wc_wb.add_metric(lab, w.status.writeback)
+            wc_err.add_metric(lab, w.status.error)
 
     lvm = _g("lvm_cache_info", "1 for each LVM-owned cache: its VG/LV, cache pool or "
              "cachevol, and whether lvm2 says it needs a check.",
-             ["device", "lv", "cache", "kind", "check_needed"])
+             [*one, "lv", "cache", "kind", "check_needed"])
     for dmdev in snap.dm_devices:
         lv = dmdev.lvm
         if lv is not None:
-            lvm.add_metric([dmdev.node, lv.full_name, f"{lv.vg}/{lv.pool_name}", lv.kind,
+            lvm.add_metric([dmdev.kernel_name, dmdev.node, lv.full_name,
+                            f"{lv.vg}/{lv.pool_name}", lv.kind,
                             "1" if lv.check_needed else "0"], 1.0)
 
     up = _g("bcache_loaded", "1 if the bcache module is loaded.", [])
     up.add_metric([], 1.0 if snap.bcache_loaded else 0.0)
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
-    yield from (dirty, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate, wbp,
-                errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
+    yield from (dirty, size, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate,
+                wbp, errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
                 up, warn)
+    if journals:
+        yield from _journal_metrics(snap)
     if snap.vms is not None:
         yield from _vm_metrics(snap)
+
+
+def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:
+    """Drains a journal says are under way (or were killed), and replacements not finished:
+    read from the state directory, never created by a scrape (a read-only sandbox)."""
+    from cachemgr.backends.dmcache import flushing
+    from cachemgr.backends.lvm import manage as lvm_manage
+    from cachemgr.procedures import drain, replace
+
+    draining = _g("drain_running", "1 while a drain's journal exists for the device: a drain "
+                  "under way, or one killed before it put the tunables back.",
+                  ["kind", "device", "path"])
+    unfinished = _g("replace_unfinished", "1 for each replace-ssd run that is neither done nor "
+                    "rolled back (status running or failed).", ["run", "kind", "cache", "status"])
+    updated = _g("replace_updated_timestamp_seconds", "When an unfinished replace-ssd run last "
+                 "wrote its journal.", ["run", "kind", "cache", "status"])
+    unreadable = _g("replace_unreadable_journals", "replace-ssd journals that cannot be read.",
+                    [])
+    if not state_mod.state_dir(create=False).is_dir():  # no journal ever written here
+        unreadable.add_metric([], 0)
+        yield from (draining, unfinished, updated, unreadable)
+        return
+    for b in snap.backings:
+        if drain._journal(b).exists():
+            draining.add_metric(["bcache", b.device_name or b.identity.name,
+                                 b.device or b.identity.node], 1.0)
+    for d in snap.dmcaches:
+        if d.lvm is None and flushing.journal(d).exists():
+            draining.add_metric(["dm-cache", d.kernel_name, d.node], 1.0)
+    for dd in snap.dm_devices:
+        if dd.lvm is not None and lvm_manage.journal(dd.lvm).exists():
+            kind = "dm-writecache" if dd in snap.writecaches else "dm-cache"
+            draining.add_metric([kind, dd.kernel_name, dd.node], 1.0)
+    runs, bad = replace.scan_runs()
+    for j in runs:
+        if j.status in ("running", "failed"):
+            lab = [j.id, j.kind, j.cset, j.status]
+            unfinished.add_metric(lab, 1.0)
+            updated.add_metric(lab, j.updated)
+    unreadable.add_metric([], len(bad))
+    yield from (draining, unfinished, updated, unreadable)
+
+
+def _word(text: str | None) -> str:
+    """A label value without spaces (a drive model: ``Samsung_SSD_970_EVO_Plus_250GB``)."""
+    return "_".join((text or "").split())
+
+
+def health_metrics(rows: Iterable[tuple[smart.Ssd, smart.Health | None]]) -> Iterator[Metric]:
+    """Each cache SSD's SMART health as last read (smart.lookup: at most every 10 min, by
+    status, the TUI or replace-ssd; a scrape never runs smartctl)."""
+    one = ["device", "path"]
+    info = _g("ssd_info", "1 for each cache SSD and cache on it: model, serial, protocol.",
+              [*one, "model", "serial", "protocol", "cache"])
+    up = _g("ssd_smart_up", "1 if smartctl's last answer for the SSD was usable.", one)
+    read = _g("ssd_health_read_timestamp_seconds", "When smartctl last read the SSD.", one)
+    wear = _g("ssd_wear_ratio", "Share of the rated endurance used (NVMe percentage used, "
+              "SCSI endurance indicator, ATA wear attribute; may pass 1).", one)
+    media = _c("ssd_media_errors", "Media and data integrity errors the SSD reports.", one)
+    spare = _g("ssd_spare_ratio", "Available spare (NVMe; ATA reserved space, normalized).", one)
+    spare_t = _g("ssd_spare_threshold_ratio", "The spare threshold the drive sets.", one)
+    passed = _g("ssd_smart_passed", "1 if the drive's SMART self-assessment passed.", one)
+    crit = _g("ssd_critical_warning", "NVMe critical warning bits (0: none).", one)
+    soon = _g("ssd_replace_soon", "1 if cachemgr says to replace the SSD soon (failed, worn "
+              "past 90 %, spare below threshold, critical warning, media errors).", one)
+    for ssd, h in rows:
+        lab = [ssd.name, ssd.node]
+        if h is None:
+            continue
+        for cache in ssd.caches:
+            info.add_metric([*lab, _word(h.model), _word(h.serial), _word(h.protocol), cache],
+                            1.0)
+        up.add_metric(lab, 0.0 if h.error else 1.0)
+        read.add_metric(lab, h.read_at)
+        for fam, v in ((wear, h.wear_percent), (spare, h.spare_percent),
+                       (spare_t, h.spare_threshold_percent)):
+            if v is not None:
+                fam.add_metric(lab, v / 100)
+        if h.media_errors is not None:
+            media.add_metric(lab, h.media_errors)
+        if h.critical_warning is not None:
+            crit.add_metric(lab, h.critical_warning)
+        if h.passed is not None:
+            passed.add_metric(lab, 1.0 if h.passed else 0.0)
+        if not h.error:
+            soon.add_metric(lab, 1.0 if h.replace_soon else 0.0)
+    yield from (info, up, read, wear, media, spare, spare_t, passed, crit, soon)
 
 
 def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
@@ -190,7 +296,10 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
     and IO of each VM's cgroup and of the host."""
     assert snap.vms is not None
     disk = _g("vm_disk_info", "1 for each VM disk: its cache mode and the cached device "
-              "under it (empty: none).", ["vm", "disk", "cache_mode", "device"])
+              "under it (device: kernel name, path: node; empty: none).",
+              ["vm", "disk", "cache_mode", "device", "path"])
+    names = {**{b.device: b.device_name for b in snap.backings if b.device},
+             **{d.node: d.kernel_name for d in snap.dm_devices}}
     disk_warn = _g("vm_disk_warnings", "Warnings about a VM disk's cache mode (live "
                    "migration, flushes ignored, stacked write-back layers).", ["vm", "disk"])
     pressure = _g("vm_io_pressure_ratio", "Share of the last 10 s in which some or all of a "
@@ -206,7 +315,8 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
     for v in snap.vms.vms:
         for d in v.disks:
             for dev in d.caches or ("",):
-                disk.add_metric([v.name, d.target, d.cache, dev], 1.0)
+                disk.add_metric([v.name, d.target, d.cache,
+                                 names.get(dev) or _kname(dev), dev], 1.0)
             disk_warn.add_metric([v.name, d.target], len(d.warnings))
         if v.pressure is not None:
             pressure.add_metric([v.name, "some"], v.pressure.some_avg10 / 100)
@@ -238,8 +348,10 @@ class SnapshotCollector(Collector):
         self.uri = uri
 
     def collect(self) -> Iterable[Metric]:
-        return list(collect(snapshot_mod.take(self.sysfs, probe_unregistered=False,
-                                              vms=self.vms, uri=self.uri)))
+        snap = snapshot_mod.take(self.sysfs, probe_unregistered=False, vms=self.vms,
+                                 uri=self.uri)
+        return [*collect(snap),
+                *health_metrics(smart.ssd_health(self.sysfs, snap, refresh=False))]
 
 
 # ------------------------------------------------------------------------------ listener

@@ -52,19 +52,20 @@ def test_scrape_matches_status(lab_disks: list[str]) -> None:
         for smp in fam.samples:
             samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
     d = status["devices"][0]
-    key = ("cachemgr_dirty_bytes", (("device", d["device"]), ("kind", "bcache")))
+    # device: the kernel name, as node_exporter's node_disk_* has it; path: the node
+    lab = (("device", os.path.basename(d["device"])), ("kind", "bcache"), ("path", d["device"]))
+    key = ("cachemgr_dirty_bytes", lab)
     # writeback is off, so the dirty amount cannot change between the two reads
     assert samples[key] == d["dirty_bytes"] > 0
-    assert samples[("cachemgr_cache_mode", (("device", d["device"]), ("kind", "bcache"),
-                                            ("mode", "writeback")))] == 1.0
-    assert samples[("cachemgr_cache_state", (("device", d["device"]), ("kind", "bcache"),
-                                             ("state", "dirty")))] == 1.0
+    assert samples[("cachemgr_cache_mode", (*lab[:2], ("mode", "writeback"), lab[2]))] == 1.0
+    assert samples[("cachemgr_cache_state", (*lab, ("state", "dirty")))] == 1.0
     # the textfile form says the same
     out = subprocess.run([sys.executable, "-m", "cachemgr", "metrics", "--textfile",
                           "/tmp/cachemgr.prom"], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     with open("/tmp/cachemgr.prom") as f:
-        assert f"cachemgr_dirty_bytes{{device=\"{d['device']}\",kind=\"bcache\"}}" in f.read()
+        assert (f"cachemgr_dirty_bytes{{device=\"{os.path.basename(d['device'])}\","
+                f"kind=\"bcache\",path=\"{d['device']}\"}}") in f.read()
 
 
 @pytest.mark.kernel(disks="1G,256M,64M")

@@ -287,21 +287,24 @@ def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
     status = status_json()
     d = status["devices"][0]
     got = samples(text)
-    labels = (("device", d["device"]), ("kind", "bcache"))
+    # device: the kernel name (node_exporter's node_disk_* label); path: the node
+    labels = (("device", os.path.basename(d["device"])), ("kind", "bcache"),
+              ("path", d["device"]))
     # writeback is off: the dirty amount cannot change between the two reads
     assert got[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"] > 0
-    assert got[("cachemgr_cache_mode", (*labels, ("mode", "writeback")))] == 1.0
+    assert got[("cachemgr_cache_mode", (*labels[:2], ("mode", "writeback"), labels[2]))] == 1.0
     assert got[("cachemgr_cache_state", (*labels, ("state", "dirty")))] == 1.0
     dm = next(x for x in status["devices"] if x["kind"] == "dm-cache")
-    dm_labels = (("device", dm["device"]), ("kind", "dm-cache"))
-    assert got[("cachemgr_cache_mode", (*dm_labels, ("mode", "writethrough")))] == 1.0
+    dm_mode = next(k for k in got if k[0] == "cachemgr_cache_mode"
+                   and ("path", dm["device"]) in k[1] and ("mode", "writethrough") in k[1])
+    assert got[dm_mode] == 1.0 and dict(dm_mode[1])["device"].startswith("dm-")
     # the timer (OnBootSec=30s) starts the textfile service, which writes the file
     took = wait(lambda: TEXTFILE.exists(), 45, f"{TEXTFILE} from the timer")
     tf = samples(TEXTFILE.read_text())
     assert tf[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"]
     ts = show("cachemgr-textfile.service", "Result", "ExecMainStatus")
     assert ts == {"Result": "success", "ExecMainStatus": "0"}, ts
-    assert tf[("cachemgr_cache_mode", (*dm_labels, ("mode", "writethrough")))] == 1.0
+    assert tf[dm_mode] == 1.0
     # a timer run every 15 s: what each leaves in the journal (5,760 runs a day). The lab
     # boots systemd with --log-target=console: PID 1's own lines go to the journal from now
     sh("systemctl", "log-target", "journal-or-kmsg")

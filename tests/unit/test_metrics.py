@@ -41,12 +41,17 @@ def test_metrics_match_status_json(fx: Path) -> None:
     for d in status["devices"]:
         d = {**d, "device": d["device"] or d.get("backing")}  # a stopped backing device
         modes = {lab["mode"]: v for lab, v in m["cachemgr_cache_mode"]
-                 if lab["device"] == d["device"]}
+                 if lab["path"] == d["device"]}
         assert modes[d["mode"]] == 1.0 and sum(modes.values()) == 1.0
         states = {lab["state"]: v for lab, v in m["cachemgr_cache_state"]
-                  if lab["device"] == d["device"]}
-        assert states[d["state"]] == 1.0 and sum(states.values()) == 1.0
-        dirty = [v for lab, v in m.get("cachemgr_dirty_bytes", []) if lab["device"] == d["device"]]
+                  if lab["path"] == d["device"]}
+        # label values have no spaces: bcache's "no cache" is no_cache
+        assert states[d["state"].replace(" ", "_")] == 1.0 and sum(states.values()) == 1.0
+        # device is the kernel name (node_exporter's node_disk_* label), path the node
+        names = {lab["device"] for lab, _ in m["cachemgr_cache_mode"]
+                 if lab["path"] == d["device"]}
+        assert len(names) == 1 and "/" not in next(iter(names))
+        dirty = [v for lab, v in m.get("cachemgr_dirty_bytes", []) if lab["path"] == d["device"]]
         if d["dirty_bytes"] is None:
             assert dirty == []  # unknown is not exported as 0
         else:
@@ -57,7 +62,7 @@ def test_metrics_match_status_json(fx: Path) -> None:
     want = {(d["device"], d["lvm"]["name"], d["lvm"]["pool_name_when_split"],
              "lvm-writecache" if d["lvm"]["segtype"] == "writecache" else "lvmcache")
             for d in status["devices"] if isinstance(d.get("lvm"), dict)}
-    got = {(lab["device"], lab["lv"], lab["cache"], lab["kind"])
+    got = {(lab["path"], lab["lv"], lab["cache"], lab["kind"])
            for lab, _ in m.get("cachemgr_lvm_cache_info", [])}
     assert got == want
 

@@ -187,8 +187,9 @@ def test_metrics_carry_each_vm_disk_and_its_cgroup_io() -> None:
     reg = CollectorRegistry()
     reg.register(SnapshotCollector(SYS))
     text = generate_latest(reg).decode()
-    assert ('cachemgr_vm_disk_info{cache_mode="writeback",device="/dev/mapper/vc",disk="vda",'
-            'vm="vm-dm"} 1.0') in text
+    dm = next(d for d in snapshot.take(SYS).dmcaches if d.node == "/dev/mapper/vc")
+    assert (f'cachemgr_vm_disk_info{{cache_mode="writeback",device="{dm.kernel_name}",'
+            'disk="vda",path="/dev/mapper/vc",vm="vm-dm"} 1.0') in text
     assert 'cachemgr_vm_disk_warnings{disk="vdb",vm="vm.bare"} 2.0' in text
     v = _scan()["vm-bc"]
     assert f'cachemgr_vm_io_ops_total{{op="write",vm="vm-bc"}} {float(v.io.wios)}' in text  # type: ignore[attr-defined]

@@ -3,11 +3,13 @@ backing devices of a set. Re-rendered from each new snapshot while it is open.""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import time
+from typing import Any, ClassVar
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import VerticalScroll
@@ -26,6 +28,7 @@ from cachemgr.core.model import (
     human,
 )
 from cachemgr.core.text import printable
+from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import vms as vm_ops
 from tui import view
 from tui.safe import literal
@@ -235,7 +238,24 @@ def vm_detail(node: str | None, snap: Snapshot) -> list[RenderableType]:
     return [kv("VMs on this cache", pairs)]
 
 
-def render(snap: Snapshot, key: str) -> RenderableType:
+def health_detail(obj: object, health: list[tuple[Any, Any]] | None) -> list[RenderableType]:
+    """The SMART health of the SSDs under this cache (cache_ops.ssd_health, read in a worker:
+    smartctl runs at most every 10 min per disk)."""
+    if not health:
+        return []
+    if isinstance(obj, CacheSet):
+        cache: str | None = obj.uuid
+    elif isinstance(obj, BcacheBacking):
+        cache = obj.cset_uuid
+    else:
+        cache = getattr(obj, "node", None)
+    pairs: list[tuple[str, object]] = [(ssd.node, h.words() if h is not None else "not read")
+                                       for ssd, h in health if cache in ssd.caches]
+    return [kv("cache SSD health (SMART)", pairs)] if pairs else []
+
+
+def render(snap: Snapshot, key: str,
+           health: list[tuple[Any, Any]] | None = None) -> RenderableType:
     obj = view.find(snap, key)
     if obj is None:
         return literal(f"{key} is gone (removed or unplugged since it was selected)",
@@ -248,6 +268,7 @@ def render(snap: Snapshot, key: str) -> RenderableType:
         parts = wc_detail(obj) + vm_detail(obj.node, snap)
     else:
         parts = dm_detail(obj) + vm_detail(obj.node, snap)
+    parts += health_detail(obj, health)
     spaced: list[RenderableType] = []
     for p in parts:
         spaced += [p, Text("")]
@@ -260,6 +281,8 @@ class DetailScreen(Screen[None]):
     def __init__(self, key: str) -> None:
         super().__init__()
         self.key = key
+        self.health: list[tuple[Any, Any]] | None = None
+        self._health_at = -1e9
 
     def compose(self) -> ComposeResult:
         yield Header(icon="≡")
@@ -274,4 +297,17 @@ class DetailScreen(Screen[None]):
         self.query_one("#detail-scroll").focus()
 
     def show(self, snap: Snapshot) -> None:
-        self.query_one("#detail", Static).update(render(snap, self.key))
+        self.query_one("#detail", Static).update(render(snap, self.key, self.health))
+        if time.monotonic() - self._health_at >= 60:  # the lookup itself is cached
+            self._health_at = time.monotonic()
+            self.read_health(snap)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="health")
+    def read_health(self, snap: Snapshot) -> None:
+        health = cache_ops.ssd_health(self.app.sysfs, snap)  # type: ignore[attr-defined]
+        self.app.call_from_thread(self._got_health, snap, health)
+
+    def _got_health(self, snap: Snapshot, health: list[tuple[Any, Any]]) -> None:
+        self.health = health
+        if health:
+            self.query_one("#detail", Static).update(render(snap, self.key, health))
