@@ -76,6 +76,9 @@ Obj = view.Obj
 
 # actions that change something: disabled (shown dimmed) in the read-only view
 VM_EVERY = 15.0  # seconds between two looks at libvirt's domains (the VMs on each cache)
+# seconds between two reads of bcache's five-minute/hour/day stats (HIT5m, the detail's table):
+# the kernel folds them every ~13.6 s (stats.c); every poll while a detail screen is open
+STATS_EVERY = 15.0
 WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove", "replace",
                  "bench"}
 # actions about the selected device, and the kinds they apply to
@@ -175,6 +178,11 @@ class CacheMgrApp(App[int]):
         self._vms_at: float | None = None  # when libvirt was last asked (poll worker only)
         self._vms: VmScan | None = None
         self._poll_timer: Any = None
+        # poll worker only: identities and the like kept until a uevent (ScanCache), the last
+        # snapshot with every stats interval and when it was taken
+        self._scan_cache = cache_ops.ScanCache()
+        self._stats_at: float | None = None
+        self._with_stats: Snapshot | None = None
         self.polls = 0
         self.poll_error: str | None = None
         self.log_history: list[str] = []
@@ -246,7 +254,13 @@ class CacheMgrApp(App[int]):
         # keep the last answer
         now = self.clock()
         ask = self._vms_at is None or now - self._vms_at >= VM_EVERY
-        snap = cache_ops.status(self.sysfs, vms=ask)
+        stats = (self._stats_at is None or now - self._stats_at >= STATS_EVERY
+                 or any(isinstance(s, DetailScreen) for s in list(self.screen_stack)))
+        snap = cache_ops.status(self.sysfs, vms=ask, stats=stats, cache=self._scan_cache)
+        if stats:
+            self._stats_at, self._with_stats = now, snap
+        else:
+            snap = cache_ops.carry_stats(snap, self._with_stats)
         if ask:
             self._vms_at, self._vms = now, snap.vms
         elif self._vms is not None:

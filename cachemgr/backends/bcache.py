@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemgr.backends import inuse, signatures
+from cachemgr.backends.scancache import ScanCache, once
 from cachemgr.core import drainloop, runner
 from cachemgr.core.errors import (
     AlreadyError,
@@ -49,6 +50,9 @@ from cachemgr.core.sysfs import Sysfs
 log = logging.getLogger(__name__)
 
 STATS_INTERVALS = ("five_minute", "hour", "day", "total")
+# What a poll reads (``stats=False``): the total only; the three decaying intervals are read
+# when asked for (status --stats, the TUI's detail and its slower refresh, the metrics).
+POLL_INTERVALS = ("total",)
 BCACHE_MODES = (CacheMode.WRITETHROUGH, CacheMode.WRITEBACK, CacheMode.WRITEAROUND,
                 CacheMode.NONE)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -74,8 +78,12 @@ def _int(text: str) -> int:
     return int(text.strip())
 
 
-def block_dirs(sysfs: Sysfs) -> dict[str, str]:
-    """Kernel name -> device directory (relative to the sysfs root) of disks and partitions."""
+def block_dirs(sysfs: Sysfs, cache: ScanCache | None = None) -> dict[str, str]:
+    """Kernel name -> device directory (relative to the sysfs root) of disks and partitions.
+    With a ``cache``: listed once while no uevent was sent (a disk or partition that comes or
+    goes sends one)."""
+    if cache is not None:
+        return cache.get("block_dirs", lambda: block_dirs(sysfs))
     out: dict[str, str] = {}
     for name in sysfs.block_names():
         base = f"block/{name}"
@@ -116,9 +124,22 @@ def identity(sysfs: Sysfs, name: str, rel: str) -> Identity:
     )
 
 
-def read_stats(sysfs: Sysfs, rel: str, warnings: list[str]) -> dict[str, Stats]:
+def cached_identity(sysfs: Sysfs, name: str, rel: str, cache: ScanCache | None) -> Identity:
+    """:func:`identity`, read once while no uevent was sent (scancache.py says why it cannot
+    change in between)."""
+    if cache is None:
+        return identity(sysfs, name, rel)
+    return cache.get(("identity", rel), lambda: identity(sysfs, name, rel))
+
+
+def read_stats(sysfs: Sysfs, rel: str, warnings: list[str],
+               intervals: tuple[str, ...] = STATS_INTERVALS, *,
+               kernel_ratio: bool = True) -> dict[str, Stats]:
+    """The stats_<interval> directories; ``kernel_ratio`` False skips ``cache_hit_ratio``
+    (the kernel's rounded percent: nothing shows it, the ratio is computed from the hits and
+    misses)."""
     out = {}
-    for interval in STATS_INTERVALS:
+    for interval in intervals:
         d = f"{rel}/stats_{interval}"
         if not sysfs.is_dir(d):
             continue
@@ -130,7 +151,7 @@ def read_stats(sysfs: Sysfs, rel: str, warnings: list[str]) -> dict[str, Stats]:
             interval=interval,
             hits=num("cache_hits"),
             misses=num("cache_misses"),
-            hit_ratio=num("cache_hit_ratio"),
+            hit_ratio=num("cache_hit_ratio") if kernel_ratio else None,
             bypassed=_opt(Size.parse_hprint, sysfs.read_opt(f"{d}/bypassed"), f"{d}/bypassed",
                           warnings),
             bypass_hits=num("cache_bypass_hits"),
@@ -154,7 +175,14 @@ def _link_device(sysfs: Sysfs, rel: str) -> str | None:
     return parts[-2] if len(parts) >= 2 and parts[-1] == "bcache" else None
 
 
-def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str]) -> BcacheBacking:
+def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
+                 stats: bool = True, cache: ScanCache | None = None) -> BcacheBacking:
+    """One backing device. ``stats`` False is a poll's read: the total stats only, and not
+    the three tunables only the detail view shows (writeback_rate_minimum, io_error_limit,
+    stop_when_cache_set_failed: None then); dirty data and the writeback rate come from
+    ``writeback_rate_debug`` (the same bch_hprint of the same counters as ``dirty_data`` and
+    ``writeback_rate``: drivers/md/bcache/sysfs.c), the identity, UUID and label from
+    ``cache`` while no uevent was sent."""
     b = f"{rel}/bcache"
 
     def r(f: str) -> str | None:
@@ -177,84 +205,114 @@ def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str]) -> Bcac
             state = CacheState.parse(state_text)
         except KernelFormatError as exc:
             warnings.append(w(str(exc)))
-    swf = r("stop_when_cache_set_failed")
-    dbg = r("writeback_rate_debug")
+    swf = r("stop_when_cache_set_failed") if stats else None
+    dbg = _opt(WritebackDebug.parse, r("writeback_rate_debug"), w("writeback_rate_debug"),
+               warnings)
     dev_name = _link_name(sysfs, f"{b}/dev")
     cset = _link_name(sysfs, f"{b}/cache")
+
+    def sb() -> tuple[str | None, str | None]:
+        # the superblock's UUID and label: a label write sends a change uevent (sysfs.c)
+        return (r("backing_dev_uuid") or "").strip() or None, (r("label") or "").strip() or None
+
+    uuid, label = sb() if cache is None else cache.get(("bcache-sb", b), sb)
+    dirty = dbg.dirty if dbg is not None and dbg.dirty is not None else _opt(
+        Size.parse_hprint, r("dirty_data"), w("dirty_data"), warnings)
+    rate = dbg.rate if dbg is not None and dbg.rate is not None else _opt(
+        lambda t: Size.parse_hprint(t.removesuffix("/sec")), r("writeback_rate"),
+        w("writeback_rate"), warnings)
     return BcacheBacking(
-        identity=identity(sysfs, name, rel),
+        identity=cached_identity(sysfs, name, rel, cache),
         device=f"/dev/{dev_name}" if dev_name else None,
         device_name=dev_name,
-        uuid=(r("backing_dev_uuid") or "").strip() or None,
+        uuid=uuid,
         cset_uuid=cset if cset and _UUID.match(cset) else None,
-        label=(r("label") or "").strip() or None,
+        label=label,
         mode=mode,
         state=state,
-        dirty=_opt(Size.parse_hprint, r("dirty_data"), w("dirty_data"), warnings),
+        dirty=dirty,
         running=_opt(_bool, r("running"), w("running"), warnings),
-        writeback_rate=_opt(lambda t: Size.parse_hprint(t.removesuffix("/sec")),
-                            r("writeback_rate"), w("writeback_rate"), warnings),
+        writeback_rate=rate,
         writeback_percent=_opt(_int, r("writeback_percent"), w("writeback_percent"), warnings),
         writeback_delay=_opt(_int, r("writeback_delay"), w("writeback_delay"), warnings),
         writeback_running=_opt(_bool, r("writeback_running"), w("writeback_running"), warnings),
-        writeback_rate_minimum=_opt(_int, r("writeback_rate_minimum"),
+        writeback_rate_minimum=_opt(_int, r("writeback_rate_minimum") if stats else None,
                                     w("writeback_rate_minimum"), warnings),
         sequential_cutoff=_opt(Size.parse_hprint, r("sequential_cutoff"),
                                w("sequential_cutoff"), warnings),
         io_errors=_opt(_int, r("io_errors"), w("io_errors"), warnings),
-        io_error_limit=_opt(_int, r("io_error_limit"), w("io_error_limit"), warnings),
+        io_error_limit=_opt(_int, r("io_error_limit") if stats else None,
+                            w("io_error_limit"), warnings),
         stop_when_cache_set_failed=(
             _opt(lambda t: parse_bracketed(t)[0], swf, w("stop_when_cache_set_failed"),
                  warnings)),
-        rate_debug=_opt(WritebackDebug.parse, dbg, w("writeback_rate_debug"), warnings),
-        stats=read_stats(sysfs, b, warnings),
+        rate_debug=dbg,
+        stats=read_stats(sysfs, b, warnings, STATS_INTERVALS if stats else POLL_INTERVALS,
+                         kernel_ratio=stats),
     )
 
 
-def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str]) -> BcacheCache:
+def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
+               stats: bool = True, cache: ScanCache | None = None) -> BcacheCache:
+    """A cache device; ``stats`` False (a poll) leaves out the replacement policy and
+    ``written``, and takes the superblock's geometry (bucket and block size, buckets) from
+    ``cache`` while no uevent was sent and the cache set is the same."""
     b = f"{rel}/bcache"
 
     def r(f: str) -> str | None:
         return sysfs.read_opt(f"{b}/{f}")
 
+    def geometry() -> tuple[Size | None, int | None, Size | None]:
+        return (_opt(Size.parse_hprint, r("bucket_size"), f"{name}: bucket_size", warnings),
+                _opt(_int, r("nbuckets"), f"{name}: nbuckets", warnings),
+                _opt(Size.parse_hprint, r("block_size"), f"{name}: block_size", warnings))
+
     cset = _link_name(sysfs, f"{b}/set")
-    policy = r("cache_replacement_policy")
+    # registering a cache device sends no uevent (lab: docs/kernel-notes.md, "uevent_seqnum"):
+    # kept per cache set UUID, which a new make-bcache changes
+    bucket, nbuckets, block = geometry() if cache is None else cache.get(
+        ("bcache-geo", b, cset), geometry)
+    policy = r("cache_replacement_policy") if stats else None
     return BcacheCache(
-        identity=identity(sysfs, name, rel),
+        identity=cached_identity(sysfs, name, rel, cache),
         cset_uuid=cset if cset and _UUID.match(cset) else None,
         io_errors=_opt(_int, r("io_errors"), f"{name}: io_errors", warnings),
-        bucket_size=_opt(Size.parse_hprint, r("bucket_size"), f"{name}: bucket_size", warnings),
-        nbuckets=_opt(_int, r("nbuckets"), f"{name}: nbuckets", warnings),
-        block_size=_opt(Size.parse_hprint, r("block_size"), f"{name}: block_size", warnings),
+        bucket_size=bucket,
+        nbuckets=nbuckets,
+        block_size=block,
         replacement_policy=_opt(lambda t: parse_bracketed(t)[0], policy,
                                 f"{name}: cache_replacement_policy", warnings),
-        written=_opt(Size.parse_hprint, r("written"), f"{name}: written", warnings),
+        written=_opt(Size.parse_hprint, r("written") if stats else None, f"{name}: written",
+                     warnings),
     )
 
 
 def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
-                   warnings: list[str]) -> CacheSet:
+                   warnings: list[str], *, stats: bool = True) -> CacheSet:
+    """A cache set; ``stats`` False (a poll) reads what status and its JSON show (available
+    space, the error action, the congestion thresholds, the total stats) and leaves the rest
+    None (the set's dirty_data moves only at GC: docs/kernel-notes.md)."""
     d = f"fs/bcache/{uuid}"
     entries = sysfs.listdir(d)
     cache_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"cache\d+", e)]
     bdev_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"bdev\d+", e)]
     flash = sum(1 for e in entries if re.fullmatch(r"volume\d+", e))
 
-    def r(f: str) -> str | None:
-        return sysfs.read_opt(f"{d}/{f}")
+    def r(f: str, always: bool = False) -> str | None:
+        return sysfs.read_opt(f"{d}/{f}") if stats or always else None
 
-    errors = r("errors")
+    errors = r("errors", True)
     return CacheSet(
         uuid=uuid,
         caches=tuple(caches[n] for n in cache_names if n and n in caches),
         backing_names=tuple(n for n in bdev_names if n),
         flash_volumes=flash,
-        cache_available_percent=_opt(_int, r("cache_available_percent"),
+        cache_available_percent=_opt(_int, r("cache_available_percent", True),
                                      f"{uuid}: cache_available_percent", warnings),
         congested=r("congested"),
-        congested_read_threshold_us=_opt(_int, r("congested_read_threshold_us"),
+        congested_read_threshold_us=_opt(_int, r("congested_read_threshold_us", True),
                                          f"{uuid}: congested_read_threshold_us", warnings),
-        congested_write_threshold_us=_opt(_int, r("congested_write_threshold_us"),
+        congested_write_threshold_us=_opt(_int, r("congested_write_threshold_us", True),
                                           f"{uuid}: congested_write_threshold_us", warnings),
         errors=_opt(lambda t: parse_bracketed(t)[0], errors, f"{uuid}: errors", warnings),
         io_error_limit=_opt(_int, r("io_error_limit"), f"{uuid}: io_error_limit", warnings),
@@ -263,7 +321,8 @@ def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
         block_size=_opt(Size.parse_hprint, r("block_size"), f"{uuid}: block_size", warnings),
         bucket_size=_opt(Size.parse_hprint, r("bucket_size"), f"{uuid}: bucket_size", warnings),
         dirty=_opt(Size.parse_hprint, r("dirty_data"), f"{uuid}: dirty_data", warnings),
-        stats=read_stats(sysfs, d, warnings),
+        stats=read_stats(sysfs, d, warnings, STATS_INTERVALS if stats else POLL_INTERVALS,
+                         kernel_ratio=stats),
     )
 
 
@@ -276,23 +335,28 @@ class BcacheScan:
     warnings: tuple[str, ...]
 
 
-def scan(sysfs: Sysfs) -> BcacheScan:
-    """Read every bcache object: cache sets, their cache devices, backing devices."""
+def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) -> BcacheScan:
+    """Read every bcache object: cache sets, their cache devices, backing devices.
+    ``stats`` False is a poll's read (:func:`read_backing`); ``cache`` keeps what cannot
+    change between polls (scancache.py)."""
+    cache = once(sysfs, cache)
     warnings: list[str] = []
     backings: list[BcacheBacking] = []
     caches: dict[str, BcacheCache] = {}
-    for name, rel in sorted(block_dirs(sysfs).items()):
+    for name, rel in sorted(block_dirs(sysfs, cache).items()):
+        # bcache/ appears on registration, with or without a uevent (a cache device sends
+        # none): looked at on every scan
         if name.startswith("bcache") or not sysfs.is_dir(f"{rel}/bcache"):
             continue
         if sysfs.exists(f"{rel}/bcache/cache_mode"):
-            backings.append(read_backing(sysfs, name, rel, warnings))
+            backings.append(read_backing(sysfs, name, rel, warnings, stats=stats, cache=cache))
         elif sysfs.exists(f"{rel}/bcache/bucket_size") or sysfs.exists(f"{rel}/bcache/set"):
-            caches[name] = read_cache(sysfs, name, rel, warnings)
+            caches[name] = read_cache(sysfs, name, rel, warnings, stats=stats, cache=cache)
     sets = []
     if sysfs.is_dir("fs/bcache"):
         for entry in sysfs.listdir("fs/bcache"):
             if _UUID.match(entry) and sysfs.is_dir(f"fs/bcache/{entry}"):
-                sets.append(read_cache_set(sysfs, entry, caches, warnings))
+                sets.append(read_cache_set(sysfs, entry, caches, warnings, stats=stats))
     return BcacheScan(
         loaded=sysfs.is_dir("fs/bcache"),
         cache_sets=tuple(sets),
@@ -623,11 +687,12 @@ def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
         time.sleep(interval)
 
 
-def reread(sysfs: Sysfs, name: str) -> BcacheBacking:
+def reread(sysfs: Sysfs, name: str, *, stats: bool = True) -> BcacheBacking:
+    """One backing device read again (``stats`` False: a poll's read, :func:`read_backing`)."""
     rel = block_dirs(sysfs).get(name)
     if rel is None or not sysfs.is_dir(f"{rel}/bcache"):
         raise CacheMgrError(f"/dev/{name} vanished while we were waiting on it")
-    return read_backing(sysfs, name, rel, [])
+    return read_backing(sysfs, name, rel, [], stats=stats)
 
 
 def clear_stats(sysfs: Sysfs, target: BcacheBacking | CacheSet) -> Change:

@@ -9,9 +9,10 @@ What is copied: /sys/fs/bcache (every file, links kept as links), every /sys/blo
 (the link and its device directory, its bcache/, dm/, holders/, slaves/, queue/ basics with
 the IO scheduler's tunables (queue/iosched/) and partitions) and the SCSI device attributes
 behind ``device`` (vendor, model, wwid, vpd pages),
-plus ``dmsetup table`` / ``dmsetup status`` / ``dmsetup info`` output and a meta.json naming
-the kernel. Write-only files are recorded as empty files with their mode, so their presence
-is part of the capture. ``priority_stats`` is never read (it locks every bucket).
+plus ``dmsetup table`` / ``dmsetup status`` / ``dmsetup info`` output, kernel/uevent_seqnum
+and a meta.json naming the kernel. Write-only files are recorded as empty files with their
+mode, so their presence is part of the capture. ``priority_stats`` is never read (it locks
+every bucket).
 """
 
 from __future__ import annotations
@@ -144,6 +145,15 @@ class Capturer:
         for entry in self.sys.listdir("dev/block"):
             self.copy_link(f"dev/block/{entry}")
 
+    def capture_seqnum(self) -> None:
+        """kernel/uevent_seqnum as it read at the end of the capture: what a poll's
+        ScanCache compares (backends/scancache.py); a tree without it is read in full on
+        every scan."""
+        text = self.sys.read_opt("kernel/uevent_seqnum")
+        if text is not None:
+            self.dest("kernel").mkdir(parents=True, exist_ok=True)
+            self.dest("kernel/uevent_seqnum").write_text(text + "\n")
+
     def capture_bcache(self) -> None:
         if self.sys.is_dir("fs/bcache"):
             self.copy_tree("fs/bcache", depth=4, follow=1)
@@ -212,6 +222,7 @@ class Capturer:
         self.capture_dmsetup()
         self.capture_lvs()
         self.capture_tools()
+        self.capture_seqnum()
         from cachemgr.backends import virsh  # libvirt's domains and the VMs' cgroups
 
         virsh.record(self.out, self.sys)

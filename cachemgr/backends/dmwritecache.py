@@ -29,6 +29,7 @@ from cachemgr.backends.dmcache.parse import (
     number,
     split_target_line,
 )
+from cachemgr.backends.scancache import ScanCache
 from cachemgr.core.errors import KernelFormatError
 from cachemgr.core.model import DmWritecacheDevice, DmWritecacheStatus, DmWritecacheTable
 from cachemgr.core.sysfs import Sysfs
@@ -75,12 +76,13 @@ class WritecacheScan:
     warnings: tuple[str, ...]
 
 
-def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> WritecacheScan:
+def scan(sysfs: Sysfs, source: DmsetupSource | None = None, *,
+         cache: ScanCache | None = None) -> WritecacheScan:
     """Every dm device whose one target is ``writecache``."""
-    found, warnings = find_targets(sysfs, source, "writecache", "dm-writecache")
+    found, warnings = find_targets(sysfs, source, "writecache", "dm-writecache", cache)
     if not found and not warnings:
         return WritecacheScan((), ())
-    dirs = block_dirs(sysfs)
+    dirs = block_dirs(sysfs, cache)
     out = []
     for f in found:
         try:
@@ -97,8 +99,8 @@ def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> WritecacheScan:
             table=table,
             status=None if isinstance(st, str) else st,
             failure=st if isinstance(st, str) else None,
-            cache=dm_identity(sysfs, table.cache_dev, dirs),
-            origin=dm_identity(sysfs, table.origin_dev, dirs),
+            cache=dm_identity(sysfs, table.cache_dev, dirs, cache),
+            origin=dm_identity(sysfs, table.origin_dev, dirs, cache),
             open_count=f.open_count,
             suspended=f.suspended,
             holders=f.holders,

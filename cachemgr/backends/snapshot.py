@@ -14,6 +14,7 @@ from typing import Any
 
 from cachemgr.backends import bcache, dmcache, dmwritecache
 from cachemgr.backends import vms as vms_mod
+from cachemgr.backends.scancache import ScanCache, once
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
     BcacheBacking,
@@ -34,21 +35,31 @@ SCHEMA = 1
 
 
 def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
-         vms: bool = False, uri: str | None = None) -> Snapshot:
+         vms: bool = False, uri: str | None = None, stats: bool = True,
+         cache: ScanCache | None = None) -> Snapshot:
     """Read everything once. ``probe_unregistered`` also reads the superblock of every
     unclaimed block device (finds backing devices bcache stopped after a cache failure); it
     opens devices, so pollers leave it off and `status` turns it on. ``vms``: also the
-    libvirt domains of ``uri`` (default qemu:///system) above the caches."""
+    libvirt domains of ``uri`` (default qemu:///system) above the caches.
+
+    ``stats`` False is a poll's scan: bcache's total stats only (not five_minute, hour, day)
+    and not the tunables only the detail view shows (:func:`bcache.read_backing`), about 15
+    reads a backing device. ``cache``: a poller's :class:`ScanCache`, so identities,
+    superblock fields, the device list and ``dmsetup table`` are read again only after a
+    uevent."""
     sysfs = sysfs or Sysfs()
-    scan = bcache.scan(sysfs)
+    if cache is not None:
+        cache.begin(sysfs)
+    cache = once(sysfs, cache)
+    scan = bcache.scan(sysfs, stats=stats, cache=cache)
     unregistered: tuple[UnregisteredBcache, ...] = ()
     if probe_unregistered:
         from cachemgr.backends import bcache_super
 
         unregistered = bcache_super.scan_unregistered(sysfs)
-    src = _Once(dmcache.default_source(sysfs))  # one dmsetup call per listing
-    dm = dmcache.scan(sysfs, src)
-    wc = dmwritecache.scan(sysfs, src)
+    src = _Once(dmcache.default_source(sysfs), cache)  # one dmsetup call per listing
+    dm = dmcache.scan(sysfs, src, cache=cache)
+    wc = dmwritecache.scan(sysfs, src, cache=cache)
     dmcaches, writecaches, lvm_warnings = _with_lvm(sysfs, dm.devices, wc.devices)
     snap = Snapshot(
         kernel=platform.release(),
@@ -67,15 +78,42 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     return snap
 
 
+def carry_stats(snap: Snapshot, earlier: Snapshot | None) -> Snapshot:
+    """A poll's snapshot (``stats=False``) with the five_minute/hour/day stats of an
+    ``earlier`` one that has them (same backing device by its key, same cache set), for a
+    poller that reads those at its own, slower pace. bcache folds its counters every ~13.6 s
+    (stats.c, accounting_delay), so a reading is that old anyway."""
+    if earlier is None:
+        return snap
+
+    def merged(new: dict[str, Stats], old: dict[str, Stats] | None) -> dict[str, Stats]:
+        if not old:
+            return new
+        return {**{k: v for k, v in old.items() if k not in new}, **new}
+
+    old_b = {b.key: b.stats for b in earlier.backings}
+    old_c = {c.uuid: c.stats for c in earlier.cache_sets}
+    return replace(
+        snap,
+        backings=tuple(replace(b, stats=merged(b.stats, old_b.get(b.key)))
+                       for b in snap.backings),
+        cache_sets=tuple(replace(c, stats=merged(c.stats, old_c.get(c.uuid)))
+                         for c in snap.cache_sets))
+
+
 class _Once:
     """A dmsetup source that runs each listing once (dm-cache and dm-writecache both read
-    ``dmsetup table``)."""
+    ``dmsetup table``); the table itself once while no uevent was sent (a table goes live on
+    resume, which sends one: docs/kernel-notes.md, "uevent_seqnum")."""
 
-    def __init__(self, inner: dmcache.DmsetupSource) -> None:
+    def __init__(self, inner: dmcache.DmsetupSource, cache: ScanCache) -> None:
         self.inner = inner
+        self.cache = cache
         self.seen: dict[str, str] = {}
 
     def output(self, what: str) -> str:
+        if what == "table":
+            return self.cache.get(("dmsetup", what), lambda: self.inner.output(what))
         if what not in self.seen:
             self.seen[what] = self.inner.output(what)
         return self.seen[what]

@@ -26,16 +26,18 @@ def _sysfs(args: argparse.Namespace) -> Sysfs:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    cache = cache_ops.ScanCache()  # --watch: identities and the like read again only after a uevent
     while True:
         snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch,
-                                vms=not args.no_vms, uri=args.connect)
+                                vms=not args.no_vms, uri=args.connect, stats=args.stats,
+                                cache=cache)
         if args.json:
             print(json.dumps(cache_ops.status_json(snap, _sysfs(args)),
                              indent=None if args.watch else 2), flush=True)
         else:
             if args.watch:
                 print(time.strftime("%H:%M:%S"))
-            print(status_table(snap), flush=True)
+            print(status_table(snap, intervals=args.stats), flush=True)
         if not args.watch:
             return ExitCode.OK
         time.sleep(args.watch)
@@ -120,6 +122,9 @@ def register(sub: Any) -> None:
     s.add_argument("--connect", metavar="URI",
                    help="libvirt connection whose VMs are shown (default qemu:///system)")
     s.add_argument("--no-vms", action="store_true", help="do not ask libvirt for the VMs")
+    s.add_argument("--stats", action="store_true",
+                   help="also bcache's five-minute, hour and day stats (the HIT5m column; "
+                   "JSON: stats.five_minute/hour/day) and the detail tunables")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("mode", help="switch the cache mode of a cached device")

@@ -20,6 +20,7 @@ from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
+from cachemgr.backends.scancache import ScanCache as ScanCache
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
 from cachemgr.core import checks, state
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
@@ -44,10 +45,18 @@ STALL_TIMEOUT = 60.0
 
 
 def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
-           uri: str | None = None) -> Snapshot:
+           uri: str | None = None, stats: bool = True,
+           cache: ScanCache | None = None) -> Snapshot:
     """Everything on the host, once: the one snapshot every face reads. ``vms``: with the
-    libvirt domains of ``uri`` (default qemu:///system) above the caches."""
-    return snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri)
+    libvirt domains of ``uri`` (default qemu:///system) above the caches. ``stats`` False:
+    a poll's scan, without bcache's five_minute/hour/day stats; ``cache``: the poller's
+    (snapshot.take)."""
+    return snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
+                             stats=stats, cache=cache)
+
+
+# a poller's pieces (the TUI imports the command layer only)
+carry_stats = snapshot_mod.carry_stats
 
 
 def parse_mode(word: str, *, hint: str = "use writethrough, writeback, writearound or none"

@@ -50,26 +50,29 @@ def dirty_text(b: BcacheBacking) -> str:
     return short(b.dirty.bytes)
 
 
-def status_table(snap: Snapshot) -> str:
+def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
     """One line per backing device and per dm-cache device, then one per cache set and per
-    dm-cache device. Fits 80 columns for bcache0-9."""
+    dm-cache device. Fits 80 columns for bcache0-9. ``intervals`` False (``status`` without
+    ``--stats``: the snapshot has no five-minute stats) leaves out the HIT5m column."""
     lines = []
     if not snap.bcache_loaded:
         lines.append("bcache: module not loaded (modprobe bcache)")
+    hit5m = f"{'HIT5m':>6}" if intervals else ""
     lines.append(f"{'DEVICE':<13}{'BACKING':<13}{'MODE':<13}{'STATE':<9}{'DIRTY':>7}"
-                 f"{'HIT5m':>6}{'HIT':>5}{'WBRATE':>8}{'ERR':>4} CSET")
+                 f"{hit5m}{'HIT':>5}{'WBRATE':>8}{'ERR':>4} CSET")
     for b in snap.backings:
         rate = "-" if b.writeback_rate is None or b.mode is None else \
             short(b.writeback_rate.bytes) + "/s"
+        b5m = f"{_ratio(b, 'five_minute'):>6}" if intervals else ""
         lines.append(
             f"{b.device or '(stopped)':<12.12} {_tail(b.identity.node, 12):<12} "
             f"{(b.mode.value if b.mode else '?'):<13}{b.state.value:<9}{dirty_text(b):>7}"
-            f"{_ratio(b, 'five_minute'):>6}{_ratio(b, 'total'):>5}{rate:>8}"
+            f"{b5m}{_ratio(b, 'total'):>5}{rate:>8}"
             f"{b.io_errors if b.io_errors is not None else '?':>4} "
             f"{(b.cset_uuid or '-')[:8]}"
         )
-    lines.extend(_dm_row(d) for d in snap.dmcaches)
-    lines.extend(_wc_row(w) for w in snap.writecaches)
+    lines.extend(_dm_row(d, intervals) for d in snap.dmcaches)
+    lines.extend(_wc_row(w, intervals) for w in snap.writecaches)
     if not snap.backings:
         lines.append("(no bcache backing devices)")
     for c in snap.cache_sets:
@@ -105,7 +108,7 @@ def _bare(node: str | None) -> str:
     return (node or "?").removeprefix("/dev/")
 
 
-def _dm_row(d: DmCacheDevice) -> str:
+def _dm_row(d: DmCacheDevice, intervals: bool = True) -> str:
     """A dm-cache device in the same columns: DEVICE is its dm name (a valid TARGET; VG/LV
     for LVM's), BACKING its origin, CSET its cache device; no per-interval stats, rate or
     errors."""
@@ -115,14 +118,15 @@ def _dm_row(d: DmCacheDevice) -> str:
                     d.origin.node if d.origin else d.table.origin_dev, d.mode.value,
                     d.state.value, short(d.dirty_bytes) if st else "?",
                     "-" if ratio is None else f"{100 * ratio:.0f}%", "-",
-                    d.cache.node if d.cache else d.table.cache_dev)
+                    d.cache.node if d.cache else d.table.cache_dev, intervals)
 
 
 def _dm_line(name: str, origin: str, mode: str, state: str, dirty: str, ratio: str,
-             errors: str, cache: str) -> str:
+             errors: str, cache: str, intervals: bool = True) -> str:
     """A device-mapper cache in the table's columns (no per-interval stats or rate)."""
+    hit5m = f"{'-':>6}" if intervals else ""
     return (f"{printable(name):<13.13}{_bare(origin):<13.13}{mode:<13}{state:<9}{dirty:>7}"
-            f"{'-':>6}{ratio:>5}{'-':>8}{errors:>4} {_bare(cache)}")
+            f"{hit5m}{ratio:>5}{'-':>8}{errors:>4} {_bare(cache)}")
 
 
 def _dm_detail(d: DmCacheDevice) -> str:
@@ -148,14 +152,15 @@ def _dm_detail(d: DmCacheDevice) -> str:
     return ", ".join(parts)
 
 
-def _wc_row(w: DmWritecacheDevice) -> str:
+def _wc_row(w: DmWritecacheDevice, intervals: bool = True) -> str:
     st = w.status
     reads, hits = (st.counter(0), st.counter(1)) if st else (None, None)
     return _dm_line(w.lvm.full_name if w.lvm else w.name,
                     w.origin.node if w.origin else w.table.origin_dev, "writecache",
                     w.state.value, short(w.dirty_bytes),
                     "-" if not reads or hits is None else f"{100 * hits / reads:.0f}%",
-                    str(st.error) if st else "?", w.cache.node if w.cache else w.table.cache_dev)
+                    str(st.error) if st else "?", w.cache.node if w.cache else w.table.cache_dev,
+                    intervals)
 
 
 def _wc_detail(w: DmWritecacheDevice) -> str:

@@ -348,7 +348,7 @@ class SnapshotCollector(Collector):
         self.uri = uri
 
     def collect(self) -> Iterable[Metric]:
-        snap = snapshot_mod.take(self.sysfs, probe_unregistered=False, vms=self.vms,
+        snap = snapshot_mod.take(self.sysfs, probe_unregistered=False, vms=self.vms, stats=True,
                                  uri=self.uri)
         return [*collect(snap),
                 *health_metrics(smart.ssd_health(self.sysfs, snap, refresh=False))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -251,9 +252,10 @@ def test_64_backing_devices_never_block_a_frame(fx64: Path,
     UI thread's share of a poll (the table, trends, banner) stays within a few frames; the
     event loop keeps ticking and keys are answered while a slow poll runs.
 
-    Reads are slowed (0.1 ms each, ~3800 a poll: about a second a poll here) so that a poll
-    done on the UI thread could not hide; dirty_data moves between polls (a non-zero
-    captured value + 4k a poll) so rows are really redrawn."""
+    Reads are slowed (0.4 ms each, ~1000 a poll once the identities are cached, 2600 when
+    the stats intervals are read too: about a second a poll here) so that a poll done on the
+    UI thread could not hide; the dirty data moves between polls (a non-zero captured value +
+    4k a poll, in dirty_data and writeback_rate_debug) so rows are really redrawn."""
     ui = threading.get_ident()
     on_ui: list[str] = []
     real_read = Sysfs.read
@@ -262,10 +264,14 @@ def test_64_backing_devices_never_block_a_frame(fx64: Path,
     def read(self: Sysfs, rel: str) -> str:
         if threading.get_ident() == ui:
             on_ui.append(rel)
-        time.sleep(0.0001)
+        time.sleep(0.0004)
         text = real_read(self, rel)
         if rel.endswith("/dirty_data") and text.endswith("k") and text != "0.0k":
             text = f"{float(text[:-1]) + 4 * tick[0]:.1f}k"
+        if rel.endswith("/writeback_rate_debug"):
+            text = re.sub(r"(?m)^(dirty:\s*)([0-9.]+)k$", lambda m: m.group(0)
+                          if m.group(2) == "0.0" else
+                          f"{m.group(1)}{float(m.group(2)) + 4 * tick[0]:.1f}k", text)
         return text
 
     monkeypatch.setattr(Sysfs, "read", read)

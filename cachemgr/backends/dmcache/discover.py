@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from cachemgr.backends.bcache import block_dirs, identity
+from cachemgr.backends.bcache import block_dirs, cached_identity
 from cachemgr.backends.dmcache.command import DmsetupSource, default_source
 from cachemgr.backends.dmcache.parse import (
     DmInfo,
@@ -16,6 +16,7 @@ from cachemgr.backends.dmcache.parse import (
     parse_table,
     split_target_line,
 )
+from cachemgr.backends.scancache import ScanCache
 from cachemgr.core.errors import CacheMgrError, CommandError, KernelFormatError, UsageError
 from cachemgr.core.model import DmCacheDevice, Identity
 from cachemgr.core.sysfs import Sysfs
@@ -31,8 +32,21 @@ class DmSys:
     holders: tuple[str, ...]
 
 
-def dm_devices(sysfs: Sysfs) -> dict[str, DmSys]:
-    """dm name -> what /sys/block/dm-*/dm/ says of it."""
+@dataclass(frozen=True)
+class DmName:
+    """What a dm device's sysfs says that changes only with a uevent (a rename or a new UUID
+    sends one: dm-ioctl.c), so a poll's :class:`ScanCache` keeps it."""
+
+    kernel_name: str
+    name: str
+    uuid: str | None
+    devno: str | None
+
+
+def dm_names(sysfs: Sysfs, cache: ScanCache | None = None) -> dict[str, DmName]:
+    """dm name -> kernel name, UUID and device number, from /sys/block/dm-*/."""
+    if cache is not None:
+        return cache.get("dm-names", lambda: dm_names(sysfs))
     out = {}
     for kname in sysfs.block_names():
         d = f"block/{kname}"
@@ -41,18 +55,30 @@ def dm_devices(sysfs: Sysfs) -> dict[str, DmSys]:
         name = (sysfs.read_opt(f"{d}/dm/name") or "").strip()
         if not name:
             continue
-        susp = (sysfs.read_opt(f"{d}/dm/suspended") or "").strip()
-        out[name] = DmSys(
+        out[name] = DmName(
             kernel_name=kname, name=name,
             uuid=(sysfs.read_opt(f"{d}/dm/uuid") or "").strip() or None,
-            suspended=None if susp not in ("0", "1") else susp == "1",
             devno=(sysfs.read_opt(f"{d}/dev") or "").strip() or None,
-            holders=tuple(sysfs.listdir(f"{d}/holders")),
         )
     return out
 
 
-def dm_identity(sysfs: Sysfs, devno: str, dirs: dict[str, str]) -> Identity | None:
+def dm_sys(sysfs: Sysfs, n: DmName) -> DmSys:
+    """``n`` with what changes without a uevent: suspended, holders."""
+    d = f"block/{n.kernel_name}"
+    susp = (sysfs.read_opt(f"{d}/dm/suspended") or "").strip()
+    return DmSys(kernel_name=n.kernel_name, name=n.name, uuid=n.uuid,
+                 suspended=None if susp not in ("0", "1") else susp == "1", devno=n.devno,
+                 holders=tuple(sysfs.listdir(f"{d}/holders")))
+
+
+def dm_devices(sysfs: Sysfs) -> dict[str, DmSys]:
+    """dm name -> what /sys/block/dm-*/dm/ says of it."""
+    return {name: dm_sys(sysfs, n) for name, n in dm_names(sysfs).items()}
+
+
+def dm_identity(sysfs: Sysfs, devno: str, dirs: dict[str, str],
+                cache: ScanCache | None = None) -> Identity | None:
     if devno.startswith("/dev/"):
         name = sysfs.block_name_of(devno)
     else:
@@ -60,7 +86,7 @@ def dm_identity(sysfs: Sysfs, devno: str, dirs: dict[str, str]) -> Identity | No
         name = os.path.basename(target.rstrip("/")) if target else None
     if name is None or name not in dirs:
         return None
-    return identity(sysfs, name, dirs[name])
+    return cached_identity(sysfs, name, dirs[name], cache)
 
 
 @dataclass(frozen=True)
@@ -99,12 +125,13 @@ class Found:
         return self.sys.holders if self.sys else ()
 
 
-def find_targets(sysfs: Sysfs, source: DmsetupSource | None, target: str, kind: str
-                 ) -> tuple[list[Found], list[str]]:
+def find_targets(sysfs: Sysfs, source: DmsetupSource | None, target: str, kind: str,
+                 cache: ScanCache | None = None) -> tuple[list[Found], list[str]]:
     """Every dm device whose one target is ``target`` (``cache``, ``writecache``), and the
     warnings for the ones cachemgr cannot read (``kind`` names them). Runs no command when
-    there is no dm device at all; a dmsetup failure (not installed, not root) is a warning."""
-    devs = dm_devices(sysfs)
+    there is no dm device at all; a dmsetup failure (not installed, not root) is a warning.
+    Reads the dynamic sysfs files (suspended, holders) of the devices found only."""
+    devs = dm_names(sysfs, cache)
     if not devs:
         return [], []
     src = source or default_source(sysfs)
@@ -128,8 +155,9 @@ def find_targets(sysfs: Sysfs, source: DmsetupSource | None, target: str, kind: 
             warnings.append(f"{name}: {len(tables[name])} targets including a {target} target; "
                             f"cachemgr manages single-target {kind} devices only")
             continue
-        found.append(Found(name, tables[name][0], statuses[name][0], devs.get(name),
-                           infos.get(name)))
+        n = devs.get(name)
+        found.append(Found(name, tables[name][0], statuses[name][0],
+                           dm_sys(sysfs, n) if n else None, infos.get(name)))
     return found, warnings
 
 
@@ -139,12 +167,13 @@ class DmCacheScan:
     warnings: tuple[str, ...]
 
 
-def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> DmCacheScan:
+def scan(sysfs: Sysfs, source: DmsetupSource | None = None, *,
+         cache: ScanCache | None = None) -> DmCacheScan:
     """Every dm device whose one target is ``cache``."""
-    found, warnings = find_targets(sysfs, source, "cache", "dm-cache")
+    found, warnings = find_targets(sysfs, source, "cache", "dm-cache", cache)
     if not found and not warnings:
         return DmCacheScan((), ())
-    dirs = block_dirs(sysfs)
+    dirs = block_dirs(sysfs, cache)
     out = []
     for f in found:
         try:
@@ -161,9 +190,9 @@ def scan(sysfs: Sysfs, source: DmsetupSource | None = None) -> DmCacheScan:
             table=table,
             status=None if isinstance(st, str) else st,
             failure=st if isinstance(st, str) else None,
-            metadata=dm_identity(sysfs, table.metadata_dev, dirs),
-            cache=dm_identity(sysfs, table.cache_dev, dirs),
-            origin=dm_identity(sysfs, table.origin_dev, dirs),
+            metadata=dm_identity(sysfs, table.metadata_dev, dirs, cache),
+            cache=dm_identity(sysfs, table.cache_dev, dirs, cache),
+            origin=dm_identity(sysfs, table.origin_dev, dirs, cache),
             open_count=f.open_count,
             suspended=f.suspended,
             holders=f.holders,
