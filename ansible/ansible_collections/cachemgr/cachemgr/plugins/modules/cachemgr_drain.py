@@ -17,6 +17,9 @@ description:
   - The device is found by any name C(cachemgr) takes for it and by any link to the same
     node (/dev/disk/by-id/..., C(VG/LV)).
 version_added: "0.1.0"
+extends_documentation_fragment:
+  - cachemgr.cachemgr.cachemgr
+  - cachemgr.cachemgr.cachemgr.changes
 author:
   - cachemgr developers (@cachemgr)
 options:
@@ -30,19 +33,6 @@ options:
     description: Seconds before giving up (the cache is left as it is, tunables restored).
     type: int
     default: 86400
-  cachemgr_bin:
-    description: Path of the cachemgr command.
-    type: str
-    default: cachemgr
-attributes:
-  check_mode:
-    description: Runs in check mode and tells whether it would change anything.
-    support: full
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) with C(--diff).
-    support: full
-notes:
-  - Needs root on the managed host (C(become)).
 """
 
 EXAMPLES = r"""

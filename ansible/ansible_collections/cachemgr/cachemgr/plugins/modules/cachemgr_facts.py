@@ -14,6 +14,8 @@ description:
     (unless O(vms=false)) the libvirt VMs above the caches.
   - Changes nothing.
 version_added: "0.1.0"
+extends_documentation_fragment:
+  - cachemgr.cachemgr.cachemgr
 author:
   - cachemgr developers (@cachemgr)
 options:
@@ -21,10 +23,6 @@ options:
     description: Ask libvirt which VM disks each cache serves (C(status) without C(--no-vms)).
     type: bool
     default: true
-  cachemgr_bin:
-    description: Path of the cachemgr command.
-    type: str
-    default: cachemgr
 attributes:
   check_mode:
     description: Runs in check mode and tells whether it would change anything.

@@ -19,6 +19,9 @@ description:
     V(passthrough) (no V(none)); a dm-writecache is always V(writeback). Any other mode for
     the device's kind fails the task, in check mode too.
 version_added: "0.1.0"
+extends_documentation_fragment:
+  - cachemgr.cachemgr.cachemgr
+  - cachemgr.cachemgr.cachemgr.changes
 author:
   - cachemgr developers (@cachemgr)
 options:
@@ -41,19 +44,6 @@ options:
         already right.
     type: bool
     default: false
-  cachemgr_bin:
-    description: Path of the cachemgr command.
-    type: str
-    default: cachemgr
-attributes:
-  check_mode:
-    description: Runs in check mode and tells whether it would change anything.
-    support: full
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) with C(--diff).
-    support: full
-notes:
-  - Needs root on the managed host (C(become)).
 """
 
 EXAMPLES = r"""

@@ -21,6 +21,9 @@ description:
   - Use C(serial) in the play to go host by host (the collection's
     C(cachemgr.cachemgr.replace_ssd) playbook does).
 version_added: "0.1.0"
+extends_documentation_fragment:
+  - cachemgr.cachemgr.cachemgr
+  - cachemgr.cachemgr.cachemgr.changes
 author:
   - cachemgr developers (@cachemgr)
 options:
@@ -38,20 +41,11 @@ options:
         the new disk (/dev/..., C(wwn:...), C(serial:...), H:C:T:L, a PCI address).
     type: str
     default: same
-  cachemgr_bin:
-    description: Path of the cachemgr command.
-    type: str
-    default: cachemgr
 attributes:
   check_mode:
     description: Runs in check mode and tells whether it would change anything.
     support: full
     details: Prints the plan (C(replace-ssd --dry-run)) or names the run it would resume.
-  diff_mode:
-    description: Returns details on what has changed (or would change in check mode) with C(--diff).
-    support: full
-notes:
-  - Needs root on the managed host (C(become)).
 """
 
 EXAMPLES = r"""
