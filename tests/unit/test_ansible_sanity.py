@@ -1,7 +1,7 @@
 """The Ansible collection through the tools its users and Galaxy run (issue #19 item 1):
 ``ansible-test sanity`` (every test it has for a collection, all offline once their
-virtualenvs exist), ``ansible-test units`` (the collection's own tests under
-tests/unit/plugins) and ``ansible-lint`` (profile production, the collection and the lab
+virtualenvs exist), ``ansible-test units`` (the unit tests inside the
+collection) and ``ansible-lint`` (profile production, the collection and the lab
 playbooks). Each test fails, never skips, when its tool is missing: the test extra
 (pyproject.toml) installs ansible-core and ansible-lint.
 
@@ -83,7 +83,7 @@ def locked() -> Iterator[None]:
 
 def tree(name: str, source: Path = COLLECTION) -> Path:
     """The collection copied to <TREES>/<name>/ansible_collections/cachemgr/cachemgr, fresh
-    but for ansible-test's tests/output (its units virtualenv)."""
+    but for the output directory ansible-test keeps in it."""
     dest = TREES / name / "ansible_collections" / "cachemgr" / "cachemgr"
     if dest.exists():
         for p in dest.iterdir():
