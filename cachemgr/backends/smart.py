@@ -339,12 +339,14 @@ def health_json(h: Health | None, *, now: float | None = None) -> dict[str, Any]
             "warnings": list(h.warnings)}
 
 
-def ssd_health(sysfs: Sysfs, snap: Snapshot, *, refresh: bool = True) -> list[
-        tuple[Ssd, Health | None]]:
-    """Each cache SSD of ``snap`` with its (cached) health. smartctl runs only against the
-    live /sys (a captured tree's disks are not this host's): elsewhere the cache alone."""
+def ssd_health(sysfs: Sysfs, snap: Snapshot, *, refresh: bool = True,
+               max_age: float = MAX_AGE) -> list[tuple[Ssd, Health | None]]:
+    """Each cache SSD of ``snap`` with its (cached) health; smartctl for an answer older than
+    ``max_age`` (0: every disk now). smartctl runs only against the live /sys (a captured
+    tree's disks are not this host's): elsewhere the cache alone."""
     refresh = refresh and sysfs.live
-    return [(s, lookup(s.node, s.key, refresh=refresh)) for s in cache_ssds(sysfs, snap)]
+    return [(s, lookup(s.node, s.key, refresh=refresh, max_age=max_age))
+            for s in cache_ssds(sysfs, snap)]
 
 
 def of_records(records: Iterable[Mapping[str, Any]], *, refresh: bool = True) -> list[

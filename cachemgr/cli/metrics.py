@@ -37,6 +37,13 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_ssd_health(args: argparse.Namespace) -> int:
+    from cachemgr.cli.render import emit
+    from cachemgr.ops import health
+
+    return emit(args, health.report(Sysfs(args.sysfs_root), refresh=args.refresh))
+
+
 def register(sub: Any) -> None:
     s = sub.add_parser("metrics", help="Prometheus metrics (textfile format, or --listen)",
                        description="Prometheus metrics of bcache and dm-cache, from /sys and "
@@ -53,3 +60,17 @@ def register(sub: Any) -> None:
                    help="libvirt connection whose VMs are measured (default qemu:///system)")
     s.add_argument("--no-vms", action="store_true", help="no VM metrics (libvirt not asked)")
     s.set_defaults(func=cmd_metrics)
+
+    s = sub.add_parser("ssd-health", help="SMART health of the cache SSDs (smartctl, cached)",
+                       description="Each cache SSD's wear, media errors, spare and SMART "
+                                   "verdict from smartctl --json, kept under the state "
+                                   "directory: smartctl runs for an answer older than 10 "
+                                   "minutes (every SSD with --refresh), which status, the "
+                                   "TUI, the metrics and replace-ssd then show. A drive to "
+                                   "replace soon, or one smartctl could not read, is also a "
+                                   "warning on stderr. cachemgr-smart.timer runs it with "
+                                   "--refresh every 10 minutes.")
+    s.add_argument("--refresh", action="store_true",
+                   help="run smartctl for every cache SSD now (root)")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
+    s.set_defaults(func=cmd_ssd_health)

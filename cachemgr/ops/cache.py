@@ -410,16 +410,19 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
     never on the snapshot's own scan)."""
     doc = snapshot_mod.to_json(snap)
     if sysfs is not None:
-        doc["ssd_health"] = ssd_health_json(sysfs, snap)
+        doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc
 
 
-def ssd_health(sysfs: Sysfs, snap: Snapshot) -> list[tuple[smart.Ssd, smart.Health | None]]:
-    """Each cache SSD of ``snap`` with its SMART health (cached; status and the TUI detail)."""
-    return smart.ssd_health(sysfs, snap)
+def ssd_health(sysfs: Sysfs, snap: Snapshot, *, max_age: float = smart.MAX_AGE) -> list[
+        tuple[smart.Ssd, smart.Health | None]]:
+    """Each cache SSD of ``snap`` with its SMART health (cached; smartctl for an answer older
+    than ``max_age``: status, the TUI detail, ``ssd-health``)."""
+    return smart.ssd_health(sysfs, snap, max_age=max_age)
 
 
-def ssd_health_json(sysfs: Sysfs, snap: Snapshot) -> list[dict[str, Any]]:
+def ssd_health_json(rows: list[tuple[smart.Ssd, smart.Health | None]]) -> list[dict[str, Any]]:
+    """docs/json.md, ``ssd_health``: one entry per cache SSD."""
     return [{"device": ssd.node, "name": ssd.name, "caches": list(ssd.caches),
              "health": smart.health_json(h)}
-            for ssd, h in ssd_health(sysfs, snap)]
+            for ssd, h in rows]

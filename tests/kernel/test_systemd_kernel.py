@@ -342,3 +342,56 @@ def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
 
 if __name__ == "__main__":
     boot_setup()
+
+
+# ------------------------------------------------------------------------------ SMART
+
+
+@pytest.mark.kernel(systemd=True, disks="256M", timeout=240)
+def test_smart_timer_reads_the_cache_ssd_in_its_sandbox(lab_disks: list[str]) -> None:
+    """cachemgr-smart.service (``ssd-health --refresh`` under its sandbox: two capabilities,
+    the SCSI and NVMe disks read-only) reads a scsi_debug cache SSD with smartctl and keeps
+    the answer under /var/lib/cachemgr/smart for the metrics, logging nothing when the drive
+    is fine."""
+    from cachemgr.backends import scsi, smart
+
+    sysfs = Sysfs()
+    (ssd,) = scsi.load_scsi_debug(sysfs, dev_size_mb=64)
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=ssd.node, bucket="64k")
+    install("--smart")
+    assert show("cachemgr-smart.timer", "ActiveState")["ActiveState"] == "active"
+    sh("systemctl", "log-target", "journal-or-kmsg")
+    cursor = sh("journalctl", "--show-cursor", "-n", "0", "--no-pager").strip()
+    cursor = cursor.rsplit("cursor: ", 1)[-1]
+    sh("systemctl", "start", "cachemgr-smart.service")  # a oneshot: returns when it ended
+    st = show("cachemgr-smart.service", "Result", "ExecMainStatus")
+    assert st == {"Result": "success", "ExecMainStatus": "0"}, st
+    key = ssd.wwid or ssd.serial
+    assert key
+    entry = json.loads((STATE / "smart" / f"{key}.json").read_text())
+    # smartctl answered inside the sandbox as it does outside it
+    assert "error" not in entry and "smartctl" in entry, entry
+    h = smart.parse(ssd.node, entry["smartctl"], entry["read_at"])
+    outside = smart.parse(ssd.node, smart.smartctl(ssd.node), 0.0)
+    assert h.error is None and h.protocol == "SCSI" and h.model == outside.model, h
+    assert (h.passed, h.media_errors, h.replace_soon) == (
+        outside.passed, outside.media_errors, outside.replace_soon)
+    lines = unit_journal("cachemgr-smart.service", cursor)
+    report("smart", health=h.words(), journal_lines=len(lines), unit=st)
+    # a drive to replace soon is the one line (a warning); a fine one leaves nothing
+    assert lines == ([f"cachemgr: warning: {ssd.node}: {h.words()}"] if h.replace_soon
+                     else []), lines
+    # the device list is in force: without block-sd smartctl cannot open the disk (the run
+    # still succeeds, and says why in a warning)
+    dropin = Path("/run/systemd/system/cachemgr-smart.service.d/nodisk.conf")
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text("[Service]\nDeviceAllow=\nDeviceAllow=/dev/mapper/control rw\n")
+    sh("systemctl", "daemon-reload")
+    try:
+        sh("systemctl", "start", "cachemgr-smart.service")
+        denied = smart.lookup(ssd.node, key, refresh=False)
+        assert denied is not None and denied.error and denied.read_at > h.read_at, denied
+        report("smart_without_the_disks", error=denied.error)
+    finally:
+        dropin.unlink()
+        sh("systemctl", "daemon-reload")

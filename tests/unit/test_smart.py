@@ -173,3 +173,28 @@ def test_plan_line_shows_the_old_ssd_health(state_dir: Path) -> None:
                      "self-assessment failed; NVMe critical warning 0x10"]
     j.old = {"node": "/dev/sdd", "wwid": "naa.6000"}
     assert replace_ops.health_lines(NVME_SYS, j) == ["old SSD /dev/sdd health: not read"]
+
+
+def test_ssd_health_command_lines_json_and_warnings(state_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cachemgr ssd-health`` (what cachemgr-smart.timer runs with --refresh): one line per
+    cache SSD, a warning (stderr: the unit's journal) for a drive to replace soon; --refresh
+    on a captured tree runs nothing (its disks are not this host's)."""
+    from cachemgr.ops import health
+
+    def never(node: str) -> dict:  # type: ignore[type-arg]
+        raise AssertionError("smartctl run against a captured tree")
+
+    monkeypatch.setattr(smart, "smartctl", never)
+    ssd = smart.cache_ssds(NVME_SYS, snapshot.take(NVME_SYS))[0]
+    res = health.report(NVME_SYS, refresh=True)
+    assert res.text() == [f"{ssd.node} (caches {ssd.caches[0]}): not read"]
+    assert res.notes == [] and res.exit_code == 0
+    _seed(ssd.key, "nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0")
+    res = health.report(NVME_SYS)
+    words = ("wear 0 %, media errors 0, spare 100 % (threshold 10 %), SMART FAILED; replace "
+             "soon: the drive's SMART self-assessment failed; NVMe critical warning 0x10")
+    assert res.text() == [f"{ssd.node} (caches {ssd.caches[0]}): {words}"]
+    assert res.notes == [f"cachemgr: warning: {ssd.node}: {words}"]
+    (row,) = res.json()["ssd_health"]
+    assert row["device"] == ssd.node and row["health"]["replace_soon"] is True

@@ -96,6 +96,28 @@ def test_units_verify_clean(units: Path) -> None:
 
 @pytest.mark.parametrize(("name", "most"), [("cachemgr-metrics.service", 5.0),
                                             ("cachemgr-textfile.service", 5.0),
-                                            ("cachemgr-autoattach.service", 5.0)])
+                                            ("cachemgr-autoattach.service", 5.0),
+                                            ("cachemgr-smart.service", 5.0)])
 def test_unit_exposure(units: Path, name: str, most: float) -> None:
     assert exposure(units / name) <= most
+
+
+def test_smart_unit_runs_the_refresh_on_a_timer(units: Path) -> None:
+    """cachemgr-smart.service runs a command the CLI has (ssd-health --refresh), on its
+    timer every 10 minutes, and may open the disks smartctl asks (SCSI, NVMe) read-only."""
+    from cachemgr.cli.main import build_parser
+
+    unit = (UNITS / "cachemgr-smart.service").read_text()
+    exe = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    argv = exe.removeprefix("ExecStart=").split()
+    assert argv[0] == "@CACHEMGR@"
+    args = build_parser().parse_args(argv[1:])
+    assert args.cmd == "ssd-health" and args.refresh
+    timer = (UNITS / "cachemgr-smart.timer").read_text()
+    assert "OnUnitActiveSec=10min\n" in timer and "WantedBy=timers.target" in timer
+    allowed = {x.split("=", 1)[1] for x in unit.splitlines() if x.startswith("DeviceAllow=")}
+    assert allowed == {"block-sd r", "block-blkext r", "/dev/mapper/control rw"}
+    # the installer knows the units (install, enable, uninstall)
+    installer = (ROOT / "scripts" / "install-udev.sh").read_text()
+    assert "install_unit cachemgr-smart.timer" in installer
+    assert "cachemgr-smart.service cachemgr-smart.timer" in installer
