@@ -223,6 +223,53 @@ def test_detail_names_the_vms_a_cache_serves_with_their_warnings() -> None:
     asyncio.run(go())
 
 
+def test_detail_shows_the_cache_ssd_health_read_in_a_worker(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture nvme-pair-qemu: bcache0's cache on the NVMe namespace nvme0n1. Its SMART answer
+    (a captured smartctl --json of a 75 %-worn Intel NVMe drive) is in the state directory's
+    cache; the detail view reads it in a worker and shows it under the cache set and under
+    bcache0, never running smartctl against a captured tree."""
+    import json
+
+    from rich.console import Console
+
+    from cachemgr.backends import smart, snapshot
+    from cachemgr.core import state
+
+    def never(node: str) -> dict[str, Any]:
+        raise AssertionError(f"smartctl run against a captured tree ({node})")
+
+    monkeypatch.setattr(smart, "smartctl", never)
+    monkeypatch.setattr(smart, "_memo", {})
+    root = fx("nvme-pair")
+    sysfs = Sysfs(root)
+    (ssd,) = smart.cache_ssds(sysfs, snapshot.take(sysfs))
+    recorded = Path(__file__).resolve().parents[1] / "fixtures" / "smartctl" / \
+        "nvme-null-INTEL_SSDPE2KX020T7-nvme6.json"
+    state.write_json(smart.cache_path(ssd.key), {"key": ssd.key, "node": ssd.node,
+                                                 "read_at": 1.7e9,
+                                                 "smartctl": json.loads(recorded.read_text())})
+
+    def shown_text(app: CacheMgrApp) -> str:
+        con = Console(width=120, record=True, file=io.StringIO())
+        con.print(app.screen.query_one("#detail", Static).content)
+        return con.export_text()
+
+    async def go() -> None:
+        for key in (f"cset:{ssd.caches[0]}", bcache0_key(root)):
+            async with running(root, at=key) as (app, pilot):
+                await pilot.press("enter")
+                screen = app.screen
+                assert isinstance(screen, DetailScreen)
+                await settle(pilot, lambda s=screen: s.health is not None)
+                text = shown_text(app)
+                assert "cache SSD health (SMART)" in text, text
+                assert ("/dev/nvme0n1 wear 75 %, media errors 0, spare 99 % (threshold 10 "
+                        "%), SMART passed") in " ".join(text.split()), text
+
+    asyncio.run(go())
+
+
 def test_hotplug_shows_up_without_restart(tmp_path: Path) -> None:
     async def go() -> None:
         async with running(fx("bcache-unattached")) as (app, pilot):
