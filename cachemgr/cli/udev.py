@@ -6,48 +6,50 @@ program leaves behind once it runs under systemd), so the handler only:
 
 1. writes the event (udev's environment) as one file into the queue
    ``<state dir>/autoattach/queue/`` (atomic rename; a storm of events is a pile of files);
-2. starts a worker unless one is already *pending* (holding ``autoattach-pending.lock`` and
-   waiting for ``autoattach-run.lock``): that pending worker has not read the queue yet, so it
-   will see this event too. Under systemd the worker is a transient unit (``systemd-run
-   --no-block``, as lvm2's 69-dm-lvm.rules does); without systemd as PID 1 (the lab, some
-   initramfs) a double-forked process in its own session.
+2. starts a worker unless one is already *pending* (holding ``autoattach-pending.lock``):
+   that worker will look at the queue again before it goes, so it will see this event too.
+   Under systemd the worker is a transient unit (``systemd-run --no-block``, as lvm2's
+   69-dm-lvm.rules does); without systemd as PID 1 (the lab, some initramfs) a
+   double-forked process in its own session.
 
-The worker takes the run lock (one worker acts at a time), waits ``settle`` seconds so a burst
-of events lands in one batch, drains the queue and makes one :func:`cachemgr.procedures.autoattach.
-reconcile` pass for the whole batch; it repeats while events keep coming. Lost wake-ups are
-impossible: an event queued after the worker's last look finds the pending lock free and
-starts a new worker, which waits for the run lock and then reads the queue.
+The worker holds the pending lock for its whole life (one worker at a time), imports what a
+pass needs, and then, under the run lock (shared with the boot pass), waits until the oldest
+queued event is ``settle`` seconds old so a burst lands in one batch, drains the queue and
+makes one :func:`cachemgr.procedures.autoattach.reconcile` pass for the whole batch; it
+repeats while events keep coming and waits ``linger`` seconds for more before it goes.
+Lost wake-ups are impossible: after it lets the pending lock go the worker looks at the
+queue once more, and an event queued after that look finds the lock free and starts a new
+worker.
 
 This module is also the rule's fast entry point (``python -m cachemgr.cli.udev udev-event``):
-its top level imports only the standard library and cachemgr.core.state, so a udev event costs
-one small interpreter start (0.16 s on the UML lab against 0.8 s for the whole CLI).
+on the rule's own call it imports nothing beyond os, sys, time and fcntl (no argparse, json,
+logging, pathlib or re: with them a handler took 0.10-0.13 s of CPU on the UML lab, without
+them 0.02-0.03 s, and a hot-added pair of disks runs the handler for 6-8 events on the CPU
+the worker needs; docs/benchmarks.md, "udev auto-attach latency"). The queue files are
+therefore NUL-separated ``KEY=VALUE`` lists, like /proc/PID/environ (an environment holds no
+NUL); the worker still reads the JSON files of earlier versions.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
-import json
-import logging
-import logging.handlers
 import os
-import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
-from cachemgr.cli import args as argtypes
-from cachemgr.core import state
-from cachemgr.core.text import printable
+TYPE_CHECKING = False  # typing's import costs what the handler saves; mypy reads it as True
+if TYPE_CHECKING:
+    import argparse
+    import logging
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
-log = logging.getLogger("cachemgr.procedures.autoattach")
-
+LOGGER = "cachemgr.procedures.autoattach"
 DEFAULT_POLICY = "/etc/cachemgr/cachemgr.toml"
 SYSLOG_SOCKET = "/dev/log"
 SETTLE_S = 0.15
+LINGER_S = 5.0  # how long a worker waits for more events after its last pass
+POLL_S = 0.05  # how often a lingering worker looks at the queue
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ACTIONS = ("add", "change", "remove", "bind", "move")
 
@@ -56,19 +58,35 @@ def _policy_path(given: str | None) -> str:
     return given or os.environ.get("CACHEMGR_POLICY") or DEFAULT_POLICY
 
 
-def _dir() -> Path:
-    d = state.state_dir() / "autoattach"
-    (d / "queue").mkdir(parents=True, exist_ok=True)
+def _state_dir(*parts: str) -> str:
+    """A directory under the state directory, made (mode 0700) if missing: what
+    cachemgr.core.state.state_dir names, without that module's imports."""
+    d = os.path.join(os.environ.get("CACHEMGR_STATE_DIR", "/var/lib/cachemgr"), *parts)
+    os.makedirs(d, mode=0o700, exist_ok=True)
     return d
+
+
+def _queue() -> str:
+    return _state_dir("autoattach", "queue")
+
+
+def _log() -> logging.Logger:
+    import logging
+
+    return logging.getLogger(LOGGER)
 
 
 # ---------------------------------------------------------------------------------------
 # logging: syslog/journald when there is one, stderr otherwise
 
 
-def setup_logging(*, stderr: bool = True, level: int = logging.INFO) -> None:
+def setup_logging(*, stderr: bool = True, level: int | None = None) -> None:
     """Log decisions to syslog (journald reads /dev/log) and, if ``stderr``, to stderr."""
-    log.setLevel(level)
+    import logging
+    import logging.handlers
+
+    log = _log()
+    log.setLevel(logging.INFO if level is None else level)
     have = {type(h) for h in log.handlers}
     if os.path.exists(SYSLOG_SOCKET) and logging.handlers.SysLogHandler not in have:
         try:
@@ -141,43 +159,79 @@ def process_started() -> float | None:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / hz)
 
 
-def enqueue(ev: Mapping[str, Any]) -> Path:
-    q = _dir() / "queue"
-    name = f"{time.time_ns()}-{ev.get('SEQNUM', 0)}-{os.getpid()}.json"
-    tmp = q / f".{name}"
-    tmp.write_text(json.dumps(ev, sort_keys=True))
-    os.replace(tmp, q / name)
-    return q / name
+def enqueue(ev: Mapping[str, Any]) -> str:
+    """Write ``ev`` into the queue (atomically: a worker never reads half of it); its path."""
+    q = _queue()
+    name = f"{time.time_ns()}-{ev.get('SEQNUM', 0)}-{os.getpid()}.env"
+    tmp = os.path.join(q, f".{name}")
+    # str values as os.environ decoded them (surrogateescape): os.fsencode gives the bytes back
+    data = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in sorted(ev.items()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, os.path.join(q, name))
+    return os.path.join(q, name)
+
+
+def parse_queued(data: bytes) -> dict[str, Any]:
+    """One queue file: NUL-separated KEY=VALUE (str values, as enqueue wrote them), or the
+    JSON object of an earlier version. ValueError for anything else."""
+    if data[:1] == b"{":
+        import json
+
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        return obj
+    out: dict[str, Any] = {}
+    for item in data.split(b"\0"):
+        if not item:
+            continue
+        key, eq, value = os.fsdecode(item).partition("=")
+        if not eq or not key:
+            raise ValueError(f"not KEY=VALUE: {item[:60]!r}")
+        out[key] = value
+    return out
 
 
 def drain() -> list[dict[str, Any]]:
     """Take every queued event (oldest first); unreadable files are dropped with a warning."""
-    q = _dir() / "queue"
+    q = _queue()
     out = []
-    for p in sorted(q.iterdir()):
-        if p.name.startswith("."):
+    for name in sorted(os.listdir(q)):
+        if name.startswith("."):
             continue
+        path = os.path.join(q, name)
         try:
-            data = json.loads(p.read_text())
-            if isinstance(data, dict):
-                out.append(data)
+            with open(path, "rb") as f:
+                out.append(parse_queued(f.read()))
         except (OSError, ValueError) as exc:
-            log.warning("dropping unreadable queued event %s: %s", p.name, exc)
+            _log().warning("dropping unreadable queued event %s: %s", name, exc)
         try:
-            p.unlink()
+            os.unlink(path)
         except FileNotFoundError:
             pass
     return out
 
 
-def _queue_empty() -> bool:
-    return not any(not p.name.startswith(".") for p in (_dir() / "queue").iterdir())
+def oldest_queued() -> float | None:
+    """When the oldest queued event was queued (its file name starts with time.time_ns()),
+    None for an empty queue."""
+    times = []
+    for name in os.listdir(_queue()):
+        head = name.split("-", 1)[0]
+        if not name.startswith(".") and head.isdigit():
+            times.append(int(head) / 1e9)
+        elif not name.startswith("."):
+            return 0.0  # not ours to date: take it now (drain says what it is)
+    return min(times, default=None)
 
 
 def _lock_fd(name: str) -> int:
-    d = state.state_dir() / "locks"
-    d.mkdir(parents=True, exist_ok=True)
-    return os.open(d / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    return os.open(os.path.join(_state_dir("locks"), f"{name}.lock"),
+                   os.O_RDWR | os.O_CREAT, 0o600)
 
 
 def _try_lock(fd: int) -> bool:
@@ -214,6 +268,8 @@ def _worker_argv(policy: str, settle: float) -> list[str]:
 def spawn(policy: str, *, how: str = "auto", settle: float = SETTLE_S) -> str:
     """Start a worker without waiting for it; returns how ("systemd" or "fork")."""
     if how == "auto":
+        import shutil
+
         how = "systemd" if systemd_booted() and shutil.which("systemd-run") else "fork"
     if how == "systemd":
         argv = ["systemd-run", "--no-block", "--quiet", "--collect",
@@ -223,11 +279,13 @@ def spawn(policy: str, *, how: str = "auto", settle: float = SETTLE_S) -> str:
         for var in ("CACHEMGR_STATE_DIR", "CACHEMGR_SYSFS"):
             if os.environ.get(var):
                 argv.append(f"--setenv={var}={os.environ[var]}")
+        import subprocess
+
         r = subprocess.run([*argv, *_worker_argv(policy, settle)], capture_output=True,
                            text=True, timeout=10, stdin=subprocess.DEVNULL, check=False)
         if r.returncode == 0:
             return "systemd"
-        log.warning("systemd-run failed (%s); falling back to a forked worker",
+        _log().warning("systemd-run failed (%s); falling back to a forked worker",
                     r.stderr.strip() or r.returncode)
     _double_fork(policy, settle)
     return "fork"
@@ -235,7 +293,7 @@ def spawn(policy: str, *, how: str = "auto", settle: float = SETTLE_S) -> str:
 
 def _double_fork(policy: str, settle: float) -> None:
     """A worker in its own session, reparented to init; the handler returns at once."""
-    logfile = _dir() / "worker.log"
+    logfile = os.path.join(_state_dir("autoattach"), "worker.log")
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
@@ -265,33 +323,82 @@ def _double_fork(policy: str, settle: float) -> None:
 # the worker
 
 
-def worker(policy_path: str, *, settle: float = SETTLE_S, sysfs_root: str | None = None) -> int:
-    """Drain the queue in batches, one reconcile pass per batch, one worker at a time."""
-    setup_logging()
+def worker(policy_path: str, *, settle: float = SETTLE_S, linger: float = LINGER_S,
+           sysfs_root: str | None = None) -> int:
+    """Drain the queue in batches, one reconcile pass per batch, one worker at a time.
+
+    The worker holds the pending lock from its start to its end, so the handlers start no
+    other worker while it lives: it takes the events queued during a pass after that pass,
+    and waits ``linger`` seconds for more before it goes, with its modules imported (the
+    other disk of a pair, a bcache device's own events). A batch is taken once its oldest
+    event has waited ``settle`` seconds (the rest of a burst lands in it), counted from when
+    that event was queued: the worker's start and imports are part of that wait. The run
+    lock is held only during passes (the boot pass takes it too)."""
     started = time.time()
+    setup_logging()
+    imported: float | None = None
     while True:
         pending = _lock_fd("autoattach-pending")
         if not _try_lock(pending):
             os.close(pending)
             return 0  # another worker is pending: it will read what is queued
-        run = _lock_fd("autoattach-run")
-        fcntl.flock(run, fcntl.LOCK_EX)  # wait for the worker that is acting, if any
-        ready = time.time()  # this batch's settle wait starts now
-        os.pwrite(run, f"pid {os.getpid()}\n".encode(), 0)
-        os.close(pending)  # from here on, a new event starts a new (pending) worker
         try:
-            while True:
-                time.sleep(settle)
-                batch = drain()
-                if not batch:
-                    break
-                _process(batch, policy_path, sysfs_root,
-                         {"worker": started, "ready": ready, "drained": time.time()})
-                ready = time.time()  # the next batch's settle wait starts here
+            if imported is None:
+                _warm()
+                imported = time.time()
+            while _events_within(linger):
+                _batches(policy_path, settle, sysfs_root,
+                         {"worker": started, "imported": imported})
         finally:
-            os.close(run)
-        if _queue_empty():
+            os.close(pending)
+        # an event queued after the last look but before the unlock found the pending lock
+        # held and started no worker: it is this worker's
+        if oldest_queued() is None:
             return 0
+
+
+def _events_within(linger: float) -> bool:
+    """Whether an event is queued or comes within ``linger`` seconds (polled)."""
+    deadline = time.time() + linger
+    while oldest_queued() is None:
+        if time.time() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _batches(policy_path: str, settle: float, sysfs_root: str | None,
+             stages: dict[str, float]) -> None:
+    """Under the run lock, one pass per batch until the queue is empty."""
+    run = _lock_fd("autoattach-run")
+    fcntl.flock(run, fcntl.LOCK_EX)  # wait for the boot pass, if it is acting
+    ready = time.time()  # run lock taken
+    os.pwrite(run, f"pid {os.getpid()}\n".encode(), 0)
+    try:
+        while (oldest := oldest_queued()) is not None:
+            time.sleep(max(0.0, min(settle, oldest + settle - time.time())))
+            batch = drain()
+            if batch:
+                try:
+                    _process(batch, policy_path, sysfs_root,
+                             {**stages, "ready": ready, "drained": time.time()})
+                except Exception:  # the worker goes on with the next batch
+                    _log().exception("a pass over %d event(s) failed", len(batch))
+            ready = time.time()  # the next batch: its events came during this pass
+    finally:
+        os.close(run)
+
+
+def _warm() -> None:
+    """Import what a pass needs (about 0.25 s of CPU on the UML lab: most of a pass) before
+    the settle wait and the run lock, not after them."""
+    import contextlib
+
+    from cachemgr.ops import autoattach  # noqa: F401
+
+    for name in ("pyudev", "blkid"):  # identity's udev database and superblock probes
+        with contextlib.suppress(ImportError):
+            __import__(name)
 
 
 def _process(batch: list[dict[str, Any]], policy_path: str, sysfs_root: str | None,
@@ -300,7 +407,7 @@ def _process(batch: list[dict[str, Any]], policy_path: str, sysfs_root: str | No
     from cachemgr.ops import autoattach as autoattach_ops
 
     sysfs = Sysfs(sysfs_root or os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT))
-    autoattach_ops.event_pass(sysfs, policy_path, batch, {**stages, "imported": time.time()})
+    autoattach_ops.event_pass(sysfs, policy_path, batch, stages)
 
 
 # ---------------------------------------------------------------------------------------
@@ -339,6 +446,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
+    import json
+
+    from cachemgr.core.text import printable
     from cachemgr.procedures import policy
 
     pol = policy.load(_policy_path(args.policy))
@@ -408,8 +518,41 @@ def register(sub: Any) -> None:
     c.set_defaults(func=cmd_policy_check)
 
 
+def _rule_call(argv: Sequence[str]) -> tuple[str | None] | None:
+    """The policy of the rule's own command line (``udev-event`` with nothing but an
+    optional ``--policy PATH``, as install-udev.sh writes it); None for any other."""
+    if list(argv[:1]) != ["udev-event"]:
+        return None
+    rest = list(argv[1:])
+    if not rest:
+        return (None,)
+    if len(rest) == 2 and rest[0] == "--policy" and not rest[1].startswith("-"):
+        return (rest[1],)
+    return None
+
+
+def _failed(exc: Exception) -> int:
+    """A udev RUN program: say why on stderr (udevd logs it), exit 1."""
+    from cachemgr.core.text import printable
+
+    print(f"cachemgr udev: {type(exc).__name__}: {printable(exc, newlines=True)}",
+          file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The rule's fast entry: ``python -m cachemgr.cli.udev udev-event|worker``."""
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    rule = _rule_call(args_in)
+    if rule is not None:  # the rule's call: no argparse (see the module's docstring)
+        try:
+            return handle_event(os.environ, rule[0])
+        except Exception as exc:
+            return _failed(exc)
+    import argparse
+
+    from cachemgr.cli import args as argtypes
+
     p = argparse.ArgumentParser(prog="cachemgr-udev")
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("udev-event")
@@ -422,13 +565,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--policy")
     w.add_argument("--settle", type=argtypes.seconds_or_zero, default=SETTLE_S)
     w.set_defaults(func=cmd_worker)
-    args = p.parse_args(argv)
+    args = p.parse_args(args_in)
     try:
         return int(args.func(args))
-    except Exception as exc:  # a udev RUN program: say why on stderr (udevd logs it), exit 1
-        print(f"cachemgr udev: {type(exc).__name__}: {printable(exc, newlines=True)}",
-              file=sys.stderr)
-        return 1
+    except Exception as exc:
+        return _failed(exc)
 
 
 if __name__ == "__main__":

@@ -311,17 +311,18 @@ def test_worker_under_systemd_logs_once(monkeypatch: pytest.MonkeyPatch) -> None
 
     from cachemgr.cli import udev as udev_cli
 
+    log = logging.getLogger(udev_cli.LOGGER)
     st = os.fstat(2)
-    monkeypatch.setattr(udev_cli.log, "handlers", [logging.handlers.SysLogHandler(
+    monkeypatch.setattr(log, "handlers", [logging.handlers.SysLogHandler(
         address=("127.0.0.1", 9))])
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
-    monkeypatch.setattr(udev_cli.log, "propagate", True)
+    monkeypatch.setattr(log, "propagate", True)
     monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
     assert udev_cli._stderr_is_journal()
     udev_cli.setup_logging()
-    assert not [h for h in udev_cli.log.handlers if type(h) is logging.StreamHandler]
-    assert not udev_cli.log.propagate  # nor through the CLI's handler on the root logger
-    udev_cli.log.propagate = True
+    assert not [h for h in log.handlers if type(h) is logging.StreamHandler]
+    assert not log.propagate  # nor through the CLI's handler on the root logger
+    log.propagate = True
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")  # inherited, but stderr is elsewhere
     udev_cli.setup_logging()
-    assert [h for h in udev_cli.log.handlers if type(h) is logging.StreamHandler]
+    assert [h for h in log.handlers if type(h) is logging.StreamHandler]

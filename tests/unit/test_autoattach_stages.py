@@ -58,7 +58,7 @@ def run_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, s
     ev = udev_cli.event_from(env)
     assert ev is not None
     udev_cli.enqueue(ev)
-    assert udev_cli.worker(str(policy), settle=0.15, sysfs_root=str(FX)) == 0
+    assert udev_cli.worker(str(policy), settle=0.15, linger=0, sysfs_root=str(FX)) == 0
     return done
 
 
@@ -77,7 +77,7 @@ def test_a_pass_records_each_stage_in_order(clock: None, tmp_path: Path,
     # this test's own process started long before its fake clock's first tick
     assert e["started"] is not None and e["started"] < e["queued"]
     r1, r2 = st["rounds"]
-    order = [e["queued"], st["worker"], st["ready"], st["drained"], st["imported"],
+    order = [e["queued"], st["worker"], st["imported"], st["ready"], st["drained"],
              st["policy"], r1["view"], r1["decided"], records[0]["t"], records[1]["t"],
              r1["acted"], r2["view"], r2["decided"], st["done"], p["t"]]
     assert order == sorted(order) and len(set(order)) == len(order), order
@@ -98,3 +98,96 @@ def test_an_event_without_a_start_time_reads_as_none(clock: None) -> None:
 def test_process_started_is_before_now() -> None:
     started = udev_cli.process_started()
     assert started is not None and started <= time.time()
+
+
+def test_the_queue_format_round_trips_any_environment_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device strings are data: '=' , newlines, quotes and bytes that are not UTF-8 (as
+    os.environ decodes them) come back as they were; a JSON file of an earlier version
+    still reads; a file that is neither is dropped, not acted on."""
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    odd = "a=b\n\"c\" " + b"\xff\xfe".decode(errors="surrogateescape")
+    env = {"ACTION": "add", "DEVNAME": "/dev/sdb", "SEQNUM": "7", "ID_SERIAL": odd,
+           "DEVLINKS": "/dev/disk/by-id/x /dev/disk/by-id/y=z"}
+    ev = udev_cli.event_from(env)
+    assert ev is not None
+    udev_cli.enqueue(ev)
+    q = Path(udev_cli._queue())
+    (q / "1-8-1.json").write_text(json.dumps({"ACTION": "change", "DEVNAME": "/dev/sdc",
+                                              "_received": 2.5}))
+    (q / "2-9-1.env").write_bytes(b"no equals sign\0")
+    got = udev_cli.drain()
+    assert list(q.iterdir()) == []
+    old, new = got
+    assert Event.from_json(old).received == 2.5
+    e = Event.from_json(new)
+    assert e.prop("ID_SERIAL") == odd and e.prop("DEVLINKS") == env["DEVLINKS"]
+    assert (e.seqnum, e.received, e.started) == (7, ev["_received"], ev["_started"])
+
+
+def test_the_settle_wait_counts_from_when_the_oldest_event_was_queued(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event queued longer ago than the settle time is taken at once; one queued just
+    now waits the rest of it."""
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(autoattach_ops, "act", lambda sysfs, view, a: None)
+    policy = tmp_path / "cachemgr.toml"
+    policy.write_text(POLICY)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    for age, expected in ((1.0, 0.0), (0.05, 0.1)):
+        slept.clear()
+        ev = udev_cli.event_from({"ACTION": "add", "DEVNAME": "/dev/ubdb"})
+        assert ev is not None
+        udev_cli.enqueue(ev)
+        queued = udev_cli.oldest_queued()
+        assert queued is not None
+        monkeypatch.setattr(time, "time", lambda q=queued, a=age: q + a)
+        udev_cli.worker(str(policy), settle=0.15, linger=0, sysfs_root=str(FX))
+        assert slept == [pytest.approx(expected, abs=1e-3)]
+
+
+def test_a_lingering_worker_takes_the_next_event_and_holds_the_pending_lock(
+        clock: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its pass the worker waits for more events with its modules imported: an event
+    queued then is its own (a handler sees it pending and starts no other worker)."""
+    polls: list[bool] = []
+
+    def poll(seconds: float) -> None:
+        if seconds == udev_cli.POLL_S:
+            polls.append(udev_cli.worker_pending())
+            if len(polls) == 2:  # the other disk of the pair arrives
+                ev = udev_cli.event_from({"ACTION": "add", "DEVNAME": "/dev/ubda",
+                                          "SEQNUM": "1630"})
+                assert ev is not None
+                udev_cli.enqueue(ev)
+
+    monkeypatch.setattr(time, "sleep", poll)
+    monkeypatch.setattr(udev_cli, "_warm", lambda: polls.append(udev_cli.worker_pending()))
+    monkeypatch.setattr(autoattach_ops, "act", lambda sysfs, view, a: None)
+    policy = tmp_path / "cachemgr.toml"
+    policy.write_text(POLICY)
+    ev = udev_cli.event_from({"ACTION": "add", "DEVNAME": "/dev/ubdb", "SEQNUM": "1629"})
+    assert ev is not None
+    udev_cli.enqueue(ev)
+    assert udev_cli.worker(str(policy), linger=10, sysfs_root=str(FX)) == 0
+    passes = [r for r in journal() if r["kind"] == "pass"]
+    assert [p["seqnums"] for p in passes] == [[1629], [1630]]
+    # imported once, pending while it lingered, gone when it returned
+    assert polls[0] and all(polls) and len(polls) > 2
+    assert not udev_cli.worker_pending() and udev_cli.oldest_queued() is None
+
+
+def test_the_rules_call_imports_only_what_it_needs(tmp_path: Path) -> None:
+    """The handler udev runs for every block event (install-udev.sh's command line) imports
+    none of the modules that cost most of a handler's start (the module's docstring)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from cachemgr.cli import udev; "
+            "rc = udev.main(['udev-event', '--policy', sys.argv[1]]); "
+            "print(rc, sorted(m for m in ('argparse', 'json', 'logging', 're', 'typing', "
+            "'pathlib', 'cachemgr.core.state') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none.toml")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split(maxsplit=1) == ["0", "[]\n"], out
