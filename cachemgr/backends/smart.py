@@ -110,6 +110,12 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _total(counts: list[int | None]) -> int | None:
+    """The sum of the counts the drive reported (None: it reported none of them)."""
+    known = [c for c in counts if c is not None]
+    return sum(known) if known else None
+
+
 def _attrs(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """ATA attributes by smartctl's name (the first of a name wins)."""
     table = (doc.get("ata_smart_attributes") or {}).get("table") or []
@@ -151,10 +157,8 @@ def parse(node: str, doc: Mapping[str, Any], read_at: float) -> Health:
         wear = _int(doc.get("scsi_percentage_used_endurance_indicator"))
         source = "SCSI percentage used endurance indicator" if wear is not None else None
         log = doc.get("scsi_error_counter_log") or {}
-        counts = [_int((log.get(k) or {}).get("total_uncorrected_errors"))
-                  for k in ("read", "write", "verify")]
-        media = sum(c for c in counts if c is not None) if any(
-            c is not None for c in counts) else None
+        media = _total([_int((log.get(k) or {}).get("total_uncorrected_errors"))
+                        for k in ("read", "write", "verify")])
     else:
         attrs = _attrs(doc)
         wear = _devstat_used(doc)
@@ -166,9 +170,8 @@ def parse(node: str, doc: Mapping[str, Any], read_at: float) -> Health:
                 if v is not None:
                     wear, source = max(0, 100 - v), f"ATA attribute {name} (100 - normalized)"
                     break
-        raws = [_int(((attrs.get(n) or {}).get("raw") or {}).get("value")) for n in _MEDIA_ATTRS]
-        media = sum(r for r in raws if r is not None) if any(r is not None for r in raws) \
-            else None
+        media = _total([_int(((attrs.get(n) or {}).get("raw") or {}).get("value"))
+                        for n in _MEDIA_ATTRS])
         for name in _SPARE_ATTRS:
             a = attrs.get(name)
             if a is not None:

@@ -276,16 +276,13 @@ def health_metrics(rows: Iterable[tuple[smart.Ssd, smart.Health | None]]) -> Ite
                             1.0)
         up.add_metric(lab, 0.0 if h.error else 1.0)
         read.add_metric(lab, h.read_at)
-        for fam, v in ((wear, h.wear_percent), (spare, h.spare_percent),
-                       (spare_t, h.spare_threshold_percent)):
+        # percentages as ratios; counts and bits as they are
+        for fam, v, scale in ((wear, h.wear_percent, 100), (spare, h.spare_percent, 100),
+                              (spare_t, h.spare_threshold_percent, 100),
+                              (media, h.media_errors, 1), (crit, h.critical_warning, 1),
+                              (passed, h.passed, 1)):
             if v is not None:
-                fam.add_metric(lab, v / 100)
-        if h.media_errors is not None:
-            media.add_metric(lab, h.media_errors)
-        if h.critical_warning is not None:
-            crit.add_metric(lab, h.critical_warning)
-        if h.passed is not None:
-            passed.add_metric(lab, 1.0 if h.passed else 0.0)
+                fam.add_metric(lab, float(v) / scale)
         if not h.error:
             soon.add_metric(lab, 1.0 if h.replace_soon else 0.0)
     yield from (info, up, read, wear, media, spare, spare_t, passed, crit, soon)
