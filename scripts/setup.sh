@@ -32,7 +32,8 @@ pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       patchelf qemu-system-x86 busybox-static tmux ca-certificates
       lvm2 thin-provisioning-tools fdisk
       prometheus smartmontools
-      libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)
+      libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
+      blktrace)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

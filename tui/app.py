@@ -153,6 +153,7 @@ class CacheMgrApp(App[int]):
         Binding("minus", "interval(-1)", "Faster", show=False),
         Binding("l", "toggle_log", "Log", show=False),
         Binding("o", "operations", "Operations", show=False),
+        Binding("z", "sizing", "Sizing", show=False),
     ]
     INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -364,7 +365,8 @@ class CacheMgrApp(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         own = WRITE_ACTIONS | set(DEVICE_ACTIONS) | {"most_dirty", "refresh", "interval",
-                                                     "toggle_log", "help", "operations"}
+                                                     "toggle_log", "help", "operations",
+                                                     "sizing"}
         if isinstance(self.screen, ModalScreen) and action in own:
             return False  # a dialog is open: its keys only (Tab, Escape, ... still work)
         if (action in WRITE_ACTIONS or action in DEVICE_ACTIONS) and not isinstance(
@@ -864,6 +866,12 @@ class CacheMgrApp(App[int]):
         from tui.screens.replace import ReplaceScreen
 
         self.push_screen(ReplaceScreen(uuid, replace_ops.steps_for(uuid, self.sysfs)))
+
+    def action_sizing(self) -> None:
+        """Cache sizing from a trace file: reads a file, changes nothing (read-only too)."""
+        from tui.screens.sizing import SizingScreen
+
+        self.push_screen(SizingScreen())
 
     def action_bench(self) -> None:
         sel = self._target()

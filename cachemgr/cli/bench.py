@@ -155,6 +155,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _compare(args, list(args.targets))
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    rep = _Reporter()
+    try:
+        res = bench_ops.replay(Sysfs(args.sysfs_root), args.target, args.trace,
+                               device=args.device, iodepth=args.iodepth, force=args.force,
+                               ctl=Control(progress=rep, what="bench replay"), out=args.out,
+                               save=not args.no_save)
+    finally:
+        rep.done()
+    for note in res.notes:
+        print(note, file=sys.stderr)
+    assert res.data is not None
+    if args.json:
+        print(json.dumps(res.data, indent=2))
+    else:
+        print("\n".join(res.lines))
+    return int(res.exit_code)
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from cachemgr.procedures import plot
 
@@ -259,6 +278,21 @@ def register(sub: Any) -> None:
                         "disks under it); the schedulers are restored afterwards")
     job_options(s)
     s.set_defaults(func=cmd_compare)
+
+    s = bsub.add_parser("replay", help="replay a recorded trace on a cache: measured against "
+                                       "predicted hit ratio")
+    s.add_argument("target", metavar="TARGET", help="[LABEL=]DEVICE[:MODE], e.g. /dev/bcache0")
+    s.add_argument("--trace", required=True, metavar="FILE", help="a file from cachemgr trace")
+    s.add_argument("--device", metavar="DEV", help="the traced device to replay (if several)")
+    s.add_argument("--iodepth", type=argtypes.count, default=1, metavar="N",
+                   help="requests in flight (1: the recorded order exactly)")
+    s.add_argument("--force", action="store_true",
+                   help="replay recorded writes even on a device that looks in use or holds "
+                        "data (destroys it)")
+    s.add_argument("--json", action="store_true", help="the result document on stdout")
+    s.add_argument("--out", metavar="DIR", help="results directory")
+    s.add_argument("--no-save", action="store_true", help="do not save the result")
+    s.set_defaults(func=cmd_replay)
 
     s = bsub.add_parser("plot", help="latency-percentile and IOPS charts from a saved result")
     s.add_argument("result", metavar="RESULT.json")

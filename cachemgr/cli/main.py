@@ -33,7 +33,8 @@ log = logging.getLogger("cachemgr")
 # The command groups, in the order --help lists them.
 GROUPS: list[str] = ["cachemgr.cli.cache", "cachemgr.cli.lab", "cachemgr.cli.replace",
                      "cachemgr.cli.metrics", "cachemgr.cli.bench", "cachemgr.cli.udev",
-                     "cachemgr.cli.scheduler", "cachemgr.cli.vms", "cachemgr.cli.install"]
+                     "cachemgr.cli.scheduler", "cachemgr.cli.vms", "cachemgr.cli.sizing",
+                     "cachemgr.cli.install"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,3 +66,84 @@ def latest(out: str | None = None) -> tuple[dict[str, Any], Path] | None:
     if not files:
         return None
     return bench.load(files[-1]), files[-1]
+
+
+def replay(sysfs: Sysfs, target: str, trace_path: str, *, device: str | None = None,
+           iodepth: int = 1, force: bool = False, ctl: Control | None = None,
+           out: str | None = None, save: bool = True, argv: Sequence[str] = ()) -> Result:
+    """``bench replay``: the recorded requests of one traced device, in order, on ``target``
+    (fio read_iolog), measured like any bench run; for a bcache target, next to the hit ratio
+    ``cachemgr size`` predicts for its cache from the same requests."""
+    import dataclasses
+    import tempfile
+
+    from cachemgr.core.errors import UsageError
+    from cachemgr.procedures import sizing
+    from cachemgr.procedures import trace as tr
+    from cachemgr.procedures.bench.sampling import cache_capacity_bytes
+
+    ctl = ctl or Control(what=f"bench replay {target}")
+    trace = tr.read(trace_path)
+    devs = trace.header.devices
+    if device is None and len(devs) != 1:
+        raise UsageError("the trace holds several devices: name one with --device",
+                         hint="it has " + ", ".join(d.path for d in devs))
+    picked = devs if device is None else [
+        d for d in devs if device in (d.path, d.name, f"/dev/{d.name}")]
+    if not picked:
+        raise UsageError(f"the trace has no device {device!r}")
+    dev = picked[0]
+    t = bench.resolve_target(sysfs, target)
+    if t.name is None:
+        raise UsageError(f"{target}: no kernel name")
+    from cachemgr.backends import bcache as bcache_backend
+    from cachemgr.backends import snapshot
+
+    rel = bcache_backend.block_dirs(sysfs).get(t.name)
+    size = (sysfs.read_int(f"{rel}/size") or 0) * 512 if rel else 0
+    with tempfile.TemporaryDirectory(prefix="cachemgr-replay-") as tmp:
+        log = tr.write_iolog(trace, dev.index, f"{tmp}/replay.iolog")
+        if log.requests == 0:
+            raise UsageError(f"the trace has no requests of {dev.path}")
+        if size and log.end > size:
+            raise UsageError(f"{target} is smaller ({size} bytes) than the recorded requests "
+                             f"reach ({log.end} bytes)")
+        spec = bench.JobSpec(rw="randrw" if log.writes else "randread", iolog=log.path,
+                             iodepth=iodepth, distribution="random",
+                             runtime=max(60.0, log.requests / 100))
+        opts = bench.CompareOptions(repeat=1, force=force)
+        res = compare(sysfs, spec, [target], opts, ctl=ctl, out=out, save=save, plots=False,
+                      argv=argv)
+    assert res.data is not None
+    # the prediction for the requests as replayed: a sampled trace is replayed as it is
+    # (a scaled-down workload), so it is analysed as a full one
+    full = dataclasses.replace(trace, header=dataclasses.replace(trace.header, rate=1.0),
+                               trailer=None)
+    snap = snapshot.take(sysfs)
+    cap = None
+    if t.backing_name is not None:
+        b = next((x for x in snap.backings if x.identity.name == t.backing_name), None)
+        cs = snap.cache_set(b.cset_uuid) if b is not None and b.cset_uuid else None
+        cap = cache_capacity_bytes(cs) if cs is not None else None
+    hist = sizing.histogram(full, devices=[dev.index])
+    measured = res.data["results"][0].get("hit_ratio")
+    rep: dict[str, Any] = {"trace": trace_path, "device": dev.path, "rate": trace.header.rate,
+                           "requests": log.requests, "reads": log.reads, "writes": log.writes,
+                           "cache_bytes": cap, "measured_read_hit_ratio": measured}
+    if cap:
+        pred = hist.hit_ratio(cap, 0)
+        rep["predicted_read_hit_ratio"] = None if pred is None else round(pred, 4)
+        if pred is not None and measured is not None:
+            rep["difference"] = round(measured - pred, 4)
+    res.data["replay"] = rep
+    res.lines.append(
+        f"replayed {log.requests:,} requests of {dev.path} on {target}: read hit ratio "
+        f"{measured if measured is not None else '?'} measured, "
+        f"{rep.get('predicted_read_hit_ratio', '?')} predicted for a "
+        f"{cap if cap else '?'}-byte cache")
+    if trace.header.rate < 1:
+        res.notes.append(f"the trace is sampled at {trace.header.rate:g}: the replay is a "
+                         f"scaled-down workload (a cache of C behaves for the full one like "
+                         f"a cache of C / {trace.header.rate:g})")
+    return res
+

@@ -137,3 +137,48 @@ def write_plots(doc: Mapping[str, Any], out_dir: str | Path, *, stem: str = "ben
         finally:
             plt.close(fig)
     return paths
+
+
+def mrc_figure(doc: Mapping[str, Any]) -> Figure:
+    """The miss-ratio curve of ``cachemgr size --json``: hit ratio against cache size."""
+    pts = [p for p in doc["curve"] if p["hit_ratio"] is not None]
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    xs = [p["cache_bytes"] / 2**20 for p in pts]
+    ax.plot(xs, [p["hit_ratio"] for p in pts], label="all requests", color="black")
+    for key, label, color in (("read_hit_ratio", "reads", "tab:blue"),
+                              ("write_hit_ratio", "writes", "tab:orange")):
+        ys = [p[key] for p in pts]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], label=label,
+                    color=color, linewidth=1)
+    k = doc.get("knee")
+    if k:
+        ax.axvline(k["cache_bytes"] / 2**20, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"knee {k['cache_bytes'] / 2**20:.0f} MiB", (k["cache_bytes"] / 2**20, 0.02),
+                    color="grey", fontsize=8)
+    for s in doc.get("sizes") or []:
+        if s["hit_ratio"] is not None:
+            ax.plot([s["cache_bytes"] / 2**20], [s["hit_ratio"]], "o", color="tab:red")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("cache size (MiB, log scale)")
+    ax.set_ylabel("hit ratio (LRU)")
+    devs = ", ".join(d["path"] for d in doc["trace"]["devices"])
+    ax.set_title(f"Hit ratio against cache size: {devs} (sampling rate {doc['rate']:g})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def write_mrc(doc: Mapping[str, Any], out: Path) -> list[Path]:
+    """``out`` with a .png or .svg suffix: that file; otherwise ``out``.png and ``out``.svg."""
+    fig = mrc_figure(doc)
+    try:
+        paths = [out] if out.suffix in (".png", ".svg") else [
+            out.with_name(out.name + f".{fmt}") for fmt in FORMATS]
+        for p in paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(p, format=p.suffix[1:])
+    finally:
+        plt.close(fig)
+    return paths

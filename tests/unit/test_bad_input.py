@@ -59,6 +59,30 @@ JOURNAL = ('{"schema": 1, "id": "r1", "cset": "' + CSET + '", "options": {}, "ol
            '"backings": []}')
 
 
+def _trace(rate: float = 1.0, devices: int = 1, offset: int = 0) -> bytes:
+    """A small, valid ``cachemgr trace`` file (procedures/trace.py's own writer)."""
+    import tempfile
+
+    from cachemgr.procedures import trace as tr
+
+    with tempfile.TemporaryDirectory() as d:
+        h = tr.Header(block=4096, rate=rate, started=0.0, devices=[
+            tr.Device(i, f"/dev/vd{'ab'[i]}", f"vd{'ab'[i]}", f"254:{16 * i}", 1 << 40)
+            for i in range(devices)])
+        w = tr.Writer(f"{d}/t", h)
+        tot = tr.Totals()
+        for i in range(64):
+            w.add(i * 0.001, offset + (i % 8) * 4096, 4096, 0, 0)
+            tot.requests[0] += 1
+            tot.blocks[0] += 1
+        w.close({"seconds": 1.0, **tot.to_json(), "diskstats": {}})
+        return Path(f"{d}/t").read_bytes()
+
+
+TRACE, TRACE_SAMPLED, TRACE_TWO = _trace(), _trace(rate=0.25), _trace(devices=2)
+TRACE_FAR = _trace(offset=1 << 50)
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -469,6 +493,40 @@ CASES: list[Case] = [
     c("scheduler-extra-args", "scheduler", "ubdc", "bfq", "more", word="unrecognized"),
     # ----------------------------------------------------------------------------- tui
     c("tui-interval-nan", "tui", "--interval", "nan", word="--interval"),
+    # ----------------------------------------------------------- trace, size, bench replay
+    c("trace-not-block", "trace", "{tmp}/f", "-o", "{tmp}/t", files={"f": "x"},
+      word="not a block device"),
+    c("trace-twice", "trace", "/dev/ubdc", "/dev/ubdc", "-o", "{tmp}/t", word="named twice"),
+    c("trace-output-exists", "trace", "/dev/ubdc", "-o", "{tmp}/t", files={"t": "keep"},
+      word="exists"),
+    c("trace-output-dir", "trace", "/dev/ubdc", "-o", "{tmp}/d", files={"d": "DIR"},
+      word="directory"),
+    c("trace-rate-zero", "trace", "/dev/ubdc", "-o", "{tmp}/t", "--rate", "0", word="rate"),
+    c("trace-rate-nan", "trace", "/dev/ubdc", "-o", "{tmp}/t", "--rate", "nan", word="rate"),
+    c("trace-block-odd", "trace", "/dev/ubdc", "-o", "{tmp}/t", "--block", "3000",
+      word="power of two"),
+    c("trace-no-output", "trace", "/dev/ubdc", word="--output"),
+    c("size-missing", "size", "--trace", "{tmp}/none", word="no such trace file"),
+    c("size-not-a-trace", "size", "--trace", "{tmp}/t", files={"t": "hello\n"},
+      word="not a cachemgr trace"),
+    c("size-higher-rate", "size", "--trace", "{tmp}/t", "--rate", "0.5",
+      files={"t": TRACE_SAMPLED}, word="higher rate"),
+    c("size-block-of-sampled", "size", "--trace", "{tmp}/t", "--block", "8k",
+      files={"t": TRACE_SAMPLED}, word="same blocks"),
+    c("size-zero-size", "size", "--trace", "{tmp}/t", "--sizes", "0", files={"t": TRACE},
+      word="more than 0"),
+    c("size-word-size", "size", "--trace", "{tmp}/t", "--sizes", "big", files={"t": TRACE},
+      word="big"),
+    c("size-unknown-device", "size", "--trace", "{tmp}/t", "--device", "sdz",
+      files={"t": TRACE}, word="no device"),
+    c("size-bad-latency", "size", "--trace", "{tmp}/t", "--hdd-latency", "fast",
+      files={"t": TRACE}, word="latency"),
+    c("replay-missing-trace", "bench", "replay", "/dev/bcache0", "--trace", "{tmp}/none",
+      word="no such trace file"),
+    c("replay-two-devices", "bench", "replay", "/dev/bcache0", "--trace", "{tmp}/t",
+      files={"t": TRACE_TWO}, word="several devices"),
+    c("replay-beyond-target", "bench", "replay", "/dev/bcache0", "--trace", "{tmp}/t",
+      files={"t": TRACE_FAR}, word="smaller"),
 ]
 
 

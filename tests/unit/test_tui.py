@@ -1129,3 +1129,36 @@ def test_lvm_cache_detach_remove_and_replace_through_the_command_layer() -> None
                 str(plan.render())
 
     asyncio.run(go())
+
+
+def test_sizing_screen_draws_the_curve(tmp_path: Path) -> None:
+    """z opens cache sizing (also read-only: it reads a file); Ctrl+R reads the trace and
+    draws the curve with the knee and the asked-for size; a bad file shows the CLI's words."""
+    from tests.unit.test_sizing import make_trace, zipf_refs
+    from tui.screens.sizing import SizingScreen
+
+    path = make_trace(tmp_path / "t.trace", zipf_refs(4096, 20_000, 1.2, seed=4))
+    (tmp_path / "bad").write_text("hello\n")
+
+    async def go() -> None:
+        async with running(fx("bcache-writeback-dirty"), at=1, read_only=True) as (app, pilot):
+            await pilot.press("z")
+            assert isinstance(app.screen, SizingScreen)
+            app.screen.query_one("#trace", Input).value = str(path)
+            app.screen.query_one("#sizes", Input).value = "4M"
+            await pilot.press("ctrl+r")
+            screen = app.screen
+            await settle(pilot, lambda: screen.result is not None)
+            from rich.console import Console
+
+            con = Console(width=100, record=True, file=io.StringIO())
+            con.print(screen.query_one("#result", Static).content)
+            text = con.export_text()
+            assert "knee of the curve" in text and "◀ knee" in text and "◀ asked" in text
+            assert "4.0 MiB" in text and "█" in text
+            screen.query_one("#trace", Input).value = str(tmp_path / "bad")
+            await pilot.press("ctrl+r")
+            await settle(pilot, lambda: shown(app, MessageDialog))
+            assert "not a cachemgr trace" in rendered(app.screen, ".dialog-body")
+
+    asyncio.run(go())

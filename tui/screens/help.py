@@ -25,6 +25,7 @@ cachemgr: bcache and dm-cache on this host.  Keys (also in the footer and in Ctr
   Del Remove     safe decommission: flush, detach, stop / unregister (confirmed)
   s  SSD         replace the cache SSD of a set: plan, steps, swap prompt, resume
   b  Bench       benchmark a device or compare modes (fio), with charts
+  z  Sizing      hit ratio against cache size from a recorded trace (cachemgr trace)
   o              operations hidden with Esc: show their progress again, cancel there
   r  refresh now   +/-  refresh interval   l  log panel   q  quit   Esc  back
 

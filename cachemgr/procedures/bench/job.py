@@ -61,6 +61,9 @@ class JobSpec:
     rate_iops: int | None = None
     ioengine: str = "libaio"
     extra: tuple[tuple[str, str], ...] = ()
+    # replay: a fio iolog (version 2) of recorded requests instead of a pattern; every
+    # request goes to the target (replay_redirect); rw says only whether it reads/writes
+    iolog: str | None = None
 
     def validate(self) -> None:
         """Refuse (UsageError, exit 2) what fio would misread or what would add lines to the
@@ -70,7 +73,7 @@ class JobSpec:
         for what, text in (("--rw", self.rw), ("--bs", self.bs),
                            ("--distribution", self.distribution), ("--size", self.size),
                            ("--offset", self.offset), ("--steadystate", self.steadystate),
-                           ("ioengine", self.ioengine)):
+                           ("ioengine", self.ioengine), ("iolog", self.iolog)):
             if text is not None:
                 checks.plain_text(text, what)
         if self.rw not in RW_MODES:
@@ -139,6 +142,12 @@ class JobSpec:
                 ios: int | None = None) -> list[tuple[str, str]]:
         """fio options; ``ios`` runs a number of requests instead of a time (warm-ups:
         ``time_based`` would ignore ``number_ios``)."""
+        if self.iolog:
+            return [("read_iolog", self.iolog), ("replay_redirect", filename),
+                    ("direct", "1"), ("ioengine", self.ioengine),
+                    ("iodepth", str(iodepth or self.iodepth)), ("group_reporting", "1"),
+                    ("percentile_list", ":".join(f"{p:g}" for p in PERCENTILES)),
+                    *self.extra]
         if ios:
             timing = [("number_ios", str(ios)), ("io_size", str(ios * parse_size(self.bs)))]
         else:
@@ -195,6 +204,8 @@ class JobSpec:
         return "\n".join(lines) + "\n"
 
     def describe(self) -> str:
+        if self.iolog:
+            return f"replay of a recorded trace, QD{self.iodepth}"
         d = self.distribution if self.rw.startswith("rand") else "sequential"
         return (f"{self.rw} {self.bs} QD{self.iodepth}"
                 f"{f' x{self.numjobs} jobs' if self.numjobs > 1 else ''} {d}, "

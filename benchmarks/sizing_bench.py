@@ -1,0 +1,202 @@
+"""Benchmark: cache sizing from a recorded trace (cachemgr trace / size / bench replay).
+
+    # in the lab (qemu: the UML kernel has no block tracing), one run, one JSON line
+    cachemgr lab run --backend qemu --disks 1G,32M --timeout 1800 -- \\
+        .venv/bin/python benchmarks/sizing_bench.py lab
+    # on the host: SHARDS sampling against the full trace (no kernel needed)
+    .venv/bin/python benchmarks/sizing_bench.py sampling
+
+``lab``: a Zipf(1.2) 4 KiB random-read job at QD1 over 256 MiB of the bare disk, run alone and
+under ``cachemgr trace`` (rate 0.01 and rate 1), interleaved, for the recorder's cost; the rate-1
+trace is analysed (``cachemgr size``) for the data capacity of a 32 MiB bcache cache (32 KiB
+buckets), then bcache is built over the disk and the trace replayed on it (``cachemgr bench
+replay``); the same job then runs on a fresh cache (``bench run --fresh-cache``). Prints the
+IOPS alone and traced, the predicted and the measured read hit ratios.
+
+``sampling``: Zipf streams (Python's generator, seed 1) analysed whole and at rates 0.1 and
+0.01, four independent samples each (the hash takes the device index); prints the largest
+difference of a sampled curve from the full one, and of the four samples' mean, from the size
+the rate resolves (100/rate blocks), from 1 % and from 10 % of the footprint.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REGION = "256M"
+THETA = 1.2
+RUNTIME = int(os.environ.get("SIZING_RUNTIME", "20"))
+REPS = int(os.environ.get("SIZING_REPS", "3"))
+PY = sys.executable
+
+
+def fio(dev: str, seed: int) -> float:
+    out = subprocess.run(
+        ["fio", "--name=z", f"--filename={dev}", "--rw=randread", "--bs=4k", "--direct=1",
+         "--ioengine=libaio", "--iodepth=1", f"--size={REGION}", "--norandommap=1",
+         f"--random_distribution=zipf:{THETA}", "--randrepeat=0", f"--randseed={seed}",
+         "--time_based=1", f"--runtime={RUNTIME}", "--output-format=json"],
+        capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)["jobs"][0]["read"]["iops"])
+
+
+def traced(dev: str, seed: int, rate: str, out: str) -> tuple[float, dict]:
+    """The job's IOPS while ``cachemgr trace`` records it, and the trace's trailer."""
+    p = subprocess.Popen([PY, "-m", "cachemgr", "trace", dev, "--rate", rate, "-o", out,
+                          "--force", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    part = Path(out + ".part")
+    t0 = time.monotonic()
+    while not part.exists() and time.monotonic() - t0 < 120:
+        time.sleep(0.2)
+    time.sleep(2)  # blktrace's set-up
+    iops = fio(dev, seed)
+    p.send_signal(signal.SIGINT)
+    so, se = p.communicate(timeout=120)
+    if p.returncode != 0:
+        raise SystemExit(f"trace failed: {p.returncode} {se}")
+    return iops, json.loads(so)["trailer"]
+
+
+def cm(*argv: str) -> dict:
+    p = subprocess.run([PY, "-m", "cachemgr", *argv], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"cachemgr {' '.join(argv)}: {p.returncode} {p.stderr}")
+    return json.loads(p.stdout)
+
+
+def lab() -> dict:
+    from cachemgr.backends import bcache
+    from cachemgr.core.sysfs import Sysfs
+
+    subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], check=False)
+    disks = sorted(p for p in Path("/dev").iterdir() if p.name in ("vda", "vdb"))
+    hdd, ssd = str(disks[0]), str(disks[1])
+    tmp = tempfile.mkdtemp()
+    full = f"{tmp}/full.trace"
+    alone, t001, t1, cpu001, cpu1 = [], [], [], [], []
+    for rep in range(REPS):  # interleaved: a drift of the host touches all three alike
+        alone.append(fio(hdd, 10 + rep))
+        iops, tr001 = traced(hdd, 20 + rep, "0.01", f"{tmp}/s.trace")
+        t001.append(iops)
+        cpu001.append(tr001["recorder_cpu_seconds"] / tr001["seconds"])
+        iops, tr1 = traced(hdd, 40 + rep, "1", full)
+        t1.append(iops)
+        cpu1.append(tr1["recorder_cpu_seconds"] / tr1["seconds"])
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="32k")
+    time.sleep(2)
+    rep_doc = cm("bench", "replay", "/dev/bcache0:writethrough", "--trace", full, "--json",
+                 "--no-save")
+    cap = rep_doc["replay"]["cache_bytes"]
+    size_doc = cm("size", "--trace", full, "--sizes", str(cap), "--json")
+    job = cm("bench", "run", "/dev/bcache0:writethrough", "--rw", "randread", "--size", REGION,
+             "--zipf", str(THETA), "--runtime", str(RUNTIME), "--fresh-cache", "--json",
+             "--no-save", "--no-plot")
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    return {
+        "bench": "sizing_lab", "kernel": os.uname().release, "runtime_s": RUNTIME,
+        "iops_alone": [round(x) for x in alone], "iops_traced_rate_0.01": [round(x) for x in t001],
+        "iops_traced_rate_1": [round(x) for x in t1],
+        "cost_rate_0.01_of_median": round(1 - med(t001) / med(alone), 4),
+        "cost_rate_1_of_median": round(1 - med(t1) / med(alone), 4),
+        "recorder_cpu_share_rate_0.01": [round(x, 4) for x in cpu001],
+        "recorder_cpu_share_rate_1": [round(x, 4) for x in cpu1],
+        "trace_requests": rep_doc["replay"]["requests"],
+        "cache_bytes": cap,
+        "predicted_read_hit_ratio": size_doc["sizes"][0]["read_hit_ratio"],
+        "replay_measured_read_hit_ratio": rep_doc["replay"]["measured_read_hit_ratio"],
+        "replay_difference": rep_doc["replay"].get("difference"),
+        "same_job_measured_hit_ratio": job["results"][0]["hit_ratio"],
+    }
+
+
+def zipf_stream(n: int, refs: int, theta: float, seed: int) -> list[int]:
+    w = list(itertools.accumulate(1 / (i ** theta) for i in range(1, n + 1)))
+    rnd = random.Random(seed)
+    perm = list(range(n))
+    rnd.shuffle(perm)
+    return [perm[bisect.bisect_left(w, rnd.random() * w[-1])] for _ in range(refs)]
+
+
+def sampling() -> list[dict]:
+    from cachemgr.procedures import sizing
+    from cachemgr.procedures import trace as tr
+
+    out = []
+    for n, refs, theta in ((1 << 18, 2_000_000, 1.2), (1 << 18, 2_000_000, 0.9),
+                           (1 << 20, 4_000_000, 0.9)):
+        blocks = zipf_stream(n, refs, theta, seed=1)
+        with tempfile.TemporaryDirectory() as tmp:
+            # four copies of the stream on four device indexes: the hash takes the index, so
+            # each is an independent sample of the same requests
+            h = tr.Header(block=4096, rate=1.0, started=0.0,
+                          devices=[tr.Device(i, f"/dev/x{i}", f"x{i}", "0:0", n * 4096)
+                                   for i in range(4)])
+            w = tr.Writer(f"{tmp}/t", h)
+            tot = tr.Totals()
+            for i, b in enumerate(blocks):
+                tot.requests[0] += 1
+                tot.blocks[0] += 1
+                for d in range(4):
+                    w.add(i * 1e-4, b * 4096, 4096, d, 0)
+            w.close({"seconds": 0, **tot.to_json(), "diskstats": {}})
+            trace = tr.read(f"{tmp}/t")
+        t0 = time.process_time()
+        hf = sizing.histogram(trace, devices=[0])
+        full_s = time.process_time() - t0
+        grid = sizing.grid(hf)
+        for rate in (0.1, 0.01):
+            t0 = time.process_time()
+            samples = []
+            for d in range(4):
+                hs = sizing.histogram(trace, rate=rate, devices=[d])
+                # what record() writes in the trailer: SHARDS_adj against all references
+                hs.adjust[0] = refs * rate - hs.refs[0]
+                hs.refs[0] = refs * rate
+                samples.append(hs)
+            s_s = (time.process_time() - t0) / 4
+
+            def err(lo: float, samples: list = samples, grid: list = grid,
+                    hf: sizing.Histogram = hf) -> tuple[float, float]:
+                xs = [x for x in grid if x >= lo]
+                each = max(abs((hs.hit_ratio(x) or 0) - (hf.hit_ratio(x) or 0))
+                           for hs in samples for x in xs)
+                mean = max(abs(sum((hs.hit_ratio(x) or 0) for hs in samples) / len(samples)
+                               - (hf.hit_ratio(x) or 0)) for x in xs)
+                return round(each, 4), round(mean, 4)
+
+            r100, r100m = err(sizing.resolved_blocks(rate) * 4096)
+            f1, f1m = err(0.01 * hf.footprint_bytes)
+            f10, f10m = err(0.1 * hf.footprint_bytes)
+            out.append({"bench": "sizing_sampling", "blocks": n, "refs": refs, "theta": theta,
+                        "rate": rate, "footprint_bytes": hf.footprint_bytes,
+                        "max_err_from_resolved": r100, "mean_of_4_err_from_resolved": r100m,
+                        "max_err_from_1pct_footprint": f1, "mean_of_4_err_1pct": f1m,
+                        "max_err_from_10pct_footprint": f10, "mean_of_4_err_10pct": f10m,
+                        "sampled_refs": [sum(len(x) for x in hs.distances) + sum(hs.cold)
+                                         for hs in samples],
+                        "cpu_s_full": round(full_s, 2), "cpu_s_sampled": round(s_s, 2)})
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["lab"]:
+        print(json.dumps(lab()))
+    elif sys.argv[1:] == ["sampling"]:
+        for line in sampling():
+            print(json.dumps(line))
+    else:
+        raise SystemExit(__doc__)

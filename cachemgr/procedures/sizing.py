@@ -1,0 +1,342 @@
+"""Cache sizing from a recorded trace: the LRU miss-ratio curve by reuse distances (SHARDS).
+
+The reuse (stack) distance of a reference is the number of distinct blocks touched since the
+same block was last touched; an LRU cache of C blocks hits exactly the references of distance
+< C (Mattson et al., "Evaluation techniques for storage hierarchies", 1970). Distances are
+counted with a Fenwick tree over the reference positions (one marker on each block's latest
+position: the markers between two uses of a block are the distinct blocks in between), in
+O(N log N). On a sampled trace (trace.py), a distance among sampled blocks divided by the
+rate estimates the full distance; SHARDS_adj (Waldspurger et al., FAST '15, section 4.2) adds
+the difference between the expected and the actual number of sampled references to the
+smallest distance, which removes most of the error a few very popular blocks cause.
+
+Reads and writes share one LRU (bcache and dm-cache in writeback or writethrough put both in
+the cache); each has its own hit ratio. Discards are counted, not cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachemgr.backends.blktrace import OP_DISCARD
+from cachemgr.core.errors import UsageError
+from cachemgr.procedures import trace as tr
+
+CURVE_POINTS_LOG = 320  # geometric grid from one block to the footprint
+CURVE_POINTS_LIN = 80  # and a linear one, so that any size reads off between two neighbours
+DEFAULT_SSD_LATENCY_MS = 0.1  # a SATA SSD's 4 KiB QD1 read, about
+# A sample at rate R sees one block in 1/R: below about 100/R blocks its curve is mostly the
+# SHARDS_adj correction and the few hottest blocks that happen to be sampled (measured:
+# benchmarks/sizing_bench.py sampling, docs/benchmarks.md "Cache sizing").
+RESOLVED_SAMPLED_BLOCKS = 100
+
+
+def resolved_blocks(rate: float) -> int:
+    """The smallest cache (in blocks) a curve sampled at ``rate`` is read at."""
+    return 1 if rate >= 1 else math.ceil(RESOLVED_SAMPLED_BLOCKS / rate)
+
+
+@dataclass
+class Histogram:
+    """Sampled references by scaled reuse distance, per op (read, write)."""
+
+    block: int
+    rate: float
+    distances: list[list[int]] = field(default_factory=lambda: [[], []])  # sorted, per op
+    cold: list[int] = field(default_factory=lambda: [0, 0])
+    refs: list[float] = field(default_factory=lambda: [0.0, 0.0])  # sampled refs (adjusted)
+    adjust: list[float] = field(default_factory=lambda: [0.0, 0.0])  # SHARDS_adj, per op
+    unique: int = 0  # distinct sampled blocks
+    discards: int = 0
+
+    def hits(self, op: int, cache_blocks: float) -> float:
+        """Sampled references of ``op`` that hit an LRU cache of ``cache_blocks`` blocks."""
+        # a sampled distance d stands for full distances in [d, d + 1) / rate: at a cache of
+        # C blocks (x = C * rate sampled blocks) it is a hit for the part of that interval
+        # below C, clamp(x - d, 0, 1); at rate 1 that is exactly "d < C". SHARDS_adj's
+        # correction sits at distance 0.
+        x = cache_blocks * self.rate
+        k = math.floor(x)
+        d = self.distances[op]
+        lo = bisect.bisect_left(d, k)
+        n = lo + (x - k) * (bisect.bisect_right(d, k) - lo)
+        return max(0.0, n + self.adjust[op] * min(1.0, x))
+
+    def hit_ratio(self, cache_bytes: float, op: int | None = None) -> float | None:
+        c = cache_bytes / self.block
+        if op is None:
+            total = self.refs[0] + self.refs[1]
+            if total <= 0:
+                return None
+            return max(0.0, min(1.0, (self.hits(0, c) + self.hits(1, c)) / total))
+        if self.refs[op] <= 0:
+            return None
+        return max(0.0, min(1.0, self.hits(op, c) / self.refs[op]))
+
+    @property
+    def footprint_bytes(self) -> int:
+        """The cache size from which the curve is flat: every reuse hits."""
+        far = max((d[-1] for d in self.distances if d), default=0)
+        return int(math.floor(far / self.rate) + 1) * self.block
+
+
+class _Fenwick:
+    __slots__ = ("n", "t")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.t = [0] * (n + 1)
+
+    def add(self, i: int, v: int) -> None:
+        t, n = self.t, self.n
+        while i <= n:
+            t[i] += v
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        t = self.t
+        s = 0
+        while i > 0:
+            s += t[i]
+            i -= i & -i
+        return s
+
+
+def references(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
+               devices: Sequence[int] | None = None) -> tuple[list[int], list[int], int, float,
+                                                               int]:
+    """The sampled block references of ``trace`` in time order: keys, ops, block, rate and
+    the number of discarded blocks. ``rate`` below the recorded one samples further."""
+    h = trace.header
+    rate = h.rate if rate is None else rate
+    if rate > h.rate + 1e-12:
+        raise UsageError(f"the trace was sampled at {h.rate:g}; it cannot be analysed at the "
+                         f"higher rate {rate:g}")
+    block = h.block if block is None else block
+    if block < 512 or block & (block - 1):
+        raise UsageError(f"the block size is a power of two of at least 512, not {block}")
+    if block != h.block and h.rate < 1:
+        raise UsageError(f"the trace was sampled in {h.block}-byte blocks; a sampled trace is "
+                         f"analysed in the same blocks", hint=f"--block {h.block}")
+    thr = tr.threshold(rate)
+    shift = block.bit_length() - 1
+    want = None if devices is None else set(devices)
+    keys: list[int] = []
+    ops: list[int] = []
+    discards = 0
+    for _t, off, ln, dev, op in tr.requests(trace):
+        if want is not None and dev not in want:
+            continue
+        first, last = off >> shift, (off + ln - 1) >> shift
+        if op == OP_DISCARD:
+            discards += last - first + 1
+            continue
+        for b in range(first, last + 1):
+            if rate >= 1 or tr.sampled(dev, b, thr):
+                keys.append(dev << 48 | b)
+                ops.append(op)
+    return keys, ops, block, rate, discards
+
+
+def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
+              devices: Sequence[int] | None = None) -> Histogram:
+    keys, ops, block, rate, discards = references(trace, rate=rate, block=block,
+                                                  devices=devices)
+    hist = Histogram(block=block, rate=rate, discards=discards)
+    fw = _Fenwick(len(keys))
+    last: dict[int, int] = {}
+    dist: list[list[int]] = [[], []]
+    for i, (k, op) in enumerate(zip(keys, ops, strict=True), 1):
+        p = last.get(k)
+        if p is None:
+            hist.cold[op] += 1
+        else:
+            dist[op].append(fw.prefix(i - 1) - fw.prefix(p))
+            fw.add(p, -1)
+        fw.add(i, 1)
+        last[k] = i
+    hist.unique = len(last)
+    for op in (0, 1):
+        dist[op].sort()
+        hist.distances[op] = dist[op]
+        hist.refs[op] = float(len(dist[op]) + hist.cold[op])
+    t = trace.trailer
+    if rate < 1 and t is not None and devices is None and block == trace.header.block:
+        # SHARDS_adj: the sample holds rate x all references on average; the difference
+        # goes to the smallest distance (the paper's first bucket)
+        for op, name in ((0, "read"), (1, "write")):
+            expected = float(t.get("blocks", {}).get(name, 0)) * rate
+            if hist.refs[op] > 0:
+                hist.adjust[op] = expected - hist.refs[op]
+                hist.refs[op] = expected
+    return hist
+
+
+# ----------------------------------------------------------------------------- the curve
+
+
+@dataclass(frozen=True)
+class Point:
+    cache_bytes: int
+    hit_ratio: float | None
+    read_hit_ratio: float | None
+    write_hit_ratio: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cache_bytes": self.cache_bytes, "hit_ratio": _r(self.hit_ratio),
+                "read_hit_ratio": _r(self.read_hit_ratio),
+                "write_hit_ratio": _r(self.write_hit_ratio)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 5)
+
+
+def point(h: Histogram, cache_bytes: int) -> Point:
+    return Point(cache_bytes, h.hit_ratio(cache_bytes), h.hit_ratio(cache_bytes, 0),
+                 h.hit_ratio(cache_bytes, 1))
+
+
+def grid(h: Histogram, extra: Sequence[int] = ()) -> list[int]:
+    """Cache sizes for the curve: one block to a little past the footprint, both spacings."""
+    top = max(h.footprint_bytes, h.block) * 1.05
+    sizes = {h.block * max(1, round(top / h.block * i / CURVE_POINTS_LIN))
+             for i in range(1, CURVE_POINTS_LIN + 1)}
+    ratio = (top / h.block) ** (1 / CURVE_POINTS_LOG)
+    sizes |= {h.block * max(1, round(ratio ** i)) for i in range(CURVE_POINTS_LOG + 1)}
+    sizes |= set(extra)
+    return sorted(sizes)
+
+
+def curve(h: Histogram, extra: Sequence[int] = ()) -> list[Point]:
+    return [point(h, s) for s in grid(h, extra)]
+
+
+def knee(points: Sequence[Point]) -> Point | None:
+    """The working set's knee: the point farthest above the line from the empty cache to the
+    footprint, curve and sizes both scaled to 1 (Satopaa et al.'s Kneedle, one pass)."""
+    pts = [p for p in points if p.hit_ratio is not None]
+    if not pts:
+        return None
+    top = max(p.hit_ratio or 0.0 for p in pts)
+    full = next((p for p in pts if (p.hit_ratio or 0.0) >= top - 1e-9), pts[-1])
+    if top <= 0:
+        return None
+    return max((p for p in pts if p.cache_bytes <= full.cache_bytes),
+               key=lambda p: (p.hit_ratio or 0.0) / top - p.cache_bytes / full.cache_bytes)
+
+
+@dataclass(frozen=True)
+class Model:
+    """What a hit ratio buys: Little's law at the recorded queue depth."""
+
+    hdd_read_ms: float | None
+    hdd_write_ms: float | None
+    ssd_ms: float
+    queue_depth: float | None
+    read_share: float | None  # reads / all requests
+
+
+def model_from(trace: tr.Trace, *, hdd_ms: float | None, ssd_ms: float | None,
+               devices: Sequence[int] | None = None) -> Model:
+    t = trace.trailer or {}
+    reads = writes = read_ms = write_ms = queue_ms = 0
+    names = {d.name for d in trace.header.devices
+             if devices is None or d.index in devices}
+    for name, s in (t.get("diskstats") or {}).items():
+        if name in names:
+            reads += s["reads"]
+            writes += s["writes"]
+            read_ms += s["read_ms"]
+            write_ms += s["write_ms"]
+            queue_ms += s["queue_ms"]
+    secs = float(t.get("seconds") or 0)
+    rq = t.get("requests") or {}
+    n_r, n_w = int(rq.get("read", 0)), int(rq.get("write", 0))
+    return Model(
+        hdd_read_ms=hdd_ms if hdd_ms is not None else (read_ms / reads if reads else None),
+        hdd_write_ms=hdd_ms if hdd_ms is not None else (write_ms / writes if writes else None),
+        ssd_ms=DEFAULT_SSD_LATENCY_MS if ssd_ms is None else ssd_ms,
+        queue_depth=queue_ms / (secs * 1000) if secs > 0 and queue_ms else None,
+        read_share=n_r / (n_r + n_w) if n_r + n_w else None)
+
+
+def predict(h: Histogram, m: Model, cache_bytes: int) -> dict[str, Any]:
+    p = point(h, cache_bytes)
+    out: dict[str, Any] = p.to_json()
+    hr = p.read_hit_ratio
+    if hr is not None and m.hdd_read_ms:
+        cached = hr * m.ssd_ms + (1 - hr) * m.hdd_read_ms
+        out["read_latency_ms"] = round(cached, 4)
+        out["read_iops_gain"] = round(m.hdd_read_ms / cached, 3)
+        if m.queue_depth:
+            out["read_iops_at_recorded_qd"] = round(m.queue_depth * 1000 / cached, 1)
+    # writeback: every write completes at the SSD; a write to a block still in the cache
+    # replaces it there, so the disk sees it once however often it was rewritten (at most:
+    # writeback may have cleaned the block between the two writes)
+    out["write_absorption"] = _r(p.write_hit_ratio)
+    if m.read_share is not None and m.hdd_read_ms and m.queue_depth:
+        rs, hw = m.read_share, m.hdd_write_ms or m.hdd_read_ms
+        bare = rs * m.hdd_read_ms + (1 - rs) * hw
+        wb = rs * (out.get("read_latency_ms") or m.hdd_read_ms) + (1 - rs) * m.ssd_ms
+        out["iops_at_recorded_qd"] = {"bare": round(m.queue_depth * 1000 / bare, 1),
+                                      "writeback": round(m.queue_depth * 1000 / wb, 1)}
+    return out
+
+
+def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
+            sizes: Sequence[int] = (), hdd_ms: float | None = None,
+            ssd_ms: float | None = None, devices: Sequence[int] | None = None
+            ) -> dict[str, Any]:
+    """The ``cachemgr size --json`` document."""
+    h = histogram(trace, rate=rate, block=block, devices=devices)
+    pts = curve(h, sizes)
+    k = knee(pts)
+    m = model_from(trace, hdd_ms=hdd_ms, ssd_ms=ssd_ms, devices=devices)
+    top = max((p.hit_ratio or 0.0 for p in pts), default=0.0)
+
+    def size_for(frac: float) -> int | None:
+        return next((p.cache_bytes for p in pts if (p.hit_ratio or 0.0) >= frac * top), None)
+
+    notes = []
+    small = [s for s in sizes if s < resolved_blocks(h.rate) * h.block]
+    if small:
+        notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
+                     f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
+                     f"{', '.join(str(s) for s in small)} are rough")
+    if not trace.complete:
+        notes.append("the trace has no trailer (the recorder was killed): the totals, the "
+                     "SHARDS adjustment and the latency model are missing")
+    sampled_refs = sum(len(d) for d in h.distances) + sum(h.cold)
+    if h.rate < 1 and sampled_refs < 10_000:
+        notes.append(f"only {sampled_refs:,} sampled references: the curve is rough "
+                     "(record longer or at a higher --rate)")
+    hd = trace.header
+    t = trace.trailer or {}
+    return {
+        "schema": 1,
+        "trace": {"devices": [vars(d) for d in hd.devices], "rate": hd.rate,
+                  "block": hd.block, "seconds": t.get("seconds"),
+                  "requests": t.get("requests"), "kept_requests": len(trace),
+                  "complete": trace.complete},
+        "rate": h.rate,
+        "block": h.block,
+        "references": {"read": round(h.refs[0]), "write": round(h.refs[1]),
+                       "sampled": sampled_refs, "discarded_blocks": h.discards},
+        "footprint_bytes": h.footprint_bytes,
+        "resolved_from_bytes": resolved_blocks(h.rate) * h.block,
+        "max_hit_ratio": _r(top),
+        "knee": k.to_json() if k else None,
+        "size_for": {"50%": size_for(0.5), "90%": size_for(0.9), "95%": size_for(0.95),
+                     "99%": size_for(0.99)},
+        "model": {"hdd_read_ms": _r(m.hdd_read_ms), "hdd_write_ms": _r(m.hdd_write_ms),
+                  "ssd_ms": m.ssd_ms, "queue_depth": _r(m.queue_depth),
+                  "read_share": _r(m.read_share)},
+        "sizes": [predict(h, m, s) for s in sizes],
+        "curve": [p.to_json() for p in pts],
+        "notes": notes,
+    }

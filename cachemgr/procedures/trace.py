@@ -1,0 +1,435 @@
+"""Block traces for cache sizing: record (blktrace + SHARDS sampling), the trace file, reading.
+
+Sampling is SHARDS (Waldspurger, Park, Garthwaite, Ahmad: "Efficient MRC Construction with
+SHARDS", FAST '15): a block is kept when a hash of its address falls under a threshold, so a
+sampled block is kept on *every* reference and the reuse distances among sampled blocks,
+divided by the rate, estimate the full trace's (docs/admin-guide.md, "Sizing a cache from the
+host's own IO"). A request is written to the file when at least one of its blocks is sampled,
+whole, so a trace at rate 1 can be replayed as recorded; the analysis hashes the blocks again
+and counts only the sampled ones. A lower rate can be applied afterwards (the test is
+``hash < rate * 2^24``: every block kept at a lower rate is also kept at a higher one).
+
+The file: gzip of
+  ``cachemgr-trace 1\\n``, a JSON header line (devices, block size, rate),
+  records of :data:`RECORD` (time s, offset B, length B, device index, op),
+  an end record (device 255), a JSON trailer line (totals of *all* requests, the devices'
+  own counters over the recording, how it ended).
+A file cut short (the recorder killed) has no trailer: it can still be read, and says so.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr.backends import blktrace
+from cachemgr.core.errors import UsageError
+from cachemgr.core.signals import terminate_as_interrupt
+from cachemgr.core.sysfs import Sysfs
+
+MAGIC_LINE = b"cachemgr-trace 1\n"
+RECORD = struct.Struct("<dQIBB")  # time (s from start), offset, length (bytes), device, op
+END_DEVICE = 255
+RATE_BITS = 24
+OPS = ("read", "write", "discard")
+MAX_DEVICES = 254
+REORDER_S = 2.0  # events of different CPUs arrive out of order by less than this
+
+Progress = Callable[[str], None]
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a fast hash with every input bit reaching every output bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def threshold(rate: float) -> int:
+    if not 0 < rate <= 1:
+        raise UsageError(f"a sampling rate is in (0, 1], not {rate}", hint="e.g. --rate 0.01")
+    return max(1, round(rate * (1 << RATE_BITS)))
+
+
+def sampled(dev: int, block: int, thr: int) -> bool:
+    """Whether block ``block`` of device index ``dev`` is in the sample of threshold ``thr``."""
+    return _mix((dev << 56) ^ block ^ 0x9E3779B97F4A7C15) >> (64 - RATE_BITS) < thr
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+@dataclass
+class Device:
+    index: int
+    path: str
+    name: str
+    devno: str  # "major:minor"
+    size: int  # bytes
+    start: int = 0  # a partition's first sector on its disk (the kernel's events carry the disk's)
+
+
+@dataclass
+class Header:
+    block: int
+    rate: float
+    devices: list[Device]
+    started: float  # epoch seconds
+    tool: str = "blktrace -a queue"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": 1, "tool": self.tool, "block": self.block, "rate": self.rate,
+                "started": self.started, "devices": [vars(d) for d in self.devices]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Header:
+        return cls(block=int(doc["block"]), rate=float(doc["rate"]),
+                   devices=[Device(**d) for d in doc["devices"]],
+                   started=float(doc["started"]), tool=str(doc.get("tool", "")))
+
+
+@dataclass
+class Totals:
+    """Counts of every request seen, sampled or not (what the rate is judged against)."""
+
+    requests: list[int] = field(default_factory=lambda: [0, 0, 0])
+    blocks: list[int] = field(default_factory=lambda: [0, 0, 0])
+    bytes: list[int] = field(default_factory=lambda: [0, 0, 0])
+    kept: int = 0  # requests written
+    sampled_blocks: list[int] = field(default_factory=lambda: [0, 0, 0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": dict(zip(OPS, self.requests, strict=True)),
+                "blocks": dict(zip(OPS, self.blocks, strict=True)),
+                "bytes": dict(zip(OPS, self.bytes, strict=True)),
+                "sampled_blocks": dict(zip(OPS, self.sampled_blocks, strict=True)),
+                "kept_requests": self.kept}
+
+
+class Writer:
+    def __init__(self, path: str | os.PathLike[str], header: Header) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".part")
+        # open across calls (closed by close(), or by the recorder on failure)
+        self.f = gzip.GzipFile(self.tmp, "wb", compresslevel=6)
+        self.f.write(MAGIC_LINE)
+        self.f.write(json.dumps(header.to_json()).encode() + b"\n")
+        self.pack = RECORD.pack
+        self.records = 0
+
+    def add(self, t: float, offset: int, length: int, dev: int, op: int) -> None:
+        self.f.write(self.pack(t, offset, length, dev, op))
+        self.records += 1
+
+    def close(self, trailer: dict[str, Any]) -> None:
+        self.f.write(RECORD.pack(0.0, 0, 0, END_DEVICE, 0))
+        self.f.write(json.dumps(trailer).encode() + b"\n")
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+
+@dataclass
+class Trace:
+    header: Header
+    trailer: dict[str, Any] | None
+    # columns, to keep a million requests small: times, offsets, lengths, devices, ops
+    t: list[float]
+    offset: list[int]
+    length: list[int]
+    dev: list[int]
+    op: list[int]
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @property
+    def complete(self) -> bool:
+        return self.trailer is not None
+
+
+class TraceFormatError(UsageError):
+    """Not a trace file, or a damaged one (exit 2: bad input)."""
+
+
+def read(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace file (gzip); a file without trailer (cut short) is read as far as it goes."""
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise UsageError(f"{path}: no such trace file") from None
+        if isinstance(exc, EOFError) or "gzip" in str(exc).lower() or "crc" in str(exc).lower():
+            raise TraceFormatError(f"{path}: not a cachemgr trace (or damaged): {exc}") from None
+        raise
+    if not data.startswith(MAGIC_LINE):
+        raise TraceFormatError(f"{path}: not a cachemgr trace (no 'cachemgr-trace 1' line)")
+    pos = len(MAGIC_LINE)
+    nl = data.find(b"\n", pos)
+    try:
+        header = Header.from_json(json.loads(data[pos:nl]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TraceFormatError(f"{path}: bad trace header: {exc}") from None
+    pos = nl + 1
+    cols: tuple[list[float], list[int], list[int], list[int], list[int]] = ([], [], [], [], [])
+    trailer = None
+    size = RECORD.size
+    for t, off, ln, dev, op in RECORD.iter_unpack(data[pos:pos + (len(data) - pos) // size * size]):
+        if dev == END_DEVICE:
+            end = pos + (len(cols[0]) + 1) * size
+            try:
+                trailer = json.loads(data[end:data.find(b"\n", end)])
+            except ValueError:
+                trailer = None
+            break
+        if dev >= len(header.devices) or op >= len(OPS):
+            raise TraceFormatError(f"{path}: record {len(cols[0])} names device {dev} / op "
+                                   f"{op}, which the header does not have")
+        cols[0].append(t)
+        cols[1].append(off)
+        cols[2].append(ln)
+        cols[3].append(dev)
+        cols[4].append(op)
+    return Trace(header, trailer, *cols)
+
+
+# ----------------------------------------------------------------------------- recording
+
+
+@dataclass
+class DiskTimes:
+    """A device's own counters (Documentation/block/stat.rst): IOs and their milliseconds."""
+
+    reads: int
+    read_ms: int
+    writes: int
+    write_ms: int
+    queue_ms: int  # time_in_queue: the sum of every request's time in flight
+
+    @classmethod
+    def read(cls, sysfs: Sysfs, rel: str) -> DiskTimes | None:
+        text = sysfs.read_opt(f"{rel}/stat")
+        f = text.split() if text else []
+        if len(f) < 11 or not all(x.isdigit() for x in f[:11]):
+            return None
+        return cls(int(f[0]), int(f[3]), int(f[4]), int(f[7]), int(f[10]))
+
+    def minus(self, o: DiskTimes) -> DiskTimes:
+        return DiskTimes(self.reads - o.reads, self.read_ms - o.read_ms, self.writes - o.writes,
+                         self.write_ms - o.write_ms, self.queue_ms - o.queue_ms)
+
+
+def resolve(sysfs: Sysfs, nodes: Sequence[str]) -> list[tuple[Device, str]]:
+    """The devices to trace, each with its sysfs directory; refuses what cannot be traced."""
+    from cachemgr.backends import bcache
+
+    if not nodes:
+        raise UsageError("trace needs at least one DEVICE")
+    if len(nodes) > MAX_DEVICES:
+        raise UsageError(f"at most {MAX_DEVICES} devices in one trace")
+    dirs = bcache.block_dirs(sysfs)
+    out: list[tuple[Device, str]] = []
+    seen: set[str] = set()
+    for i, node in enumerate(nodes):
+        name = sysfs.block_name_of(node)
+        if name is None:
+            raise UsageError(f"{node} is not a block device")
+        if name in seen:
+            raise UsageError(f"{node} is named twice")
+        seen.add(name)
+        rel = dirs.get(name)
+        if rel is None:
+            raise UsageError(f"{node}: {name} is not in sysfs")
+        # a partition's trace is its disk's, limited to the partition's sectors, which the
+        # events give from the start of the disk (docs/kernel-notes.md, "Block traces")
+        start = sysfs.read_int(f"{rel}/start") or 0 if sysfs.exists(f"{rel}/partition") else 0
+        dev = (sysfs.read_opt(f"{rel}/dev") or "").strip()
+        size = (sysfs.read_int(f"{rel}/size") or 0) * 512
+        out.append((Device(i, node, name, dev, size, start), rel))
+    return out
+
+
+@dataclass
+class Recording:
+    path: str
+    header: Header
+    trailer: dict[str, Any]
+    records: int
+
+
+def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
+           seconds: float | None, rate: float = 0.01, block: int = 4096,
+           progress: Progress | None = None, every: float = 2.0,
+           source: Callable[[Sequence[str]], Any] | None = None, stop_wait: float = 15.0
+           ) -> Recording:
+    """Record the block requests of ``nodes`` for ``seconds`` (None: until Ctrl-C/SIGTERM)
+    into ``out``. Ctrl-C and SIGTERM end the recording cleanly: the file is complete.
+
+    ``source`` makes the event stream from the device nodes (tests give one); by default
+    blktrace, after its preflight. A blktrace that does not end within ``stop_wait`` seconds
+    of being asked is killed (the trailer says so)."""
+    thr = threshold(rate)
+    if block < 512 or block & (block - 1):
+        raise UsageError(f"the block size is a power of two of at least 512, not {block}")
+    devs = resolve(sysfs, nodes)
+    if Path(out).is_dir():
+        raise UsageError(f"{out} is a directory", hint="name the trace file, e.g. -o host.trace")
+    starts = [d.start for d, _ in devs]
+    by_devno: dict[tuple[int, int], int] = {}
+    for d, _ in devs:
+        major, _, minor = d.devno.partition(":")
+        if major.isdigit() and minor.isdigit():
+            by_devno[(int(major), int(minor))] = d.index
+    header = Header(block=block, rate=rate, devices=[d for d, _ in devs], started=time.time())
+    if source is None:
+        blktrace.preflight(sysfs, [d.name for d, _ in devs])
+        source = blktrace.Blktrace
+    times0 = {d.name: DiskTimes.read(sysfs, rel) for d, rel in devs}
+    cpu0 = time.process_time()
+    w = Writer(out, header)
+    tot = Totals()
+    try:
+        bt = source([d.path for d, _ in devs])
+    except BaseException:
+        w.f.close()
+        w.tmp.unlink(missing_ok=True)
+        raise
+    parser = blktrace.Parser()
+    t0_ns: int | None = None
+    pending: list[tuple[float, int, int, int, int]] = []
+    shift = block.bit_length() - 1
+    started = time.monotonic()
+    last_report = started
+    how = "time"
+    killed = False
+
+    def flush(upto: float | None) -> None:
+        pending.sort()
+        n = len(pending) if upto is None else next(
+            (i for i, p in enumerate(pending) if p[0] > upto), len(pending))
+        for rec in pending[:n]:
+            w.add(*rec)
+        del pending[:n]
+
+    def take(chunk: bytes) -> float:
+        """Count and sample the Q events in ``chunk``; the newest kept time."""
+        nonlocal t0_ns
+        newest = 0.0
+        for ev in parser.feed(chunk):
+            di = by_devno.get(ev.devno)
+            if di is None:
+                continue
+            if t0_ns is None:
+                t0_ns = ev.time_ns
+            op = ev.op
+            off = (ev.sector - starts[di]) * 512
+            if off < 0:
+                continue
+            first = off >> shift
+            last = (off + ev.nbytes - 1) >> shift
+            tot.requests[op] += 1
+            tot.blocks[op] += last - first + 1
+            tot.bytes[op] += ev.nbytes
+            hit = 0
+            for b in range(first, last + 1):
+                if sampled(di, b, thr):
+                    hit += 1
+            if hit:
+                tot.sampled_blocks[op] += hit
+                tot.kept += 1
+                t = (ev.time_ns - t0_ns) / 1e9
+                newest = max(newest, t)
+                pending.append((t, off, ev.nbytes, di, op))
+        return newest
+
+    try:
+        with terminate_as_interrupt():
+            try:
+                while True:
+                    now = time.monotonic()
+                    if seconds is not None and now - started >= seconds:
+                        break
+                    if progress and now - last_report >= every:
+                        last_report = now
+                        left = f", {seconds - (now - started):.0f} s left" if seconds else ""
+                        progress(f"{sum(tot.requests):,} requests, {tot.kept:,} kept "
+                                 f"({w.records * RECORD.size / 1e6:.1f} MB before gzip)"
+                                 f"{left}")
+                    chunk = bt.read()
+                    if chunk is None:
+                        continue
+                    if not chunk:
+                        how = "blktrace ended"
+                        break
+                    newest = take(chunk)
+                    if len(pending) > 4096:
+                        flush(newest - REORDER_S)
+            except KeyboardInterrupt as exc:
+                how = getattr(exc, "name", None) or "SIGINT"
+            bt.stop()
+            deadline = time.monotonic() + stop_wait
+            while (chunk := bt.read()) != b"":  # what blktrace still held at the stop
+                if chunk:
+                    take(chunk)
+                if time.monotonic() > deadline:
+                    bt.kill()
+                    killed = True
+                    break
+            bt.finish()
+    except BaseException:
+        bt.kill()
+        w.f.close()
+        w.tmp.unlink(missing_ok=True)
+        raise
+    flush(None)
+    elapsed = time.monotonic() - started
+    disks: dict[str, Any] = {}
+    for d, rel in devs:
+        a, b = times0.get(d.name), DiskTimes.read(sysfs, rel)
+        if a is not None and b is not None:
+            disks[d.name] = vars(b.minus(a))
+    trailer = {"seconds": round(elapsed, 3), "ended_by": how, "blktrace_killed": killed,
+               **tot.to_json(),
+               "diskstats": disks, "recorder_cpu_seconds": round(time.process_time() - cpu0, 3),
+               "unparsed_events": parser.skipped, "bad_records": parser.bad_magic}
+    w.close(trailer)
+    return Recording(str(out), header, trailer, w.records)
+
+
+def requests(tr: Trace) -> Iterator[tuple[float, int, int, int, int]]:
+    return zip(tr.t, tr.offset, tr.length, tr.dev, tr.op, strict=True)
+
+
+@dataclass(frozen=True)
+class Iolog:
+    path: str
+    requests: int
+    reads: int
+    writes: int
+    end: int  # the highest byte addressed + 1
+
+
+def write_iolog(trace: Trace, dev: int, path: str | os.PathLike[str]) -> Iolog:
+    """The requests of device ``dev`` as a fio iolog (version 2: ``NAME read OFFSET LENGTH``,
+    replayed in order; fio's replay_redirect sends them to the target). The file name in it is
+    a fixed word, never the recorded device's name."""
+    words = ("read", "write", "trim")
+    n = [0, 0, 0]
+    end = 0
+    with open(path, "w") as f:
+        f.write("fio version 2 iolog\ntraced add\ntraced open\n")
+        for _t, off, ln, d, op in requests(trace):
+            if d != dev:
+                continue
+            f.write(f"traced {words[op]} {off} {ln}\n")
+            n[op] += 1
+            end = max(end, off + ln)
+        f.write("traced close\n")
+    return Iolog(str(path), sum(n), n[0], n[1], end)

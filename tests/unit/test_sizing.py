@@ -1,0 +1,369 @@
+"""Cache sizing (issue #21): the trace file, SHARDS sampling, reuse distances against an exact
+LRU cache, the curve's JSON, the iolog for replay, blktrace's stream parser."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import random
+import struct
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+
+from cachemgr.backends import blktrace
+from cachemgr.core.errors import UsageError
+from cachemgr.procedures import sizing
+from cachemgr.procedures import trace as tr
+from tests.kernel.clirun import in_process
+
+
+def make_trace(path: Path, refs: list[tuple[int, int]], *, rate: float = 1.0,
+               devices: int = 1, block: int = 4096, trailer: bool = True,
+               diskstats: dict[str, dict[str, int]] | None = None, dev: int = 0) -> Path:
+    """A trace file of ``refs`` (block, op) on device ``dev`` at ``rate``, as the recorder
+    writes it: totals of every reference, records of the sampled ones. (The hash takes the
+    device index: another index samples other blocks.)"""
+    devices = max(devices, dev + 1)
+    thr = tr.threshold(rate)
+    h = tr.Header(block=block, rate=rate, started=0.0, devices=[
+        tr.Device(i, f"/dev/vd{'abcdefgh'[i]}", f"vd{'abcdefgh'[i]}", f"254:{16 * i}", 1 << 30)
+        for i in range(devices)])
+    w = tr.Writer(path, h)
+    tot = tr.Totals()
+    for i, (b, op) in enumerate(refs):
+        tot.requests[op] += 1
+        tot.blocks[op] += 1
+        tot.bytes[op] += block
+        if tr.sampled(dev, b, thr):
+            tot.sampled_blocks[op] += 1
+            tot.kept += 1
+            w.add(i * 1e-4, b * block, block, dev, op)
+    if trailer:
+        w.close({"seconds": 10.0, **tot.to_json(), "diskstats": diskstats or {}})
+    else:
+        w.f.close()
+        w.tmp.rename(path)
+    return path
+
+
+def zipf_refs(n: int, count: int, theta: float, seed: int, writes: float = 0.3
+              ) -> list[tuple[int, int]]:
+    rnd = random.Random(seed)
+    weights = [1 / (i ** theta) for i in range(1, n + 1)]
+    perm = list(range(n))
+    rnd.shuffle(perm)
+    blocks = rnd.choices(perm, weights=weights, k=count)
+    return [(b, 1 if rnd.random() < writes else 0) for b in blocks]
+
+
+def lru_hits(refs: list[tuple[int, int]], size: int) -> tuple[int, int]:
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = [0, 0]
+    for b, op in refs:
+        if b in cache:
+            hits[op] += 1
+            cache.move_to_end(b)
+        else:
+            cache[b] = None
+            if len(cache) > size:
+                cache.popitem(last=False)
+    return hits[0], hits[1]
+
+
+def test_reuse_distances_give_exactly_the_lru_hit_ratios(tmp_path: Path) -> None:
+    refs = zipf_refs(4096, 30_000, 0.9, seed=3)
+    h = sizing.histogram(tr.read(make_trace(tmp_path / "t", refs)))
+    reads = sum(1 for _, op in refs if op == 0)
+    writes = len(refs) - reads
+    for size in (1, 2, 7, 64, 500, 1024, 3000, 5000):
+        r_hits, w_hits = lru_hits(refs, size)
+        assert h.hit_ratio(size * 4096, 0) == pytest.approx(r_hits / reads, abs=1e-12), size
+        assert h.hit_ratio(size * 4096, 1) == pytest.approx(w_hits / writes, abs=1e-12), size
+        assert h.hit_ratio(size * 4096) == pytest.approx((r_hits + w_hits) / len(refs),
+                                                         abs=1e-12)
+
+
+def test_shards_samples_follow_the_full_curve(tmp_path: Path) -> None:
+    """Four independent 10 % samples (the hash takes the device index) of a Zipf(0.8) stream
+    over 2^16 blocks: from the size a sample resolves (100 / rate blocks) up, each is within
+    0.07 of the full curve and their mean within 0.02 (unbiased: the rest is the sampling's
+    variance, which a small footprint makes large; benchmarks/sizing_bench.py measures it)."""
+    refs = zipf_refs(1 << 16, 120_000, 0.8, seed=5, writes=0.0)
+    full = tr.read(make_trace(tmp_path / "full", refs))
+    hf = sizing.histogram(full)
+    sizes = [s for s in sizing.grid(hf) if s >= sizing.resolved_blocks(0.1) * 4096]
+    assert len(sizes) > 100
+    errors = {s: [] for s in sizes}  # type: dict[int, list[float]]
+    for dev in range(4):
+        t = tr.read(make_trace(tmp_path / f"s{dev}", refs, rate=0.1, dev=dev))
+        hs = sizing.histogram(t)
+        # the expected count is put back (SHARDS_adj)
+        assert hs.refs[0] == pytest.approx(len(refs) * 0.1)
+        assert 0.05 < (len(hs.distances[0]) + hs.cold[0]) / len(refs) < 0.2
+        for s in sizes:
+            errors[s].append((hs.hit_ratio(s) or 0) - (hf.hit_ratio(s) or 0))
+    assert max(abs(e) for errs in errors.values() for e in errs) < 0.07
+    assert max(abs(sum(errs) / len(errs)) for errs in errors.values()) < 0.02
+
+
+def test_a_lower_rate_afterwards_keeps_the_same_blocks(tmp_path: Path) -> None:
+    refs = zipf_refs(4096, 20_000, 0.8, seed=6, writes=0.2)
+    sampled = sizing.histogram(tr.read(make_trace(tmp_path / "s", refs, rate=0.1)))
+    later = sizing.histogram(tr.read(make_trace(tmp_path / "f", refs)), rate=0.1)
+    assert sampled.distances == later.distances and sampled.cold == later.cold
+
+
+def test_sampling_is_per_block_and_nested() -> None:
+    thr_hi, thr_lo = tr.threshold(0.1), tr.threshold(0.01)
+    kept_hi = {b for b in range(100_000) if tr.sampled(0, b, thr_hi)}
+    kept_lo = {b for b in range(100_000) if tr.sampled(0, b, thr_lo)}
+    assert kept_lo <= kept_hi  # a lower rate keeps a subset: resampling afterwards works
+    assert 9_000 < len(kept_hi) < 11_000 and 800 < len(kept_lo) < 1_200
+    assert {b for b in range(1000) if tr.sampled(1, b, thr_hi)} != \
+        {b for b in range(1000) if tr.sampled(0, b, thr_hi)}
+
+
+def test_json_document_and_knee(tmp_path: Path) -> None:
+    refs = zipf_refs(8192, 40_000, 1.2, seed=7)
+    stats = {"vda": {"reads": 28000, "read_ms": 224000, "writes": 12000, "write_ms": 96000,
+                     "queue_ms": 10000}}
+    path = make_trace(tmp_path / "t", refs, diskstats=stats)
+    r = in_process("size", "--trace", str(path), "--sizes", "4M,16M", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == 1
+    curve = doc["curve"]
+    assert len(curve) > 100
+    sizes = [p["cache_bytes"] for p in curve]
+    assert sizes == sorted(sizes)
+    hits = [p["hit_ratio"] for p in curve]
+    assert all(b >= a for a, b in itertools.pairwise(hits))  # LRU: no Belady anomaly
+    assert set(curve[0]) >= {"cache_bytes", "hit_ratio", "read_hit_ratio", "write_hit_ratio"}
+    assert 0 < doc["knee"]["cache_bytes"] < doc["footprint_bytes"]
+    assert doc["model"]["hdd_read_ms"] == 8.0 and doc["model"]["queue_depth"] == 1.0
+    s4, s16 = doc["sizes"]
+    assert s4["cache_bytes"] == 4 << 20 and s16["hit_ratio"] >= s4["hit_ratio"]
+    # Little's law: the read latency is the mix of the SSD's and the disk's
+    h = s16["read_hit_ratio"]
+    assert s16["read_latency_ms"] == pytest.approx(h * 0.1 + (1 - h) * 8.0, abs=1e-3)
+    assert s16["read_iops_gain"] == pytest.approx(8.0 / s16["read_latency_ms"], rel=1e-3)
+    text = in_process("size", "--trace", str(path), "--sizes", "16M")
+    assert "knee of the curve" in text.stdout and "16.0 MiB" in text.stdout
+
+
+def test_plot_files(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="plots are the 'plots' extra")
+    path = make_trace(tmp_path / "t", zipf_refs(2048, 5000, 1.2, seed=1))
+    r = in_process("size", "--trace", str(path), "--plot", str(tmp_path / "mrc"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "mrc.png").stat().st_size > 1000
+    assert (tmp_path / "mrc.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_a_trace_cut_short_is_read_and_said(tmp_path: Path) -> None:
+    path = make_trace(tmp_path / "t", zipf_refs(512, 2000, 1.0 + 0.2, seed=2), trailer=False)
+    t = tr.read(path)
+    assert not t.complete and len(t) == 2000
+    r = in_process("size", "--trace", str(path), "--json")
+    assert r.returncode == 0
+    assert any("no trailer" in n for n in json.loads(r.stdout)["notes"])
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("hello\n")
+    with gzip.open(tmp_path / "gz", "wb") as f:
+        f.write(b"not a trace\n")
+    for name in ("plain", "gz"):
+        with pytest.raises(UsageError, match="not a cachemgr trace"):
+            tr.read(tmp_path / name)
+    with pytest.raises(UsageError, match="no such trace file"):
+        tr.read(tmp_path / "absent")
+    good = make_trace(tmp_path / "s", zipf_refs(512, 500, 1.2, seed=2), rate=0.5)
+    with pytest.raises(UsageError, match="higher rate"):
+        sizing.histogram(tr.read(good), rate=0.9)
+    with pytest.raises(UsageError, match="same blocks"):
+        sizing.histogram(tr.read(good), block=8192)
+
+
+def test_iolog_for_replay(tmp_path: Path) -> None:
+    path = make_trace(tmp_path / "t", [(5, 0), (7, 1), (5, 0)])
+    log = tr.write_iolog(tr.read(path), 0, tmp_path / "log")
+    assert (log.requests, log.reads, log.writes, log.end) == (3, 2, 1, 8 * 4096)
+    assert (tmp_path / "log").read_text().splitlines() == [
+        "fio version 2 iolog", "traced add", "traced open", "traced read 20480 4096",
+        "traced write 28672 4096", "traced read 20480 4096", "traced close"]
+
+
+# ----------------------------------------------------------------------------- blktrace
+
+def _event(seq: int, t: int, sector: int, nbytes: int, action: int, dev: int,
+           pdu: bytes = b"") -> bytes:
+    return blktrace.EVENT.pack(blktrace.MAGIC | blktrace.VERSION, seq, t, sector, nbytes,
+                               action, 1, dev, 0, 0, len(pdu)) + pdu
+
+
+def test_parser_on_captured_stream() -> None:
+    """The first events of a real ``blktrace -a queue -o -`` on the qemu lab's /dev/vdb
+    (Debian 6.1; tests/fixtures/blktrace/README.md says how it was recorded)."""
+    raw = (Path(__file__).parent.parent / "fixtures" / "blktrace" / "vdb-queue.bin").read_bytes()
+    p = blktrace.Parser()
+    events = []
+    for i in range(0, len(raw), 1000):  # fed in pieces that cut records
+        events.extend(p.feed(raw[i:i + 1000]))
+    # the capture was cut at 24,000 bytes: what is left is the start of the record cut there
+    assert p.bad_magic == 0 and len(p.buf) < blktrace.EVENT.size + 64
+    assert p.buf == raw[len(raw) - len(p.buf):]
+    assert p.skipped >= 1  # the notify events (process names) are not requests
+    assert len(events) > 100
+    assert {e.devno for e in events} == {(254, 16)}
+    assert all(e.op == blktrace.OP_READ and e.nbytes == 4096 for e in events)
+    assert all(e.sector * 512 < 256 << 20 for e in events)  # the job's 256 MiB region
+
+
+def test_parser_kinds_and_resync() -> None:
+    q = blktrace.TA_QUEUE
+    sh = blktrace.TC_SHIFT
+    dev = 8 << 20 | 16
+    stream = b"".join([
+        _event(0, 10, 0, 0, (blktrace.TC_NOTIFY << sh) | 1, dev, b"fio\0"),
+        _event(1, 20, 8, 4096, (blktrace.TC_READ << sh) | q, dev),
+        _event(2, 30, 16, 8192, (blktrace.TC_WRITE << sh) | q, dev),
+        _event(3, 40, 24, 4096, ((blktrace.TC_WRITE | blktrace.TC_DISCARD) << sh) | q, dev),
+        b"\x00" * 13,  # garbage between records
+        _event(4, 50, 32, 4096, (blktrace.TC_READ << sh) | 2, dev),  # not a Q event
+        _event(5, 60, 40, 4096, (blktrace.TC_READ << sh) | q, dev),
+    ])
+    p = blktrace.Parser()
+    evs = list(p.feed(stream))
+    assert [(e.sector, e.op) for e in evs] == [(8, 0), (16, 1), (24, 2), (40, 0)]
+    assert evs[0].devno == (8, 16)
+    assert p.bad_magic >= 1 and p.skipped == 2
+
+
+def test_record_with_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder's loop on a captured sysfs and a stream made of real event layouts: the
+    totals count every request, the file holds the sampled ones in time order, out-of-order
+    CPUs are sorted, other devices are ignored."""
+    from cachemgr.core.sysfs import Sysfs
+
+    root = Path(__file__).parent.parent / "fixtures" / "schedulers-uml" / "sys"
+    monkeypatch.setattr(Sysfs, "block_name_of", lambda self, node: node.rsplit("/", 1)[-1])
+    sysfs = Sysfs(root)
+    ubdc = (root / "block" / "ubdc" / "dev").read_text().strip()
+    major, minor = (int(x) for x in ubdc.split(":"))
+    dev = major << 20 | minor
+    sh, q = blktrace.TC_SHIFT, blktrace.TA_QUEUE
+    evs = [_event(i, 1_000_000 * (i ^ 1), 8 * i, 4096, (blktrace.TC_READ << sh) | q, dev)
+           for i in range(2000)]  # pairs swapped: two CPUs' batches
+    evs.append(_event(9999, 5, 0, 4096, (blktrace.TC_READ << sh) | q, dev + 1))  # ubdd: not ours
+    data = b"".join(evs)
+
+    class Fake:
+        def __init__(self, devices: list[str]) -> None:
+            assert devices == ["/dev/ubdc"]
+            self.chunks = [data[i:i + 4096] for i in range(0, len(data), 4096)]
+            self.stopped = False
+
+        def read(self, size: int = 0) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        def finish(self) -> None:
+            assert self.stopped
+
+        def kill(self) -> None:
+            raise AssertionError("not killed when it ends by itself")
+
+    out = tmp_path / "t.trace"
+    rec = tr.record(sysfs, ["/dev/ubdc"], out, seconds=None, rate=0.5, source=Fake)  # type: ignore[arg-type]
+    assert rec.trailer["requests"]["read"] == 2000
+    assert rec.trailer["ended_by"] == "blktrace ended"
+    t = tr.read(out)
+    assert t.complete and 700 < len(t) < 1300
+    assert t.t == sorted(t.t)
+    thr = tr.threshold(0.5)
+    assert all(tr.sampled(0, off // 4096, thr) for off in t.offset)
+    assert t.header.devices[0].name == "ubdc" and t.header.devices[0].devno == ubdc
+
+
+def test_a_partition_is_traced_from_its_start(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's events for a partition carry the disk's sectors (the qemu lab: a read at
+    sector 80 of vda1, which starts at 2048, came as sector 2128 with vda1's device number);
+    the trace holds offsets from the partition's start, and drops what lies before it."""
+    from cachemgr.core.sysfs import Sysfs
+
+    root = Path(__file__).parent.parent / "fixtures" / "schedulers-uml" / "sys"
+    monkeypatch.setattr(Sysfs, "block_name_of", lambda self, node: node.rsplit("/", 1)[-1])
+    part = root / "block" / "ubda" / "ubda1"
+    start = int((part / "start").read_text())
+    major, minor = (int(x) for x in (part / "dev").read_text().split(":"))
+    sh, q = blktrace.TC_SHIFT, blktrace.TA_QUEUE
+    data = b"".join(_event(i, 1000 * i, start + 8 * i, 4096, (blktrace.TC_READ << sh) | q,
+                           major << 20 | minor) for i in range(50))
+    data += _event(99, 10**6, 0, 4096, (blktrace.TC_READ << sh) | q, major << 20 | minor)
+
+    class Fake:
+        def __init__(self, devices: list[str]) -> None:
+            self.chunks = [data]
+
+        def read(self, size: int = 0) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+        def stop(self) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+        def kill(self) -> None:
+            pass
+
+    out = tmp_path / "p.trace"
+    tr.record(Sysfs(root), ["/dev/ubda1"], out, seconds=None, rate=1.0, source=Fake)  # type: ignore[arg-type]
+    t = tr.read(out)
+    assert t.header.devices[0].start == start
+    assert t.offset == [4096 * i for i in range(50)]  # the event before the start is dropped
+
+
+def test_a_blktrace_that_does_not_stop_is_killed(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked to stop, the event source stays silent and does not end: after stop_wait the
+    recorder kills it and still writes a complete file, saying so."""
+    from cachemgr.core.sysfs import Sysfs
+
+    root = Path(__file__).parent.parent / "fixtures" / "schedulers-uml" / "sys"
+    monkeypatch.setattr(Sysfs, "block_name_of", lambda self, node: node.rsplit("/", 1)[-1])
+    killed = []
+
+    class Stuck:
+        def __init__(self, devices: list[str]) -> None:
+            pass
+
+        def read(self, size: int = 0) -> bytes | None:
+            return None  # nothing within the timeout, ever
+
+        def stop(self) -> None:
+            pass
+
+        def kill(self) -> None:
+            killed.append(True)
+
+        def finish(self) -> None:
+            assert killed
+
+    out = tmp_path / "t.trace"
+    rec = tr.record(Sysfs(root), ["/dev/ubdc"], out, seconds=0.2, source=Stuck,  # type: ignore[arg-type]
+                    stop_wait=0.3)
+    assert killed == [True] and rec.trailer["blktrace_killed"] is True
+    assert rec.trailer["ended_by"] == "time" and tr.read(out).complete
+
+
+def test_record_struct_is_compact() -> None:
+    assert tr.RECORD.size == 22  # an hour at 10k IOPS sampled at 1 %: 7.9 MB before gzip
+    assert struct.calcsize("<IIQQIIIIIHH") == 48  # struct blk_io_trace
