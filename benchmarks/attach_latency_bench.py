@@ -178,6 +178,12 @@ def stages(t0: float, t_end: float, last: list[ScsiDisk], journal: list[dict[str
                 out[f"round{i}_{key}"] = rel([r[key]]) if key in r else None
         out["last_action"] = rel([last_act["t"]])
         out["passes"] = float(len([p for p in passes if p["t"] >= t0]))
+    # every action of the repetition (both halves): a register that found the device
+    # registered by 69-bcache.rules is "already"; none may fail
+    for r in journal:
+        if r["kind"] not in ("pass", "note"):
+            key = f"n_{r['kind']}_{r.get('result')}"
+            out[key] = (out.get(key) or 0.0) + 1
     out["end"] = round(t_end - t0, 3)
     return out
 
@@ -206,6 +212,7 @@ def one(sysfs: Sysfs, variant: str, tree: Path, python: str, warm: bool, order: 
     if verbose:
         print(json.dumps({"variant": variant, "order": order, "t0": t0, **out}), file=sys.stderr)
         for r in lab.records():
+            assert isinstance(r["t"], float)
             print(json.dumps({"rel": round(r["t"] - t0, 3), **r}), file=sys.stderr)
         for line in mon.path.read_text().splitlines():
             if "[" in line and "]" in line:
@@ -252,8 +259,11 @@ def main() -> int:
     for variant, by_order in results.items():
         summary[variant] = {}
         for order, runs in by_order.items():
-            keys = [k for k in runs[0] if all(r.get(k) is not None for r in runs)]
+            counts = sorted({k for r in runs for k in r if k.startswith("n_")})
+            keys = [k for k in runs[0] if not k.startswith("n_")
+                    and all(r.get(k) is not None for r in runs)]
             summary[variant][order] = {
+                "actions": {k[2:]: sum(r.get(k) or 0 for r in runs) for k in counts},
                 "end_s": [r["end"] for r in runs],
                 "median_s": statistics.median(r["end"] or 0.0 for r in runs),
                 "stages_median_s": {k: round(statistics.median(r[k] or 0.0 for r in runs), 3)

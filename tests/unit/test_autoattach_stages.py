@@ -19,20 +19,12 @@ from cachemgr.cli import udev as udev_cli
 from cachemgr.ops import autoattach as autoattach_ops
 from cachemgr.procedures import autoattach
 from cachemgr.procedures.autoattach import Event
+from tests.unit.test_autoattach import CSET, FX, SSD_WWN
+from tests.unit.test_autoattach import POLICY as BASE_POLICY
 
-FX = Path(__file__).resolve().parent.parent / "fixtures" / "bcache-unattached-uml" / "sys"
-BUUID = "a978012d-8ec0-44df-bf32-93fd5a00ca7a"
-CSET = "3a85497b-f234-4651-a39a-c547edabc679"
-POLICY = f"""version = 1
-
-[cache.ssd0]
-cset = "{CSET}"
-
-[backing.vm-a]
-device = "uuid:{BUUID}"
-cache = "ssd0"
-mode = "writeback"
-"""
+# the cache by its set, the backing device's mode only (its tunables would be more actions)
+POLICY = BASE_POLICY.replace(f'device = "{SSD_WWN}"', f'cset = "{CSET}"').replace(
+    "writeback_percent = 20\n", "").replace('sequential_cutoff = "4M"\n', "")
 
 
 @pytest.fixture
@@ -191,3 +183,22 @@ def test_the_rules_call_imports_only_what_it_needs(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none.toml")],
                          capture_output=True, text=True, check=True).stdout
     assert out.split(maxsplit=1) == ["0", "[]\n"], out
+
+
+def test_the_worker_process_runs_ahead_of_udevs_workers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker command (what systemd-run starts; the forked worker does the same) sets
+    its nice before it works; a refusal (no CAP_SYS_NICE) is not an error."""
+    import os
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    calls: list[tuple[int, int, int]] = []
+
+    def setpriority(which: int, who: int, prio: int) -> None:
+        calls.append((which, who, prio))
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", setpriority)
+    rc = udev_cli.main(["worker", "--policy", str(tmp_path / "none.toml"), "--linger", "0"])
+    assert rc == 0
+    assert calls == [(os.PRIO_PROCESS, 0, udev_cli.WORKER_NICE)] and udev_cli.WORKER_NICE < 0
