@@ -77,6 +77,13 @@ def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: in
                    help="base of fio's randseed")
     c.add_argument("--force", action="store_true",
                    help="write even to devices that look in use or hold data (destroys it)")
+    c.add_argument("--sample-interval", type=argtypes.seconds_or_zero, default=1.0,
+                   metavar="S", help="seconds between samples of the cache while fio runs "
+                   "(dirty data, free space, progress; 0: none; default 1)")
+    c.add_argument("--reference", action="append", default=[], metavar="[CACHE=]REF",
+                   help="target REF is a bare reference device (a disk like the cache's "
+                        "SSD): report each cache target's (or CACHE's) IOPS as a fraction of "
+                        "REF's; repeat for caches on different SSDs")
     o = s.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result document (schema 1)")
     o.add_argument("--out", metavar="DIR", help="results directory")
@@ -104,7 +111,8 @@ def options_from(args: argparse.Namespace) -> bench.CompareOptions:
         repeat=args.repeat, warmup=warm_s, warmup_ios=warm_ios, warmup_auto=auto,
         fresh=args.fresh_cache, settle=not args.no_settle, reset_stats=args.reset_stats,
         tolerance=args.tolerance, force=args.force, seed=args.seed,
-        congestion_off=not args.keep_congestion)
+        congestion_off=not args.keep_congestion, sample_interval=args.sample_interval,
+        reference=tuple(bench.parse_reference(r) for r in args.reference))
     opts.validate()
     return opts
 
@@ -205,7 +213,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_demo_devices(disks: list[str]) -> tuple[str, str]:
     """Two identical dm-delay "HDDs" (halves of the first disk) and bcache in writeback over
-    the second one, cached by the second disk. Returns (bare HDD, bcache device)."""
+    the second one, cached by the second disk. Returns (bare HDD, bcache device). A third
+    disk, if any, stays bare: the reference SSD (a disk of the same kind as the cache's)."""
     from cachemgr.backends import bcache
     from cachemgr.core import runner
     from cachemgr.core.model import CacheMode
@@ -232,18 +241,23 @@ def run_demo(args: argparse.Namespace) -> int:
     hdd, bc = build_demo_devices(disks)
     out = args.out or os.path.join(os.getcwd(), "results",
                                    time.strftime("bench-demo-%Y%m%d-%H%M%S"))
+    ref = disks[2] if len(disks) > 2 else None
     print(f"demo: bare HDD {hdd} (dm-delay {DEMO_DELAY_MS} ms per IO) vs {bc} (bcache "
-          f"writeback over an identical HDD, cached by {disks[1]}); results in {out}")
+          f"writeback over an identical HDD, cached by {disks[1]})"
+          + (f" vs the bare SSD {ref} (a disk like the cache's: the lab's physical ceiling)"
+             if ref else "") + f"; results in {out}")
     sysfs = Sysfs()
     rep = _Reporter()
     rc = 0
-    targets = [f"hdd={hdd}", f"bcache-wb={bc}:writeback"]
+    targets = [f"hdd={hdd}", *([f"ssd={ref}"] if ref else []), f"bcache-wb={bc}:writeback"]
+    reference = (("bcache-wb", "ssd"),) if ref else ()
+    ceiling: list[str] = []
     for rw in ("randwrite", "randread"):
         for qd in (1, 8):
             spec = bench.JobSpec(rw=rw, iodepth=qd, distribution="zipf:1.2", size="1G",
                                  runtime=args.runtime)
             opts = bench.CompareOptions(repeat=args.repeat, warmup=10 if rw == "randread"
-                                        else 0, settle=rw == "randread")
+                                        else 0, settle=rw == "randread", reference=reference)
             try:
                 res = bench_ops.compare(sysfs, spec, targets, opts,
                                         ctl=Control(progress=rep, what="bench demo"), out=out)
@@ -255,7 +269,33 @@ def run_demo(args: argparse.Namespace) -> int:
             print("\n".join(res.lines))
             if res.failed:
                 rc = 1
+            assert res.data is not None
+            ceiling += demo_ceiling(res.data)
+    if ceiling:
+        print()
+        print("how close bcache comes to the lab's physical ceiling (the bare SSD, same job):")
+        print("\n".join(ceiling))
     return rc
+
+
+def demo_ceiling(doc: dict[str, Any]) -> list[str]:
+    """One line per cache result with a reference: its share of the bare SSD's IOPS and its
+    speed-up over the HDD (the first target)."""
+    out = []
+    for r in doc["results"]:
+        frac, ref = r.get("reference_iops_fraction"), r.get("reference")
+        if frac is None or not ref:
+            continue
+        over = r.get("iops_ratio")
+        out.append(f"  {doc.get('job_description', '')}: {r['label']} "
+                   f"{_num(r['iops'])} IOPS = {100 * frac:.0f}% of the bare SSD's "
+                   f"{_num(ref['iops'])}"
+                   + (f", {over:.1f}x the HDD's" if over is not None else ""))
+    return out
+
+
+def _num(v: float | None) -> str:
+    return "?" if v is None else f"{v:,.0f}"
 
 
 def register(sub: Any) -> None:
@@ -301,7 +341,9 @@ def register(sub: Any) -> None:
 
     s = bsub.add_parser("demo", help="lab preset: dm-delay HDD vs bcache writeback, Zipf 1.2 "
                                      "random writes and reads at QD1 and QD8")
-    s.add_argument("--disks", default="4G,2G", metavar="SIZES")
+    s.add_argument("--disks", default="4G,2G,2G", metavar="SIZES",
+                   help="HDD (halved), cache SSD and, if given, a bare reference SSD "
+                        "(4G,2G,2G)")
     s.add_argument("--runtime", type=argtypes.seconds, default=4.0, metavar="S")
     s.add_argument("--repeat", type=argtypes.count, default=2, metavar="N")
     s.add_argument("--timeout", type=argtypes.seconds, default=1200.0, metavar="S")

@@ -321,8 +321,8 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, sysfs: Sysfs, targets: list[benc
     seen: list[tuple[str, str | None]] = []
     fio = bench.parse_fio((FIXTURES / "fio" / "randwrite-qd1-dmdelay.json").read_text())
 
-    def run(sysfs_: Sysfs, spec: object, t: bench.Target, seed: int, progress: object
-            ) -> tuple[object, str, None]:
+    def run(sysfs_: Sysfs, spec: object, t: bench.Target, seed: int, progress: object,
+            interval: float = 1.0) -> tuple[object, str, None]:
         seen.append((t.label, sched.read(sysfs, t.scheduler_disks[0]).current))
         if fail_at is not None and len(seen) == fail_at:
             raise KeyboardInterrupt

@@ -79,6 +79,8 @@ class TargetSummary:
     prediction: che.Prediction | None = None
     speedup_measured: float | None = None  # vs the baseline (first target), by QD1 latency
     speedup_ceiling: float | None = None
+    # the bare reference device (a cache's own kind of SSD) measured in the same comparison
+    reference: TargetSummary | None = None
 
 
 def summarize(label: str, device: str, runs: Sequence[RunResult], *,
@@ -140,6 +142,12 @@ class CompareOptions:
     force: bool = False  # write to devices that look in use or hold data
     seed: int = 1
     congestion_off: bool = True
+    # seconds between two samples of the cache while fio runs (dirty data, free space,
+    # progress); 0: none
+    sample_interval: float = 1.0
+    # (cache target label or "*" for every other target, label of the bare reference
+    # device): each cache's IOPS and latency as a fraction of that device's
+    reference: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> None:
         """Refuse (UsageError, exit 2) counts and durations that are not finite or out of
@@ -150,6 +158,7 @@ class CompareOptions:
             checks.count(self.warmup_ios, "--warmup", minimum=0)
         checks.number(self.tolerance, "--tolerance", minimum=0)
         checks.count(self.seed, "--seed", minimum=0)
+        checks.seconds_or_zero(self.sample_interval, "--sample-interval")
 
 
 # a warm-up of more requests than this is a typo (a 1e999 or a day's worth at 1M IOPS)
@@ -228,7 +237,7 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
         for disk in target.scheduler_disks:
             hyg.scheduler(disk, target.scheduler)
     if target.backing_name is None:
-        res, jf, _ = _run_sampled(sysfs, spec, target, seed, progress)
+        res, jf, _ = _run_sampled(sysfs, spec, target, seed, progress, opts.sample_interval)
         return RunResult(target.label, rep, seed, started, res, None, jf)
     bname = target.backing_name
     if opts.fresh:
@@ -269,7 +278,7 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
     before = _backing(sysfs, bname)
     names = {"dev": target.name, "backing": bk_name, "cache": cache_name}
     s0 = {k: read_block_stat(sysfs, n) if n else None for k, n in names.items()}
-    res, jf, sampler = _run_sampled(sysfs, spec, target, seed, progress)
+    res, jf, sampler = _run_sampled(sysfs, spec, target, seed, progress, opts.sample_interval)
     s1 = {k: read_block_stat(sysfs, n) if n else None for k, n in names.items()}
     if opts.settle and spec.reads:
         if progress:
@@ -307,9 +316,10 @@ def _progress_cb(target: Target, spec: JobSpec, progress: Progress | None
 
 
 def _run_sampled(sysfs: Sysfs, spec: JobSpec, target: Target, seed: int,
-                 progress: Progress | None) -> tuple[FioResult, str, _Sampler]:
+                 progress: Progress | None, interval: float = 1.0
+                 ) -> tuple[FioResult, str, _Sampler]:
     assert target.name is not None
-    with _Sampler(sysfs, target.name, target.backing_name, 1.0,
+    with _Sampler(sysfs, target.name, target.backing_name, interval,
                   _progress_cb(target, spec, progress)) as sampler:
         res, jf = run_fio(spec, target, seed=seed)
     return res, jf, sampler
@@ -403,6 +413,7 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
     labels = [t.label for t in targets]
     if len(set(labels)) != len(labels):
         raise UsageError("two targets have the same label", hint="name them: LABEL=DEVICE")
+    check_references(opts.reference, labels)
     if spec.writes:
         snap = snapshot.take(sysfs)
         for t in targets:
@@ -448,11 +459,57 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
         if p is not None:
             s = replace(s, prediction=p, expected_hit_ratio=p.hit_ratio)
         summaries.append(s)
-    summaries = _speedups(spec, summaries)
+    summaries = with_references(_speedups(spec, summaries), opts.reference)
     return Comparison(spec=spec, targets=tuple(targets), runs=tuple(runs),
                       summaries=tuple(summaries), options=opts, fio_version=version,
                       kernel=platform.release(), hygiene=tuple(hyg.notes),
                       identities=identities, created=time.time(), argv=tuple(argv))
+
+
+def parse_reference(text: str) -> tuple[str, str]:
+    """``--reference [CACHE=]REF``: (cache label or "*", reference label)."""
+    checks.plain_text(text, "--reference")
+    cache, sep, ref = text.partition("=")
+    if not sep:
+        cache, ref = "*", text
+    if not cache or not ref:
+        raise UsageError(f"bad --reference {text!r}", hint="REF or CACHE=REF (target labels)")
+    return cache, ref
+
+
+def check_references(refs: Sequence[tuple[str, str]], labels: Sequence[str]) -> None:
+    """Refuse (UsageError, exit 2) a reference naming no target, or a target its own."""
+    for cache, ref in refs:
+        for what in (ref, *([] if cache == "*" else [cache])):
+            if what not in labels:
+                raise UsageError(f"--reference names {what!r}, which is no target label",
+                                 hint="labels: " + ", ".join(labels))
+        if cache == ref:
+            raise UsageError(f"--reference {cache}={ref}: a target is not its own reference")
+
+
+def reference_of(label: str, refs: Sequence[tuple[str, str]]) -> str | None:
+    """The reference label of target ``label`` (its own entry first, else ``*``)."""
+    own = next((r for c, r in refs if c == label), None)
+    if own is None:
+        own = next((r for c, r in refs if c == "*"), None)
+    return own if own != label else None
+
+
+def with_references(summaries: list[TargetSummary], refs: Sequence[tuple[str, str]]
+                    ) -> list[TargetSummary]:
+    """Each summary with its reference's summary attached (report: fraction of its IOPS)."""
+    by = {s.label: s for s in summaries}
+    refd = {r for _, r in refs}
+    out = []
+    for s in summaries:
+        ref = reference_of(s.label, refs)
+        named = any(c == s.label for c, _ in refs)
+        if ref is not None and ref in by and s.label not in refd and (
+                named or s is not summaries[0]):  # the baseline (the HDD) only when named
+            s = replace(s, reference=by[ref])
+        out.append(s)
+    return out
 
 
 def _speedups(spec: JobSpec, summaries: list[TargetSummary]) -> list[TargetSummary]:

@@ -58,6 +58,7 @@ def summary_json(s: TargetSummary, base: TargetSummary | None) -> dict[str, Any]
                               s.lat_p99_us.median if s.lat_p99_us else None)) if base else None,
         "qd1_speedup": _r(s.speedup_measured),
         "qd1_speedup_ceiling": _r(s.speedup_ceiling),
+        **reference_json(s),
         "spread": {"iops": _spread_json(s.iops, 1), "lat_p99_us": _spread_json(s.lat_p99_us),
                    "hit_ratio": _spread_json(s.hit_ratio, 4)},
         "prediction": {
@@ -70,6 +71,24 @@ def summary_json(s: TargetSummary, base: TargetSummary | None) -> dict[str, Any]
             if math.isfinite(s.prediction.characteristic_requests) else None,
         } if s.prediction else None,
         "flags": list(s.flags),
+    }
+
+
+def reference_json(s: TargetSummary) -> dict[str, Any]:
+    """The bare reference device's figures in this target's result (``--reference``): its
+    medians and this target's IOPS as a fraction of its IOPS (at QD1 on an SSD: how close a
+    cache on that SSD comes to the SSD itself), its p99 over the reference's."""
+    r = s.reference
+    if r is None:
+        return {"reference": None, "reference_iops_fraction": None,
+                "reference_p99_ratio": None}
+    return {
+        "reference": {"label": r.label, "device": r.device, "iops": _med(r.iops, 1),
+                      "lat_mean_us": _med(r.lat_mean_us), "lat_p50_us": _med(r.lat_p50_us),
+                      "lat_p99_us": _med(r.lat_p99_us)},
+        "reference_iops_fraction": _r(ratio(s.iops.median, r.iops.median), 3),
+        "reference_p99_ratio": _r(ratio(s.lat_p99_us.median if s.lat_p99_us else None,
+                                        r.lat_p99_us.median if r.lat_p99_us else None), 3),
     }
 
 
@@ -192,6 +211,12 @@ def table(doc: Mapping[str, Any]) -> str:
     out = [f"{doc.get('job_description', '')} (median of {doc['options']['repeat']} "
            f"interleaved runs; ratios against {doc['results'][0]['label']})", *lines]
     for r in doc["results"]:
+        ref = r.get("reference")
+        if ref and r.get("reference_iops_fraction") is not None:
+            p99 = r.get("reference_p99_ratio")
+            out.append(f"{r['label']}: {100 * r['reference_iops_fraction']:.0f}% of "
+                       f"{ref['label']}'s IOPS ({_fmt(ref['iops'], 0)}, the bare reference)"
+                       + (f", p99 {p99:.2f}x its p99" if p99 is not None else ""))
         if r.get("qd1_speedup") is not None:
             ceil = r.get("qd1_speedup_ceiling")
             out.append(f"{r['label']}: QD1 speed-up {r['qd1_speedup']:.1f}x"

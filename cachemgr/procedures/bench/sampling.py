@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cachemgr.backends import bcache, snapshot
 from cachemgr.core.errors import CacheMgrError
-from cachemgr.core.model import BcacheBacking, CacheSet
+from cachemgr.core.model import BcacheBacking, CacheSet, Size
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures.bench.stats import ratio
 from cachemgr.procedures.bench.targets import Target
@@ -111,8 +111,14 @@ class CacheSample:
 
 
 class _Sampler:
-    """Samples the snapshot (dirty data, cache availability) and the device's reads while fio
-    runs, and reports progress. A thread: fio runs in the foreground through the runner."""
+    """Samples the device's IO count, the cache's dirty data and the cache set's free space
+    while fio runs, every ``interval`` seconds (0: not at all), and reports progress. A
+    thread: fio runs in the foreground through the runner.
+
+    Three small sysfs reads a sample, their paths found once before the run (it read a whole
+    snapshot, about 60 files and dmsetup, every second before): its own effect on the
+    measured IOPS and p99 is measured by benchmarks/bench_fidelity_bench.py
+    (docs/benchmarks.md, "Bench fidelity: the sampler's own cost, and the ceiling")."""
 
     def __init__(self, sysfs: Sysfs, name: str, backing_name: str | None, interval: float,
                  progress: Callable[[float, int, int | None], None] | None) -> None:
@@ -121,35 +127,60 @@ class _Sampler:
         self.stop = threading.Event()
         self.points: list[tuple[float, int | None, int]] = []
         self.avail: list[int] = []
+        self.samples = 0
+        # its own cost (benchmarks/bench_fidelity_bench.py): wall and CPU time spent sampling
+        self.busy_s = 0.0
+        self.cpu_s = 0.0
+        dirs = bcache.block_dirs(sysfs)
+        self.stat_rel = f"{dirs[name]}/stat" if name in dirs else None
+        self.dirty_rel = self.avail_rel = None
+        if backing_name and backing_name in dirs:
+            b = f"{dirs[backing_name]}/bcache"
+            self.dirty_rel = f"{b}/dirty_data"
+            target = sysfs.readlink(f"{b}/cache")
+            if target:
+                cset = target.rstrip("/").rsplit("/", 1)[-1]
+                self.avail_rel = f"fs/bcache/{cset}/cache_available_percent"
         self.t0 = time.monotonic()
-        self.start_stat = read_block_stat(sysfs, name)
+        self.start_stat = self._stat()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
+    def _stat(self) -> BlockStat | None:
+        text = self.sysfs.read_opt(self.stat_rel) if self.stat_rel else None
+        return BlockStat.parse(text) if text is not None else None
+
     def __enter__(self) -> _Sampler:
-        self.thread.start()
+        if self.interval > 0:
+            self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
 
     def _loop(self) -> None:
         last = self.start_stat
         last_t = self.t0
         while not self.stop.wait(self.interval):
+            t, c = time.monotonic(), time.thread_time()
             try:
-                st = read_block_stat(self.sysfs, self.name)
+                st = self._stat()
                 dirty = None
-                if self.backing_name:
-                    b = _backing(self.sysfs, self.backing_name)
-                    dirty = b.dirty.bytes if b.dirty else None
-                    cs = _cache_set(self.sysfs, b)
-                    if cs and cs.cache_available_percent is not None:
-                        self.avail.append(cs.cache_available_percent)
+                if self.dirty_rel:
+                    text = self.sysfs.read_opt(self.dirty_rel)
+                    dirty = Size.parse_hprint(text).bytes if text is not None else None
+                if self.avail_rel:
+                    avail = self.sysfs.read_int(self.avail_rel)
+                    if avail is not None:
+                        self.avail.append(avail)
             except CacheMgrError as exc:  # a vanished device ends sampling, not the run
                 log.warning("sampling %s: %s", self.name, exc)
                 return
+            self.samples += 1
             now = time.monotonic()
+            self.busy_s += now - t
+            self.cpu_s += time.thread_time() - c
             if st is None or self.start_stat is None or last is None:
                 continue
             done = st.minus(self.start_stat)
