@@ -4,17 +4,17 @@
         .venv/bin/python benchmarks/bench_fidelity_bench.py [--repeat R] [--runtime S]
         [--size 32M] [--modes off,on,on_10x,old,old_10x] [--no-ceiling]
 
-Builds a slow "HDD" (dm-delay, 8 ms per IO, over the first disk), bcache in writeback over it
-cached by the second disk, and keeps the third disk bare: the reference SSD, a disk of the
-same kind as the cache's. Then:
+Builds bench demo's devices (two "HDDs": halves of the first disk behind dm-delay, 8 ms per
+IO; bcache in writeback over the second, cached by the second disk) and keeps the third disk
+bare: the reference SSD, a disk of the same kind as the cache's. Then:
 
 1. **The sampler's effect**: the same QD1 4k Zipf(1.2) random-write job (over the first
-   ``--size``, 32M) on the bcache device
-   with the cache sampled not at all, every second (the default), every 0.1 s (10x), and, for
-   comparison, with the sampler as it was before issue #20 (a whole snapshot and a reread of
-   the backing device a sample) at 1 s and 0.1 s; R repetitions, every mode once per
-   repetition in turn (interleaved). Per mode: median IOPS and p99 and their change against
-   "off".
+   ``--size``, 32M) on the bcache device with the cache sampled not at all, every second
+   (the default), every 0.1 s (10x), and, for comparison, with the sampler as it was before
+   issue #20 (a whole snapshot and a reread of the backing device a sample) at 1 s and
+   0.1 s; R repetitions, every mode once per repetition, the order rotated. Per mode: the
+   sampler's own wall and CPU time, median IOPS and p99, and their change against "off" of
+   the same repetition (median of the pairs and their middle half).
 2. **The ceiling**: ``bench compare hdd ssd bcache --reference bcache=ssd`` with the same job
    (R repetitions, interleaved): bcache's IOPS as a fraction of the bare SSD's and its
    speed-up over the HDD.
@@ -32,14 +32,10 @@ import sys
 import time
 
 from cachemgr.backends import bcache, snapshot
-from cachemgr.core import runner
 from cachemgr.core.errors import CacheMgrError
-from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import bench
 from cachemgr.procedures.bench import comparison, sampling
-
-DELAY_MS = 8
 
 
 class OldSampler(sampling._Sampler):
@@ -71,20 +67,12 @@ class OldSampler(sampling._Sampler):
 
 
 def build(disks: list[str]) -> tuple[str, str, str]:
-    raw, cache, ref = disks[:3]
-    sectors = runner.run(["blockdev", "--getsz", raw]).stdout.strip()
-    runner.run(["dmsetup", "create", "slowhdd", "--table",
-                f"0 {sectors} delay {raw} 0 {DELAY_MS}"])
-    half = int(sectors) // 2
-    runner.run(["dmsetup", "create", "hdd", "--table", f"0 {half} linear /dev/mapper/slowhdd 0"])
-    runner.run(["dmsetup", "create", "hdd2", "--table",
-                f"0 {half} linear /dev/mapper/slowhdd {half}"])
-    sysfs = Sysfs()
-    bcache.create(sysfs, backings=["/dev/mapper/hdd2"], cache=cache, bucket="128k",
-                  mode=CacheMode.WRITEBACK)
-    b = next(x for x in bcache.scan(sysfs).backings if x.identity.node == "/dev/mapper/hdd2")
-    assert b.device is not None
-    return "/dev/mapper/hdd", b.device, ref
+    """bench demo's devices (two halves of the first disk behind 8 ms dm-delay, bcache in
+    writeback over the second half cached by the second disk) and the third disk bare."""
+    from cachemgr.cli.bench import build_demo_devices
+
+    hdd, bc = build_demo_devices(disks[:2])
+    return hdd, bc, disks[2]
 
 
 def med(xs: list[float]) -> float:

@@ -4,29 +4,17 @@ figures. Counted, never timed (benchmarks/bench_fidelity_bench.py measures the e
 
 from __future__ import annotations
 
-import collections
 import json
-from pathlib import Path
 
 import pytest
 
 from cachemgr.core.errors import UsageError
-from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import bench
 from cachemgr.procedures.bench.comparison import _speedups, with_references
 from cachemgr.procedures.bench.sampling import _Sampler
 from tests.unit.test_bench import _run
+from tests.unit.test_scan_budget import Counting
 from tests.unit.tui_helpers import fx
-
-
-class Counting(Sysfs):
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.reads: collections.Counter[str] = collections.Counter()
-
-    def read(self, rel: str) -> str:
-        self.reads[rel] += 1
-        return super().read(rel)
 
 
 def test_a_sample_reads_three_files() -> None:
