@@ -4,8 +4,9 @@
 #   scripts/test.sh
 #
 # Makes sure the set-up is in place (scripts/setup.sh --no-demo), then runs: ruff, mypy,
-# the unit tests, the kernel tests on User-Mode Linux (each boots its own guest), and the
-# kernel smoke set on qemu with Debian 12's own kernel. Fails if any of them fails.
+# the unit tests and, beside them, the kernel smoke set on qemu with Debian 12's own kernel,
+# then the kernel tests on User-Mode Linux (each boots its own guest). Fails if any of them
+# fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --no-demo
@@ -20,15 +21,29 @@ step "ruff"
 .venv/bin/ruff check cachemgr tui tests
 step "mypy"
 .venv/bin/mypy
-step "unit tests"
+# The unit tests (one process) and the qemu smoke set (one TCG guest at a time) run side by
+# side: each keeps about one CPU busy (the qemu set used 0.7 CPU on average, 7.4 CPU-minutes in
+# 611 s, measured 2026-11-24), so on a 2-CPU machine neither waits for the other. The UML
+# tests come after them, three guests at a time: much of a kernel test is waiting (dm-delay,
+# drains, udev), so a third guest fills the gaps. qemu beside the UML tests made both 2-2.5x
+# slower when the UML phase took 30 CPU-minutes (2026-11-23). docs/benchmarks.md, "Test suite
+# time".
+step "unit tests, with the kernel smoke set on qemu (Debian 12 kernel) beside them"
+qemu_log=$(mktemp /tmp/cachemgr-qemu-smoke.XXXXXX)
+"$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu --durations=15 \
+    >"$qemu_log" 2>&1 &
+qemu_pid=$!
+trap 'kill "$qemu_pid" 2>/dev/null || true; rm -f "$qemu_log"' EXIT
+unit_rc=0
 # a hung test (a Textual pilot waiting forever) fails after 5 minutes instead of holding CI
-"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300
-# The UML tests run three guests at a time: much of a kernel test is waiting (dm-delay,
-# drains, udev), so a third guest fills the gaps (1422 s with two, 1110 s with three on a
-# 2-CPU machine). The qemu smoke set runs after them, one guest at a time: a TCG guest needs
-# a CPU of its own (two qemu guests at once, or qemu beside the UML tests, made it 2-2.5x
-# slower). docs/benchmarks.md, "Test suite time".
+"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300 || unit_rc=$?
+qemu_rc=0
+wait "$qemu_pid" || qemu_rc=$?
+step "kernel smoke set (qemu, Debian 12 kernel): its output"
+cat "$qemu_log"
+if [ "$unit_rc" != 0 ] || [ "$qemu_rc" != 0 ]; then
+    echo "test.sh: unit tests exit $unit_rc, qemu smoke set exit $qemu_rc" >&2
+    exit 1
+fi
 step "kernel tests (UML kernel; each test boots its own guest, three at a time)"
 "$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 3 --durations=15
-step "kernel smoke set (qemu, Debian 12 kernel)"
-"$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu --durations=15

@@ -117,8 +117,11 @@ class Writer:
     def __init__(self, path: str | os.PathLike[str], header: Header) -> None:
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".part")
-        # open across calls (closed by close(), or by the recorder on failure)
-        self.f = gzip.GzipFile(self.tmp, "wb", compresslevel=6)
+        # open across calls (closed by close(), or by the recorder on failure); 0600: which
+        # blocks the VMs touch, and when, is the host's business only
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.raw = os.fdopen(fd, "wb")
+        self.f = gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=6)
         self.f.write(MAGIC_LINE)
         self.f.write(json.dumps(header.to_json()).encode() + b"\n")
         self.pack = RECORD.pack
@@ -131,8 +134,13 @@ class Writer:
     def close(self, trailer: dict[str, Any]) -> None:
         self.f.write(RECORD.pack(0.0, 0, 0, END_DEVICE, 0))
         self.f.write(json.dumps(trailer).encode() + b"\n")
-        self.f.close()
+        self.abandon()
         os.replace(self.tmp, self.path)
+
+    def abandon(self) -> None:
+        """Close the file as it is (close() calls it after the trailer)."""
+        self.f.close()
+        self.raw.close()
 
 
 @dataclass
@@ -298,7 +306,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     try:
         bt = source([d.path for d, _ in devs])
     except BaseException:
-        w.f.close()
+        w.abandon()
         w.tmp.unlink(missing_ok=True)
         raise
     parser = blktrace.Parser()
@@ -385,7 +393,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
             bt.finish()
     except BaseException:
         bt.kill()
-        w.f.close()
+        w.abandon()
         w.tmp.unlink(missing_ok=True)
         raise
     flush(None)

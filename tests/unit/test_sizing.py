@@ -44,7 +44,7 @@ def make_trace(path: Path, refs: list[tuple[int, int]], *, rate: float = 1.0,
     if trailer:
         w.close({"seconds": 10.0, **tot.to_json(), "diskstats": diskstats or {}})
     else:
-        w.f.close()
+        w.abandon()
         w.tmp.rename(path)
     return path
 
@@ -283,6 +283,7 @@ def test_record_with_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     rec = tr.record(sysfs, ["/dev/ubdc"], out, seconds=None, rate=0.5, source=Fake)  # type: ignore[arg-type]
     assert rec.trailer["requests"]["read"] == 2000
     assert rec.trailer["ended_by"] == "blktrace ended"
+    assert out.stat().st_mode & 0o777 == 0o600  # which blocks the VMs use is private
     t = tr.read(out)
     assert t.complete and 700 < len(t) < 1300
     assert t.t == sorted(t.t)
