@@ -50,7 +50,7 @@ SYSLOG_SOCKET = "/dev/log"
 SETTLE_S = 0.15
 LINGER_S = 5.0  # how long a worker waits for more events after its last pass
 POLL_S = 0.05  # how often a lingering worker looks at the queue
-WORKER_NICE = -5
+WORKER_NICE = -10
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ACTIONS = ("add", "change", "remove", "bind", "move")
 
@@ -395,9 +395,11 @@ def prioritise() -> None:
     """The worker process runs at nice WORKER_NICE: a hot-add is a burst of events that
     udevd's workers and their RUN programs handle on the same CPUs, and the worker's imports
     and pass are what the attachment waits for (on the one-CPU UML lab a cold worker's
-    imports took 1.6 s at nice 0 and 0.9 s at -5 in such a burst, docs/benchmarks.md, "udev
-    auto-attach latency"). Its CPU time is a fraction of a second per burst. Needs
-    CAP_SYS_NICE (root's); without it the worker runs at its inherited nice."""
+    imports took 1.6 s at nice 0, 0.9 s at -5 and 0.5 s at -10 in such a burst,
+    docs/benchmarks.md, "udev auto-attach latency"). Its CPU time is a fraction of a second
+    per burst; the programs it runs (bcache-super-show, lvm2) inherit the nice, and with it
+    a higher best-effort IO priority (ioprio_set(2)). Needs CAP_SYS_NICE (root's); without
+    it the worker runs at its inherited nice."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)
     except OSError:

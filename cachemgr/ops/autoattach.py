@@ -118,9 +118,9 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
     lock). Every decision is logged and journaled; a bad policy is logged, never raised.
 
     The pass's journal record carries the time of each stage (``stages``: time.time()
-    values, docs/json.md): the worker's own (``stages`` given: its start, the run lock taken
-    or its previous pass ended, the queue drained after the settle wait, its modules
-    imported), then the policy read, each
+    values, udev/README.md): the worker's own (``stages`` given: its start, its modules
+    imported, the run lock taken or its previous pass ended, the queue drained after the
+    settle wait), then the policy read, each
     round's view, decisions and actions, the end; and per event when the handler started
     and queued it."""
     events = []
