@@ -30,7 +30,7 @@ from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import bench as bench_ops
-from cachemgr.ops.control import Control
+from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import bench
 
 
@@ -145,6 +145,11 @@ def _compare(args: argparse.Namespace, targets: list[str]) -> int:
                                 save=not args.no_save, plots=not args.no_plot, argv=argv)
     finally:
         rep.done()
+    return _print(args, res)
+
+
+def _print(args: argparse.Namespace, res: Result) -> int:
+    """A bench result: notes on stderr, the document (--json) or the table on stdout."""
     for note in res.notes:
         print(note, file=sys.stderr)
     assert res.data is not None
@@ -172,14 +177,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                save=not args.no_save)
     finally:
         rep.done()
-    for note in res.notes:
-        print(note, file=sys.stderr)
-    assert res.data is not None
-    if args.json:
-        print(json.dumps(res.data, indent=2))
-    else:
-        print("\n".join(res.lines))
-    return int(res.exit_code)
+    return _print(args, res)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
