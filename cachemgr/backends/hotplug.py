@@ -114,13 +114,20 @@ class Removed:
     how: str  # what was done, in words
 
 
-def method(d: Disk) -> str:
-    """How :func:`remove` and :func:`rescan` take ``d`` out and bring a disk back, in words
-    (the plan prints it)."""
-    if isinstance(d, nvme.NvmeNamespace):
-        return (f"remove NVMe controller {d.controller}'s PCI function {d.pci} (the whole "
-                "controller goes), then rescan the PCI bus")
-    return f"delete SCSI device {d.hctl}, then scan SCSI {d.host}"
+# the one hotplug method of each bus (docs/kernel-notes.md, "SCSI and NVMe hotplug"): a
+# journal records it, so --resume does what the plan said
+METHODS = {"scsi": "scsi-delete-scan", "nvme": "pci-remove-rescan"}
+
+
+def method_words(old: dict[str, Any]) -> str:
+    """How :func:`remove` and :func:`rescan` take a recorded disk (:func:`record`) out and
+    bring one back, in words (the plan prints it). NVMe: never slot power: in the qemu lab a
+    slot's power-off (acpiphp or pciehp) deletes the emulated drive for good, so the method is
+    unproven there."""
+    if old.get("bus") == "nvme":
+        return (f"PCI remove/rescan (PCI function {old.get('slot')} removed with its whole "
+                "controller, then a PCI bus rescan; a hotplug slot's power is not used)")
+    return f"SCSI delete/scan (delete {old.get('hctl')}, then scan SCSI {old.get('host')})"
 
 
 def remove(sysfs: Sysfs, d: Disk, *, timeout: float = 10.0) -> Removed:
@@ -135,7 +142,12 @@ def remove(sysfs: Sysfs, d: Disk, *, timeout: float = 10.0) -> Removed:
 
 def rescan(sysfs: Sysfs, old: dict[str, Any]) -> str:
     """Look for disks where the old one was (``old``: a journal's record of it, see
-    :func:`record`): its SCSI host, or the PCI bus. Returns what was scanned, in words."""
+    :func:`record`): its SCSI host, or the PCI bus. Returns what was scanned, in words.
+    A recorded method this version does not know (a later one's journal) is refused."""
+    if old.get("method", METHODS.get(str(old.get("bus")), "")) not in METHODS.values():
+        raise UsageError(f"the journal asks for hotplug method {old.get('method')!r}, which "
+                         "this cachemgr does not know", hint="resume with the version that "
+                         "made the plan")
     if old.get("bus") == "nvme":
         nvme.rescan(sysfs)
         return "PCI bus rescanned"
@@ -146,7 +158,8 @@ def rescan(sysfs: Sysfs, old: dict[str, Any]) -> str:
 def record(d: Disk) -> dict[str, Any]:
     """What a journal keeps of a disk to find it again and to say where it was."""
     out: dict[str, Any] = {"name": d.name, "node": d.node, "bus": bus(d), "slot": slot(d),
-                           "wwid": d.wwid, "serial": d.serial, "size_bytes": d.size_bytes}
+                           "wwid": d.wwid, "serial": d.serial, "size_bytes": d.size_bytes,
+                           "method": METHODS[bus(d)]}
     if isinstance(d, nvme.NvmeNamespace):
         out.update(controller=d.controller, model=d.model)
     else:

@@ -180,8 +180,9 @@ def remove(sysfs: Sysfs, name: str, *, timeout: float = 10.0,
 
 
 def rescan(sysfs: Sysfs) -> None:
-    """Scan every PCI bus for new functions (a removed controller comes back; so does one
-    a hotplug slot powered on). The NVMe probe completes later: :func:`wait_for_namespace`."""
+    """Scan every PCI bus for new functions (a removed controller comes back). The NVMe probe
+    completes later: :func:`wait_for_namespace`. Slot power is not used (docs/kernel-notes.md,
+    "SCSI and NVMe hotplug": in the qemu lab a slot's power-off ejects the drive for good)."""
     log.info("rescanning the PCI bus")
     sysfs.write("bus/pci/rescan", "1")
 

@@ -568,7 +568,8 @@ def _head(j: Journal) -> list[str]:
     old = j.old
     devs = ", ".join(f"{b['device'] or b['node']} ({b['mode']})" for b in j.backings) or "none"
     return [f"replace the cache SSD {ssd_words(old)} of cache set {j.cset}",
-            f"backing devices: {devs}", f"new SSD: {new_words(j)}"]
+            f"backing devices: {devs}", f"new SSD: {new_words(j)}",
+            f"hotplug: {hotplug.method_words(j.old)}"]
 
 
 def describe(j: Journal) -> list[str]:

@@ -155,7 +155,8 @@ def head(j: Journal) -> list[str]:
         cfg.append("settings " + ",".join(f"{k}={v}" for k, v in m["settings"]))
     return [f"replace the cache SSD {replace.ssd_words(old)} of {what} {j.cset}",
             f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg),
-            f"new SSD: {replace.new_words(j)}"]
+            f"new SSD: {replace.new_words(j)}",
+            f"hotplug: {hotplug.method_words(j.old)}"]
 
 
 # --------------------------------------------------------------------------------- steps

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from cachemgr.backends import nvme
+from cachemgr.backends import hotplug, nvme
 from cachemgr.core import runner
 from cachemgr.core.errors import UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
@@ -47,7 +47,10 @@ def test_nvme_identity_refusal_remove_and_rescan() -> None:
     assert r.namespace.wwid == a.wwid
     assert a.wwid not in {n.wwid for n in nvme.namespaces(sysfs)}
     assert b.wwid in {n.wwid for n in nvme.namespaces(sysfs)}
-    nvme.rescan(sysfs)
+    # re-inserted the way a journal says (hotplug.record: method pci-remove-rescan)
+    rec = hotplug.record(a)
+    assert rec["method"] == "pci-remove-rescan"
+    assert hotplug.rescan(sysfs, rec) == "PCI bus rescanned"
     back = nvme.wait_for_namespace(sysfs, a.wwid, 30)
     assert back.serial == a.serial and back.pci == a.pci
     assert nvme.wait_for_namespace(sysfs, f"serial:{a.serial}", 1).wwid == a.wwid

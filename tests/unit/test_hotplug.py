@@ -125,7 +125,16 @@ def test_remove_and_rescan_say_what_they_did(tmp_path: Path,
     assert r.how == "NVMe controller nvme1 (PCI 0000:02:00.0) removed"
     assert hotplug.rescan(tree, hotplug.record(b)) == "PCI bus rescanned"
     assert tree.path("bus/pci/rescan").read_text().strip() == "1"
-    assert "PCI function 0000:02:00.0" in hotplug.method(b)
+    rec = hotplug.record(b)
+    assert rec["method"] == "pci-remove-rescan"
+    words = hotplug.method_words(rec)
+    assert words.startswith("PCI remove/rescan (PCI function 0000:02:00.0 ")
+    assert "slot's power is not used" in words
+    with pytest.raises(UsageError, match="hotplug method 'slot-power'"):
+        hotplug.rescan(tree, {**rec, "method": "slot-power"})
+    # a journal written before the method was recorded: its bus's one method
+    assert hotplug.rescan(tree, {k: v for k, v in rec.items() if k != "method"}) \
+        == "PCI bus rescanned"
 
 
 def test_wait_names_what_is_there() -> None:

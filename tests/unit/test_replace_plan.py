@@ -179,6 +179,9 @@ def test_an_nvme_cache_ssd_is_planned_with_its_pci_slot(
         "nvme", "0000:01:00.0", "nvme0", "CMLABNVME00")
     plan = "\n".join(replace.describe(j))
     assert "/dev/nvme0n1 (PCI 0000:01:00.0; nvme.1b36-" in plan
+    # the method it will use, recorded for --resume (slot power: never, docs/kernel-notes.md)
+    assert j.old["method"] == "pci-remove-rescan"
+    assert "hotplug: PCI remove/rescan (PCI function 0000:01:00.0 removed" in plan
     assert " 8. remove-old " in plan
     c = replace.Ctx(sysfs, j, replace.Options(**j.options), lambda m: None, lambda t: None)
     assert replace._new_match(c) == replace._old_match(j.old)
