@@ -178,14 +178,18 @@ def test_drain_stops_on_backing_errors_keeping_dirty_data(lab_disks: list[str]) 
     assert rc == 1, (out, err)
     snap = snapshot.take(sysfs)
     cset = snap.cache_sets[0].uuid
-    if sysfs.exists(B):  # the drain saw the errors and stopped first
-        assert "safe in the cache" in err
+    # Which came first decides the message: the drain seeing the errors, or bcache stopping
+    # the failing device (7.2: after io_error_limit errors). bcache may also stop it right
+    # after the drain stopped (seen in a full run: the io-errors message, then the device
+    # gone), so what the device is now does not tell which: the message does.
+    if "bcache stopped the device" in err:
+        assert f"stays in cache set {cset}" in err and "do not unregister" in err
+    else:
+        assert "IO errors while draining" in err and "safe in the cache" in err, err
+    if snap.backings:  # still there: its dirty data and the tunables it had before
         b = snap.backings[0]
         assert b.dirty is not None and not b.dirty.is_zero(512)
         assert tunables(sysfs)[:2] == ("10", "30")
-    else:  # bcache itself stopped the failing device (7.2: after io_error_limit errors)
-        assert f"stays in cache set {cset}" in err and "do not unregister" in err
-        assert snap.backings == ()
     # either way the cache set, holding the dirty data, is still registered
     assert len(snap.cache_sets) == 1
     assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
