@@ -88,8 +88,7 @@ def replay(sysfs: Sysfs, target: str, trace_path: str, *, device: str | None = N
     if device is None and len(devs) != 1:
         raise UsageError("the trace holds several devices: name one with --device",
                          hint="it has " + ", ".join(d.path for d in devs))
-    picked = devs if device is None else [
-        d for d in devs if device in (d.path, d.name, f"/dev/{d.name}")]
+    picked = devs if device is None else trace.header.named(device)
     if not picked:
         raise UsageError(f"the trace has no device {device!r}")
     dev = picked[0]

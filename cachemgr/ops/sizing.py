@@ -70,8 +70,7 @@ def analyse(path: str, *, rate: float | None = None, block: int | None = None,
     trace = tr.read(path)
     devices = None
     if device is not None:
-        hit = [d.index for d in trace.header.devices
-               if device in (d.path, d.name, f"/dev/{d.name}")]
+        hit = [d.index for d in trace.header.named(device)]
         if not hit:
             names = ", ".join(d.path for d in trace.header.devices)
             raise UsageError(f"the trace has no device {device!r}", hint=f"it has {names}")

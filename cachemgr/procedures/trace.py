@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.backends import blktrace
-from cachemgr.core.errors import UsageError
+from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures.bench.sampling import BlockStat
 
 MAGIC_LINE = b"cachemgr-trace 1\n"
 RECORD = struct.Struct("<dQIBB")  # time (s from start), offset, length (bytes), device, op
@@ -83,6 +84,10 @@ class Header:
     devices: list[Device]
     started: float  # epoch seconds
     tool: str = "blktrace -a queue"
+
+    def named(self, name: str) -> list[Device]:
+        """The traced devices ``name`` stands for: its path, kernel name or /dev/NAME."""
+        return [d for d in self.devices if name in (d.path, d.name, f"/dev/{d.name}")]
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, "tool": self.tool, "block": self.block, "rate": self.rate,
@@ -219,27 +224,13 @@ def read(path: str | os.PathLike[str]) -> Trace:
 # ----------------------------------------------------------------------------- recording
 
 
-@dataclass
-class DiskTimes:
-    """A device's own counters (Documentation/block/stat.rst): IOs and their milliseconds."""
-
-    reads: int
-    read_ms: int
-    writes: int
-    write_ms: int
-    queue_ms: int  # time_in_queue: the sum of every request's time in flight
-
-    @classmethod
-    def read(cls, sysfs: Sysfs, rel: str) -> DiskTimes | None:
-        text = sysfs.read_opt(f"{rel}/stat")
-        f = text.split() if text else []
-        if len(f) < 11 or not all(x.isdigit() for x in f[:11]):
-            return None
-        return cls(int(f[0]), int(f[3]), int(f[4]), int(f[7]), int(f[10]))
-
-    def minus(self, o: DiskTimes) -> DiskTimes:
-        return DiskTimes(self.reads - o.reads, self.read_ms - o.read_ms, self.writes - o.writes,
-                         self.write_ms - o.write_ms, self.queue_ms - o.queue_ms)
+def _block_stat(sysfs: Sysfs, rel: str) -> BlockStat | None:
+    """A device's own counters (bench's BlockStat), None if unreadable."""
+    text = sysfs.read_opt(f"{rel}/stat")
+    try:
+        return BlockStat.parse(text) if text is not None else None
+    except KernelFormatError:
+        return None
 
 
 def resolve(sysfs: Sysfs, nodes: Sequence[str]) -> list[tuple[Device, str]]:
@@ -295,8 +286,6 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     if block < 512 or block & (block - 1):
         raise UsageError(f"the block size is a power of two of at least 512, not {block}")
     devs = resolve(sysfs, nodes)
-    if Path(out).is_dir():
-        raise UsageError(f"{out} is a directory", hint="name the trace file, e.g. -o host.trace")
     starts = [d.start for d, _ in devs]
     by_raw: dict[int, int] = {}  # the kernel's dev_t (major << 20 | minor) -> device index
     for d, _ in devs:
@@ -307,7 +296,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     if source is None:
         blktrace.preflight(sysfs, [d.name for d, _ in devs])
         source = blktrace.Blktrace
-    times0 = {d.name: DiskTimes.read(sysfs, rel) for d, rel in devs}
+    times0 = {d.name: _block_stat(sysfs, rel) for d, rel in devs}
     cpu0 = time.process_time()
     w = Writer(out, header)
     tot = Totals()
@@ -422,7 +411,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     elapsed = time.monotonic() - started
     disks: dict[str, Any] = {}
     for d, rel in devs:
-        a, b = times0.get(d.name), DiskTimes.read(sysfs, rel)
+        a, b = times0.get(d.name), _block_stat(sysfs, rel)
         if a is not None and b is not None:
             disks[d.name] = vars(b.minus(a))
     trailer = {"seconds": round(elapsed, 3), "ended_by": how, "blktrace_killed": killed,

@@ -326,6 +326,9 @@ def test_targets() -> None:
 def test_block_stat() -> None:
     s = bench.BlockStat.parse("3 0 24 30 92534 0 740272 8060 0 8090 8090 0 0 0 0 0 0")
     assert (s.reads, s.read_sectors, s.writes, s.write_sectors) == (3, 24, 92534, 740272)
+    assert (s.read_ms, s.write_ms, s.queue_ms) == (30, 8060, 8090)
+    d = s.minus(bench.BlockStat.parse("1 0 8 10 92500 0 740000 8000 0 8000 8000"))
+    assert (d.reads, d.read_sectors, d.read_ms, d.writes, d.queue_ms) == (2, 16, 20, 34, 90)
     from cachemgr.core.errors import KernelFormatError
 
     with pytest.raises(KernelFormatError):

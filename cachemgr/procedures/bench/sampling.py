@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from cachemgr.backends import bcache, snapshot
 from cachemgr.core.errors import CacheMgrError
@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BlockStat:
-    """``/sys/block/<dev>/stat`` (Documentation/block/stat.rst), the fields used here.
+    """``/sys/block/<dev>/stat`` (Documentation/block/stat.rst), the fields used here: IOs and
+    sectors (bench), and milliseconds spent (the sizing trace's latency model; fields 4, 8 and
+    11, time_in_queue: every request's time in flight summed).
 
     Sample: ``3 0 24 30 92534 0 740272 8060 0 8090 8090 0 0 0 0 0 0``.
     """
@@ -39,6 +41,9 @@ class BlockStat:
     read_sectors: int
     writes: int
     write_sectors: int
+    read_ms: int = 0
+    write_ms: int = 0
+    queue_ms: int = 0
 
     @classmethod
     def parse(cls, text: str) -> BlockStat:
@@ -47,11 +52,12 @@ class BlockStat:
             from cachemgr.core.errors import KernelFormatError
 
             raise KernelFormatError("block device stat", text)
-        return cls(int(f[0]), int(f[2]), int(f[4]), int(f[6]))
+        ms = (int(f[3]), int(f[7]), int(f[10])) if len(f) >= 11 and f[10].isdigit() else ()
+        return cls(int(f[0]), int(f[2]), int(f[4]), int(f[6]), *ms)
 
     def minus(self, other: BlockStat) -> BlockStat:
-        return BlockStat(self.reads - other.reads, self.read_sectors - other.read_sectors,
-                         self.writes - other.writes, self.write_sectors - other.write_sectors)
+        return BlockStat(*(getattr(self, k.name) - getattr(other, k.name)
+                           for k in fields(self)))
 
 
 def read_block_stat(sysfs: Sysfs, name: str) -> BlockStat | None:
