@@ -550,11 +550,19 @@ def _rule_call(argv: Sequence[str]) -> tuple[str | None] | None:
 
 
 def _failed(exc: Exception) -> int:
-    """A udev RUN program: say why on stderr (udevd logs it), exit 1."""
+    """A udev RUN program: say why on stderr and to syslog, exit 1. udevd logs a RUN
+    program's exit code at info level but its stderr at debug level only (udev/README.md),
+    so without the syslog line an admin would see that it failed, not why."""
     from cachemgr.core.text import printable
 
-    print(f"cachemgr udev: {type(exc).__name__}: {printable(exc, newlines=True)}",
-          file=sys.stderr)
+    why = f"{type(exc).__name__}: {printable(exc, newlines=True)}"
+    print(f"cachemgr udev: {why}", file=sys.stderr)
+    try:
+        setup_logging(stderr=False)
+        if _log().handlers:  # else logging's last resort would print it on stderr again
+            _log().error("the udev handler failed: %s", why)
+    except Exception:  # the stderr line above is what is left
+        pass
     return 1
 
 

@@ -149,7 +149,11 @@ elif [ "$LAB_UDEV" = 1 ]; then
         ctl "udev-missing"
     else
         mkdir -p /run/udev
-        "$udevd" --daemon
+        # --debug keeps udevd's stderr (it is /dev/null otherwise) and logs to it: the
+        # tests read /run/udevd.log when an event went wrong; back to info at once (a test
+        # raises it with udevadm control --log-level=debug around what it watches)
+        "$udevd" --daemon --debug 2>/run/udevd.log >&2 </dev/null
+        udevadm control --log-level=info
         udevadm trigger --action=add --type=subsystems
         udevadm trigger --action=add --type=devices
         udevadm settle --timeout=30

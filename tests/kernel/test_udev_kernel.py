@@ -81,7 +81,14 @@ def debug_state() -> str:
                         "$(readlink $d/bcache/cache) $(cat $d/bcache/cache_mode 2>/dev/null); "
                         "done; ls /sys/fs/bcache; "
                         "ps -eo pid,ppid,stat,etime,wchan:24,args | grep -v '\\['; "
-                        "dmesg | tail -20"],
+                        "dmesg | tail -20; "
+                        # what udev made of the disks, and what udevd said (the lab keeps
+                        # its log: cachemgr/lab/stage2.sh)
+                        "for d in /sys/block/sd*; do udevadm info --query=property "
+                        "--path=$d | grep -E '^(DEVNAME|ACTION|SEQNUM|ID_FS_TYPE|ID_WWN)='; "
+                        "done; echo '--- udevd.log (events, our rule, failures)'; "
+                        "grep -aiE 'ACTION=|90-cachemgr|cachemgr.cli.udev|worker|fail|error'"
+                        " /run/udevd.log 2>/dev/null | tail -80"],
                        capture_output=True, text=True, check=False)
     out.append(r.stdout + r.stderr)
     return "\n".join(out)
@@ -497,6 +504,8 @@ def test_lvm_cache_reattached_when_its_pv_returns(lab_disks: list[str]) -> None:
     assert "missing a PV" in got[0]["message"], got
     assert _lvs("vg0/vm1", "segtype")["segtype"] == "linear"
     install(POLICY.read_text())
+    # udevd logs each rule and program of the coming event (kept for debug_state)
+    runner.run(["udevadm", "control", "--log-level=debug"])
     scsi.rescan(sysfs, ssd.host)
     t0 = time.monotonic()
     scsi.wait_for_disk(sysfs, ssd.wwid or "", 20)
@@ -507,6 +516,7 @@ def test_lvm_cache_reattached_when_its_pv_returns(lab_disks: list[str]) -> None:
 
     wait(attached, 120, "vg0/vm1 cached by vg0/pool again, in writeback", interval=0.5)
     latency = time.monotonic() - t0
+    runner.run(["udevadm", "control", "--log-level=info"])
     assert _lvs("vg0/vm1", "pool_lv")["pool_lv"] == "[pool_cpool]"
     report("lvm_pv_returns", seconds_from_rescan=round(latency, 3),
            actions=[(r["kind"], r["result"]) for r in records() if r["kind"] != "pass"])

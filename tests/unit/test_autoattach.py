@@ -326,3 +326,39 @@ def test_worker_under_systemd_logs_once(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")  # inherited, but stderr is elsewhere
     udev_cli.setup_logging()
     assert [h for h in log.handlers if type(h) is logging.StreamHandler]
+
+
+def test_a_failing_handler_says_why_to_syslog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """udevd logs a RUN program's stderr and exit code at debug level only: a handler that
+    cannot queue its event (here: the state directory is a file) says so on syslog too."""
+    import logging
+    import socket
+
+    from cachemgr.cli import udev as udev_cli
+
+    sock_path = tmp_path / "log"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(sock_path))
+    server.settimeout(5)
+    log = logging.getLogger(udev_cli.LOGGER)
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(udev_cli, "SYSLOG_SOCKET", str(sock_path))
+    policy = tmp_path / "cachemgr.toml"
+    policy.write_text("version = 1\n")
+    (tmp_path / "state").write_text("not a directory")
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CACHEMGR_POLICY", str(policy))
+    monkeypatch.setenv("ACTION", "add")
+    monkeypatch.setenv("SUBSYSTEM", "block")
+    monkeypatch.setenv("DEVNAME", "/dev/sdq")
+    try:
+        assert udev_cli.main(["udev-event"]) == 1
+        got = server.recv(4096).decode()
+    finally:
+        server.close()
+        for h in log.handlers:
+            h.close()
+    assert "cachemgr-autoattach" in got and "the udev handler failed: " in got, got
+    assert "NotADirectoryError" in got or "FileExistsError" in got, got
+    assert "cachemgr udev: " in capsys.readouterr().err
