@@ -99,7 +99,8 @@ def register(sub: Any) -> None:
         sp.add_argument("--backend", choices=("uml", "qemu"),
                         default=os.environ.get("CACHEMGR_LAB_BACKEND", "uml"))
         sp.add_argument("--disks", metavar="SIZES",
-                        help="scratch disks, e.g. 1G,256M; nvme:512M: an NVMe controller (qemu)")
+                        help="scratch disks, e.g. 1G,256M; nvme:512M: an NVMe controller "
+                             "(qemu); nvme:160M+32M: one controller with two namespaces")
         sp.add_argument("--udev", action="store_true", help="run udevd in the guest")
         sp.add_argument("--libvirt", action="store_true",
                         help="cgroup v2 with machine.slice and libvirtd (qemu:///system) in "

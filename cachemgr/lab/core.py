@@ -59,19 +59,44 @@ def parse_size(text: str) -> int:
 
 
 NVME = "nvme:"
+# namespaces one lab NVMe controller may have (qemu allows 256; a lab needs a few)
+NVME_MAX_NAMESPACES = 8
+NVME_HINT = ("nvme:SIZE is one NVMe controller with one namespace; nvme:160M+32M one with "
+             f"two (namespaces 1 and 2); at most {NVME_MAX_NAMESPACES} per controller")
 
 
-def parse_disk_specs(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``1G,nvme:512M,256M`` -> (virtio/ubd disk sizes, NVMe namespace sizes), each in the
-    order given. An ``nvme:SIZE`` item is one emulated NVMe controller with one namespace
-    (qemu only)."""
+def parse_nvme(item: str) -> tuple[int, ...]:
+    """``nvme:160M+32M`` -> (160 MiB, 32 MiB): one controller's namespace sizes, namespace 1
+    first."""
+    body = item[len(NVME):]
+    parts = [p.strip() for p in body.split("+")]
+    if len(parts) > NVME_MAX_NAMESPACES:
+        raise UsageError(f"lab disk {item!r}: {len(parts)} namespaces on one controller, "
+                         f"more than {NVME_MAX_NAMESPACES}", hint=NVME_HINT)
+    sizes = []
+    for nsid, part in enumerate(parts, 1):
+        if not part:
+            raise UsageError(f"lab disk {item!r}: namespace {nsid} has no size", hint=NVME_HINT)
+        try:
+            sizes.append(parse_size(part))
+        except UsageError as exc:
+            raise UsageError(f"lab disk {item!r}, namespace {nsid}: {exc.message}",
+                             hint=exc.hint or NVME_HINT) from None
+    return tuple(sizes)
+
+
+def parse_disk_specs(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """``1G,nvme:512M,256M`` -> (virtio/ubd disk sizes, NVMe controllers), each in the
+    order given. An ``nvme:SIZE`` item is one emulated NVMe controller with one namespace,
+    ``nvme:SIZE+SIZE...`` one with a namespace per size (qemu only); a controller is the
+    tuple of its namespaces' sizes."""
     disks: list[int] = []
-    nvme: list[int] = []
+    nvme: list[tuple[int, ...]] = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
         if item.lower().startswith(NVME):
-            nvme.append(parse_size(item[len(NVME):]))
+            nvme.append(parse_nvme(item))
         else:
             disks.append(parse_size(item))
     return tuple(disks), tuple(nvme)
@@ -91,20 +116,22 @@ def nvme_serial(i: int) -> str:
     return f"CMLABNVME{i:02d}"
 
 
-def nvme_eui64(i: int) -> int:
-    """The EUI-64 of the namespace of the lab's NVMe controller ``i``."""
-    return 0x5254_00c0_ffee_0000 + i + 1
+def nvme_eui64(i: int, nsid: int = 1) -> int:
+    """The EUI-64 of namespace ``nsid`` of the lab's NVMe controller ``i`` (namespace 1:
+    the value the lab has always given, so captures and tests keep it)."""
+    return 0x5254_00c0_ffee_0000 + ((nsid - 1) << 16) + i + 1
 
 
-def nvme_uuid(i: int) -> str:
-    return f"5c0ffee0-0000-4000-8000-{i + 1:012x}"
+def nvme_uuid(i: int, nsid: int = 1) -> str:
+    return f"5c0ffee0-{nsid - 1:04x}-4000-8000-{i + 1:012x}"
 
 
 @dataclass(frozen=True)
 class LabSpec:
     backend: str = "uml"
     disks: tuple[int, ...] = ()
-    nvme: tuple[int, ...] = ()  # qemu: one NVMe controller (own PCIe root port) per size
+    # qemu: one NVMe controller (own PCIe root port) per item, its namespaces' sizes
+    nvme: tuple[tuple[int, ...], ...] = ()
     udev: bool = False
     # cgroup v2 with machine.slice and libvirt's daemon (qemu:///system) in the guest
     libvirt: bool = False
@@ -231,10 +258,12 @@ def run(
         with open(p, "wb") as f:
             f.truncate(size)
         disks.append(p)
-    for i, size in enumerate(spec.nvme):
-        with open(rundir / f"nvme{i}.img", "wb") as f:
-            f.truncate(size)
-        disks.append(rundir / f"nvme{i}.img")
+    for i, sizes in enumerate(spec.nvme):  # controller i's namespaces, in nsid order
+        for nsid, size in enumerate(sizes, 1):
+            p = rundir / f"nvme{i}n{nsid}.img"
+            with open(p, "wb") as f:
+                f.truncate(size)
+            disks.append(p)
     (rundir / "argv").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
     (rundir / "setup-argv").write_bytes(b"".join(a.encode() + b"\0" for a in spec.setup))
     (rundir / "env").write_bytes(

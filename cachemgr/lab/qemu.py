@@ -111,17 +111,9 @@ class QemuBackend(Backend):
                           "cache=writeback,discard=unmap",
                 "-device", f"virtio-blk-pci,drive=disk{i}",
             ]
-        # NVMe: each controller on its own PCIe root port (q35), so that it can be removed
-        # and found again (its PCI function's remove, a rescan) like a hot-pluggable slot
-        for i, d in enumerate(nvme):
-            argv += [
-                "-drive", f"file={_opt(d)},format=raw,if=none,id=nvme{i},"
-                          "cache=writeback,discard=unmap",
-                "-device", f"pcie-root-port,id=rp{i},chassis={i + 1},slot={i + 1}",
-                "-device", f"nvme,id=nvmec{i},bus=rp{i},serial={nvme_serial(i)}",
-                "-device", f"nvme-ns,drive=nvme{i},bus=nvmec{i},nsid=1,"
-                          f"eui64={nvme_eui64(i)},uuid={nvme_uuid(i)}",
-            ]
+        # NVMe: the images in controller order, each controller's in namespace order
+        images = iter(nvme)
+        argv += nvme_devices([[next(images) for _ in sizes] for sizes in spec.nvme])
         shares = [("hostroot", "/", True)]
         shares += [(f"rw{i}", p, False) for i, p in enumerate(rw_paths)]
         for i, (tag, path, ro) in enumerate(shares):
@@ -168,6 +160,28 @@ class QemuBackend(Backend):
         finally:
             if saved is not None:
                 _term_restore(saved)
+
+
+def nvme_devices(controllers: list[list[Path]]) -> list[str]:
+    """qemu options for the lab's NVMe controllers: controller ``i`` has namespace ``n + 1``
+    on the image ``controllers[i][n]``. Each controller is on its own PCIe root port (q35),
+    so that it can be removed and found again (its PCI function's remove, a rescan) like a
+    hot-pluggable slot; each namespace has its own EUI-64 and UUID (core.nvme_eui64)."""
+    argv: list[str] = []
+    for i, images in enumerate(controllers):
+        argv += [
+            "-device", f"pcie-root-port,id=rp{i},chassis={i + 1},slot={i + 1}",
+            "-device", f"nvme,id=nvmec{i},bus=rp{i},serial={nvme_serial(i)}",
+        ]
+        for nsid, d in enumerate(images, 1):
+            drive = f"nvme{i}" if nsid == 1 else f"nvme{i}n{nsid}"
+            argv += [
+                "-drive", f"file={_opt(d)},format=raw,if=none,id={drive},"
+                          "cache=writeback,discard=unmap",
+                "-device", f"nvme-ns,drive={drive},bus=nvmec{i},nsid={nsid},"
+                          f"eui64={nvme_eui64(i, nsid)},uuid={nvme_uuid(i, nsid)}",
+            ]
+    return argv
 
 
 def _term_state() -> list[Any] | None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -20,16 +21,121 @@ def test_sizes() -> None:
 
 def test_nvme_disks_are_their_own_list_and_qemu_only(tmp_path: object) -> None:
     assert parse_disk_specs("1G,nvme:512M, NVMe:256M,256M") == (
-        (1 << 30, 256 << 20), (512 << 20, 256 << 20))
+        (1 << 30, 256 << 20), ((512 << 20,), (256 << 20,)))
     with pytest.raises(UsageError, match="nvme: disks are not taken here"):
         parse_disks("1G,nvme:512M")
     with pytest.raises(UsageError):
         parse_disk_specs("nvme:")
     with pytest.raises(UsageError, match="NVMe disks need the qemu backend"):
-        core.run(["true"], core.LabSpec(backend="uml", nvme=(1 << 30,)))
+        core.run(["true"], core.LabSpec(backend="uml", nvme=((1 << 30,),)))
     # fixed identities, different per controller
     assert core.nvme_serial(0) != core.nvme_serial(1) and len(core.nvme_serial(99)) <= 20
     assert core.nvme_eui64(0) != core.nvme_eui64(1)
+
+
+def test_nvme_controller_with_several_namespaces() -> None:
+    assert parse_disk_specs("512M,nvme:160M+32M,nvme:64M") == (
+        (512 << 20,), ((160 << 20, 32 << 20), (64 << 20,)))
+    assert parse_disk_specs("nvme: 1M + 2M ")[1] == ((1 << 20, 2 << 20),)
+    assert parse_disk_specs("nvme:" + "+".join(["1M"] * 8))[1] == ((1 << 20,) * 8,)
+    for bad, word in (("nvme:+", "namespace 1 has no size"),
+                      ("nvme:1G+", "namespace 2 has no size"),
+                      ("nvme:1G++1G", "namespace 2 has no size"),
+                      ("nvme:0", "namespace 1: disk size '0' is below 1 MiB"),
+                      ("nvme:1G+0", "namespace 2: disk size '0' is below 1 MiB"),
+                      ("nvme:1G+lots", "namespace 2: bad size 'lots'"),
+                      ("nvme:" + "+".join(["1M"] * 9), "9 namespaces on one controller")):
+        with pytest.raises(UsageError) as exc:
+            parse_disk_specs(bad)
+        assert word in exc.value.message and repr(bad) in exc.value.message, bad
+        assert exc.value.hint, bad
+
+
+def test_nvme_namespace_identities() -> None:
+    # namespace 1 keeps the identity the lab always gave (captures and tests know it)
+    assert core.nvme_eui64(0) == core.nvme_eui64(0, 1) == 0x5254_00c0_ffee_0001
+    assert core.nvme_uuid(0) == core.nvme_uuid(0, 1) == "5c0ffee0-0000-4000-8000-000000000001"
+    assert core.nvme_eui64(3) == 0x5254_00c0_ffee_0004
+    euis = {core.nvme_eui64(i, n) for i in range(16) for n in range(1, 9)}
+    uuids = {core.nvme_uuid(i, n) for i in range(16) for n in range(1, 9)}
+    assert len(euis) == len(uuids) == 16 * 8
+    assert all(len(u) == 36 and u.count("-") == 4 for u in uuids)
+
+
+def _devices(argv: list[str]) -> list[dict[str, str]]:
+    """The -device and -drive options of a qemu argv, as dicts (``kind`` = the driver)."""
+    out = []
+    for opt, val in itertools.pairwise(argv):
+        if opt in ("-device", "-drive"):
+            first, *rest = val.split(",")
+            d = dict(x.split("=", 1) for x in rest)
+            d["kind"] = first if opt == "-device" else "drive"
+            if opt == "-drive":
+                d["file"] = first.split("=", 1)[1]
+            out.append(d)
+    return out
+
+
+def test_qemu_argv_of_nvme_controllers(tmp_path: Path) -> None:
+    from cachemgr.lab import qemu
+
+    a1, a2, b1 = (tmp_path / n for n in ("nvme0n1.img", "nvme0n2.img", "nvme1n1.img"))
+    devs = _devices(qemu.nvme_devices([[a1, a2], [b1]]))
+    ports = [d for d in devs if d["kind"] == "pcie-root-port"]
+    ctrls = [d for d in devs if d["kind"] == "nvme"]
+    nss = [d for d in devs if d["kind"] == "nvme-ns"]
+    drives = {d["id"]: d["file"] for d in devs if d["kind"] == "drive"}
+    # one root port and one serial per controller
+    assert [p["id"] for p in ports] == ["rp0", "rp1"]
+    assert [(c["id"], c["bus"], c["serial"]) for c in ctrls] == [
+        ("nvmec0", "rp0", core.nvme_serial(0)), ("nvmec1", "rp1", core.nvme_serial(1))]
+    # namespaces 1 and 2 on controller 0, each on its own image, with its own identity
+    assert [(n["bus"], n["nsid"], drives[n["drive"]]) for n in nss] == [
+        ("nvmec0", "1", str(a1)), ("nvmec0", "2", str(a2)), ("nvmec1", "1", str(b1))]
+    assert [n["eui64"] for n in nss] == [
+        str(core.nvme_eui64(0)), str(core.nvme_eui64(0, 2)), str(core.nvme_eui64(1))]
+    assert [n["uuid"] for n in nss] == [
+        core.nvme_uuid(0), core.nvme_uuid(0, 2), core.nvme_uuid(1)]
+    assert len({n["eui64"] for n in nss}) == len({n["uuid"] for n in nss}) == 3
+    # a controller is declared before its namespaces (qemu attaches them by bus)
+    kinds = [d["kind"] for d in devs if d["kind"] != "drive"]
+    assert kinds == ["pcie-root-port", "nvme", "nvme-ns", "nvme-ns",
+                     "pcie-root-port", "nvme", "nvme-ns"]
+    # today's single-namespace controller is unchanged: drive nvme0, nsid 1
+    one = _devices(qemu.nvme_devices([[a1]]))
+    assert [d.get("id") for d in one if d["kind"] == "drive"] == ["nvme0"]
+    assert qemu.nvme_devices([]) == []
+
+
+def test_lab_run_makes_an_image_per_namespace(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """core.run hands the backend the images in controller and namespace order, sized as
+    asked, and one serial per controller (not per namespace)."""
+    seen: dict[str, object] = {}
+
+    class Fake(core.Backend):
+        def tty_names(self) -> dict[str, str]:
+            return {}
+
+        def boot(self, info, spec, rundir, disks, console, out, err,  # type: ignore[no-untyped-def]
+                 capture):
+            seen["disks"] = [(d.name, d.stat().st_size) for d in disks]
+            seen["env"] = (rundir / "lab.env").read_text()
+            return core.LabResult(0, False, rundir, console, None, [])
+
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_text("")
+    monkeypatch.setattr(core, "_backend", lambda name: Fake())
+    monkeypatch.setattr(kernels, "load_manifest",
+                        lambda: {"qemu": kernels.KernelInfo("qemu", "0", "6.1", str(kernel), "",
+                                                           {})})
+    monkeypatch.setenv("CACHEMGR_LAB_RUNS", str(tmp_path / "runs"))
+    disks, nvme = parse_disk_specs("2M,nvme:3M+4M,nvme:5M")
+    core.run(["true"], core.LabSpec(backend="qemu", disks=disks, nvme=nvme))
+    assert seen["disks"] == [("disk0.img", 2 << 20), ("nvme0n1.img", 3 << 20),
+                             ("nvme0n2.img", 4 << 20), ("nvme1n1.img", 5 << 20)]
+    assert (f"LAB_NVME_SERIALS='{core.nvme_serial(0)} {core.nvme_serial(1)}'"
+            in str(seen["env"]))
 
 
 DEB822 = """\
