@@ -176,7 +176,9 @@ def reasons_of(sysfs: Sysfs, found: tuple[Use, ...]) -> tuple[str, ...]:
         elif u.kind == "bcache":
             out.append(_bcache_role(sysfs, u.member, f"{u.rel}/bcache"))
         elif u.kind == "mounted":
-            out.append(f"/dev/{u.member} is mounted on {u.by} ({u.detail})")
+            # "/" said in words: "mounted on / (ext4)" is easily read past
+            root = ", the root file system" if u.by == "/" else ""
+            out.append(f"/dev/{u.member} is mounted on {u.by} ({u.detail}){root}")
         else:
             out.append(f"{u.by} is in use as swap")
     return tuple(dict.fromkeys(out))

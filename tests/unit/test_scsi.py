@@ -164,6 +164,9 @@ def test_in_use_mounted_and_swap(fx: Path, tmp_path: Path) -> None:
     assert scsi.in_use(sysfs, "sdb", mountinfo=MOUNTINFO) == (
         "/dev/sdb is mounted on /mnt/vm images (ext4)",)
     assert scsi.in_use(sysfs, "sdb", swaps=SWAPS) == ("/dev/sdb is in use as swap",)
+    # the root file system is named as such (a bare "on /" is easily read past)
+    assert scsi.in_use(sysfs, "sdb", mountinfo="22 1 8:16 / / rw - ext4 /dev/sdb rw\n") == (
+        "/dev/sdb is mounted on / (ext4), the root file system",)
     with pytest.raises(UnsafeError, match="mounted on /mnt/vm images"):
         scsi.remove(sysfs, "sdb", mountinfo=MOUNTINFO)
     assert (root / "sys" / "block" / "sdb" / "device" / "delete").read_text() == ""
