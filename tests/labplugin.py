@@ -67,6 +67,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(
                 reason="kernel test not run: its NVMe disks need the qemu lab "
                        "(--lab-backend=qemu); UML has no PCI"))
+        elif backend != "qemu" and m.kwargs.get("monitor"):
+            item.add_marker(pytest.mark.skip(
+                reason="kernel test not run: it needs qemu's machine monitor "
+                       "(--lab-backend=qemu)"))
 
 
 def _report(item: pytest.Item, when: str, outcome: str, longrepr: object, duration: float,
@@ -108,6 +112,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         nvme=nvme,
         udev=bool(kw.get("udev", False)),
         libvirt=bool(kw.get("libvirt", False)),
+        monitor=bool(kw.get("monitor", False)),
         timeout=timeout,
         mem_mb=int(kw.get("mem", 1536)),
         cwd=str(ROOT),

@@ -25,6 +25,7 @@ def _lab_spec(args: argparse.Namespace, **kw: object):  # type: ignore[no-untype
         nvme=nvme,
         udev=args.udev,
         libvirt=args.libvirt,
+        monitor=args.monitor,
         timeout=args.timeout,
         mem_mb=args.mem,
         keep=args.keep,
@@ -105,6 +106,9 @@ def register(sub: Any) -> None:
         sp.add_argument("--libvirt", action="store_true",
                         help="cgroup v2 with machine.slice and libvirtd (qemu:///system) in "
                              "the guest")
+        sp.add_argument("--monitor", action="store_true",
+                        help="qemu's machine monitor in the guest (python -m "
+                             "cachemgr.lab.qmp): pull and insert drives like a hand (qemu)")
         sp.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="S")
         sp.add_argument("--mem", type=argtypes.count, default=1536, metavar="MIB")
         sp.add_argument("--keep", action="store_true", help="keep the run directory")

@@ -149,6 +149,9 @@ class LabSpec:
     systemd: bool = False
     # run first (before systemd starts, if it does) in the command's environment
     setup: tuple[str, ...] = ()
+    # qemu: its QMP monitor on a virtio-serial port of the guest, to pull and insert drives
+    # (cachemgr/lab/qmp.py); the guest gets the whole of its qemu through it
+    monitor: bool = False
 
 
 @dataclass
@@ -242,6 +245,9 @@ def run(
     if spec.nvme and spec.backend != "qemu":
         raise UsageError("NVMe disks need the qemu backend",
                          hint="cachemgr lab run --backend qemu --disks 1G,nvme:512M -- CMD")
+    if spec.monitor and spec.backend != "qemu":
+        raise UsageError("the machine monitor needs the qemu backend",
+                         hint="cachemgr lab run --backend qemu --monitor -- CMD")
     manifest = kernels.load_manifest()
     info = manifest.get(spec.backend)
     if info is None or not Path(info.kernel).exists():
@@ -292,7 +298,8 @@ def run(
         "LAB_ROWS": str(spec.rows),
         "LAB_COLS": str(spec.cols),
         "LAB_MODULES": info.modules,
-        "LAB_MODULES_LOAD": " ".join(spec.modules + (("nvme",) if spec.nvme else ())),
+        "LAB_MODULES_LOAD": " ".join(spec.modules + (("nvme",) if spec.nvme else ())
+                                     + (("virtio_console",) if spec.monitor else ())),
         "LAB_DISKS": " ".join(_disk_names(spec.backend, len(spec.disks))),
         # NVMe namespaces by controller serial (their kernel names follow the probe order)
         "LAB_NVME_SERIALS": " ".join(nvme_serial(i) for i in range(len(spec.nvme))),

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from cachemgr.core.errors import LabError
-from cachemgr.lab import kernels
+from cachemgr.lab import kernels, qmp
 from cachemgr.lab.core import (
     HERE,
     Backend,
@@ -123,6 +123,8 @@ class QemuBackend(Backend):
                           + (",readonly=on" if ro else ""),
                 "-device", f"virtio-9p-pci,fsdev=fs{i},mount_tag={tag}",
             ]
+        if spec.monitor:
+            argv += monitor_devices()
         if spec.interactive:
             argv += [
                 "-chardev", "stdio,id=term,signal=off",
@@ -182,6 +184,21 @@ def nvme_devices(controllers: list[list[Path]]) -> list[str]:
                           f"eui64={nvme_eui64(i, nsid)},uuid={nvme_uuid(i, nsid)}",
             ]
     return argv
+
+
+def monitor_devices(sock: str = "qmp.sock") -> list[str]:
+    """qemu options for a QMP monitor the guest reaches (``LabSpec.monitor``): the monitor
+    listens on a Unix socket in the run directory (qemu's working directory; a relative path
+    keeps under the 108-byte limit of a socket's name), and a virtio-serial port named
+    qmp.PORT_NAME is connected to that same socket, so what the guest writes to the port is
+    the monitor's input (cachemgr/lab/qmp.py)."""
+    return [
+        "-chardev", f"socket,id=qmpsrv,path={sock},server=on,wait=off",
+        "-mon", "chardev=qmpsrv,mode=control",
+        "-chardev", f"socket,id=qmpport,path={sock}",
+        "-device", "virtio-serial-pci,id=qmpser",
+        "-device", f"virtserialport,bus=qmpser.0,chardev=qmpport,name={qmp.PORT_NAME}",
+    ]
 
 
 def _term_state() -> list[Any] | None:

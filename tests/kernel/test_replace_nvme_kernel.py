@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from cachemgr.backends import nvme, snapshot
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.lab import qmp
 from cachemgr.procedures import replace
 from tests.kernel.test_replace_kernel import (
     FIO_COMMON,
@@ -122,3 +129,124 @@ def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
     finally:
         stop_load(load)
     verify_pre(["/dev/mapper/vc"])
+
+
+class Terminal:
+    """``python -m cachemgr ARGS`` on a pseudo-terminal: an operator who reads its prompts and
+    answers them (replace-ssd asks for confirmation and for the swap only on a terminal)."""
+
+    def __init__(self, *args: str) -> None:
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cachemgr", *args], stdin=slave, stdout=slave,
+            stderr=slave, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()})
+        os.close(slave)
+        self.text = ""
+
+    def expect(self, pattern: str, timeout: float = 600) -> str:
+        """Wait until the output (since the last match) matches ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while not (m := re.search(pattern, self.text)):
+            assert time.monotonic() < deadline, f"no {pattern!r} in: {self.text[-3000:]}"
+            if select.select([self.master], [], [], 1.0)[0]:
+                try:
+                    self.text += os.read(self.master, 65536).decode(errors="replace")
+                except OSError:  # EIO: the program ended and closed the terminal
+                    assert self.proc.poll() is not None, self.text
+                    assert re.search(pattern, self.text), f"ended without {pattern!r}: " \
+                        f"{self.text[-3000:]}"
+                    break
+        m = re.search(pattern, self.text)
+        assert m is not None
+        seen, self.text = self.text[:m.end()], self.text[m.end():]
+        return seen
+
+    def send(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\r")
+
+    def wait(self, timeout: float = 900) -> tuple[int, str]:
+        """The exit code and the rest of the output."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None or select.select([self.master], [], [], 0)[0]:
+            assert time.monotonic() < deadline, self.text[-3000:]
+            if select.select([self.master], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                self.text += chunk.decode(errors="replace")
+        os.close(self.master)
+        return self.proc.wait(), self.text
+
+
+def _blkid_type(node: str) -> str:
+    return runner.run(["blkid", "-p", "-o", "value", "-s", "TYPE", node],
+                      check=False).stdout.strip()
+
+
+@pytest.mark.kernel(disks="512M,512M,nvme:160M", timeout=1200, monitor=True)
+def test_nvme_drive_swapped_in_its_slot_by_an_operator_wrong_drive_first(
+        lab_disks: list[str]) -> None:
+    """The replacement as done at a server: an operator at a terminal runs replace-ssd
+    --new any, confirms the plan, and when asked pulls the NVMe drive out of its slot and puts
+    another one in (qemu's monitor: device_del, device_add on the same PCIe root port), then
+    presses Enter. The first drive put in carries a file system: refused, nothing written to
+    it, the journal waits. The operator swaps it for a blank drive and resumes (killed once
+    after identify-new, resumed again): the new drive, in the old one's PCI slot, is the
+    cache, under fio verify load throughout."""
+    sysfs, devices, (a,) = setup(lab_disks)
+    rundir = Path(os.environ["LAB_RUNDIR"])
+    wrong = qmp.make_image(str(rundir / "wrong.img"), 192 << 20)
+    runner.run(["mkfs.ext4", "-q", "-F", wrong], timeout=120)  # a drive holding data
+    blank = qmp.make_image(str(rundir / "new.img"), 192 << 20)
+    old, modes = status_modes(sysfs)
+    load = start_load(devices)
+    try:
+        with qmp.Qmp() as q:
+            op = Terminal("replace-ssd", a.node, "--new", "any")
+            op.expect(r"Go ahead\? \[y/N\]")
+            op.send("y")
+            op.expect(r"Insert the new SSD \(slot of the old one: [^)]*" + re.escape(a.pci)
+                      + r"[^)]*\), then press Enter")
+            # the old drive was taken out of the kernel (remove-old); now out of the slot
+            assert a.wwid not in {n.wwid for n in nvme.namespaces(sysfs)}
+            q.pull(qmp.CONTROLLER_ID.format(0))
+            q.insert_nvme(slot=qmp.ROOT_PORT_ID.format(0), device_id="wrong", image=wrong,
+                          serial="CMLABNVMEWRONG")
+            op.send("")
+            rc, out = op.wait()
+            assert rc == 3, out
+            assert "carries a ext4 signature; refusing to format it" in out, out
+            (w,) = [n for n in nvme.namespaces(sysfs) if n.serial == "CMLABNVMEWRONG"]
+            assert w.pci == a.pci  # it is in the old drive's slot
+            assert _blkid_type(w.node) == "ext4"  # nothing was written to it
+            (run,) = replace.list_runs()
+            assert run.status == "failed" and (run.error or "").startswith("identify-new:")
+            assert f"cachemgr replace-ssd --resume {run.id}" in out, out  # the hint
+            # the operator takes the wrong drive out again and puts a blank one in
+            q.pull("wrong")
+            q.insert_nvme(slot=qmp.ROOT_PORT_ID.format(0), device_id="newssd", image=blank,
+                          serial="CMLABNVMENEW")
+        # killed once more, after the disk step that took the new drive (resumes from there)
+        r = cm("replace-ssd", "--resume", run.id, env={replace.KILL_AFTER_ENV: "identify-new"})
+        assert r.returncode == -9, (r.returncode, r.stderr)
+        (run,) = replace.list_runs()
+        assert run.done[-1] == "identify-new" and run.new["serial"] == "CMLABNVMENEW"
+        r = cm("replace-ssd", "--resume", run.id, "--json")
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["status"] == "done"
+        assert res["new"]["serial"] == "CMLABNVMENEW" and res["new"]["slot"] == a.pci
+        end_state(sysfs, old, modes)
+        # the wrong drive left the machine as it came: still a file system (host-side image)
+        assert runner.run(["blkid", "-p", "-o", "value", "-s", "TYPE", wrong],
+                          check=False).stdout.strip() == "ext4"
+    finally:
+        stop_load(load)
+    verify_pre(devices)

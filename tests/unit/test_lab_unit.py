@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,36 @@ def test_lab_run_makes_an_image_per_namespace(tmp_path: Path,
                              ("nvme0n2.img", 4 << 20), ("nvme1n1.img", 5 << 20)]
     assert (f"LAB_NVME_SERIALS='{core.nvme_serial(0)} {core.nvme_serial(1)}'"
             in str(seen["env"]))
+
+
+def test_qemu_monitor_reaches_the_guest_through_a_port_on_its_own_socket() -> None:
+    """The monitor's server socket and the guest port's client socket are the same file, the
+    monitor speaks QMP, and the port has the name the guest-side client looks for."""
+    from cachemgr.lab import qemu, qmp
+
+    argv = qemu.monitor_devices()
+    chardevs = {}
+    for opt, val in itertools.pairwise(argv):
+        if opt == "-chardev":
+            kind, *rest = val.split(",")
+            fields = dict(x.split("=", 1) for x in rest)
+            chardevs[fields.pop("id")] = (kind, fields)
+    mon = argv[argv.index("-mon") + 1]
+    assert "mode=control" in mon.split(",")
+    server = mon.split("chardev=")[1].split(",")[0]
+    (port,) = [d for d in _devices(argv) if d["kind"] == "virtserialport"]
+    client = port["chardev"]
+    assert chardevs[server][1]["server"] == "on" and chardevs[server][1]["wait"] == "off"
+    assert "server" not in chardevs[client][1]
+    assert chardevs[server][0] == chardevs[client][0] == "socket"
+    assert chardevs[server][1]["path"] == chardevs[client][1]["path"]
+    assert port["name"] == qmp.PORT_NAME
+    assert not os.path.isabs(chardevs[server][1]["path"])  # the run directory: qemu's cwd
+
+
+def test_monitor_is_qemu_only() -> None:
+    with pytest.raises(UsageError, match="machine monitor needs the qemu backend"):
+        core.run(["true"], core.LabSpec(backend="uml", monitor=True))
 
 
 DEB822 = """\
