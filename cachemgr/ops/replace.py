@@ -40,7 +40,10 @@ def journal_json(j: replace.Journal) -> dict[str, Any]:
             "lv": j.cset if lvm else None, "lvm": j.lvm if lvm else None,
             "dm_name": j.cset if dm else None, "dm": j.dm if dm else None,
             "old": j.old, "new": j.new,
-            "steps": [{"name": n, "done": n in j.done} for n, _ in j.steps],
+            "steps": [{"name": n, "done": n in j.done, "seconds": j.seconds.get(n)}
+                      for n, _ in j.steps],
+            "wall_s": round(sum(j.seconds.values()), 3) if j.seconds else None,
+            "drain_s": j.seconds.get("drain"),
             "backings": [{"uuid": b["uuid"], "device": b["device"], "backing": b["node"],
                           "mode": b["mode"]} for b in j.backings]}
 
@@ -202,8 +205,19 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
     else:
         line = (f"{done.id}: done; cache set {done.new.get('cset')} on {done.new.get('node')} "
                 "caches " + ", ".join(b["device"] or b["node"] for b in done.backings))
-    return Result(lines=[line],
+    return Result(lines=[line, timing_line(done)],
                   data=journal_json(done), value=done)
+
+
+def timing_line(j: replace.Journal) -> str:
+    """Where a run's time went: its steps' wall time, the drain's part, and the slowest
+    other steps (a resumed run counts every attempt; the operator's swap is in wait-new)."""
+    total = sum(j.seconds.values())
+    drain = j.seconds.get("drain", 0.0)
+    others = sorted(((v, k) for k, v in j.seconds.items() if k != "drain"), reverse=True)
+    slow = ", ".join(f"{k} {v:.1f} s" for v, k in others[:3] if v >= 0.05)
+    return (f"took {total:.1f} s: drain {drain:.1f} s, the other steps "
+            f"{total - drain:.1f} s" + (f" ({slow})" if slow else ""))
 
 
 def load(run_id: str) -> replace.Journal:

@@ -121,6 +121,9 @@ class Journal:
     kind: str = "bcache"
     lvm: dict[str, Any] = field(default_factory=dict)
     dm: dict[str, Any] = field(default_factory=dict)
+    # wall seconds each step took, over every attempt (a resumed or retried step adds its
+    # new attempt); journals of earlier versions have none
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:
@@ -189,6 +192,10 @@ class Journal:
         mine, theirs = self.old.get("wwid"), other.old.get("wwid")
         return bool(mine) and mine == theirs
 
+    def took(self, step: str, seconds: float) -> None:
+        """Add ``seconds`` of wall time to ``step`` (saved with the next save)."""
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + seconds, 3)
+
     def mark(self, step: str) -> None:
         if step not in self.done:
             self.done.append(step)
@@ -201,7 +208,7 @@ _JOURNAL_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "cset": (str,), "options": (dict,), "old": (dict,), "backings": (list,),
     "congested": (dict,), "done": (list,), "new": (dict,), "status": (str,),
     "error": (str, type(None)), "created": (int, float), "updated": (int, float),
-    "kind": (str,), "lvm": (dict,), "dm": (dict,)}
+    "kind": (str,), "lvm": (dict,), "dm": (dict,), "seconds": (dict,)}
 _OPTION_NAMES = frozenset(Options.__dataclass_fields__)
 STATUSES = ("running", "done", "failed", "rolled-back")
 
@@ -219,6 +226,9 @@ def _journal_problem(data: dict[str, Any]) -> str | None:
             return f"{name!r} is a {type(value).__name__}"
     if not data["id"] or not data["cset"]:
         return "an empty 'id' or 'cset'"
+    if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               and v >= 0 for k, v in data.get("seconds", {}).items()):
+        return "'seconds' is not a map of step names to seconds"
     if data.get("status", "running") not in STATUSES:
         return f"unknown status {data['status']!r}"
     if not set(data["options"]) <= _OPTION_NAMES:
@@ -1049,9 +1059,11 @@ def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
             if step in j.done:
                 continue
             ctx.say(f"[{i}/{len(names)}] {step}")
+            t0 = time.monotonic()
             try:
                 kind.funcs[step](ctx)
             except CacheMgrError as exc:
+                j.took(step, time.monotonic() - t0)
                 j.status, j.error = "failed", f"{step}: {exc.message}"
                 j.save()
                 safe = names.index(step) <= names.index(kind.point_of_no_return)
@@ -1059,6 +1071,7 @@ def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
                     f"fix the cause, then: cachemgr replace-ssd --resume {j.id}"
                     + (f" (or --rollback {j.id} to put modes back)" if safe else ""))
                 raise
+            j.took(step, time.monotonic() - t0)
             j.mark(step)
         j.status = "done"
         j.save()

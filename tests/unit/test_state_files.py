@@ -78,6 +78,7 @@ BAD_FILES = {
     "unknown-fields": lambda good: json.dumps({**json.loads(good), "from_the_future": 1}),
     "missing-fields": lambda good: json.dumps({"schema": 1, "id": "x"}),
     "wrong-types": lambda good: json.dumps({**json.loads(good), "backings": "none"}),
+    "bad-seconds": lambda good: json.dumps({**json.loads(good), "seconds": {"drain": "long"}}),
     "not-utf8": lambda good: "\udcff",
 }
 REASONS = {
@@ -87,6 +88,7 @@ REASONS = {
     "schema-not-a-number": "schema 'one' is not a version number",
     "unknown-fields": "unknown fields ['from_the_future']",
     "missing-fields": "no 'cset'", "wrong-types": "'backings' is a str",
+    "bad-seconds": "'seconds' is not a map of step names to seconds",
     "not-utf8": "not UTF-8 text",
 }
 
@@ -283,3 +285,57 @@ def test_restore_saved_takes_the_device_lock(tmp_path: Path, state_dir: Path) ->
     with held_elsewhere(key, state_dir), pytest.raises(UnsafeError):
         drain.restore_saved(Sysfs(root), b)
     assert path.exists()
+
+
+def test_each_step_is_timed_over_every_attempt(state_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal keeps each step's wall seconds, a failed attempt's added to the resumed
+    one's; --json gives them per step with their sum and the drain's, and the run's last line
+    says where the time went."""
+    from cachemgr.core.errors import CacheMgrError
+
+    class Clock:
+        now = 1000.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def time(self) -> float:
+            return 1.8e9 + self.now
+
+    write_good(state_dir)  # stopped after drain, as if it took 40 s
+    clock = Clock()
+    monkeypatch.setattr(replace, "time", clock)
+    j = replace.Journal.load(GOOD)
+    j.seconds = {"drain": 40.0}
+    j.save()
+    fail = {"detach": 1}
+    cost = {"detach": 2.0, "wait-new": 7.5}
+
+    def fake(step: str):  # type: ignore[no-untyped-def]
+        def run(c: replace.Ctx) -> None:
+            clock.now += cost.get(step, 0.25)
+            if fail.get(step):
+                fail[step] -= 1
+                raise CacheMgrError(f"{step} failed once")
+        return run
+
+    for n, _ in replace.STEPS:
+        monkeypatch.setitem(replace.BCACHE.funcs, n, fake(n))
+    sysfs = Sysfs(fx("scsi-ssd-in-use"))
+    with pytest.raises(CacheMgrError, match="detach failed once"):
+        replace.execute(sysfs, replace.Journal.load(GOOD))
+    assert replace.Journal.load(GOOD).seconds == {"drain": 40.0, "detach": 2.0}
+    done = replace.execute(sysfs, replace.Journal.load(GOOD))
+    assert done.status == "done"
+    assert done.seconds["detach"] == 4.0 and done.seconds["wait-new"] == 7.5
+    assert replace.Journal.load(GOOD).seconds == done.seconds
+    doc = ops_replace.journal_json(done)
+    rest = len(replace.STEPS) - 3 - 3  # preflight and remember are not timed here
+    assert doc["drain_s"] == 40.0
+    assert doc["wall_s"] == pytest.approx(40 + 4 + 7.5 + 0.25 * rest)
+    steps = {x["name"]: x["seconds"] for x in doc["steps"]}
+    assert steps["preflight"] is None and steps["detach"] == 4.0
+    line = ops_replace.timing_line(done)
+    assert line.startswith(f"took {doc['wall_s']:.1f} s: drain 40.0 s, the other steps ")
+    assert "(wait-new 7.5 s, detach 4.0 s, " in line
