@@ -53,3 +53,34 @@ def test_a_by_id_wwn_link_is_asked_about_by_its_wwn_too():
     assert m.specs_of("/dev/disk/by-id/wwn-0x5000c500a1b2c3d4") == [
         "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", "wwn:0x5000c500a1b2c3d4"]
     assert m.specs_of("vg0/vm1") == ["vg0/vm1"]
+
+
+# a plain dm-cache device moved to an NVMe SSD (issue #17 item 5): its cache and metadata
+# are partitions of the new namespace, in the slot the run recorded (a PCI function)
+DMCACHE_NVME_RUN = {"id": "20261125-031502-vc", "kind": "dmcache", "status": "done",
+                    "cset": None, "lv": None, "dm_name": "vc",
+                    "new": {"node": "/dev/nvme1n1", "bus": "nvme", "slot": "0000:02:00.0",
+                            "wwid": "eui.525400c0ffee0002", "serial": "CMLABNVME01"}}
+
+
+def dm_status(cache):
+    return {"devices": [{"kind": "dm-cache", "device": "/dev/mapper/vc", "name": "vc",
+                         "cache": cache}], "caches": []}
+
+
+def test_a_dmcache_run_is_in_place_while_a_partition_of_its_new_nvme_ssd_caches_it():
+    assert m.in_place(dm_status("/dev/nvme1n1p2"), DMCACHE_NVME_RUN)
+    assert m.in_place(dm_status("/dev/nvme1n1"), DMCACHE_NVME_RUN)
+    assert not m.in_place(dm_status("/dev/nvme1n11p2"), DMCACHE_NVME_RUN)  # another namespace
+    assert not m.in_place(dm_status("/dev/nvme1n12"), DMCACHE_NVME_RUN)
+    assert not m.in_place(dm_status("/dev/nvme0n1p2"), DMCACHE_NVME_RUN)  # the old SSD
+    assert not m.in_place({"devices": [], "caches": []}, DMCACHE_NVME_RUN)
+
+
+def test_an_nvme_ssd_asked_for_by_node_eui_serial_or_pci_slot():
+    for want in ("same", "any", "/dev/nvme1n1", "wwn:525400c0ffee0002", "serial:CMLABNVME01",
+                 "0000:02:00.0"):
+        assert m.names_new(DMCACHE_NVME_RUN, want), want
+    for want in ("/dev/nvme1n1p1", "/dev/nvme0n1", "wwn:525400c0ffee0001",
+                 "serial:CMLABNVME00", "0000:01:00.0"):
+        assert not m.names_new(DMCACHE_NVME_RUN, want), want
