@@ -21,6 +21,7 @@ from tests.kernel.test_replace_kernel import (
     FIO_COMMON,
     cm,
     cm_here,
+    report_times,
     start_load,
     stop_load,
     verify_pre,
@@ -154,6 +155,7 @@ def test_dmcache_linear_areas_moved_to_another_disk_and_refusals(
         assert r.returncode == 0, r.stderr
         res = json.loads(r.stdout)
         assert res["new"]["wwid"] == ssds[1].wwid != ssds[0].wwid
+        report_times("dmcache-scsi-other-ssd", res)
         end_state(sysfs, before, ("/dev/mapper/vc-meta", "/dev/mapper/vc-cdata"))
         # the areas lie on the new SSD now, at their old offsets
         assert dm("table", "vc-cdata").split()[3:] == [devno(res["new"]["node"]), "32768"]

@@ -17,7 +17,7 @@ from cachemgr.core import runner, state
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
-from tests.kernel import clirun
+from tests.kernel import clirun, measure
 
 FIO_COMMON = ["--bs=4k", "--direct=1", "--verify=crc32c", "--verify_state_save=0"]
 
@@ -31,6 +31,19 @@ def cm(*args: str, env: dict[str, str] | None = None,
 
 
 cm_here = clirun.in_process  # the CLI in this process (runs that need not die of SIGKILL)
+
+
+def report_times(name: str, res: dict[str, Any]) -> None:
+    """A finished run's wall time against its drain's (issue #17's goal: the replacement
+    takes at most the drain + 15 s); appended to $CACHEMGR_REPLACE_TIMES_LOG when set."""
+    timed = {s["name"]: s["seconds"] for s in res["steps"] if s["seconds"] is not None}
+    assert res["wall_s"] is not None and res["drain_s"] is not None, res["steps"]
+    assert res["wall_s"] == pytest.approx(sum(timed.values()), abs=0.01)
+    assert 0 <= res["drain_s"] <= res["wall_s"]
+    measure.report("CACHEMGR_REPLACE_TIMES_LOG", name, kind=res["kind"],
+                   bus=res["old"].get("bus", "scsi"), wall_s=res["wall_s"],
+                   drain_s=res["drain_s"], other_s=round(res["wall_s"] - res["drain_s"], 3),
+                   steps=timed)
 
 
 def setup(lab_disks: list[str], hosts: int = 1) -> tuple[Sysfs, list[str], list[scsi.ScsiDisk]]:
@@ -141,6 +154,7 @@ def test_replace_same_ssd_under_verify_load(lab_disks: list[str]) -> None:
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["status"] == "done" and all(s["done"] for s in res["steps"])
+    report_times("bcache-scsi-same-ssd", res)
     end_state(sysfs, old, modes)
     # the same SSD came back (same WWN), possibly under another name
     assert res["new"]["wwid"] == ssds[0].wwid
@@ -158,6 +172,7 @@ def test_replace_with_a_different_disk(lab_disks: list[str]) -> None:
         stop_load(load)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["new"]["wwid"] == ssds[1].wwid != ssds[0].wwid
+    report_times("bcache-scsi-other-ssd", json.loads(r.stdout))
     end_state(sysfs, old, modes)
     verify_pre(devices)
 

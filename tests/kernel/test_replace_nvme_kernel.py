@@ -34,6 +34,7 @@ from tests.kernel.test_replace_kernel import (
     cm,
     cm_here,
     end_state,
+    report_times,
     start_load,
     status_modes,
     stop_load,
@@ -86,6 +87,7 @@ def test_nvme_cache_replaced_under_verify_load_killed_at_the_pci_steps(
         assert r.returncode == 0, r.stderr
         res = json.loads(r.stdout)
         assert res["new"]["wwid"] == b.wwid and res["new"]["slot"] == b.pci
+        report_times("bcache-nvme-other-controller", res)
         end_state(sysfs, old, modes)
         # the old drive was pulled and stays out (it was replaced)
         assert a.wwid not in {n.wwid for n in nvme.namespaces(sysfs)}
@@ -123,6 +125,7 @@ def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
         res = json.loads(r.stdout)
         assert res["kind"] == "dmcache" and res["old"]["bus"] == "nvme"
         assert res["new"]["wwid"] == b.wwid and res["new"]["slot"] == b.pci
+        report_times("dmcache-nvme-other-controller", res)
         node = res["new"]["node"]
         dmk.end_state(sysfs, before, (f"{node}p1", f"{node}p2"))
         assert a.wwid not in {n.wwid for n in nvme.namespaces(sysfs)}  # pulled
@@ -243,6 +246,7 @@ def test_nvme_drive_swapped_in_its_slot_by_an_operator_wrong_drive_first(
         res = json.loads(r.stdout)
         assert res["status"] == "done"
         assert res["new"]["serial"] == "CMLABNVMENEW" and res["new"]["slot"] == a.pci
+        report_times("bcache-nvme-swapped-in-slot", res)
         end_state(sysfs, old, modes)
         # the wrong drive left the machine as it came: still a file system (host-side image)
         assert runner.run(["blkid", "-p", "-o", "value", "-s", "TYPE", wrong],
