@@ -5,6 +5,8 @@
         .venv/bin/python benchmarks/sizing_bench.py lab
     # on the host: SHARDS sampling against the full trace (no kernel needed)
     .venv/bin/python benchmarks/sizing_bench.py sampling
+    # on the host: does recording the most referenced blocks whole remove a sample's error?
+    .venv/bin/python benchmarks/sizing_bench.py oracle
 
 ``lab``: a Zipf(1.2) 4 KiB random-read job at QD1 over 256 MiB of the bare disk, run alone and
 under ``cachemgr trace`` (rate 0.01 and rate 1), interleaved, for the recorder's cost; the rate-1
@@ -192,11 +194,93 @@ def sampling() -> list[dict]:
     return out
 
 
+def oracle(hot_counts: tuple[int, ...] = (1000, 10000, 30000), samples: int = 4) -> list[dict]:
+    """Where a 1 % sample's error comes from (the 2^20-block, θ 0.9 stream of ``sampling``):
+    each sample of SHARDS against the same sample with the K most referenced blocks recorded
+    whole (an oracle that knows the popularity in advance; weights 1 for those, 1/rate for
+    the others, in the distinct counts and in the references). If the hottest blocks caused
+    the error, a small K would remove it."""
+    import collections
+    import math
+
+    from cachemgr.procedures import sizing
+    from cachemgr.procedures import trace as tr
+
+    n, refs, theta, rate = 1 << 20, 4_000_000, 0.9, 0.01
+    stream = zipf_stream(n, refs, theta, seed=1)
+
+    def distances(weight: list[float]) -> list[tuple[float, float]]:
+        pos: dict[int, int] = {}
+        tree = [0.0] * (len(stream) + 1)
+
+        def add(i: int, v: float) -> None:
+            i += 1
+            while i < len(tree):
+                tree[i] += v
+                i += i & -i
+
+        def prefix(i: int) -> float:
+            r = 0.0
+            while i > 0:
+                r += tree[i]
+                i -= i & -i
+            return r
+
+        out = []
+        for t, b in enumerate(stream):
+            w = weight[b]
+            if not w:
+                continue
+            p = pos.get(b)
+            if p is None:
+                out.append((math.inf, w))
+            else:
+                out.append((prefix(t) - prefix(p + 1), w))
+                add(p, -w)
+            add(t, w)
+            pos[b] = t
+        return out
+
+    def curve_at(ds: list[tuple[float, float]], sizes: list[int]) -> list[float]:
+        adj = refs - sum(w for _, w in ds)  # SHARDS_adj: at distance 0
+        ds = sorted(ds)
+        keys = [d for d, _ in ds]
+        cum = list(itertools.accumulate(w for _, w in ds))
+        out = []
+        for c in sizes:
+            k = bisect.bisect_left(keys, c)
+            out.append(max(0.0, min(1.0, ((cum[k - 1] if k else 0.0) + adj) / refs)))
+        return out
+
+    sizes = [int(sizing.resolved_blocks(rate) * 1.25 ** k) for k in range(40)]
+    sizes = [c for c in sizes if c < n]
+    full = curve_at(distances([1.0] * n), sizes)
+    counts = collections.Counter(stream)
+    thr = tr.threshold(rate)
+    rows = []
+    for k in (0, *hot_counts):
+        hot = {b for b, _ in counts.most_common(k)}
+        errs = []
+        for d in range(samples):
+            weight = [1.0 if b in hot else (1 / rate if tr.sampled(d, b, thr) else 0.0)
+                      for b in range(n)]
+            est = curve_at(distances(weight), sizes)
+            errs.append(round(max(abs(a - b) for a, b in zip(est, full, strict=True)), 4))
+        rows.append({"bench": "sizing_oracle", "blocks": n, "refs": refs, "theta": theta,
+                     "rate": rate, "hot_blocks_whole": k,
+                     "hot_share_of_refs": round(sum(counts[b] for b in hot) / refs, 3),
+                     "max_err_from_resolved_per_sample": errs})
+    return rows
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["lab"]:
         print(json.dumps(lab()))
     elif sys.argv[1:] == ["sampling"]:
         for line in sampling():
             print(json.dumps(line))
+    elif sys.argv[1:] == ["oracle"]:
+        for line in oracle():
+            print(json.dumps(line), flush=True)
     else:
         raise SystemExit(__doc__)
