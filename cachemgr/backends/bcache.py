@@ -661,8 +661,12 @@ def attach(sysfs: Sysfs, backing: BcacheBacking, cset: CacheSet) -> Change:
 def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
            progress: Progress | None = None, interval: float = 0.5) -> Change:
     """Detach from the cache set. bcache writes all dirty data back first (unthrottled),
-    then the state reads ``no cache``; this waits for that, with progress (the dirty data
-    of each reading, rate and ETA; ``action`` "detach") and a timeout.
+    then the state reads ``no cache``; this waits for that and for the device's ``cache``
+    link to go, with progress (the dirty data of each reading, rate and ETA; ``action``
+    "detach") and a timeout. The state turns ``no cache`` when the writeback thread has
+    written the superblock, before the detach is finished and the links to the set are
+    removed (docs/kernel-notes.md, "Detach, stop and unregister"): on a loaded lab host an
+    unregister right after was refused for a backing device still attached.
     """
     if backing.cset_uuid is None and backing.state in (CacheState.NO_CACHE, CacheState.CLEAN):
         raise AlreadyError(f"{_dev(backing)} is not attached to a cache set")
@@ -673,7 +677,7 @@ def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
     meter = drainloop.Meter("detach", _dev(backing), time.monotonic())
     while True:
         cur = reread(sysfs, name)
-        if cur.state == CacheState.NO_CACHE:
+        if cur.state == CacheState.NO_CACHE and cur.cset_uuid is None:
             return Change(_dev(backing), "detach", backing.cset_uuid, None)
         if progress:
             progress(meter.update(time.monotonic(), cur.dirty_bytes, cur.state))

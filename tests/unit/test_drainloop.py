@@ -178,3 +178,23 @@ def test_detach_reports_drain_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [p.device for p in seen] == [b0.device] * 3
     assert [p.dirty_bytes for p in seen] == [8192, 4096, None]
     assert seen[0].start_bytes == 8192 and seen[1].fraction == 0.5
+
+
+def test_detach_waits_for_the_link_to_the_set_to_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state reads "no cache" before the detach is finished (the writeback thread
+    writes the superblock first, the links go later): detach returns once the cache link is
+    gone too, so an unregister after it finds no backing device attached."""
+    b0 = snapshot.take(Sysfs(ROOT)).backings[0]
+    early = dataclasses.replace(b0, state=CacheState.NO_CACHE, dirty=Size.exact(0))
+    assert early.cset_uuid is not None
+    done = dataclasses.replace(early, cset_uuid=None)
+    seq = [early, early, done]
+    monkeypatch.setattr(bcache, "backing_rel", lambda sysfs, name: "block/sdx/bcache")
+    monkeypatch.setattr(bcache, "reread", lambda sysfs, name: seq.pop(0))
+
+    class FakeSysfs:
+        def write(self, rel: str, value: str) -> None:
+            pass
+
+    bcache.detach(FakeSysfs(), b0, interval=0.0)  # type: ignore[arg-type]
+    assert seq == []  # read until the link was gone
