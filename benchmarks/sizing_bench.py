@@ -7,6 +7,8 @@
     .venv/bin/python benchmarks/sizing_bench.py sampling
     # on the host: does recording the most referenced blocks whole remove a sample's error?
     .venv/bin/python benchmarks/sizing_bench.py oracle
+    # on the host: do size's standard errors describe a 1 % sample's real error?
+    .venv/bin/python benchmarks/sizing_bench.py stderr
 
 ``lab``: a Zipf(1.2) 4 KiB random-read job at QD1 over 256 MiB of the bare disk, run alone and
 under ``cachemgr trace`` (rate 0.01 and rate 1), interleaved, for the recorder's cost; the rate-1
@@ -194,6 +196,45 @@ def sampling() -> list[dict]:
     return out
 
 
+def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
+    """How well ``size``'s standard errors (the jackknife of Histogram.stderr) describe a
+    1 % sample's real error: the three streams of ``sampling``, ``samples`` independent
+    samples each (the hash takes the device index), at the sizes the rate resolves (every
+    tenth point of the curve's grid): the share of (sample, size) pairs whose error is within
+    two standard errors, and the mean standard error against the root-mean-square error."""
+    from cachemgr.procedures import sizing
+    from cachemgr.procedures import trace as tr
+
+    out = []
+    for n, refs, theta in ((1 << 18, 2_000_000, 1.2), (1 << 18, 2_000_000, 0.9),
+                           (1 << 20, 4_000_000, 0.9)):
+        stream = zipf_stream(n, refs, theta, seed=1)
+        keys = list(range(n))
+        thr = tr.threshold(rate)
+        full = sizing._count(stream, [0] * refs, 4096, 1.0, 0, None)
+        sizes = [x for x in sizing.grid(full) if x >= sizing.resolved_blocks(rate) * 4096]
+        sizes = sizes[::10]
+        ses, sq, inside, worst = [], 0.0, 0, []
+        for d in range(samples):
+            kept = {b for b in keys if tr.sampled(d, b, thr)}
+            sample = [b for b in stream if b in kept]
+            hs = sizing._count(sample, [0] * len(sample), 4096, rate, 0,
+                               (refs * rate, 0.0))
+            hs.sample = (sample, [0] * len(sample))
+            errs = [abs((hs.hit_ratio(x) or 0) - (full.hit_ratio(x) or 0)) for x in sizes]
+            se = hs.stderr(sizes)
+            ses += se
+            sq += sum(e * e for e in errs)
+            inside += sum(e <= 2 * s for e, s in zip(errs, se, strict=True))
+            worst.append(round(max(errs), 4))
+        m = len(ses)
+        out.append({"bench": "sizing_stderr", "blocks": n, "refs": refs, "theta": theta,
+                    "rate": rate, "samples": samples, "sizes": len(sizes),
+                    "coverage_2se": round(inside / m, 3), "mean_se": round(sum(ses) / m, 4),
+                    "rms_error": round((sq / m) ** 0.5, 4), "max_error_per_sample": worst})
+    return out
+
+
 def oracle(hot_counts: tuple[int, ...] = (1000, 10000, 30000), samples: int = 4) -> list[dict]:
     """Where a 1 % sample's error comes from (the 2^20-block, θ 0.9 stream of ``sampling``):
     each sample of SHARDS against the same sample with the K most referenced blocks recorded
@@ -279,6 +320,9 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["sampling"]:
         for line in sampling():
             print(json.dumps(line))
+    elif sys.argv[1:] == ["stderr"]:
+        for line in stderr():
+            print(json.dumps(line), flush=True)
     elif sys.argv[1:] == ["oracle"]:
         for line in oracle():
             print(json.dumps(line), flush=True)

@@ -101,18 +101,26 @@ def summary(doc: dict[str, Any]) -> list[str]:
     lines.append("size for 90% / 95% / 99% of the most the cache can hit: " + " / ".join(
         human(sf[p]) if sf[p] else "?" for p in ("90%", "95%", "99%")))
     m = doc["model"]
+    sampled = doc["rate"] < 1
     if doc["sizes"]:
         lines.append("")
-        lines.append(f"{'cache':>10} {'hit':>6} {'read':>6} {'write':>6} {'read lat':>9} "
+        lines.append(f"{'cache':>10} {'hit':>6} {'read':>6} "
+                     + (f"{'±read':>6} " if sampled else "")
+                     + f"{'write':>6} {'read lat':>9} "
                      f"{'gain':>6}  (disk read {m['hdd_read_ms'] or '?'} ms, SSD "
                      f"{m['ssd_ms']} ms, recorded QD {m['queue_depth'] or '?'})")
         for s in doc["sizes"]:
             lat = s.get("read_latency_ms")
             gain = s.get("read_iops_gain")
+            se = s.get("read_hit_ratio_se")
+            pm = (f"{2 * se:>6.3f} " if se is not None else f"{'?':>6} ") if sampled else ""
             lines.append(f"{human(s['cache_bytes']):>10} {_pct(s['hit_ratio']):>6} "
-                         f"{_pct(s['read_hit_ratio']):>6} {_pct(s['write_hit_ratio']):>6} "
+                         f"{_pct(s['read_hit_ratio']):>6} {pm}{_pct(s['write_hit_ratio']):>6} "
                          f"{(f'{lat:.3f} ms' if lat is not None else '?'):>9} "
                          f"{(f'{gain:.1f}x' if gain is not None else '?'):>6}")
+    if doc["sizes"] and sampled:
+        lines.append("±read: two standard errors of the sampled read hit ratio (a "
+                     "jackknife over the sampled blocks)")
     return lines
 
 

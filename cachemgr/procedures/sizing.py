@@ -52,6 +52,10 @@ class Histogram:
     adjust: list[float] = field(default_factory=lambda: [0.0, 0.0])  # SHARDS_adj, per op
     unique: int = 0  # distinct sampled blocks
     discards: int = 0
+    # a sampled trace's references (keys, ops) and the expected count of sampled references
+    # per op (SHARDS_adj's, None without a trailer): what the standard errors come from
+    sample: tuple[list[int], list[int]] | None = None
+    expected: tuple[float, float] | None = None
 
     def hits(self, op: int, cache_blocks: float) -> float:
         """Sampled references of ``op`` that hit an LRU cache of ``cache_blocks`` blocks."""
@@ -77,11 +81,65 @@ class Histogram:
             return None
         return max(0.0, min(1.0, self.hits(op, c) / self.refs[op]))
 
+    def stderr(self, sizes_bytes: Sequence[float], op: int | None = None) -> list[float]:
+        """The standard error of :meth:`hit_ratio` at each size (0 at rate 1; nan where
+        there is nothing to say), by the delete-a-group jackknife: the sampled blocks are
+        split into JACKKNIFE_GROUPS groups by a second hash of their address, the curve is
+        computed again without each group (a sample at rate x (G-1)/G, distances and all),
+        and Var = (G-1)/G x the sum of the squared deviations of those curves from their
+        mean. It covers both what makes a sample's curve wrong: which popular blocks were
+        drawn, and the noise of the distances estimated from sampled blocks."""
+        if self.rate >= 1:
+            return [0.0] * len(sizes_bytes)
+        if self.sample is None or not self.sample[0]:
+            return [math.nan] * len(sizes_bytes)
+        reps = self._replicates()
+        g = len(reps)
+        out = []
+        for c in sizes_bytes:
+            vals = [h.hit_ratio(c, op) for h in reps]
+            if any(v is None for v in vals):
+                out.append(math.nan)
+                continue
+            xs = [float(v) for v in vals if v is not None]
+            mean = sum(xs) / g
+            out.append(math.sqrt((g - 1) / g * sum((v - mean) ** 2 for v in xs)))
+        return out
+
+    def _replicates(self) -> list[Histogram]:
+        cached = self.__dict__.get("_reps")
+        if cached is None:
+            assert self.sample is not None
+            keys, ops = self.sample
+            g = JACKKNIFE_GROUPS
+            group = [_group(k, g) for k in keys]
+            rate = self.rate * (g - 1) / g
+            cached = []
+            for drop in range(g):
+                kept = [i for i, x in enumerate(group) if x != drop]
+                exp = None if self.expected is None else (
+                    self.expected[0] * (g - 1) / g, self.expected[1] * (g - 1) / g)
+                cached.append(_count([keys[i] for i in kept], [ops[i] for i in kept],
+                                     self.block, rate, 0, exp))
+            self.__dict__["_reps"] = cached
+        return list(cached)
+
     @property
     def footprint_bytes(self) -> int:
         """The cache size from which the curve is flat: every reuse hits."""
         far = max((d[-1] for d in self.distances if d), default=0)
         return int(math.floor(far / self.rate) + 1) * self.block
+
+
+# groups of the jackknife (Histogram.stderr): each replicate is a pass over the sample
+JACKKNIFE_GROUPS = 10
+# an asked size whose two standard errors exceed this gets a note
+SE_NOTE = 0.02
+
+
+def _group(key: int, groups: int) -> int:
+    """A sampled block's jackknife group: a hash other than the sampling one."""
+    return tr._mix(key ^ 0x2545F4914F6CDD1D) % groups
 
 
 class _Fenwick:
@@ -146,7 +204,24 @@ def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None =
               devices: Sequence[int] | None = None) -> Histogram:
     keys, ops, block, rate, discards = references(trace, rate=rate, block=block,
                                                   devices=devices)
-    hist = Histogram(block=block, rate=rate, discards=discards)
+    t = trace.trailer
+    expected = None
+    if rate < 1 and t is not None and devices is None and block == trace.header.block:
+        # SHARDS_adj: the sample holds rate x all references on average; the difference
+        # goes to the smallest distance (the paper's first bucket)
+        blocks = t.get("blocks", {})
+        expected = (float(blocks.get("read", 0)) * rate, float(blocks.get("write", 0)) * rate)
+    hist = _count(keys, ops, block, rate, discards, expected)
+    if rate < 1:
+        hist.sample = (keys, ops)
+    return hist
+
+
+def _count(keys: list[int], ops: list[int], block: int, rate: float, discards: int,
+           expected: tuple[float, float] | None) -> Histogram:
+    """Reuse distances of the references ``keys`` (their ``ops``) into a Histogram, adjusted
+    to ``expected`` sampled references per op (SHARDS_adj) when given."""
+    hist = Histogram(block=block, rate=rate, discards=discards, expected=expected)
     fw = _Fenwick(len(keys))
     last: dict[int, int] = {}
     dist: list[list[int]] = [[], []]
@@ -164,15 +239,11 @@ def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None =
         dist[op].sort()
         hist.distances[op] = dist[op]
         hist.refs[op] = float(len(dist[op]) + hist.cold[op])
-    t = trace.trailer
-    if rate < 1 and t is not None and devices is None and block == trace.header.block:
-        # SHARDS_adj: the sample holds rate x all references on average; the difference
-        # goes to the smallest distance (the paper's first bucket)
-        for op, name in ((0, "read"), (1, "write")):
-            expected = float(t.get("blocks", {}).get(name, 0)) * rate
+    if expected is not None:
+        for op in (0, 1):
             if hist.refs[op] > 0:
-                hist.adjust[op] = expected - hist.refs[op]
-                hist.refs[op] = expected
+                hist.adjust[op] = expected[op] - hist.refs[op]
+                hist.refs[op] = expected[op]
     return hist
 
 
@@ -185,20 +256,31 @@ class Point:
     hit_ratio: float | None
     read_hit_ratio: float | None
     write_hit_ratio: float | None
+    # standard errors of a sampled trace's figures (0 at rate 1; None: nothing to say)
+    hit_ratio_se: float | None = None
+    read_hit_ratio_se: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_bytes": self.cache_bytes, "hit_ratio": _r(self.hit_ratio),
                 "read_hit_ratio": _r(self.read_hit_ratio),
-                "write_hit_ratio": _r(self.write_hit_ratio)}
+                "write_hit_ratio": _r(self.write_hit_ratio),
+                "hit_ratio_se": _r(self.hit_ratio_se),
+                "read_hit_ratio_se": _r(self.read_hit_ratio_se)}
 
 
 def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 5)
+    return None if x is None or math.isnan(x) else round(x, 5)
+
+
+def points(h: Histogram, sizes: Sequence[int]) -> list[Point]:
+    """The curve at ``sizes``, with the standard errors of a sampled trace."""
+    se, rse = h.stderr(sizes), h.stderr(sizes, 0)
+    return [Point(c, h.hit_ratio(c), h.hit_ratio(c, 0), h.hit_ratio(c, 1), se[i], rse[i])
+            for i, c in enumerate(sizes)]
 
 
 def point(h: Histogram, cache_bytes: int) -> Point:
-    return Point(cache_bytes, h.hit_ratio(cache_bytes), h.hit_ratio(cache_bytes, 0),
-                 h.hit_ratio(cache_bytes, 1))
+    return points(h, [cache_bytes])[0]
 
 
 def grid(h: Histogram, extra: Sequence[int] = ()) -> list[int]:
@@ -213,7 +295,7 @@ def grid(h: Histogram, extra: Sequence[int] = ()) -> list[int]:
 
 
 def curve(h: Histogram, extra: Sequence[int] = ()) -> list[Point]:
-    return [point(h, s) for s in grid(h, extra)]
+    return points(h, grid(h, extra))
 
 
 def knee(points: Sequence[Point]) -> Point | None:
@@ -308,6 +390,12 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
         notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
                      f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
                      f"{', '.join(str(s) for s in small)} are rough")
+    for p in points(h, list(sizes)):
+        if p.hit_ratio is not None and p.hit_ratio_se is not None \
+                and 2 * p.hit_ratio_se > SE_NOTE:
+            notes.append(f"at {p.cache_bytes} bytes the sample gives a hit ratio of "
+                         f"{p.hit_ratio:.3f} +- {2 * p.hit_ratio_se:.3f} (two standard "
+                         "errors): record longer or at a higher --rate for a closer figure")
     if not trace.complete:
         notes.append("the trace has no trailer (the recorder was killed): the totals, the "
                      "SHARDS adjustment and the latency model are missing")

@@ -109,6 +109,34 @@ def test_shards_samples_follow_the_full_curve(tmp_path: Path) -> None:
     assert max(abs(sum(errs) / len(errs)) for errs in errors.values()) < 0.02
 
 
+def test_standard_errors_match_the_spread_of_independent_samples(tmp_path: Path) -> None:
+    """The jackknife's standard error of a sample's curve against the spread of 8
+    independent 10 % samples (the hash takes the device index) of one Zipf(0.9) stream, at the
+    sizes a sample resolves: the mean standard error is within a factor of 2 of the samples'
+    root-mean-square error, and two standard errors cover most errors. At rate 1 it is 0."""
+    refs = zipf_refs(1 << 13, 40_000, 0.9, seed=11, writes=0.0)
+    full = tr.read(make_trace(tmp_path / "full", refs))
+    hf = sizing.histogram(full)
+    assert hf.stderr([64 * 4096, 1024 * 4096]) == [0.0, 0.0]
+    assert sizing.point(hf, 1 << 20).to_json()["hit_ratio_se"] == 0.0
+    sizes = [s for s in sizing.grid(hf) if s >= sizing.resolved_blocks(0.1) * 4096][::10]
+    ses, sq, inside, n = [], 0.0, 0, 0
+    for dev in range(8):
+        hs = sizing.histogram(tr.read(make_trace(tmp_path / f"s{dev}", refs, rate=0.1,
+                                                 dev=dev)))
+        for s, se in zip(sizes, hs.stderr(sizes), strict=True):
+            err = (hs.hit_ratio(s) or 0) - (hf.hit_ratio(s) or 0)
+            ses.append(se)
+            sq += err * err
+            inside += abs(err) <= 2 * se
+            n += 1
+    rms = (sq / n) ** 0.5
+    mean_se = sum(ses) / n
+    assert rms > 0.003  # the samples do differ: a test of the spread, not of zeros
+    assert 0.5 < mean_se / rms < 2.0, (mean_se, rms)
+    assert inside / n >= 0.7, (inside / n, mean_se, rms)
+
+
 def test_a_lower_rate_afterwards_keeps_the_same_blocks(tmp_path: Path) -> None:
     refs = zipf_refs(4096, 20_000, 0.8, seed=6, writes=0.2)
     sampled = sizing.histogram(tr.read(make_trace(tmp_path / "s", refs, rate=0.1)))
@@ -141,7 +169,9 @@ def test_json_document_and_knee(tmp_path: Path) -> None:
     assert sizes == sorted(sizes)
     hits = [p["hit_ratio"] for p in curve]
     assert all(b >= a for a, b in itertools.pairwise(hits))  # LRU: no Belady anomaly
-    assert set(curve[0]) >= {"cache_bytes", "hit_ratio", "read_hit_ratio", "write_hit_ratio"}
+    assert set(curve[0]) >= {"cache_bytes", "hit_ratio", "read_hit_ratio", "write_hit_ratio",
+                             "hit_ratio_se", "read_hit_ratio_se"}
+    assert {p["hit_ratio_se"] for p in curve} == {0.0}  # recorded at rate 1: no sampling
     assert 0 < doc["knee"]["cache_bytes"] < doc["footprint_bytes"]
     assert doc["model"]["hdd_read_ms"] == 8.0 and doc["model"]["queue_depth"] == 1.0
     s4, s16 = doc["sizes"]
