@@ -167,6 +167,8 @@ def install(text: str) -> None:
     runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--python", sys.executable,
                 "--no-systemd"])
     assert Path("/etc/udev/rules.d/90-cachemgr.rules").exists()
+    # udevd logs each rule and program of the events to come (debug_state shows them)
+    runner.run(["udevadm", "control", "--log-level=debug"])
 
 
 def records() -> list[dict[str, object]]:
