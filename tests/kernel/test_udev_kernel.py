@@ -27,6 +27,7 @@ import pytest
 
 from cachemgr.backends import bcache, scsi
 from cachemgr.backends.scsi import ScsiDisk
+from cachemgr.cli import udev as udev_cli
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
 from tests.kernel import measure
@@ -327,8 +328,13 @@ def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
         rescan(sysfs, d)
     wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15, "first assembly")
     old = cset_of(sysfs, backs[0])
-    # the replacement (as replace-ssd does it) with the rules out of the way
+    # the replacement (as replace-ssd does it) with the rules out of the way, and the worker
+    # gone: a lingering one would still act on the events of the first assembly, and put
+    # back what the policy names (a replace-ssd journal would make it stand back; this
+    # replacement by hand has none)
     runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--uninstall", "--no-systemd"])
+    wait(lambda: not udev_cli.worker_pending() and udev_cli.oldest_queued() is None, 30,
+         "the worker to finish", interval=0.2)
     b = backs[0].find(sysfs)
     s = ssd.find(sysfs)
     assert b is not None and s is not None and old is not None
@@ -336,9 +342,17 @@ def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
     wait(lambda: sysfs.read_opt(f"block/{b.name}/bcache/state") == "no cache", 20, "detach")
     sysfs.write(f"fs/bcache/{old}/unregister", "1")
     wait(lambda: not sysfs.exists(f"fs/bcache/{old}"), 20, "unregister")
-    # the cache device is released a moment after its set is gone ("Device or resource busy")
-    wait(lambda: runner.run(["wipefs", "-a", s.node], check=False).returncode == 0, 20,
-         "wipefs of the released cache device")
+
+    def wiped() -> bool:
+        # the cache device is released a moment after its set is gone ("Device or resource
+        # busy"), and bcache-tools' 69-bcache.rules may register it again on the change
+        # events of the unregister (docs/kernel-notes.md): unregister again until it sticks
+        if sysfs.exists(f"fs/bcache/{old}"):
+            sysfs.write(f"fs/bcache/{old}/unregister", "1")
+            return False
+        return runner.run(["wipefs", "-a", s.node], check=False).returncode == 0
+
+    wait(wiped, 60, "wipefs of the released cache device", interval=0.5)
     settle()
     scsi.remove(sysfs, s.name)
     settle()
