@@ -30,15 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-from cachemgr.backends import bcache
-
-from cachemgr.procedures import drain
-
+from cachemgr.backends import bcache, snapshot
 from cachemgr.core import runner
-
-from cachemgr.backends import snapshot
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import drain
 
 B = "block/bcache0/bcache"
 

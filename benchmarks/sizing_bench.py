@@ -214,14 +214,19 @@ def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
         full = sizing._count(stream, [0] * refs, 4096, 1.0, 0, None)
         sizes = [x for x in sizing.grid(full) if x >= sizing.resolved_blocks(rate) * 4096]
         sizes = sizes[::10]
-        ses, sq, inside, worst = [], 0.0, 0, []
+        ses, sq, inside, worst, cpu = [], 0.0, 0, [], []
+        sum_refs = 0
         for d in range(samples):
             kept = {b for b in keys if tr.sampled(d, b, thr)}
             sample = [b for b in stream if b in kept]
+            sum_refs += len(sample)
             hs = sizing._count(sample, [0] * len(sample), 4096, rate, 0,
                                (refs * rate, 0.0))
             hs.sample = (sample, [0] * len(sample))
             errs = [abs((hs.hit_ratio(x) or 0) - (full.hit_ratio(x) or 0)) for x in sizes]
+            t0 = time.process_time()
+            sizing.curve(hs)  # what size computes: every point with its standard errors
+            cpu.append(time.process_time() - t0)
             se = hs.stderr(sizes)
             ses += se
             sq += sum(e * e for e in errs)
@@ -231,7 +236,9 @@ def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
         out.append({"bench": "sizing_stderr", "blocks": n, "refs": refs, "theta": theta,
                     "rate": rate, "samples": samples, "sizes": len(sizes),
                     "coverage_2se": round(inside / m, 3), "mean_se": round(sum(ses) / m, 4),
-                    "rms_error": round((sq / m) ** 0.5, 4), "max_error_per_sample": worst})
+                    "rms_error": round((sq / m) ** 0.5, 4), "max_error_per_sample": worst,
+                    "sampled_refs_mean": round(sum_refs / samples),
+                    "cpu_s_curve_with_se_mean": round(sum(cpu) / samples, 2)})
     return out
 
 
