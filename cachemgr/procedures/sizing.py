@@ -56,6 +56,8 @@ class Histogram:
     # per op (SHARDS_adj's, None without a trailer): what the standard errors come from
     sample: tuple[list[int], list[int]] | None = None
     expected: tuple[float, float] | None = None
+    # the jackknife's replicates of a sampled trace, made on the first stderr()
+    _reps: list[Histogram] | None = field(default=None, repr=False, compare=False)
 
     def hits(self, op: int, cache_blocks: float) -> float:
         """Sampled references of ``op`` that hit an LRU cache of ``cache_blocks`` blocks."""
@@ -101,28 +103,26 @@ class Histogram:
             if any(v is None for v in vals):
                 out.append(math.nan)
                 continue
-            xs = [float(v) for v in vals if v is not None]
+            xs = [float(v or 0.0) for v in vals]
             mean = sum(xs) / g
             out.append(math.sqrt((g - 1) / g * sum((v - mean) ** 2 for v in xs)))
         return out
 
     def _replicates(self) -> list[Histogram]:
-        cached = self.__dict__.get("_reps")
-        if cached is None:
+        if self._reps is None:
             assert self.sample is not None
             keys, ops = self.sample
             g = JACKKNIFE_GROUPS
+            keep = (g - 1) / g
             group = [_group(k, g) for k in keys]
-            rate = self.rate * (g - 1) / g
-            cached = []
+            exp = None if self.expected is None else (
+                self.expected[0] * keep, self.expected[1] * keep)
+            self._reps = []
             for drop in range(g):
                 kept = [i for i, x in enumerate(group) if x != drop]
-                exp = None if self.expected is None else (
-                    self.expected[0] * (g - 1) / g, self.expected[1] * (g - 1) / g)
-                cached.append(_count([keys[i] for i in kept], [ops[i] for i in kept],
-                                     self.block, rate, 0, exp))
-            self.__dict__["_reps"] = cached
-        return list(cached)
+                self._reps.append(_count([keys[i] for i in kept], [ops[i] for i in kept],
+                                         self.block, self.rate * keep, 0, exp))
+        return self._reps
 
     @property
     def footprint_bytes(self) -> int:
@@ -347,8 +347,8 @@ def model_from(trace: tr.Trace, *, hdd_ms: float | None, ssd_ms: float | None,
         read_share=n_r / (n_r + n_w) if n_r + n_w else None)
 
 
-def predict(h: Histogram, m: Model, cache_bytes: int) -> dict[str, Any]:
-    p = point(h, cache_bytes)
+def predict(p: Point, m: Model) -> dict[str, Any]:
+    """What the curve's point ``p`` means for the disk of model ``m``."""
     out: dict[str, Any] = p.to_json()
     hr = p.read_hit_ratio
     if hr is not None and m.hdd_read_ms:
@@ -377,6 +377,8 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
     """The ``cachemgr size --json`` document."""
     h = histogram(trace, rate=rate, block=block, devices=devices)
     pts = curve(h, sizes)
+    at = {p.cache_bytes: p for p in pts}
+    asked = [at[s] for s in sizes]  # the grid holds every asked size
     k = knee(pts)
     m = model_from(trace, hdd_ms=hdd_ms, ssd_ms=ssd_ms, devices=devices)
     top = max((p.hit_ratio or 0.0 for p in pts), default=0.0)
@@ -390,7 +392,7 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
         notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
                      f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
                      f"{', '.join(str(s) for s in small)} are rough")
-    for p in points(h, list(sizes)):
+    for p in asked:
         if p.hit_ratio is not None and p.hit_ratio_se is not None \
                 and 2 * p.hit_ratio_se > SE_NOTE:
             notes.append(f"at {p.cache_bytes} bytes the sample gives a hit ratio of "
@@ -424,7 +426,7 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
         "model": {"hdd_read_ms": _r(m.hdd_read_ms), "hdd_write_ms": _r(m.hdd_write_ms),
                   "ssd_ms": m.ssd_ms, "queue_depth": _r(m.queue_depth),
                   "read_share": _r(m.read_share)},
-        "sizes": [predict(h, m, s) for s in sizes],
+        "sizes": [predict(p, m) for p in asked],
         "curve": [p.to_json() for p in pts],
         "notes": notes,
     }
