@@ -111,6 +111,15 @@ def parse_disks(text: str) -> tuple[int, ...]:
     return disks
 
 
+def make_image(path: str | os.PathLike[str], size: int) -> Path:
+    """A sparse disk image of ``size`` bytes at ``path``. From inside a guest (a drive to
+    put in through the monitor, cachemgr/lab/qmp.py) it goes in the run directory, which
+    the host's qemu sees at the same path."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return Path(path)
+
+
 def nvme_serial(i: int) -> str:
     """The serial of the lab's NVMe controller ``i`` (fixed: its identity is stable)."""
     return f"CMLABNVME{i:02d}"
@@ -258,18 +267,10 @@ def run(
     base = runs_dir()
     base.mkdir(parents=True, exist_ok=True)
     rundir = Path(tempfile.mkdtemp(prefix=f"{spec.backend}-", dir=base))
-    disks = []
-    for i, size in enumerate(spec.disks):
-        p = rundir / f"disk{i}.img"
-        with open(p, "wb") as f:
-            f.truncate(size)
-        disks.append(p)
-    for i, sizes in enumerate(spec.nvme):  # controller i's namespaces, in nsid order
-        for nsid, size in enumerate(sizes, 1):
-            p = rundir / f"nvme{i}n{nsid}.img"
-            with open(p, "wb") as f:
-                f.truncate(size)
-            disks.append(p)
+    disks = [make_image(rundir / f"disk{i}.img", size) for i, size in enumerate(spec.disks)]
+    # controller i's namespaces, in nsid order
+    disks += [make_image(rundir / f"nvme{i}n{nsid}.img", size)
+              for i, sizes in enumerate(spec.nvme) for nsid, size in enumerate(sizes, 1)]
     (rundir / "argv").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
     (rundir / "setup-argv").write_bytes(b"".join(a.encode() + b"\0" for a in spec.setup))
     (rundir / "env").write_bytes(

@@ -156,21 +156,14 @@ class Qmp:
                     node_name: str | None = None) -> None:
         """Put an NVMe drive into PCIe slot (root port) ``slot``: controller ``device_id``
         with serial ``serial`` and one namespace backed by the host file ``image`` (a path
-        the host sees: the lab's run directory is shared at the same path)."""
+        the host sees: the lab's run directory is shared at the same path;
+        core.make_image makes one)."""
         node = node_name or f"{device_id}-drive"
         self.execute("blockdev-add", **{
             "node-name": node, "driver": "raw",
             "file": {"driver": "file", "filename": image}})
         self.execute("device_add", driver="nvme", id=device_id, bus=slot, serial=serial,
                      drive=node)
-
-
-def make_image(path: str, size: int) -> str:
-    """A sparse drive image of ``size`` bytes at ``path`` (in the lab's run directory, so
-    the host's qemu can open it at the same path)."""
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

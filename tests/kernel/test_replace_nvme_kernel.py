@@ -26,6 +26,7 @@ import pytest
 from cachemgr.backends import nvme, snapshot
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.lab import core as labcore
 from cachemgr.lab import qmp
 from cachemgr.procedures import replace
 from tests.kernel.test_replace_kernel import (
@@ -205,9 +206,9 @@ def test_nvme_drive_swapped_in_its_slot_by_an_operator_wrong_drive_first(
     cache, under fio verify load throughout."""
     sysfs, devices, (a,) = setup(lab_disks)
     rundir = Path(os.environ["LAB_RUNDIR"])
-    wrong = qmp.make_image(str(rundir / "wrong.img"), 192 << 20)
+    wrong = str(labcore.make_image(rundir / "wrong.img", 192 << 20))
     runner.run(["mkfs.ext4", "-q", "-F", wrong], timeout=120)  # a drive holding data
-    blank = qmp.make_image(str(rundir / "new.img"), 192 << 20)
+    blank = str(labcore.make_image(rundir / "new.img", 192 << 20))
     old, modes = status_modes(sysfs)
     load = start_load(devices)
     try:
