@@ -578,14 +578,15 @@ def _head(j: Journal) -> list[str]:
     old = j.old
     devs = ", ".join(f"{b['device'] or b['node']} ({b['mode']})" for b in j.backings) or "none"
     return [f"replace the cache SSD {ssd_words(old)} of cache set {j.cset}",
-            f"backing devices: {devs}", f"new SSD: {new_words(j)}",
-            f"hotplug: {hotplug.method_words(j.old)}"]
+            f"backing devices: {devs}"]
 
 
 def describe(j: Journal) -> list[str]:
-    """The plan in full, as --dry-run prints it."""
+    """The plan in full, as --dry-run prints it: the kind's own head, then what every kind
+    says (the new SSD, the hotplug method), then the steps."""
     o = j.options
-    lines = [*kind_of(j.kind).head(j), ""]
+    lines = [*kind_of(j.kind).head(j), f"new SSD: {new_words(j)}",
+             f"hotplug: {hotplug.method_words(j.old)}", ""]
     for i, (name, text) in enumerate(j.steps, 1):
         extra = ""
         if name == "mode-interim":

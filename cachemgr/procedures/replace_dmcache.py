@@ -187,8 +187,7 @@ def head(j: Journal) -> list[str]:
     return [f"replace the cache SSD {replace.ssd_words(j.old)} of dm-cache /dev/mapper/{j.cset}",
             f"table: block {Size.exact(t.block_sectors * 512)}, mode {t.mode.value}, policy "
             f"{t.policy} {' '.join(t.policy_args)}".rstrip(),
-            f"areas: {where}", f"new SSD: {replace.new_words(j)}",
-            f"hotplug: {hotplug.method_words(j.old)}"]
+            f"areas: {where}"]
 
 
 def _area_words(role: str, a: dict[str, Any]) -> str:

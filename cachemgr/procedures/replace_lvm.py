@@ -154,9 +154,7 @@ def head(j: Journal) -> list[str]:
     if m.get("settings"):
         cfg.append("settings " + ",".join(f"{k}={v}" for k, v in m["settings"]))
     return [f"replace the cache SSD {replace.ssd_words(old)} of {what} {j.cset}",
-            f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg),
-            f"new SSD: {replace.new_words(j)}",
-            f"hotplug: {hotplug.method_words(j.old)}"]
+            f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg)]
 
 
 # --------------------------------------------------------------------------------- steps
