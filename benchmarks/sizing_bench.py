@@ -7,8 +7,11 @@
     .venv/bin/python benchmarks/sizing_bench.py sampling
     # on the host: does recording the most referenced blocks whole remove a sample's error?
     .venv/bin/python benchmarks/sizing_bench.py oracle
-    # on the host: do size's standard errors describe a 1 % sample's real error?
+    # on the host: how close is a 1 % sample, weighed to the recorder's block counts or not,
+    # and do size's standard errors describe its real error?
     .venv/bin/python benchmarks/sizing_bench.py stderr
+    # on the host: the recorder's CPU per event, with and without the block counts
+    .venv/bin/python benchmarks/sizing_bench.py recorder
 
 ``lab``: a Zipf(1.2) 4 KiB random-read job at QD1 over 256 MiB of the bare disk, run alone and
 under ``cachemgr trace`` (rate 0.01 and rate 1), interleaved, for the recorder's cost; the rate-1
@@ -135,13 +138,15 @@ def zipf_stream(n: int, refs: int, theta: float, seed: int) -> list[int]:
     return [perm[bisect.bisect_left(w, rnd.random() * w[-1])] for _ in range(refs)]
 
 
+STREAMS = ((1 << 18, 2_000_000, 1.2), (1 << 18, 2_000_000, 0.9), (1 << 20, 4_000_000, 0.9))
+
+
 def sampling() -> list[dict]:
     from cachemgr.procedures import sizing
     from cachemgr.procedures import trace as tr
 
     out = []
-    for n, refs, theta in ((1 << 18, 2_000_000, 1.2), (1 << 18, 2_000_000, 0.9),
-                           (1 << 20, 4_000_000, 0.9)):
+    for n, refs, theta in STREAMS:
         blocks = zipf_stream(n, refs, theta, seed=1)
         with tempfile.TemporaryDirectory() as tmp:
             # four copies of the stream on four device indexes: the hash takes the index, so
@@ -164,13 +169,8 @@ def sampling() -> list[dict]:
         grid = sizing.grid(hf)
         for rate in (0.1, 0.01):
             t0 = time.process_time()
-            samples = []
-            for d in range(4):
-                hs = sizing.histogram(trace, rate=rate, devices=[d])
-                # what record() writes in the trailer: SHARDS_adj against all references
-                hs.adjust[0] = refs * rate - hs.refs[0]
-                hs.refs[0] = refs * rate
-                samples.append(hs)
+            # the full trace analysed at a lower rate: weighed to its own counts (all blocks)
+            samples = [sizing.histogram(trace, rate=rate, devices=[d]) for d in range(4)]
             s_s = (time.process_time() - t0) / 4
 
             def err(lo: float, samples: list = samples, grid: list = grid,
@@ -190,56 +190,159 @@ def sampling() -> list[dict]:
                         "max_err_from_resolved": r100, "mean_of_4_err_from_resolved": r100m,
                         "max_err_from_1pct_footprint": f1, "mean_of_4_err_1pct": f1m,
                         "max_err_from_10pct_footprint": f10, "mean_of_4_err_10pct": f10m,
-                        "sampled_refs": [sum(len(x) for x in hs.distances) + sum(hs.cold)
-                                         for hs in samples],
+                        "sampled_refs": [hs.sampled_refs for hs in samples],
                         "cpu_s_full": round(full_s, 2), "cpu_s_sampled": round(s_s, 2)})
     return out
 
 
+def recorder_strata(counts: dict[int, int], dev: int, limit: int):  # -> sizing.Strata
+    """What the recorder's block counts (trace.Counts) hold at the end of recording a stream
+    of one op (reads) on device index ``dev``, from the stream's per-block counts: the
+    threshold is halved until the blocks under it fit in ``limit`` (the set under a threshold
+    only grows during a recording, so the end's set decides), and each block kept is counted
+    whole."""
+    from cachemgr.procedures import sizing
+    from cachemgr.procedures import trace as tr
+
+    top = {b: tr._mix((dev << 56) ^ b ^ 0x9E3779B97F4A7C15) >> (64 - tr.RATE_BITS)
+           for b in counts}
+    thr = 1 << tr.RATE_BITS
+    while sum(1 for h in top.values() if h < thr) > limit:
+        thr //= 2
+    cells: dict[tuple[int, int], tuple[int, int, int]] = {}
+    for b, n in counts.items():
+        if top[b] < thr:
+            k = tr.key(dev, b)
+            c = (tr.group(k), tr.freq_class(n))
+            old = cells.get(c, (0, 0, 0))
+            cells[c] = (old[0] + 1, old[1] + n, 0)
+    return sizing.Strata(thr / (1 << tr.RATE_BITS), cells, "recorder")
+
+
 def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
-    """How well ``size``'s standard errors (the jackknife of Histogram.stderr) describe a
-    1 % sample's real error: the three streams of ``sampling``, ``samples`` independent
-    samples each (the hash takes the device index), at the sizes the rate resolves (every
-    tenth point of the curve's grid): the share of (sample, size) pairs whose error is within
-    two standard errors, and the mean standard error against the root-mean-square error."""
+    """How close a 1 % sample's curve is to the full one, and how well ``size``'s standard
+    errors (the jackknife of Histogram.stderr) describe its real error: the three streams of
+    ``sampling``, ``samples`` independent samples each (the hash takes the device index), at
+    the sizes the rate resolves (every tenth point of the curve's grid for the standard
+    errors, every point for the largest error; and the largest error from 1 % of the
+    footprint, below what the rate resolves). Three estimators: SHARDS_adj alone, and
+    weighed to the recorder's block counts (trace.Counts) with its default table and with a
+    table of 2^16 blocks. Per estimator: the largest error of each sample, the root-mean-
+    square error, the mean standard error and the share of (sample, size) pairs within two
+    standard errors."""
+    import collections
+
     from cachemgr.procedures import sizing
     from cachemgr.procedures import trace as tr
 
     out = []
-    for n, refs, theta in ((1 << 18, 2_000_000, 1.2), (1 << 18, 2_000_000, 0.9),
-                           (1 << 20, 4_000_000, 0.9)):
+    for n, refs, theta in STREAMS:
         stream = zipf_stream(n, refs, theta, seed=1)
-        keys = list(range(n))
+        counts = collections.Counter(stream)
         thr = tr.threshold(rate)
         full = sizing._count(stream, [0] * refs, 4096, 1.0, 0, None)
-        sizes = [x for x in sizing.grid(full) if x >= sizing.resolved_blocks(rate) * 4096]
-        sizes = sizes[::10]
-        ses, sq, inside, worst, cpu = [], 0.0, 0, [], []
+        every = [x for x in sizing.grid(full) if x >= sizing.resolved_blocks(rate) * 4096]
+        low = [x for x in sizing.grid(full) if x >= 0.01 * full.footprint_bytes]
+        sizes = every[::10]
+        kinds = {"shards_adj": None, f"counts_{tr.COUNT_TABLE}": tr.COUNT_TABLE,
+                 "counts_65536": 1 << 16}
+        acc = {k: {"worst": [], "low": [], "ses": [], "sq": 0.0, "inside": 0, "cpu": [],
+                   "r1": []}
+               for k in kinds}
         sum_refs = 0
         for d in range(samples):
-            kept = {b for b in keys if tr.sampled(d, b, thr)}
-            sample = [b for b in stream if b in kept]
+            sample = [tr.key(d, b) for b in stream if tr.sampled(d, b, thr)]
             sum_refs += len(sample)
-            hs = sizing._count(sample, [0] * len(sample), 4096, rate, 0,
-                               (refs * rate, 0.0))
-            hs.sample = (sample, [0] * len(sample))
-            errs = [abs((hs.hit_ratio(x) or 0) - (full.hit_ratio(x) or 0)) for x in sizes]
-            t0 = time.process_time()
-            sizing.curve(hs)  # what size computes: every point with its standard errors
-            cpu.append(time.process_time() - t0)
-            se = hs.stderr(sizes)
-            ses += se
-            sq += sum(e * e for e in errs)
-            inside += sum(e <= 2 * s for e, s in zip(errs, se, strict=True))
-            worst.append(round(max(errs), 4))
-        m = len(ses)
-        out.append({"bench": "sizing_stderr", "blocks": n, "refs": refs, "theta": theta,
-                    "rate": rate, "samples": samples, "sizes": len(sizes),
-                    "coverage_2se": round(inside / m, 3), "mean_se": round(sum(ses) / m, 4),
-                    "rms_error": round((sq / m) ** 0.5, 4), "max_error_per_sample": worst,
-                    "sampled_refs_mean": round(sum_refs / samples),
-                    "cpu_s_curve_with_se_mean": round(sum(cpu) / samples, 2)})
+            for kind, limit in kinds.items():
+                st = None if limit is None else recorder_strata(counts, d, limit)
+                a = acc[kind]
+                t0 = time.process_time()
+                hs = sizing._count(sample, [0] * len(sample), 4096, rate, 0,
+                                   (float(refs), 0.0), st)
+                hs.sample = (sample, [0] * len(sample))
+                sizing.curve(hs)  # what size computes: every point with its standard errors
+                a["cpu"].append(time.process_time() - t0)
+                a["r1"].append(None if st is None else st.rate)
+                a["worst"].append(round(max(abs((hs.hit_ratio(x) or 0)
+                                                - (full.hit_ratio(x) or 0)) for x in every), 4))
+                a["low"].append(max(abs((hs.hit_ratio(x) or 0) - (full.hit_ratio(x) or 0))
+                                    for x in low))
+                errs = [abs((hs.hit_ratio(x) or 0) - (full.hit_ratio(x) or 0)) for x in sizes]
+                se = hs.stderr(sizes)
+                a["ses"] += se
+                a["sq"] += sum(e * e for e in errs)
+                a["inside"] += sum(e <= 2 * s for e, s in zip(errs, se, strict=True))
+        for kind, a in acc.items():
+            m = len(a["ses"])
+            out.append({"bench": "sizing_stderr", "blocks": n, "refs": refs, "theta": theta,
+                        "rate": rate, "samples": samples, "estimator": kind,
+                        "counted_rate": a["r1"][0], "sizes_se": len(sizes),
+                        "sizes_max": len(every),
+                        "max_error_per_sample": a["worst"], "max_error": max(a["worst"]),
+                        "max_error_from_1pct_footprint": round(max(a["low"]), 4),
+                        "rms_error": round((a["sq"] / m) ** 0.5, 4),
+                        "mean_se": round(sum(a["ses"]) / m, 4),
+                        "coverage_2se": round(a["inside"] / m, 3),
+                        "sampled_refs_mean": round(sum_refs / samples),
+                        "cpu_s_curve_with_se_mean": round(sum(a["cpu"]) / samples, 2)})
     return out
+
+
+def recorder(events: int = 200_000, reps: int = 3) -> list[dict]:
+    """The recorder's CPU per event: ``events`` synthetic 4 KiB read events (Zipf(0.9) over
+    2^20 blocks, blktrace's own record layout) through ``trace.record()`` from a stream in
+    memory, on the captured sysfs of the unit tests; at rate 0.01 without block counts
+    (a table of 0 blocks: counting stops at the first event), with the default table and with
+    one of 2^16 blocks, and at rate 1. Repetitions interleaved; the median is printed."""
+    from cachemgr.backends import blktrace
+    from cachemgr.core.sysfs import Sysfs
+    from cachemgr.procedures import trace as tr
+
+    root = Path(__file__).resolve().parent.parent / "tests/fixtures/schedulers-uml/sys"
+    Sysfs.block_name_of = lambda self, node: node.rsplit("/", 1)[-1]  # type: ignore[method-assign]
+    sysfs = Sysfs(root)
+    major, minor = ((root / "block/ubdc/dev").read_text().strip().split(":"))
+    dev = int(major) << 20 | int(minor)
+    action = (blktrace.TC_READ << blktrace.TC_SHIFT) | blktrace.TA_QUEUE
+    data = b"".join(blktrace.EVENT.pack(blktrace.MAGIC | blktrace.VERSION, i, 1000 * i,
+                                        b * 8, 4096, action, 1, dev, 0, 0, 0)
+                    for i, b in enumerate(zipf_stream(1 << 20, events, 0.9, seed=2)))
+
+    class Source:
+        def __init__(self, devices: list[str]) -> None:
+            self.chunks = [data[i:i + (1 << 16)] for i in range(0, len(data), 1 << 16)]
+
+        def read(self, size: int = 0) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+        def stop(self) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+        def kill(self) -> None:
+            pass
+
+    kinds = {"rate 0.01, no counts": (0.01, 0), "rate 0.01, counts (default table)":
+             (0.01, tr.COUNT_TABLE), "rate 0.01, counts (table 2^16)": (0.01, 1 << 16),
+             "rate 1": (1.0, tr.COUNT_TABLE)}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    last: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(reps):
+            for kind, (rate, table) in kinds.items():
+                t0 = time.process_time()
+                rec = tr.record(sysfs, ["/dev/ubdc"], f"{tmp}/t", seconds=None, rate=rate,
+                                source=Source, count_table=table)  # type: ignore[arg-type]
+                cpu[kind].append(time.process_time() - t0)
+                last[kind] = rec.trailer
+    return [{"bench": "sizing_recorder", "events": events, "kind": kind,
+             "us_per_event_median": round(sorted(xs)[len(xs) // 2] / events * 1e6, 3),
+             "us_per_event": [round(x / events * 1e6, 3) for x in xs],
+             "counted_rate": (last[kind].get("block_counts") or {}).get("rate"),
+             "sampled_blocks": last[kind]["sampled_blocks"]["read"]}
+            for kind, xs in cpu.items()]
 
 
 def oracle(hot_counts: tuple[int, ...] = (1000, 10000, 30000), samples: int = 4) -> list[dict]:
@@ -329,6 +432,9 @@ if __name__ == "__main__":
             print(json.dumps(line))
     elif sys.argv[1:] == ["stderr"]:
         for line in stderr():
+            print(json.dumps(line), flush=True)
+    elif sys.argv[1:] == ["recorder"]:
+        for line in recorder():
             print(json.dumps(line), flush=True)
     elif sys.argv[1:] == ["oracle"]:
         for line in oracle():

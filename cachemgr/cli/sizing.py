@@ -83,11 +83,14 @@ def register(sub: Any) -> None:
                     "what a cache in front of them would see) into a compact trace file, "
                     "sampled by block address (SHARDS: a block is kept on every request or "
                     "never), for `cachemgr size`. An hour of a busy host at rate 0.01 is a few "
-                    "MB. Ctrl-C or SIGTERM ends it cleanly (exit 0, the file complete). Needs "
-                    "root, debugfs at /sys/kernel/debug and a kernel with block tracing; one "
-                    "trace per device at a time. A partition is traced as its disk's sectors in "
-                    "its range (IO sent to the disk itself there counts too), with offsets "
-                    "from the partition's start.")
+                    "MB. Below rate 1 it also counts the references of a larger sample of "
+                    "blocks (all of them while they fit in a table of "
+                    f"{sizing_ops.COUNT_TABLE:,}, about 21 MiB), which `size` weighs the "
+                    "sample to. Ctrl-C or SIGTERM ends it cleanly (exit 0, the file "
+                    "complete). Needs root, debugfs at /sys/kernel/debug and a kernel with "
+                    "block tracing; one trace per device at a time. A partition is traced as "
+                    "its disk's sectors in its range (IO sent to the disk itself there counts "
+                    "too), with offsets from the partition's start.")
     s.add_argument("devices", nargs="+", metavar="DEVICE", help="/dev/sdb, /dev/bcache0, ...")
     s.add_argument("-o", "--output", required=True, metavar="FILE", help="the trace file")
     s.add_argument("--seconds", type=argtypes.seconds, metavar="N",
@@ -104,8 +107,9 @@ def register(sub: Any) -> None:
     s = sub.add_parser(
         "size", help="hit ratio against cache size from a trace: how big the SSD must be",
         description="The LRU miss-ratio curve of a recorded trace (reuse distances of the "
-                    "sampled blocks, scaled by the rate, SHARDS-adjusted), for reads and writes "
-                    "apart; the working set's knee; for each --sizes the expected hit ratios, "
+                    "sampled blocks, scaled by the rate, SHARDS-adjusted, weighed per frequency "
+                    "class to the recorder's block counts), for reads and writes apart; the "
+                    "working set's knee; for each --sizes the expected hit ratios, "
                     "read latency and IOPS gain (Little's law at the recorded queue depth, "
                     "with the disk's read latency measured during the trace or --hdd-latency) "
                     "and the share of writes a writeback cache absorbs.")

@@ -17,6 +17,7 @@ from cachemgr.procedures import sizing
 from cachemgr.procedures import trace as tr
 
 DEFAULT_RATE = 0.01
+COUNT_TABLE = tr.COUNT_TABLE  # blocks the recorder counts at most
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -91,6 +92,9 @@ def summary(doc: dict[str, Any]) -> list[str]:
     lines = [f"trace of {devs}: {t['seconds'] or '?'} s, rate {doc['rate']:g}, "
              f"{refs['read']:,} read and {refs['write']:,} write block references "
              f"({refs['sampled']:,} sampled), {doc['block']}-byte blocks",
+             *([f"sample weighed to the counts of 1 block in {1 / st['rate']:.3g} "
+                f"({'the recorder' if st['from'] == 'recorder' else 'the trace'}), "
+                f"{st['classes']} frequency classes"] if (st := doc.get("strata")) else []),
              f"footprint (every reuse hits): {human(doc['footprint_bytes'])}, "
              f"hit ratio there {_pct(doc['max_hit_ratio'])}"]
     k = doc["knee"]

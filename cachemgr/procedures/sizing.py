@@ -10,6 +10,12 @@ rate estimates the full distance; SHARDS_adj (Waldspurger et al., FAST '15, sect
 the difference between the expected and the actual number of sampled references to the
 smallest distance, which removes most of the error a few very popular blocks cause.
 
+Which blocks of middle popularity a sample draws decides most of what error is left: the
+recorder also counts the references of a larger nested sample of blocks (trace.Counts), and
+the sample is weighed to those counts per frequency class (two-phase sampling for
+stratification, Neyman 1938; Cochran, "Sampling Techniques", 1977, section 12.2): a class the
+sample drew too many blocks of weighs less, in the hit counts and in the distances.
+
 Reads and writes share one LRU (bcache and dm-cache in writeback or writethrough put both in
 the cache); each has its own hit ratio. Discards are counted, not cached.
 """
@@ -17,8 +23,10 @@ the cache); each has its own hit ratio. Discards are counted, not cached.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,36 +49,89 @@ def resolved_blocks(rate: float) -> int:
 
 
 @dataclass
+class Strata:
+    """Phase one of a two-phase sample: for a nested sample of blocks at ``rate`` (what the
+    recorder counted, tr.Counts, or the trace's own sample when it is analysed at a lower
+    rate), per (jackknife group, frequency class): blocks, read and write references."""
+
+    rate: float
+    cells: dict[tuple[int, int], tuple[int, int, int]]
+    source: str  # "recorder" or "trace"
+
+    def without(self, drop: int) -> Strata:
+        """A jackknife replicate's: the blocks of group ``drop`` left out."""
+        keep = (tr.GROUPS - 1) / tr.GROUPS
+        return Strata(self.rate * keep, {k: v for k, v in self.cells.items() if k[0] != drop},
+                      self.source)
+
+    def classes(self) -> dict[int, tuple[float, float, float]]:
+        """Per frequency class, the whole trace's blocks, reads and writes (estimated)."""
+        out: dict[int, list[int]] = {}
+        for (_g, c), v in self.cells.items():
+            t = out.setdefault(c, [0, 0, 0])
+            for i in range(3):
+                t[i] += v[i]
+        return {c: (t[0] / self.rate, t[1] / self.rate, t[2] / self.rate)
+                for c, t in out.items()}
+
+
+def strata_of(keys: Sequence[int], ops: Sequence[int], rate: float, source: str) -> Strata:
+    """The strata of a complete sample at ``rate``: every reference of its blocks."""
+    per: dict[int, int] = {}
+    for k, op in zip(keys, ops, strict=True):
+        per[k] = per.get(k, 0) + (1 << 32 if op else 1)
+    cells: dict[tuple[int, int], list[int]] = {}
+    for k, v in per.items():
+        r, w = v & 0xFFFFFFFF, v >> 32
+        c = cells.setdefault((tr.group(k), tr.freq_class(r + w)), [0, 0, 0])
+        c[0] += 1
+        c[1] += r
+        c[2] += w
+    return Strata(rate, {k: (v[0], v[1], v[2]) for k, v in cells.items()}, source)
+
+
+@dataclass
 class Histogram:
-    """Sampled references by scaled reuse distance, per op (read, write)."""
+    """Sampled references by estimated reuse distance (in blocks of the whole trace), per op
+    (read, write), each with the number of the whole trace's references it stands for."""
 
     block: int
     rate: float
-    distances: list[list[int]] = field(default_factory=lambda: [[], []])  # sorted, per op
-    cold: list[int] = field(default_factory=lambda: [0, 0])
-    refs: list[float] = field(default_factory=lambda: [0.0, 0.0])  # sampled refs (adjusted)
+    # per op: the distances of the sampled reuses, sorted; the cumulative weights of the
+    # references up to each, and of weight x distance (hits() interpolates with them)
+    distances: list[array[float]] = field(default_factory=lambda: [array("d"), array("d")])
+    cum: list[array[float]] = field(default_factory=lambda: [array("d", [0.0]),
+                                                             array("d", [0.0])])
+    cum_d: list[array[float]] = field(default_factory=lambda: [array("d", [0.0]),
+                                                               array("d", [0.0])])
+    cold: list[int] = field(default_factory=lambda: [0, 0])  # sampled first references
+    refs: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the whole trace's, per op
     adjust: list[float] = field(default_factory=lambda: [0.0, 0.0])  # SHARDS_adj, per op
     unique: int = 0  # distinct sampled blocks
     discards: int = 0
-    # a sampled trace's references (keys, ops) and the expected count of sampled references
-    # per op (SHARDS_adj's, None without a trailer): what the standard errors come from
+    # a sampled trace's references (keys, ops), the whole trace's references per op (None
+    # without a trailer) and the strata: what the standard errors are made from
     sample: tuple[list[int], list[int]] | None = None
-    expected: tuple[float, float] | None = None
+    totals: tuple[float, float] | None = None
+    strata: Strata | None = None
     # the jackknife's replicates of a sampled trace, made on the first stderr()
     _reps: list[Histogram] | None = field(default=None, repr=False, compare=False)
 
     def hits(self, op: int, cache_blocks: float) -> float:
-        """Sampled references of ``op`` that hit an LRU cache of ``cache_blocks`` blocks."""
-        # a sampled distance d stands for full distances in [d, d + 1) / rate: at a cache of
-        # C blocks (x = C * rate sampled blocks) it is a hit for the part of that interval
-        # below C, clamp(x - d, 0, 1); at rate 1 that is exactly "d < C". SHARDS_adj's
-        # correction sits at distance 0.
-        x = cache_blocks * self.rate
-        k = math.floor(x)
-        d = self.distances[op]
-        lo = bisect.bisect_left(d, k)
-        n = lo + (x - k) * (bisect.bisect_right(d, k) - lo)
-        return max(0.0, n + self.adjust[op] * min(1.0, x))
+        """The whole trace's references of ``op`` that hit an LRU cache of ``cache_blocks``
+        blocks, as the sample estimates them."""
+        # a sampled reference at estimated distance d stands for full distances in
+        # [d, d + 1 / rate): at a cache of C blocks it is a hit for the part of that interval
+        # below C, clamp((C - d) x rate, 0, 1); at rate 1 that is exactly "d < C".
+        # SHARDS_adj's correction sits at distance 0.
+        c, r = cache_blocks, self.rate
+        d, cw, cwd = self.distances[op], self.cum[op], self.cum_d[op]
+        i = bisect.bisect_right(d, c - 1 / r)
+        j = max(i, bisect.bisect_left(d, c))
+        n = cw[i]
+        if j > i:
+            n += r * (c * (cw[j] - cw[i]) - (cwd[j] - cwd[i]))
+        return max(0.0, n + self.adjust[op] * min(1.0, c * r))
 
     def hit_ratio(self, cache_bytes: float, op: int | None = None) -> float | None:
         c = cache_bytes / self.block
@@ -86,11 +147,12 @@ class Histogram:
     def stderr(self, sizes_bytes: Sequence[float], op: int | None = None) -> list[float]:
         """The standard error of :meth:`hit_ratio` at each size (0 at rate 1; nan where
         there is nothing to say), by the delete-a-group jackknife: the sampled blocks are
-        split into JACKKNIFE_GROUPS groups by a second hash of their address, the curve is
-        computed again without each group (a sample at rate x (G-1)/G, distances and all),
+        split into tr.GROUPS groups by a second hash of their address, the curve is computed
+        again without each group (a sample at rate x (G-1)/G, distances, strata and all),
         and Var = (G-1)/G x the sum of the squared deviations of those curves from their
-        mean. It covers both what makes a sample's curve wrong: which popular blocks were
-        drawn, and the noise of the distances estimated from sampled blocks."""
+        mean. It covers what makes a sample's curve wrong: which blocks were drawn, in the
+        sample and in the strata's counts, and the noise of the distances estimated from
+        sampled blocks."""
         if self.rate >= 1:
             return [0.0] * len(sizes_bytes)
         if self.sample is None or not self.sample[0]:
@@ -112,34 +174,30 @@ class Histogram:
         if self._reps is None:
             assert self.sample is not None
             keys, ops = self.sample
-            g = JACKKNIFE_GROUPS
+            g = tr.GROUPS
             keep = (g - 1) / g
-            group = [_group(k, g) for k in keys]
-            exp = None if self.expected is None else (
-                self.expected[0] * keep, self.expected[1] * keep)
+            group = [tr.group(k) for k in keys]
             self._reps = []
             for drop in range(g):
                 kept = [i for i, x in enumerate(group) if x != drop]
+                st = None if self.strata is None else self.strata.without(drop)
                 self._reps.append(_count([keys[i] for i in kept], [ops[i] for i in kept],
-                                         self.block, self.rate * keep, 0, exp))
+                                         self.block, self.rate * keep, 0, self.totals, st))
         return self._reps
+
+    @property
+    def sampled_refs(self) -> int:
+        return len(self.distances[0]) + len(self.distances[1]) + sum(self.cold)
 
     @property
     def footprint_bytes(self) -> int:
         """The cache size from which the curve is flat: every reuse hits."""
-        far = max((d[-1] for d in self.distances if d), default=0)
-        return int(math.floor(far / self.rate) + 1) * self.block
+        far = max((d[-1] for d in self.distances if d), default=0.0)
+        return math.ceil(far + 1 / self.rate - 1e-9) * self.block
 
 
-# groups of the jackknife (Histogram.stderr): each replicate is a pass over the sample
-JACKKNIFE_GROUPS = 10
 # an asked size whose two standard errors exceed this gets a note
 SE_NOTE = 0.02
-
-
-def _group(key: int, groups: int) -> int:
-    """A sampled block's jackknife group: a hash other than the sampling one."""
-    return tr._mix(key ^ 0x2545F4914F6CDD1D) % groups
 
 
 class _Fenwick:
@@ -147,17 +205,17 @@ class _Fenwick:
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.t = [0] * (n + 1)
+        self.t = [0.0] * (n + 1)
 
-    def add(self, i: int, v: int) -> None:
+    def add(self, i: int, v: float) -> None:
         t, n = self.t, self.n
         while i <= n:
             t[i] += v
             i += i & -i
 
-    def prefix(self, i: int) -> int:
+    def prefix(self, i: int) -> float:
         t = self.t
-        s = 0
+        s = 0.0
         while i > 0:
             s += t[i]
             i -= i & -i
@@ -195,9 +253,48 @@ def references(trace: tr.Trace, *, rate: float | None = None, block: int | None 
             continue
         for b in range(first, last + 1):
             if rate >= 1 or tr.sampled(dev, b, thr):
-                keys.append(dev << 48 | b)
+                keys.append(tr.key(dev, b))
                 ops.append(op)
     return keys, ops, block, rate, discards
+
+
+def phase_one(trace: tr.Trace, rate: float, block: int,
+              devices: Sequence[int] | None = None) -> Strata | None:
+    """The strata for a sample at ``rate``: the recorder's counts, or the trace's own
+    sample when it was recorded at a higher rate than ``rate``; None when neither counts more
+    blocks than the sample itself."""
+    h = trace.header
+    bc = (trace.trailer or {}).get("block_counts")
+    if bc is not None and block == h.block:
+        st = _recorded_strata(bc, len(h.devices), devices)
+        if st.rate > rate:
+            return st
+    if h.rate > rate:
+        keys, ops, *_ = references(trace, rate=h.rate, block=block, devices=devices)
+        return strata_of(keys, ops, h.rate, "trace")
+    return None
+
+
+def _recorded_strata(bc: Any, ndev: int, devices: Sequence[int] | None) -> Strata:
+    """The trailer's ``block_counts`` (tr.Counts.to_json), checked: it is data from a file."""
+    try:
+        rate = float(bc["rate"])
+        groups = int(bc["groups"])
+        rows = [[int(x) for x in row] for row in bc["cells"]]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise tr.TraceFormatError(f"the trace's block counts are damaged: {exc!r}") from None
+    if not 0 < rate <= 1 or groups != tr.GROUPS or any(
+            len(r) != 6 or not 0 <= r[0] < ndev or not 0 <= r[1] < groups or r[2] < 0
+            or min(r[3:]) < 0 or r[3] == 0 for r in rows):
+        raise tr.TraceFormatError("the trace's block counts are damaged: a rate outside "
+                                  f"(0, 1], {groups} groups or a cell out of range")
+    want = None if devices is None else set(devices)
+    cells: dict[tuple[int, int], tuple[int, int, int]] = {}
+    for dev, g, c, b, r, w in rows:
+        if want is None or dev in want:
+            old = cells.get((g, c), (0, 0, 0))
+            cells[(g, c)] = (old[0] + b, old[1] + r, old[2] + w)
+    return Strata(rate, cells, "recorder")
 
 
 def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
@@ -205,45 +302,103 @@ def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None =
     keys, ops, block, rate, discards = references(trace, rate=rate, block=block,
                                                   devices=devices)
     t = trace.trailer
-    expected = None
-    if rate < 1 and t is not None and devices is None and block == trace.header.block:
-        # SHARDS_adj: the sample holds rate x all references on average; the difference
-        # goes to the smallest distance (the paper's first bucket)
-        blocks = t.get("blocks", {})
-        expected = (float(blocks.get("read", 0)) * rate, float(blocks.get("write", 0)) * rate)
-    hist = _count(keys, ops, block, rate, discards, expected)
+    totals = strata = None
+    if rate < 1:
+        if t is not None and devices is None and block == trace.header.block:
+            # SHARDS_adj: the whole trace's references, against which the sample is weighed
+            blocks = t.get("blocks", {})
+            totals = (float(blocks.get("read", 0)), float(blocks.get("write", 0)))
+        strata = phase_one(trace, rate, block, devices)
+    hist = _count(keys, ops, block, rate, discards, totals, strata)
     if rate < 1:
         hist.sample = (keys, ops)
     return hist
 
 
 def _count(keys: list[int], ops: list[int], block: int, rate: float, discards: int,
-           expected: tuple[float, float] | None) -> Histogram:
-    """Reuse distances of the references ``keys`` (their ``ops``) into a Histogram, adjusted
-    to ``expected`` sampled references per op (SHARDS_adj) when given."""
-    hist = Histogram(block=block, rate=rate, discards=discards, expected=expected)
+           totals: tuple[float, float] | None, strata: Strata | None = None) -> Histogram:
+    """Reuse distances of the sampled references ``keys`` (their ``ops``) into a Histogram.
+
+    Without strata, each sampled block stands for 1 / rate blocks and each sampled reference
+    for 1 / rate references. With strata, a sampled block of frequency class c stands for
+    B_c / s_c blocks (B_c the class's blocks in the whole trace as the strata estimate it,
+    s_c the sample's) in the distances, and its references of op o for N_co / n_co
+    references: the sample is weighed to the strata's totals, class by class (post-
+    stratification). ``totals`` (the whole trace's references per op, or else the strata's
+    estimate) puts what the sampled references do not account for at distance 0
+    (SHARDS_adj): the references of classes no sampled block belongs to, mostly a few very
+    popular blocks, hit in any cache the sample resolves."""
+    inv = 1 / rate
+    hist = Histogram(block=block, rate=rate, discards=discards, totals=totals, strata=strata)
+    bw: dict[int, float] = {}  # per sampled block, when strata: its weight in the distances
+    rw: dict[int, tuple[float, float]] = {}  # and its references' per op
+    if strata is not None:
+        per: dict[int, list[int]] = {}
+        for k, op in zip(keys, ops, strict=True):
+            per.setdefault(k, [0, 0])[op] += 1
+        cls = {k: tr.freq_class(v[0] + v[1]) for k, v in per.items()}
+        s: dict[int, list[int]] = {}
+        for k, c in cls.items():
+            t = s.setdefault(c, [0, 0, 0])
+            t[0] += 1
+            t[1] += per[k][0]
+            t[2] += per[k][1]
+        whole = strata.classes()
+        weight: dict[int, tuple[float, float, float]] = {}
+        for c, (sb, sr, sw) in s.items():
+            wb, wr, ww = whole.get(c, (0.0, 0.0, 0.0))
+            # a class the strata do not have (the sample is nested in them: only a
+            # replicate's rounding) keeps the uniform weights
+            weight[c] = (wb / sb if wb else inv, wr / sr if sr and wr else inv,
+                         ww / sw if sw and ww else inv)
+        for k, c in cls.items():
+            bw[k] = weight[c][0]
+            rw[k] = (weight[c][1], weight[c][2])
+        if totals is None:
+            totals = (sum(v[1] for v in whole.values()), sum(v[2] for v in whole.values()))
     fw = _Fenwick(len(keys))
     last: dict[int, int] = {}
-    dist: list[list[int]] = [[], []]
+    dist: list[list[float]] = [[], []]
+    vals: list[list[float]] = [[], []]  # with strata: each reuse's weight
+    cold_w = [0.0, 0.0]
+    uniform = strata is None
     for i, (k, op) in enumerate(zip(keys, ops, strict=True), 1):
+        w = inv if uniform else bw[k]
         p = last.get(k)
         if p is None:
             hist.cold[op] += 1
+            cold_w[op] += inv if uniform else rw[k][op]
         else:
             dist[op].append(fw.prefix(i - 1) - fw.prefix(p))
-            fw.add(p, -1)
-        fw.add(i, 1)
+            if not uniform:
+                vals[op].append(rw[k][op])
+            fw.add(p, -w)
+        fw.add(i, w)
         last[k] = i
     hist.unique = len(last)
     for op in (0, 1):
-        dist[op].sort()
-        hist.distances[op] = dist[op]
-        hist.refs[op] = float(len(dist[op]) + hist.cold[op])
-    if expected is not None:
+        ws: Iterable[float]
+        if uniform:
+            ds = sorted(dist[op])
+            ws = itertools.repeat(inv, len(ds))
+        else:
+            order = sorted(range(len(dist[op])), key=dist[op].__getitem__)
+            ds = [dist[op][i] for i in order]
+            ws = [vals[op][i] for i in order]
+        cw, cwd = array("d", [0.0]), array("d", [0.0])
+        a = b = 0.0
+        for d, v in zip(ds, ws, strict=False):
+            a += v
+            b += v * d
+            cw.append(a)
+            cwd.append(b)
+        hist.distances[op], hist.cum[op], hist.cum_d[op] = array("d", ds), cw, cwd
+        hist.refs[op] = a + cold_w[op]
+    if totals is not None:
         for op in (0, 1):
             if hist.refs[op] > 0:
-                hist.adjust[op] = expected[op] - hist.refs[op]
-                hist.refs[op] = expected[op]
+                hist.adjust[op] = totals[op] - hist.refs[op]
+                hist.refs[op] = totals[op]
     return hist
 
 
@@ -401,7 +556,7 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
     if not trace.complete:
         notes.append("the trace has no trailer (the recorder was killed): the totals, the "
                      "SHARDS adjustment and the latency model are missing")
-    sampled_refs = sum(len(d) for d in h.distances) + sum(h.cold)
+    sampled_refs = h.sampled_refs
     if h.rate < 1 and sampled_refs < 10_000:
         notes.append(f"only {sampled_refs:,} sampled references: the curve is rough "
                      "(record longer or at a higher --rate)")
@@ -417,6 +572,9 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
         "block": h.block,
         "references": {"read": round(h.refs[0]), "write": round(h.refs[1]),
                        "sampled": sampled_refs, "discarded_blocks": h.discards},
+        "strata": None if h.strata is None else {
+            "rate": h.strata.rate, "from": h.strata.source,
+            "classes": len(h.strata.classes())},
         "footprint_bytes": h.footprint_bytes,
         "resolved_from_bytes": resolved_blocks(h.rate) * h.block,
         "max_hit_ratio": _r(top),

@@ -64,6 +64,80 @@ def sampled(dev: int, block: int, thr: int) -> bool:
     return _mix((dev << 56) ^ block ^ 0x9E3779B97F4A7C15) >> (64 - RATE_BITS) < thr
 
 
+# ----------------------------------------------------------------------------- block counts
+#
+# Which popular blocks a 1 % sample happens to draw decides most of its curve's error
+# (benchmarks/sizing_bench.py oracle). The recorder therefore also counts the references of
+# a larger nested sample of blocks (every block at first; when the table is full, the blocks
+# of half the threshold, and so on: a block kept is counted from its first reference on) and
+# writes, per frequency class, how many blocks and references it holds: the analysis weighs
+# each class of the 1 % sample to those totals (two-phase sampling for stratification,
+# docs/admin-guide.md "Sizing a cache from the host's own IO").
+
+COUNT_TABLE = 1 << 18  # blocks counted at most: about 21 MiB of Python dict (measured)
+GROUPS = 10  # the jackknife's groups: the counts are kept per group too
+_WRITE = 1 << 32  # a counted block's value: reads + writes << 32
+
+
+def key(dev: int, block: int) -> int:
+    """A block's key in the analysis and in the counts: device index and block number."""
+    return dev << 48 | block
+
+
+def key_sampled(k: int, thr: int) -> bool:
+    return sampled(k >> 48, k & (1 << 48) - 1, thr)
+
+
+def freq_class(refs: int) -> int:
+    """A block's frequency class: floor(log2(its references))."""
+    return refs.bit_length() - 1
+
+
+def group(k: int) -> int:
+    """A block's jackknife group: a hash other than the sampling one."""
+    return _mix(k ^ 0x2545F4914F6CDD1D) % GROUPS
+
+
+@dataclass
+class Counts:
+    """The counted blocks of a recording: a nested sample at threshold ``thr``."""
+
+    thr: int
+    floor: int  # the recorded sample's threshold: never counted below it
+    limit: int = COUNT_TABLE
+    table: dict[int, int] = field(default_factory=dict)
+
+    def add(self, dev: int, block: int, op: int) -> None:
+        """Count one reference to a block (the recorder's loop does the same, inline)."""
+        if op < 2 and self.thr and sampled(dev, block, self.thr):
+            k = key(dev, block)
+            self.table[k] = self.table.get(k, 0) + (_WRITE if op else 1)
+            if len(self.table) > self.limit:
+                self.shrink()
+
+    def shrink(self) -> None:
+        """Halve the threshold and forget the blocks above it. Down at the recorded rate's the
+        counts would be the trace's own: counting stops (threshold 0)."""
+        while len(self.table) > self.limit and self.thr:
+            self.thr //= 2
+            if self.thr <= self.floor:
+                self.thr = 0
+                self.table = {}
+            else:
+                self.table = {k: v for k, v in self.table.items() if key_sampled(k, self.thr)}
+
+    def to_json(self) -> dict[str, Any]:
+        cells: dict[tuple[int, int, int], list[int]] = {}
+        for k, v in self.table.items():
+            r, w = v & (_WRITE - 1), v >> 32
+            c = cells.setdefault((k >> 48, group(k), freq_class(r + w)), [0, 0, 0])
+            c[0] += 1
+            c[1] += r
+            c[2] += w
+        return {"rate": self.thr / (1 << RATE_BITS), "threshold": self.thr, "groups": GROUPS,
+                "cells": [[*k, *v] for k, v in sorted(cells.items())]}
+
+
 # ----------------------------------------------------------------------------- the file
 
 
@@ -274,14 +348,15 @@ class Recording:
 def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
            seconds: float | None, rate: float = 0.01, block: int = 4096,
            progress: Progress | None = None, every: float = 2.0,
-           source: Callable[[Sequence[str]], Any] | None = None, stop_wait: float = 15.0
-           ) -> Recording:
+           source: Callable[[Sequence[str]], Any] | None = None, stop_wait: float = 15.0,
+           count_table: int = COUNT_TABLE) -> Recording:
     """Record the block requests of ``nodes`` for ``seconds`` (None: until Ctrl-C/SIGTERM)
     into ``out``. Ctrl-C and SIGTERM end the recording cleanly: the file is complete.
 
     ``source`` makes the event stream from the device nodes (tests give one); by default
     blktrace, after its preflight. A blktrace that does not end within ``stop_wait`` seconds
-    of being asked is killed (the trailer says so)."""
+    of being asked is killed (the trailer says so). At most ``count_table`` blocks are
+    counted for the trailer's ``block_counts`` (:class:`Counts`)."""
     thr = threshold(rate)
     if block < 512 or block & (block - 1):
         raise UsageError(f"the block size is a power of two of at least 512, not {block}")
@@ -325,6 +400,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
 
     mask = 0xFFFFFFFFFFFFFFFF
     everything = thr >= 1 << RATE_BITS
+    counts = Counts(thr=1 << RATE_BITS, floor=thr, limit=count_table)
 
     def take(chunk: bytes) -> float:
         """Count and sample the Q events in ``chunk``; the newest kept time. The recorder's
@@ -334,6 +410,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
         newest = 0.0
         requests, blocks, nbytes_, sampled_blocks = (tot.requests, tot.blocks, tot.bytes,
                                                      tot.sampled_blocks)
+        table = counts.table
         for t_ns, sector, nbytes, op, dev in parser.feed_raw(chunk):
             di = by_raw.get(dev)
             if di is None:
@@ -353,12 +430,22 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
             else:
                 hit = 0
                 salt = (di << 56) ^ 0x9E3779B97F4A7C15
+                counted = op < 2  # discards are not cached: not counted
+                one = _WRITE if op else 1
+                base = di << 48
                 for b in range(first, last + 1):
                     x = salt ^ b  # _mix, as sampled() does it
                     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & mask
                     x = (x ^ (x >> 27)) * 0x94D049BB133111EB & mask
-                    if (x ^ (x >> 31)) >> (64 - RATE_BITS) < thr:
+                    x = (x ^ (x >> 31)) >> (64 - RATE_BITS)
+                    if x < thr:
                         hit += 1
+                    if counted and x < counts.thr:
+                        k = base | b
+                        table[k] = table.get(k, 0) + one
+                if len(table) > counts.limit:
+                    counts.shrink()
+                    table = counts.table
             if hit:
                 sampled_blocks[op] += hit
                 tot.kept += 1
@@ -418,6 +505,8 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
                **tot.to_json(),
                "diskstats": disks, "recorder_cpu_seconds": round(time.process_time() - cpu0, 3),
                "unparsed_events": parser.skipped, "bad_records": parser.bad_magic}
+    if counts.thr > thr:  # not at rate 1, and the table did not outgrow the sample
+        trailer["block_counts"] = counts.to_json()
     w.close(trailer)
     return Recording(str(out), header, trailer, w.records)
 

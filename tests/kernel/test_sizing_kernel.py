@@ -31,15 +31,9 @@ def _tracing() -> bool:
     return Path("/sys/kernel/tracing").is_dir() or Path("/sys/kernel/debug/tracing").is_dir()
 
 
-@pytest.mark.qemu_smoke
-@pytest.mark.kernel(disks="1G,32M", timeout=300)
-def test_trace_predicts_what_bcache_measures(lab_disks: list[str], tmp_path: Path) -> None:
-    if not _tracing():
-        pytest.skip("this lab kernel has no block tracing (UML: CONFIG_FTRACE is off); "
-                    "recording is proven on qemu")
-    hdd, ssd = lab_disks
-    out = tmp_path / "job.trace"
-    rec = subprocess.Popen([sys.executable, "-m", "cachemgr", "trace", hdd, "--rate", "1",
+def _start_trace(dev: str, out: Path, *args: str) -> subprocess.Popen[str]:
+    """``cachemgr trace DEV -o OUT ARGS`` in the background, once it records."""
+    rec = subprocess.Popen([sys.executable, "-m", "cachemgr", "trace", dev, *args,
                             "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     part = out.with_name(out.name + ".part")
@@ -49,6 +43,19 @@ def test_trace_predicts_what_bcache_measures(lab_disks: list[str], tmp_path: Pat
         assert time.monotonic() - t0 < 120
         time.sleep(0.2)
     time.sleep(2)  # blktrace sets up the kernel's trace after its start
+    return rec
+
+
+@pytest.mark.qemu_smoke
+@pytest.mark.kernel(disks="1G,32M", timeout=300)
+def test_trace_predicts_what_bcache_measures(lab_disks: list[str], tmp_path: Path) -> None:
+    if not _tracing():
+        pytest.skip("this lab kernel has no block tracing (UML: CONFIG_FTRACE is off); "
+                    "recording is proven on qemu")
+    hdd, ssd = lab_disks
+    out = tmp_path / "job.trace"
+    rec = _start_trace(hdd, out, "--rate", "1")
+    part = out.with_name(out.name + ".part")
     # a second trace of the same device at the same time: refused before blktrace starts (a
     # second blktrace hung in the kernel, docs/kernel-notes.md "Block traces")
     r = in_process("trace", hdd, "-o", str(tmp_path / "second.trace"), "--seconds", "5")
@@ -74,6 +81,32 @@ def test_trace_predicts_what_bcache_measures(lab_disks: list[str], tmp_path: Pat
     assert trace.trailer["requests"] == {"read": fio_reads, "write": 0, "discard": 0}
     assert len(trace) == fio_reads and all(n == 4096 for n in trace.length)
     assert max(trace.offset) < 256 << 20
+
+    # at rate 0.01 the recorder also counts blocks: in a 256 MiB region all of them fit its
+    # table, so it counts every reference of the job, and `size` weighs the sample to them
+    sampled = tmp_path / "sampled.trace"
+    rec = _start_trace(hdd, sampled)
+    subprocess.run(["fio", "--name=z", f"--filename={hdd}", "--rw=randread", "--bs=4k",
+                    "--direct=1", "--ioengine=libaio", "--iodepth=1", "--size=256M",
+                    "--norandommap=1", "--random_distribution=zipf:1.2", "--randrepeat=0",
+                    "--number_ios=5000", "--output-format=json"], capture_output=True,
+                   check=True)
+    time.sleep(1)
+    rec.send_signal(signal.SIGINT)
+    _, se = rec.communicate(timeout=120)
+    assert rec.returncode == 0, se
+    st = tr.read(sampled)
+    assert st.trailer is not None and st.header.rate == 0.01
+    counts = st.trailer["block_counts"]
+    assert counts["rate"] == 1.0 and counts["groups"] == tr.GROUPS
+    assert sum(c[4] for c in counts["cells"]) == st.trailer["blocks"]["read"] >= 5000
+    assert sum(c[5] for c in counts["cells"]) == 0
+    thr = tr.threshold(0.01)
+    assert all(tr.sampled(0, off // 4096, thr) for off in st.offset)
+    r = in_process("size", "--trace", str(sampled), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["strata"] == {"rate": 1.0, "from": "recorder",
+                                              "classes": len({c[2] for c in counts["cells"]})}
 
     bcache.create(Sysfs(), backings=[hdd], cache=ssd, bucket="32k")
     r = in_process("bench", "replay", "/dev/bcache0:writethrough", "--trace", str(out),
