@@ -85,6 +85,13 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.3f}"
 
 
+def _counted(strata: dict[str, Any]) -> str:
+    who = "the recorder's" if strata["from"] == "recorder" else "the trace's own"
+    rate = strata["rate"]
+    return (f"{who} counts of every block" if rate >= 1
+            else f"{who} counts of 1 block in {1 / rate:.3g}")
+
+
 def summary(doc: dict[str, Any]) -> list[str]:
     t = doc["trace"]
     refs = doc["references"]
@@ -92,9 +99,8 @@ def summary(doc: dict[str, Any]) -> list[str]:
     lines = [f"trace of {devs}: {t['seconds'] or '?'} s, rate {doc['rate']:g}, "
              f"{refs['read']:,} read and {refs['write']:,} write block references "
              f"({refs['sampled']:,} sampled), {doc['block']}-byte blocks",
-             *([f"sample weighed to the counts of 1 block in {1 / st['rate']:.3g} "
-                f"({'the recorder' if st['from'] == 'recorder' else 'the trace'}), "
-                f"{st['classes']} frequency classes"] if (st := doc.get("strata")) else []),
+             *([f"sample weighed to {_counted(st)}, {st['classes']} frequency classes"]
+               if (st := doc.get("strata")) else []),
              f"footprint (every reuse hits): {human(doc['footprint_bytes'])}, "
              f"hit ratio there {_pct(doc['max_hit_ratio'])}"]
     k = doc["knee"]

@@ -186,6 +186,10 @@ def test_counts_from_the_recorder_or_from_a_full_trace_weigh_alike(tmp_path: Pat
     refs = zipf_refs(4096, 30_000, 1.0, seed=8, writes=0.3)
     a = sizing.histogram(tr.read(make_trace(tmp_path / "s", refs, rate=0.1)))
     b = sizing.histogram(tr.read(make_trace(tmp_path / "f", refs)), rate=0.1)
+    said = in_process("size", "--trace", str(tmp_path / "s")).stdout
+    assert "sample weighed to the recorder's counts of every block" in said
+    said = in_process("size", "--trace", str(tmp_path / "f"), "--rate", "0.1").stdout
+    assert "sample weighed to the trace's own counts of every block" in said
     assert a.strata is not None and b.strata is not None
     assert (a.strata.source, b.strata.source) == ("recorder", "trace")
     assert a.strata.cells == b.strata.cells and a.strata.rate == b.strata.rate == 1.0

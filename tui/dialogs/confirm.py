@@ -21,6 +21,10 @@ class ConfirmDialog(ModalScreen[str | None]):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [("escape", "cancel", "Cancel")]
+    # Cancel has the focus: Enter alone never confirms. Focused when the screen is shown, not
+    # in on_mount: a dialog pushed as the app exits is torn down without its buttons, and
+    # on_mount's query failed then (a unit test under load)
+    AUTO_FOCUS = "#b-cancel"
 
     def __init__(self, title: str, body: str,
                  buttons: list[tuple[str, str, str]] | None = None) -> None:
@@ -40,9 +44,6 @@ class ConfirmDialog(ModalScreen[str | None]):
                     yield Button(literal(label), id=f"b-{bid}", variant=variant)  # type: ignore[arg-type]
                 yield Button("Cancel", id="b-cancel")
 
-    def on_mount(self) -> None:
-        self.query_one("#b-cancel", Button).focus()
-
     def on_button_pressed(self, event: Button.Pressed) -> None:
         bid = (event.button.id or "").removeprefix("b-")
         self.dismiss(None if bid == "cancel" else bid)
@@ -56,6 +57,7 @@ class MessageDialog(ModalScreen[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [("escape", "close", "Close"),
                                              ("enter", "close", "Close")]
+    AUTO_FOCUS = "#b-close"  # as ConfirmDialog's
 
     def __init__(self, title: str, body: str, error: bool = False) -> None:
         super().__init__()
@@ -70,9 +72,6 @@ class MessageDialog(ModalScreen[None]):
                 yield Static(literal(self.body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Close", id="b-close", variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one("#b-close", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)
