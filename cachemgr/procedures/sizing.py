@@ -75,21 +75,6 @@ class Strata:
                 for c, t in out.items()}
 
 
-def strata_of(keys: Sequence[int], ops: Sequence[int], rate: float, source: str) -> Strata:
-    """The strata of a complete sample at ``rate``: every reference of its blocks."""
-    per: dict[int, int] = {}
-    for k, op in zip(keys, ops, strict=True):
-        per[k] = per.get(k, 0) + (1 << 32 if op else 1)
-    cells: dict[tuple[int, int], list[int]] = {}
-    for k, v in per.items():
-        r, w = v & 0xFFFFFFFF, v >> 32
-        c = cells.setdefault((tr.group(k), tr.freq_class(r + w)), [0, 0, 0])
-        c[0] += 1
-        c[1] += r
-        c[2] += w
-    return Strata(rate, {k: (v[0], v[1], v[2]) for k, v in cells.items()}, source)
-
-
 @dataclass
 class Histogram:
     """Sampled references by estimated reuse distance (in blocks of the whole trace), per op
@@ -267,34 +252,71 @@ def phase_one(trace: tr.Trace, rate: float, block: int,
     bc = (trace.trailer or {}).get("block_counts")
     if bc is not None and block == h.block:
         st = _recorded_strata(bc, len(h.devices), devices)
-        if st.rate > rate:
+        if st is not None and st.rate > rate:
             return st
     if h.rate > rate:
-        keys, ops, *_ = references(trace, rate=h.rate, block=block, devices=devices)
-        return strata_of(keys, ops, h.rate, "trace")
+        # the recorder's counting, over the trace's own blocks: as bounded, and a block of a
+        # sampled trace is counted only when it is in that sample (a request is kept whole
+        # when one of its blocks is)
+        c = tr.Counts(thr=tr.threshold(h.rate), floor=tr.threshold(rate), limit=tr.COUNT_TABLE)
+        shift = block.bit_length() - 1
+        want = None if devices is None else set(devices)
+        for _t, off, ln, dev, op in tr.requests(trace):
+            if op != OP_DISCARD and (want is None or dev in want):
+                for b in range((off >> shift), ((off + ln - 1) >> shift) + 1):
+                    c.add(dev, b, op)
+        return _recorded_strata(c.to_json(), len(h.devices), None, "trace")
     return None
 
 
-def _recorded_strata(bc: Any, ndev: int, devices: Sequence[int] | None) -> Strata:
-    """The trailer's ``block_counts`` (tr.Counts.to_json), checked: it is data from a file."""
-    try:
-        rate = float(bc["rate"])
-        groups = int(bc["groups"])
-        rows = [[int(x) for x in row] for row in bc["cells"]]
-    except (TypeError, KeyError, ValueError) as exc:
-        raise tr.TraceFormatError(f"the trace's block counts are damaged: {exc!r}") from None
-    if not 0 < rate <= 1 or groups != tr.GROUPS or any(
-            len(r) != 6 or not 0 <= r[0] < ndev or not 0 <= r[1] < groups or r[2] < 0
-            or min(r[3:]) < 0 or r[3] == 0 for r in rows):
-        raise tr.TraceFormatError("the trace's block counts are damaged: a rate outside "
-                                  f"(0, 1], {groups} groups or a cell out of range")
-    want = None if devices is None else set(devices)
+def _damaged(why: str) -> tr.TraceFormatError:
+    return tr.TraceFormatError(f"the trace's block counts are damaged: {why}")
+
+
+def _count_int(x: Any, what: str) -> int:
+    if type(x) is not int or not 0 <= x < 1 << 62:
+        raise _damaged(f"{what} is {x!r}, not a count")
+    return x
+
+
+def counting_stopped(trace: tr.Trace) -> bool:
+    """Whether the recorder counted blocks and stopped: its table could not hold the blocks
+    of any rate above the sample's (tr.Counts.shrink)."""
+    bc = (trace.trailer or {}).get("block_counts")
+    return isinstance(bc, dict) and bc.get("threshold") == 0
+
+
+def _recorded_strata(bc: Any, ndev: int, devices: Sequence[int] | None,
+                     source: str = "recorder") -> Strata | None:
+    """``block_counts`` (tr.Counts.to_json) as strata, checked: it is data from a file. None
+    when counting stopped."""
+    if not isinstance(bc, dict) or not isinstance(bc.get("cells"), list):
+        raise _damaged("not a table of cells")
+    thr = _count_int(bc.get("threshold"), "the threshold")
+    raw = bc.get("rate")
+    rate = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) \
+        else math.nan
+    if thr > 1 << tr.RATE_BITS or not abs(rate - thr / (1 << tr.RATE_BITS)) <= 1e-12:
+        raise _damaged(f"rate {raw!r} is not the threshold's ({thr})")
+    if bc.get("groups") != tr.GROUPS:
+        raise _damaged(f"{bc.get('groups')!r} jackknife groups, not {tr.GROUPS}")
+    rows = bc["cells"]
+    if thr == 0:
+        if rows:
+            raise _damaged("cells without a threshold")
+        return None
     cells: dict[tuple[int, int], tuple[int, int, int]] = {}
-    for dev, g, c, b, r, w in rows:
+    want = None if devices is None else set(devices)
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 6:
+            raise _damaged(f"a cell is {row!r}")
+        dev, g, c, b, r, w = (_count_int(x, "a cell's field") for x in row)
+        if dev >= ndev or g >= tr.GROUPS or c > 62 or not b << c <= r + w < b << (c + 1):
+            raise _damaged(f"the cell {row!r} is out of range")
         if want is None or dev in want:
             old = cells.get((g, c), (0, 0, 0))
             cells[(g, c)] = (old[0] + b, old[1] + r, old[2] + w)
-    return Strata(rate, cells, "recorder")
+    return Strata(rate, cells, source)
 
 
 def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
@@ -304,15 +326,31 @@ def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None =
     t = trace.trailer
     totals = strata = None
     if rate < 1:
-        if t is not None and devices is None and block == trace.header.block:
+        if t is not None and block == trace.header.block:
             # SHARDS_adj: the whole trace's references, against which the sample is weighed
-            blocks = t.get("blocks", {})
-            totals = (float(blocks.get("read", 0)), float(blocks.get("write", 0)))
+            totals = _totals(t, len(trace.header.devices), devices)
         strata = phase_one(trace, rate, block, devices)
     hist = _count(keys, ops, block, rate, discards, totals, strata)
     if rate < 1:
         hist.sample = (keys, ops)
     return hist
+
+
+def _totals(t: dict[str, Any], ndev: int, devices: Sequence[int] | None
+            ) -> tuple[float, float] | None:
+    """The whole trace's block references per op (read, write): all devices' from the
+    trailer's totals, some devices' from its per-device ones (None from an older recorder)."""
+    try:
+        if devices is None:
+            blocks = t.get("blocks", {})
+            return float(blocks.get("read", 0)), float(blocks.get("write", 0))
+        per = t.get("device_blocks")
+        if not isinstance(per, list) or len(per) != ndev:
+            return None
+        return (float(sum(per[d]["read"] for d in devices)),
+                float(sum(per[d]["write"] for d in devices)))
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, OverflowError):
+        raise tr.TraceFormatError("the trace's totals are damaged") from None
 
 
 def _count(keys: list[int], ops: list[int], block: int, rate: float, discards: int,
@@ -553,6 +591,11 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
             notes.append(f"at {p.cache_bytes} bytes the sample gives a hit ratio of "
                          f"{p.hit_ratio:.3f} +- {2 * p.hit_ratio_se:.3f} (two standard "
                          "errors): record longer or at a higher --rate for a closer figure")
+    if h.rate < 1 and h.strata is None and counting_stopped(trace):
+        notes.append(f"the recorder stopped counting blocks (its table of {tr.COUNT_TABLE:,} "
+                     "overflowed even at the lowest rate above the sample's): it is weighed "
+                     "by SHARDS_adj alone, whose curve can be off by 0.05 at the smallest "
+                     "sizes for a weakly skewed workload; see the standard errors")
     if not trace.complete:
         notes.append("the trace has no trailer (the recorder was killed): the totals, the "
                      "SHARDS adjustment and the latency model are missing")

@@ -119,16 +119,24 @@ class Counts:
         """Halve the threshold and forget the blocks above it. Down at the recorded rate's the
         counts would be the trace's own: counting stops (threshold 0)."""
         while len(self.table) > self.limit and self.thr:
-            self.thr //= 2
-            if self.thr <= self.floor:
+            thr = self.thr // 2
+            if thr <= self.floor:
                 self.thr = 0
                 self.table = {}
             else:
-                self.table = {k: v for k, v in self.table.items() if key_sampled(k, self.thr)}
+                table = {k: v for k, v in self.table.items() if key_sampled(k, thr)}
+                # Ctrl-C may land anywhere here: the threshold goes first, and to_json()
+                # counts only the blocks under it, so an interrupted halving is harmless
+                self.thr = thr
+                self.table = table
 
     def to_json(self) -> dict[str, Any]:
+        """Totals per (device, group, class); threshold 0 and no cells when counting stopped
+        (the blocks under the last threshold above the sample's did not fit)."""
         cells: dict[tuple[int, int, int], list[int]] = {}
         for k, v in self.table.items():
+            if not key_sampled(k, self.thr):
+                continue  # left by a halving that Ctrl-C cut short
             r, w = v & (_WRITE - 1), v >> 32
             c = cells.setdefault((k >> 48, group(k), freq_class(r + w)), [0, 0, 0])
             c[0] += 1
@@ -183,13 +191,15 @@ class Totals:
     bytes: list[int] = field(default_factory=lambda: [0, 0, 0])
     kept: int = 0  # requests written
     sampled_blocks: list[int] = field(default_factory=lambda: [0, 0, 0])
+    device_blocks: list[list[int]] = field(default_factory=list)  # per device index, per op
 
     def to_json(self) -> dict[str, Any]:
         return {"requests": dict(zip(OPS, self.requests, strict=True)),
                 "blocks": dict(zip(OPS, self.blocks, strict=True)),
                 "bytes": dict(zip(OPS, self.bytes, strict=True)),
                 "sampled_blocks": dict(zip(OPS, self.sampled_blocks, strict=True)),
-                "kept_requests": self.kept}
+                "kept_requests": self.kept,
+                "device_blocks": [dict(zip(OPS, d, strict=True)) for d in self.device_blocks]}
 
 
 class Writer:
@@ -374,7 +384,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     times0 = {d.name: _block_stat(sysfs, rel) for d, rel in devs}
     cpu0 = time.process_time()
     w = Writer(out, header)
-    tot = Totals()
+    tot = Totals(device_blocks=[[0, 0, 0] for _ in devs])
     try:
         bt = source([d.path for d, _ in devs])
     except BaseException:
@@ -411,6 +421,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
         requests, blocks, nbytes_, sampled_blocks = (tot.requests, tot.blocks, tot.bytes,
                                                      tot.sampled_blocks)
         table = counts.table
+        dblocks = tot.device_blocks
         for t_ns, sector, nbytes, op, dev in parser.feed_raw(chunk):
             di = by_raw.get(dev)
             if di is None:
@@ -424,6 +435,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
             last = (off + nbytes - 1) >> shift
             requests[op] += 1
             blocks[op] += last - first + 1
+            dblocks[di][op] += last - first + 1
             nbytes_[op] += nbytes
             if everything:
                 hit = last - first + 1
@@ -505,7 +517,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
                **tot.to_json(),
                "diskstats": disks, "recorder_cpu_seconds": round(time.process_time() - cpu0, 3),
                "unparsed_events": parser.skipped, "bad_records": parser.bad_magic}
-    if counts.thr > thr:  # not at rate 1, and the table did not outgrow the sample
+    if not everything:  # at rate 1 the trace holds every reference
         trailer["block_counts"] = counts.to_json()
     w.close(trailer)
     return Recording(str(out), header, trailer, w.records)

@@ -101,6 +101,7 @@ def test_trace_predicts_what_bcache_measures(lab_disks: list[str], tmp_path: Pat
     assert counts["rate"] == 1.0 and counts["groups"] == tr.GROUPS
     assert sum(c[4] for c in counts["cells"]) == st.trailer["blocks"]["read"] >= 5000
     assert sum(c[5] for c in counts["cells"]) == 0
+    assert st.trailer["device_blocks"] == [st.trailer["blocks"]]  # one device: all of them
     thr = tr.threshold(0.01)
     assert all(tr.sampled(0, off // 4096, thr) for off in st.offset)
     r = in_process("size", "--trace", str(sampled), "--json")

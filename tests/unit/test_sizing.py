@@ -46,7 +46,7 @@ def make_trace(path: Path, refs: list[tuple[int, int]], *, rate: float = 1.0,
             tot.kept += 1
             w.add(i * 1e-4, b * block, block, dev, op)
     if trailer:
-        extra = {"block_counts": cnt.to_json()} if counts and cnt.thr > thr else {}
+        extra = {"block_counts": cnt.to_json()} if counts and rate < 1 else {}
         w.close({"seconds": 10.0, **tot.to_json(), "diskstats": diskstats or {}, **extra})
     else:
         w.abandon()
@@ -228,12 +228,106 @@ def test_damaged_block_counts_are_refused(tmp_path: Path) -> None:
     t = tr.read(make_trace(tmp_path / "s", zipf_refs(512, 3000, 1.0, seed=4), rate=0.1))
     assert t.trailer is not None
     good = json.loads(json.dumps(t.trailer["block_counts"]))
-    for damage in ({"rate": 0}, {"rate": "x"}, {"groups": 7}, {"cells": [[0, 0, 0, -1, 1, 0]]},
-                   {"cells": [[5, 0, 0, 1, 1, 0]]}, {"cells": [[0, 0, 0, 1]]}, {"cells": 3}):
+    damages = ({"rate": 0}, {"rate": "x"}, {"rate": True}, {"rate": good["rate"] / 2},
+               {"threshold": 1.5}, {"threshold": 1 << 30}, {"groups": 7},
+               {"cells": [[0, 0, 0, -1, 1, 0]]}, {"cells": [[5, 0, 0, 1, 1, 0]]},
+               {"cells": [[0, 0, 0, 1]]}, {"cells": 3}, {"cells": [3]},
+               {"cells": [[0, 0, 0, float("inf"), 1, 0]]}, {"cells": [[0, 0, 0, 10 ** 400, 1, 0]]},
+               {"cells": [[0, 0, 0, True, 1, 0]]}, {"cells": [[0, 0, 3, 1, 1, 0]]},
+               {"threshold": 0, "rate": 0.0})
+    for damage in damages:
         t.trailer["block_counts"] = {**good, **damage}
         with pytest.raises(tr.TraceFormatError, match="block counts are damaged"):
             sizing.histogram(t)
+    t.trailer["block_counts"] = good
+    t.trailer["blocks"] = {"read": "many"}
+    with pytest.raises(tr.TraceFormatError, match="totals are damaged"):
+        sizing.histogram(t)
 
+
+def test_a_halving_cut_short_by_ctrl_c_leaves_consistent_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C raises KeyboardInterrupt wherever the recorder is, also inside a halving of the
+    table. Cut while the smaller table is built, nothing has changed yet; cut after the new
+    threshold's store and before the table's, the counts written are still those of the
+    blocks under the threshold only."""
+    refs = zipf_refs(4096, 20_000, 0.8, seed=9)
+    c = tr.Counts(thr=1 << tr.RATE_BITS, floor=tr.threshold(0.01), limit=1000)
+    real = tr.key_sampled
+    calls = [0]
+
+    def interrupted(k: int, thr: int) -> bool:
+        calls[0] += 1
+        if calls[0] == 500:
+            raise KeyboardInterrupt
+        return real(k, thr)
+
+    monkeypatch.setattr(tr, "key_sampled", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        for b, op in refs:
+            c.add(0, b, op)
+    monkeypatch.setattr(tr, "key_sampled", real)
+    assert len(c.table) == 1001 and c.thr == 1 << tr.RATE_BITS  # nothing changed yet
+    c.thr //= 2  # the other place: the threshold stored, the table not yet
+    doc = c.to_json()
+    kept = [v for k, v in c.table.items() if tr.key_sampled(k, c.thr)]
+    assert sum(row[3] for row in doc["cells"]) == len(kept) < len(c.table)
+    refs_kept = sum((v & 0xFFFFFFFF) + (v >> 32) for v in kept)
+    assert sum(row[4] + row[5] for row in doc["cells"]) == refs_kept
+
+
+def test_counting_that_stopped_is_said(tmp_path: Path) -> None:
+    """A table too small for even the lowest rate above the sample's: the trailer says
+    counting stopped, size weighs by SHARDS_adj alone and says so."""
+    path = make_trace(tmp_path / "s", zipf_refs(4096, 20_000, 0.8, seed=9), rate=0.5,
+                      counts=100)
+    t = tr.read(path)
+    assert t.trailer is not None and t.trailer["block_counts"]["threshold"] == 0
+    assert sizing.histogram(t).strata is None
+    r = in_process("size", "--trace", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["strata"] is None
+    assert any("stopped counting blocks" in n for n in doc["notes"])
+
+
+def test_one_device_of_a_trace_is_weighed_to_its_own_totals(tmp_path: Path) -> None:
+    """Two devices in one 10 % trace; --device weighs each to its own totals (the trailer's
+    per-device ones) and counts: with every block counted, its curve is the one of its
+    references alone; with a table of 1000 (counted rate 1/8), its totals are still exact."""
+    a = zipf_refs(4096, 20_000, 1.0, seed=12, writes=0.2)
+    b = zipf_refs(2048, 8_000, 0.7, seed=13, writes=0.5)
+    thr = tr.threshold(0.1)
+    for limit in (tr.COUNT_TABLE, 1000):
+        h = tr.Header(block=4096, rate=0.1, started=0.0, devices=[
+            tr.Device(i, f"/dev/vd{n}", f"vd{n}", f"254:{16 * i}", 1 << 30)
+            for i, n in enumerate("ab")])
+        path = tmp_path / f"two{limit}"
+        w = tr.Writer(path, h)
+        tot = tr.Totals(device_blocks=[[0, 0, 0], [0, 0, 0]])
+        cnt = tr.Counts(thr=1 << tr.RATE_BITS, floor=thr, limit=limit)
+        for i, pair in enumerate(itertools.zip_longest(a, b)):
+            for dev, ref in enumerate(pair):
+                if ref is None:
+                    continue
+                blk, op = ref
+                cnt.add(dev, blk, op)
+                tot.blocks[op] += 1
+                tot.device_blocks[dev][op] += 1
+                if tr.sampled(dev, blk, thr):
+                    w.add(i * 1e-4, blk * 4096, 4096, dev, op)
+        w.close({"seconds": 1.0, **tot.to_json(), "diskstats": {},
+                 "block_counts": cnt.to_json()})
+        t = tr.read(path)
+        for dev, refs in ((0, a), (1, b)):
+            hs = sizing.histogram(t, devices=[dev])
+            assert hs.strata is not None and hs.strata.rate == (1.0 if limit > 1000 else 1 / 8)
+            assert hs.refs[0] == sum(1 for _, op in refs if op == 0)
+            assert hs.refs[1] == sum(1 for _, op in refs if op == 1)
+            if limit > 1000:
+                alone = sizing.histogram(tr.read(make_trace(tmp_path / f"d{dev}", refs,
+                                                            rate=0.1, dev=dev)))
+                assert hs.distances == alone.distances and hs.refs == alone.refs
 
 def test_sampling_is_per_block_and_nested() -> None:
     thr_hi, thr_lo = tr.threshold(0.1), tr.threshold(0.01)
