@@ -155,12 +155,12 @@ def sampling() -> list[dict]:
                           devices=[tr.Device(i, f"/dev/x{i}", f"x{i}", "0:0", n * 4096)
                                    for i in range(4)])
             w = tr.Writer(f"{tmp}/t", h)
-            tot = tr.Totals()
             for i, b in enumerate(blocks):
-                tot.requests[0] += 1
-                tot.blocks[0] += 1
                 for d in range(4):
                     w.add(i * 1e-4, b * 4096, 4096, d, 0)
+            # the totals the recorder writes: all devices', and each one's (--device)
+            tot = tr.Totals(requests=[4 * refs, 0, 0], blocks=[4 * refs, 0, 0],
+                            device_blocks=[[refs, 0, 0] for _ in range(4)])
             w.close({"seconds": 0, **tot.to_json(), "diskstats": {}})
             trace = tr.read(f"{tmp}/t")
         t0 = time.process_time()
@@ -195,28 +195,17 @@ def sampling() -> list[dict]:
     return out
 
 
-def recorder_strata(counts: dict[int, int], dev: int, limit: int):  # -> sizing.Strata
-    """What the recorder's block counts (trace.Counts) hold at the end of recording a stream
-    of one op (reads) on device index ``dev``, from the stream's per-block counts: the
-    threshold is halved until the blocks under it fit in ``limit`` (the set under a threshold
-    only grows during a recording, so the end's set decides), and each block kept is counted
-    whole."""
+def recorder_strata(stream: list[int], dev: int, rate: float, limit: int):  # -> Strata
+    """What the recorder's block counts hold at the end of recording ``stream`` (reads) on
+    device index ``dev`` at ``rate`` with a table of ``limit`` blocks: trace.Counts fed every
+    reference, read back as ``size`` reads a trailer."""
     from cachemgr.procedures import sizing
     from cachemgr.procedures import trace as tr
 
-    top = {b: tr._mix((dev << 56) ^ b ^ 0x9E3779B97F4A7C15) >> (64 - tr.RATE_BITS)
-           for b in counts}
-    thr = 1 << tr.RATE_BITS
-    while sum(1 for h in top.values() if h < thr) > limit:
-        thr //= 2
-    cells: dict[tuple[int, int], tuple[int, int, int]] = {}
-    for b, n in counts.items():
-        if top[b] < thr:
-            k = tr.key(dev, b)
-            c = (tr.group(k), tr.freq_class(n))
-            old = cells.get(c, (0, 0, 0))
-            cells[c] = (old[0] + 1, old[1] + n, 0)
-    return sizing.Strata(thr / (1 << tr.RATE_BITS), cells, "recorder")
+    c = tr.Counts(thr=1 << tr.RATE_BITS, floor=tr.threshold(rate), limit=limit)
+    for b in stream:
+        c.add(dev, b, 0)
+    return sizing._recorded_strata(c.to_json(), dev + 1, None)
 
 
 def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
@@ -230,15 +219,12 @@ def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
     table of 2^16 blocks. Per estimator: the largest error of each sample, the root-mean-
     square error, the mean standard error and the share of (sample, size) pairs within two
     standard errors."""
-    import collections
-
     from cachemgr.procedures import sizing
     from cachemgr.procedures import trace as tr
 
     out = []
     for n, refs, theta in STREAMS:
         stream = zipf_stream(n, refs, theta, seed=1)
-        counts = collections.Counter(stream)
         thr = tr.threshold(rate)
         full = sizing._count(stream, [0] * refs, 4096, 1.0, 0, None)
         every = [x for x in sizing.grid(full) if x >= sizing.resolved_blocks(rate) * 4096]
@@ -254,7 +240,7 @@ def stderr(samples: int = 8, rate: float = 0.01) -> list[dict]:
             sample = [tr.key(d, b) for b in stream if tr.sampled(d, b, thr)]
             sum_refs += len(sample)
             for kind, limit in kinds.items():
-                st = None if limit is None else recorder_strata(counts, d, limit)
+                st = None if limit is None else recorder_strata(stream, d, rate, limit)
                 a = acc[kind]
                 t0 = time.process_time()
                 hs = sizing._count(sample, [0] * len(sample), 4096, rate, 0,

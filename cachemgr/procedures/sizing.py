@@ -329,11 +329,25 @@ def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None =
         if t is not None and block == trace.header.block:
             # SHARDS_adj: the whole trace's references, against which the sample is weighed
             totals = _totals(t, len(trace.header.devices), devices)
+        if totals is None and trace.header.rate >= 1:
+            # a trace of every request holds them (an older recorder had no per-device totals)
+            totals = _references_per_op(trace, block, devices)
         strata = phase_one(trace, rate, block, devices)
     hist = _count(keys, ops, block, rate, discards, totals, strata)
     if rate < 1:
         hist.sample = (keys, ops)
     return hist
+
+
+def _references_per_op(trace: tr.Trace, block: int, devices: Sequence[int] | None
+                       ) -> tuple[float, float]:
+    shift = block.bit_length() - 1
+    want = None if devices is None else set(devices)
+    n = [0, 0, 0]
+    for _t, off, ln, dev, op in tr.requests(trace):
+        if want is None or dev in want:
+            n[op] += ((off + ln - 1) >> shift) - (off >> shift) + 1
+    return float(n[0]), float(n[1])
 
 
 def _totals(t: dict[str, Any], ndev: int, devices: Sequence[int] | None

@@ -276,6 +276,27 @@ def test_a_halving_cut_short_by_ctrl_c_leaves_consistent_counts(
     assert sum(row[4] + row[5] for row in doc["cells"]) == refs_kept
 
 
+def test_one_device_of_an_older_full_trace_is_weighed_to_its_exact_totals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rate-1 trace of two devices from a recorder without per-device totals, analysed for
+    one device at 5 % with a table of 500 (its counts estimate the totals roughly): the
+    totals are counted from the trace itself, exactly."""
+    monkeypatch.setattr(tr, "COUNT_TABLE", 500)
+    a = zipf_refs(4096, 20_000, 1.0, seed=12, writes=0.2)
+    h = tr.Header(block=4096, rate=1.0, started=0.0, devices=[
+        tr.Device(i, f"/dev/vd{n}", f"vd{n}", f"254:{16 * i}", 1 << 30)
+        for i, n in enumerate("ab")])
+    w = tr.Writer(tmp_path / "old", h)
+    for i, (blk, op) in enumerate(a):
+        w.add(i * 1e-4, blk * 4096, 4096, 0, op)
+        w.add(i * 1e-4, (blk % 512) * 4096, 8192, 1, 1 - op)
+    w.close({"seconds": 1.0, "blocks": {"read": 1, "write": 1}, "diskstats": {}})
+    hs = sizing.histogram(tr.read(tmp_path / "old"), rate=0.05, devices=[0])
+    assert hs.strata is not None and hs.strata.rate < 1
+    assert hs.refs[0] == sum(1 for _, op in a if op == 0)
+    assert hs.refs[1] == sum(1 for _, op in a if op == 1)
+
+
 def test_counting_that_stopped_is_said(tmp_path: Path) -> None:
     """A table too small for even the lowest rate above the sample's: the trailer says
     counting stopped, size weighs by SHARDS_adj alone and says so."""
