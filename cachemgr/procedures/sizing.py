@@ -26,7 +26,7 @@ import bisect
 import itertools
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,15 +224,10 @@ def references(trace: tr.Trace, *, rate: float | None = None, block: int | None 
         raise UsageError(f"the trace was sampled in {h.block}-byte blocks; a sampled trace is "
                          f"analysed in the same blocks", hint=f"--block {h.block}")
     thr = tr.threshold(rate)
-    shift = block.bit_length() - 1
-    want = None if devices is None else set(devices)
     keys: list[int] = []
     ops: list[int] = []
     discards = 0
-    for _t, off, ln, dev, op in tr.requests(trace):
-        if want is not None and dev not in want:
-            continue
-        first, last = off >> shift, (off + ln - 1) >> shift
+    for dev, first, last, op in _spans(trace, block, devices):
         if op == OP_DISCARD:
             discards += last - first + 1
             continue
@@ -241,6 +236,17 @@ def references(trace: tr.Trace, *, rate: float | None = None, block: int | None 
                 keys.append(tr.key(dev, b))
                 ops.append(op)
     return keys, ops, block, rate, discards
+
+
+def _spans(trace: tr.Trace, block: int, devices: Sequence[int] | None
+           ) -> Iterator[tuple[int, int, int, int]]:
+    """The requests of ``devices`` (None: all) in time order, in blocks of ``block`` bytes:
+    device index, first and last block, op."""
+    shift = block.bit_length() - 1
+    want = None if devices is None else set(devices)
+    for _t, off, ln, dev, op in tr.requests(trace):
+        if want is None or dev in want:
+            yield dev, off >> shift, (off + ln - 1) >> shift, op
 
 
 def phase_one(trace: tr.Trace, rate: float, block: int,
@@ -259,12 +265,9 @@ def phase_one(trace: tr.Trace, rate: float, block: int,
         # sampled trace is counted only when it is in that sample (a request is kept whole
         # when one of its blocks is)
         c = tr.Counts(thr=tr.threshold(h.rate), floor=tr.threshold(rate), limit=tr.COUNT_TABLE)
-        shift = block.bit_length() - 1
-        want = None if devices is None else set(devices)
-        for _t, off, ln, dev, op in tr.requests(trace):
-            if op != OP_DISCARD and (want is None or dev in want):
-                for b in range((off >> shift), ((off + ln - 1) >> shift) + 1):
-                    c.add(dev, b, op)
+        for dev, first, last, op in _spans(trace, block, devices):
+            for b in range(first, last + 1):
+                c.add(dev, b, op)  # a discard is not counted
         return _recorded_strata(c.to_json(), len(h.devices), None, "trace")
     return None
 
@@ -341,12 +344,9 @@ def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None =
 
 def _references_per_op(trace: tr.Trace, block: int, devices: Sequence[int] | None
                        ) -> tuple[float, float]:
-    shift = block.bit_length() - 1
-    want = None if devices is None else set(devices)
     n = [0, 0, 0]
-    for _t, off, ln, dev, op in tr.requests(trace):
-        if want is None or dev in want:
-            n[op] += ((off + ln - 1) >> shift) - (off >> shift) + 1
+    for _dev, first, last, op in _spans(trace, block, devices):
+        n[op] += last - first + 1
     return float(n[0]), float(n[1])
 
 
