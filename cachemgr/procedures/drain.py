@@ -99,18 +99,23 @@ def _restore_saved_locked(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
                                          f"not the values of {sorted(DRAIN_SETTINGS)}")
     try:
         cur = _reread(sysfs, b)
+        for name, value in original.items():
+            try:
+                bcache.set_tunable(sysfs, cur, name, value)
+            except AlreadyError:
+                pass
+            except CacheMgrError:
+                _reread(sysfs, cur)  # DeviceGone if that is why the write failed
+                raise
+            cur = _reread(sysfs, cur)
     except DeviceGone:
-        # the device was stopped (by bcache or an admin); these tunables live in memory only
-        # and a re-registered device starts from the kernel's defaults: nothing to restore
+        # the device was stopped (by bcache or an admin), before or in the middle of the
+        # restore (seen in the lab: bcache stopping a failing backing device just as the
+        # drain ended); these tunables live in memory only and a re-registered device starts
+        # from the kernel's defaults: nothing left to restore
         path.unlink(missing_ok=True)
         log.warning("%s is gone; dropped its saved drain tunables %s", b.device, original)
         return {}
-    for name, value in original.items():
-        try:
-            bcache.set_tunable(sysfs, cur, name, value)
-        except AlreadyError:
-            pass
-        cur = _reread(sysfs, cur)
     path.unlink(missing_ok=True)
     log.info("%s: restored tunables %s saved by an interrupted drain", b.device, original)
     return original
@@ -151,15 +156,30 @@ def drain(
             if is_clean(_reread(sysfs, b)):
                 raise AlreadyError(f"{dev} is already clean")
         original = _tunables(b)
-        try:  # the journal first: a signal while it is written still reaches the finally
+        try:  # the journal first: a signal while it is written still reaches the except
             state.write_json(_journal(b), {"device": dev, "backing": b.identity.node,
                                            "uuid": b.uuid, "original": original,
                                            "started": time.time()})
-            return _run(sysfs, b, original, dev, timeout, stall_timeout, confirm, interval,
-                        progress)
-        finally:
+            result = _run(sysfs, b, original, dev, timeout, stall_timeout, confirm, interval,
+                          progress)
+        except BaseException:
             with signals.deferred():  # a signal now waits until every tunable is back
-                restore_saved(sysfs, b)
+                _restore_keeping_error(sysfs, b, dev)
+            raise
+        with signals.deferred():
+            restore_saved(sysfs, b)
+        return result
+
+
+def _restore_keeping_error(sysfs: Sysfs, b: BcacheBacking, dev: str) -> None:
+    """The restore after a drain that failed or was stopped. If that restore fails too, the
+    drain's own error still is the one raised (it says why the drain ended and where the
+    dirty data is); the restore's failure is logged and the journal kept for ``--resume``."""
+    try:
+        restore_saved(sysfs, b)
+    except CacheMgrError as exc:
+        log.error("%s: the drain's tunables were not put back (%s); they stay saved in %s: "
+                  "'cachemgr drain %s --resume' puts them back", dev, exc, _journal(b), dev)
 
 
 def stall_hint(original: dict[str, int], stall_timeout: float, *, progressed: bool) -> str:
