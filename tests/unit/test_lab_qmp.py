@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
 import threading
 import tty
 from collections.abc import Callable, Iterator
@@ -31,6 +32,11 @@ class FakeQemu:
         self._slave = slave  # kept open: the pty goes away with its last slave fd
         self.reply = reply
         self.commands: list[dict[str, Any]] = []
+        # close() stops the thread through this pipe before it closes the pty: a thread still
+        # reading a closed master's fd number would read the next test's pty (the number is
+        # reused) and answer its commands with this test's replies (seen in a full run:
+        # test_an_error_answer_is_raised got {"return": {}} for its device_add)
+        self._stop_r, self._stop_w = os.pipe()
         self._send({"QMP": {"version": {}, "capabilities": []}})
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -41,6 +47,9 @@ class FakeQemu:
     def _serve(self) -> None:
         buf = b""
         while True:
+            ready = select.select([self.master, self._stop_r], [], [])[0]
+            if self._stop_r in ready:
+                return
             try:
                 chunk = os.read(self.master, 4096)
             except OSError:
@@ -56,8 +65,11 @@ class FakeQemu:
                     self._send(msg)
 
     def close(self) -> None:
-        os.close(self.master)
-        os.close(self._slave)
+        os.write(self._stop_w, b"x")
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive(), "the fake monitor's thread did not stop"
+        for fd in (self.master, self._slave, self._stop_r, self._stop_w):
+            os.close(fd)
 
 
 @pytest.fixture
