@@ -49,6 +49,114 @@ def resolved_blocks(rate: float) -> int:
 
 
 @dataclass
+class Reuse:
+    """The reuse times of the counted blocks' references (tr.Counts, a sample of blocks at
+    ``rate``), per (jackknife group, op): counts per bin (tr.rt_bin) and first references.
+    Below what a sample resolves the curve comes from them by the AET model (Hu et al.,
+    "Kinetic modeling of data cache sharing by co-located applications", USENIX ATC'16: the
+    average eviction time). With P(t) the share of all references whose reuse time exceeds t
+    (a first reference: never referenced before), an LRU cache of C blocks keeps a block for
+    the time T where the integral of P from 0 to T is C, and a reference hits when its reuse
+    time is at most T. Each counted reference stands for 1 / rate; what they fall short of
+    the whole trace's references is put at reuse time 0 (hits in any cache), as SHARDS_adj
+    does with distances. ``scale`` turns the recorded times into the analysed devices' own
+    (their share of all references, when only some of the recorded devices are analysed)."""
+
+    rate: float
+    cells: dict[tuple[int, int], dict[int, int]]  # (group, op) -> bin -> references
+    first: dict[tuple[int, int], int]  # (group, op) -> first references
+    scale: float = 1.0
+    _prep: tuple[list[tuple[float, float, list[float]]], list[float]] | None = field(
+        default=None, repr=False, compare=False)
+
+    def without(self, drop: int) -> Reuse:
+        """A jackknife replicate's: the blocks of group ``drop`` left out."""
+        return Reuse(self.rate * (tr.GROUPS - 1) / tr.GROUPS,
+                     {k: v for k, v in self.cells.items() if k[0] != drop},
+                     {k: v for k, v in self.first.items() if k[0] != drop}, self.scale)
+
+    def _prepare(self) -> tuple[list[tuple[float, float, list[float]]], list[float]]:
+        """Per bin (sorted): its range and the whole trace's references per op it stands
+        for; and the first references per op. An exact time t is the range [t, t]; the
+        times [lo, hi) of a wider bin are spread evenly over [lo - 1/2, hi - 1/2)."""
+        if self._prep is None:
+            inv = 1 / self.rate
+            per: dict[int, list[float]] = {}
+            for (_g, op), bins in self.cells.items():
+                for b, n in bins.items():
+                    per.setdefault(b, [0.0, 0.0])[op] += n * inv
+            first = [0.0, 0.0]
+            for (_g, op), n in self.first.items():
+                first[op] += n * inv
+            rows = []
+            for b in sorted(per):
+                lo, hi = tr.rt_bin_range(b)
+                if hi == lo + 1:
+                    rows.append((lo * self.scale, lo * self.scale, per[b]))
+                else:
+                    rows.append(((lo - 0.5) * self.scale, (hi - 0.5) * self.scale, per[b]))
+            self._prep = (rows, first)
+        return self._prep
+
+    def eviction_time(self, cache_blocks: float, total: float) -> float:
+        """T where the integral of P(t) from 0 to T is ``cache_blocks``; ``total``: the
+        whole trace's references (inf: the cache holds everything)."""
+        rows, first = self._prepare()
+        if total <= 0:
+            return math.inf
+        # S(T) = (sum over references of min(rt, T), first ones as infinite) / total
+        above = sum(first) + sum(r[2][0] + r[2][1] for r in rows)  # times above pos
+        s = 0.0  # the integral up to pos
+        pos = 0.0
+        c = cache_blocks
+        for lo, hi, n in rows:
+            k = n[0] + n[1]
+            if lo > pos:  # a stretch without times: P constant
+                if above > 0 and s + above / total * (lo - pos) >= c:
+                    return pos + (c - s) * total / above
+                s += above / total * (lo - pos)
+                pos = lo
+            w = hi - lo
+            if w == 0:  # an exact time: P drops by k there
+                above -= k
+                continue
+            # inside a bin: P falls linearly from above to above - k over [lo, hi)
+            area = (above - k / 2) * w / total
+            if s + area >= c:
+                # solve (above x - k x^2 / (2 w)) / total = c - s for x in [0, w]
+                need = (c - s) * total
+                if k == 0:
+                    return lo + need / above
+                a, b = k / (2 * w), -above
+                disc = max(0.0, b * b - 4 * a * need)
+                return lo + min(w, (-b - math.sqrt(disc)) / (2 * a))
+            s += area
+            above -= k
+            pos = hi
+        if above <= 1e-9:
+            return math.inf  # every reference was a reuse: the whole footprint fits
+        return pos + (c - s) * total / above
+
+    def hits(self, op: int, cache_blocks: float, refs: Sequence[float]) -> float:
+        """The whole trace's references of ``op`` (``refs``: per op) that hit: the ones at
+        time 0 and those whose reuse time is at most the eviction time."""
+        rows, first = self._prepare()
+        t = self.eviction_time(cache_blocks, refs[0] + refs[1])
+        n_op = first[op] + sum(r[2][op] for r in rows)
+        hits = refs[op] - n_op  # what the counted references fall short of: at time 0
+        for lo, hi, n in rows:
+            if lo == hi:  # an exact time: a hit from T = time, partly from time - 1 on
+                hits += n[op] * min(1.0, max(0.0, t - lo + 1))
+            elif hi <= t:
+                hits += n[op]
+            elif lo < t:
+                hits += n[op] * (t - lo) / (hi - lo)
+            else:
+                break
+        return max(0.0, hits)
+
+
+@dataclass
 class Strata:
     """Phase one of a two-phase sample: for a nested sample of blocks at ``rate`` (what the
     recorder counted, tr.Counts, or the trace's own sample when it is analysed at a lower
@@ -57,12 +165,13 @@ class Strata:
     rate: float
     cells: dict[tuple[int, int], tuple[int, int, int]]
     source: str  # "recorder" or "trace"
+    reuse: Reuse | None = None  # their reuse times (none from an older recorder)
 
     def without(self, drop: int) -> Strata:
         """A jackknife replicate's: the blocks of group ``drop`` left out."""
         keep = (tr.GROUPS - 1) / tr.GROUPS
         return Strata(self.rate * keep, {k: v for k, v in self.cells.items() if k[0] != drop},
-                      self.source)
+                      self.source, None if self.reuse is None else self.reuse.without(drop))
 
     def classes(self) -> dict[int, tuple[float, float, float]]:
         """Per frequency class, the whole trace's blocks, reads and writes (estimated)."""
@@ -99,6 +208,8 @@ class Histogram:
     sample: tuple[list[int], list[int]] | None = None
     totals: tuple[float, float] | None = None
     strata: Strata | None = None
+    # below this cache size (blocks) the curve comes from the strata's reuse times (AET)
+    aet_below: float = 0.0
     # the jackknife's replicates of a sampled trace, made on the first stderr()
     _reps: list[Histogram] | None = field(default=None, repr=False, compare=False)
 
@@ -110,6 +221,8 @@ class Histogram:
         # below C, clamp((C - d) x rate, 0, 1); at rate 1 that is exactly "d < C".
         # SHARDS_adj's correction sits at distance 0.
         c, r = cache_blocks, self.rate
+        if c < self.aet_below and self.strata is not None and self.strata.reuse is not None:
+            return self.strata.reuse.hits(op, c, self.refs)
         d, cw, cwd = self.distances[op], self.cum[op], self.cum_d[op]
         i = bisect.bisect_right(d, c - 1 / r)
         j = max(i, bisect.bisect_left(d, c))
@@ -166,8 +279,10 @@ class Histogram:
             for drop in range(g):
                 kept = [i for i, x in enumerate(group) if x != drop]
                 st = None if self.strata is None else self.strata.without(drop)
-                self._reps.append(_count([keys[i] for i in kept], [ops[i] for i in kept],
-                                         self.block, self.rate * keep, 0, self.totals, st))
+                rep = _count([keys[i] for i in kept], [ops[i] for i in kept], self.block,
+                             self.rate * keep, 0, self.totals, st)
+                rep.aet_below = self.aet_below
+                self._reps.append(rep)
         return self._reps
 
     @property
@@ -255,21 +370,38 @@ def phase_one(trace: tr.Trace, rate: float, block: int,
     sample when it was recorded at a higher rate than ``rate``; None when neither counts more
     blocks than the sample itself."""
     h = trace.header
-    bc = (trace.trailer or {}).get("block_counts")
+    t = trace.trailer or {}
+    bc = t.get("block_counts")
     if bc is not None and block == h.block:
-        st = _recorded_strata(bc, len(h.devices), devices)
+        st = _recorded_strata(bc, len(h.devices), devices, scale=_time_scale(t, h, devices))
         if st is not None and st.rate > rate:
             return st
     if h.rate > rate:
         # the recorder's counting, over the trace's own blocks: as bounded, and a block of a
         # sampled trace is counted only when it is in that sample (a request is kept whole
-        # when one of its blocks is)
-        c = tr.Counts(thr=tr.threshold(h.rate), floor=tr.threshold(rate), limit=tr.COUNT_TABLE)
+        # when one of its blocks is). Reuse times are the whole trace's only in a trace of
+        # every request (in a sampled one they would count sampled references).
+        c = tr.Counts(thr=tr.threshold(h.rate), floor=tr.threshold(rate), limit=tr.COUNT_TABLE,
+                      reuse=h.rate >= 1)
         for dev, first, last, op in _spans(trace, block, devices):
             for b in range(first, last + 1):
                 c.add(dev, b, op)  # a discard is not counted
         return _recorded_strata(c.to_json(), len(h.devices), None, "trace")
     return None
+
+
+def _time_scale(t: dict[str, Any], h: tr.Header, devices: Sequence[int] | None
+                ) -> float | None:
+    """The recorder's reuse times count the references of every recorded device: for some
+    of them, their share of the references turns those times into theirs (exact for one
+    device; for several, as if their requests were spread evenly among the others'). None
+    when the per-device totals are missing."""
+    if devices is None or set(devices) >= set(range(len(h.devices))):
+        return 1.0
+    some, every = _totals(t, len(h.devices), devices), _totals(t, len(h.devices), None)
+    if some is None or every is None or sum(every) <= 0:
+        return None
+    return sum(some) / sum(every)
 
 
 def _damaged(why: str) -> tr.TraceFormatError:
@@ -290,9 +422,10 @@ def counting_stopped(trace: tr.Trace) -> bool:
 
 
 def _recorded_strata(bc: Any, ndev: int, devices: Sequence[int] | None,
-                     source: str = "recorder") -> Strata | None:
+                     source: str = "recorder", scale: float | None = 1.0) -> Strata | None:
     """``block_counts`` (tr.Counts.to_json) as strata, checked: it is data from a file. None
-    when counting stopped."""
+    when counting stopped. ``scale``: what the reuse times are multiplied by (None: they are
+    not used)."""
     if not isinstance(bc, dict) or not isinstance(bc.get("cells"), list):
         raise _damaged("not a table of cells")
     thr = _count_int(bc.get("threshold"), "the threshold")
@@ -319,7 +452,48 @@ def _recorded_strata(bc: Any, ndev: int, devices: Sequence[int] | None,
         if want is None or dev in want:
             old = cells.get((g, c), (0, 0, 0))
             cells[(g, c)] = (old[0] + b, old[1] + r, old[2] + w)
-    return Strata(rate, cells, source)
+    reuse = None
+    if "reuse" in bc:
+        reuse = _recorded_reuse(bc["reuse"], rate, ndev, want)
+        if scale is not None and reuse is not None:
+            reuse.scale = scale
+        else:
+            reuse = None
+    return Strata(rate, cells, source, reuse)
+
+
+def _recorded_reuse(ru: Any, rate: float, ndev: int, want: set[int] | None
+                    ) -> Reuse | None:
+    """``block_counts.reuse`` (tr.Counts.to_json), checked; None when it has no references."""
+    if not isinstance(ru, dict) or not isinstance(ru.get("times"), list) \
+            or not isinstance(ru.get("first"), list):
+        raise _damaged("the reuse times are not tables")
+    if ru.get("bins_per_octave") != 8 or ru.get("exact_below") != tr.RT_EXACT:
+        raise _damaged(f"reuse time bins {ru.get('bins_per_octave')!r} per octave from "
+                       f"{ru.get('exact_below')!r}, not 8 from {tr.RT_EXACT}")
+    _count_int(ru.get("references"), "the references")
+    cells: dict[tuple[int, int], dict[int, int]] = {}
+    first: dict[tuple[int, int], int] = {}
+    for row in ru["times"]:
+        if not isinstance(row, list) or len(row) != 5:
+            raise _damaged(f"a reuse time cell is {row!r}")
+        dev, g, op, b, n = (_count_int(x, "a reuse time cell's field") for x in row)
+        if dev >= ndev or g >= tr.GROUPS or op > 1 or not 1 <= b < tr.RT_COLD or n < 1:
+            raise _damaged(f"the reuse time cell {row!r} is out of range")
+        if want is None or dev in want:
+            bins = cells.setdefault((g, op), {})
+            bins[b] = bins.get(b, 0) + n
+    for row in ru["first"]:
+        if not isinstance(row, list) or len(row) != 4:
+            raise _damaged(f"a first-reference cell is {row!r}")
+        dev, g, op, n = (_count_int(x, "a first-reference cell's field") for x in row)
+        if dev >= ndev or g >= tr.GROUPS or op > 1 or n < 1:
+            raise _damaged(f"the first-reference cell {row!r} is out of range")
+        if want is None or dev in want:
+            first[(g, op)] = first.get((g, op), 0) + n
+    if not first:
+        return None
+    return Reuse(rate, cells, first)
 
 
 def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
@@ -382,6 +556,8 @@ def _count(keys: list[int], ops: list[int], block: int, rate: float, discards: i
     popular blocks, hit in any cache the sample resolves."""
     inv = 1 / rate
     hist = Histogram(block=block, rate=rate, discards=discards, totals=totals, strata=strata)
+    if rate < 1 and strata is not None and strata.reuse is not None:
+        hist.aet_below = resolved_blocks(rate)  # a jackknife replicate takes its parent's
     bw: dict[int, float] = {}  # per sampled block, when strata: its weight in the distances
     rw: dict[int, tuple[float, float]] = {}  # and its references' per op
     if strata is not None:
@@ -595,7 +771,14 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
 
     notes = []
     small = [s for s in sizes if s < resolved_blocks(h.rate) * h.block]
-    if small:
+    if small and h.aet_below:
+        assert h.strata is not None
+        notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
+                     f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
+                     f"{', '.join(str(s) for s in small)} come from the reuse times of the "
+                     f"{h.strata.source}'s counted blocks (rate {h.strata.rate:g}) by the "
+                     "AET model")
+    elif small:
         notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
                      f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
                      f"{', '.join(str(s) for s in small)} are rough")
@@ -631,9 +814,11 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
                        "sampled": sampled_refs, "discarded_blocks": h.discards},
         "strata": None if h.strata is None else {
             "rate": h.strata.rate, "from": h.strata.source,
-            "classes": len(h.strata.classes())},
+            "classes": len(h.strata.classes()),
+            "reuse_times": h.strata.reuse is not None},
         "footprint_bytes": h.footprint_bytes,
         "resolved_from_bytes": resolved_blocks(h.rate) * h.block,
+        "reuse_model_below_bytes": round(h.aet_below) * h.block if h.aet_below else None,
         "max_hit_ratio": _r(top),
         "knee": k.to_json() if k else None,
         "size_for": {"50%": size_for(0.5), "90%": size_for(0.9), "95%": size_for(0.95),

@@ -76,7 +76,15 @@ def sampled(dev: int, block: int, thr: int) -> bool:
 
 COUNT_TABLE = 1 << 18  # blocks counted at most: about 21 MiB of Python dict (measured)
 GROUPS = 10  # the jackknife's groups: the counts are kept per group too
-_WRITE = 1 << 32  # a counted block's value: reads + writes << 32
+# A counted block's value: reads (bits 0-31), writes (32-63), its jackknife group (64-67) and
+# the index of its last reference (68 on), in references of the whole recording.
+_WRITE = 1 << 32
+_COUNT_BITS = (1 << 64) - 1
+_LAST = 68
+_KEEP = (1 << _LAST) - 1  # the value without its last reference
+# Reuse times (references between two references to a counted block) are kept in bins of 8
+# per octave: times under 16 exactly, then [m << e, (m + 1) << e) for m in 8..15.
+RT_EXACT = 16
 
 
 def key(dev: int, block: int) -> int:
@@ -98,22 +106,84 @@ def group(k: int) -> int:
     return _mix(k ^ 0x2545F4914F6CDD1D) % GROUPS
 
 
+def value_counts(v: int) -> tuple[int, int]:
+    """A counted block's reads and writes, from its value in Counts.table."""
+    return v & (_WRITE - 1), (v & _COUNT_BITS) >> 32
+
+
+def rt_bin(t: int) -> int:
+    """The bin of reuse time ``t`` (>= 1): exact under RT_EXACT, then 8 per octave."""
+    if t < RT_EXACT:
+        return t
+    e = t.bit_length() - 4
+    return (e << 3) + (t >> e)
+
+
+def rt_bin_range(b: int) -> tuple[int, int]:
+    """The reuse times of bin ``b``: [lo, hi)."""
+    if b < RT_EXACT:
+        return b, b + 1
+    e = (b >> 3) - 1
+    m = b - (e << 3)
+    return m << e, (m + 1) << e
+
+
+def band(h: int) -> int:
+    """A counted block's hash band (the bit length of its 24-bit hash): a halving of the
+    threshold to 2^j forgets exactly the blocks, and their reuse times, of band j + 1."""
+    return h.bit_length()
+
+
+def rt_key(dev: int, bnd: int, g: int, op: int, b: int) -> int:
+    """A reuse-time cell: device, band, group, op, bin (bin 1023: first references)."""
+    return ((((dev << 5 | bnd) << 4 | g) << 1 | op) << 10) | b
+
+
+RT_COLD = 1023
+
+
+def _hash(dev: int, block: int) -> int:
+    return _mix((dev << 56) ^ block ^ 0x9E3779B97F4A7C15) >> (64 - RATE_BITS)
+
+
 @dataclass
 class Counts:
-    """The counted blocks of a recording: a nested sample at threshold ``thr``."""
+    """The counted blocks of a recording: a nested sample at threshold ``thr``, and (with
+    ``reuse``) the reuse times of their references, measured in references of everything
+    counted from (``n``: the references seen so far, counted blocks or not)."""
 
     thr: int
     floor: int  # the recorded sample's threshold: never counted below it
     limit: int = COUNT_TABLE
     table: dict[int, int] = field(default_factory=dict)
+    reuse: bool = True
+    n: int = 0
+    rt: dict[int, int] = field(default_factory=dict)
 
     def add(self, dev: int, block: int, op: int) -> None:
         """Count one reference to a block (the recorder's loop does the same, inline)."""
-        if op < 2 and self.thr and sampled(dev, block, self.thr):
-            k = key(dev, block)
-            self.table[k] = self.table.get(k, 0) + (_WRITE if op else 1)
-            if len(self.table) > self.limit:
-                self.shrink()
+        if op >= 2:
+            return  # discards are not cached: not counted
+        self.n += 1
+        if not self.thr:
+            return
+        h = _hash(dev, block)
+        if h >= self.thr:
+            return
+        k = key(dev, block)
+        v = self.table.get(k)
+        if v is None:
+            g = group(k)
+            v = g << 64
+            if self.reuse:
+                c = rt_key(dev, band(h), g, op, RT_COLD)
+                self.rt[c] = self.rt.get(c, 0) + 1
+        elif self.reuse:
+            c = rt_key(dev, band(h), v >> 64 & 15, op, rt_bin(self.n - (v >> _LAST)))
+            self.rt[c] = self.rt.get(c, 0) + 1
+        self.table[k] = ((v & _KEEP) + (_WRITE if op else 1)) | self.n << _LAST
+        if len(self.table) > self.limit:
+            self.shrink()
 
     def shrink(self) -> None:
         """Halve the threshold and forget the blocks above it. Down at the recorded rate's the
@@ -123,12 +193,17 @@ class Counts:
             if thr <= self.floor:
                 self.thr = 0
                 self.table = {}
+                self.rt = {}
             else:
                 table = {k: v for k, v in self.table.items() if key_sampled(k, thr)}
+                top = band(thr - 1)
+                rt = {c: n for c, n in self.rt.items() if c >> 15 & 31 <= top}
                 # Ctrl-C may land anywhere here: the threshold goes first, and to_json()
-                # counts only the blocks under it, so an interrupted halving is harmless
+                # counts only the blocks (and bands) under it, so an interrupted halving is
+                # harmless
                 self.thr = thr
                 self.table = table
+                self.rt = rt
 
     def to_json(self) -> dict[str, Any]:
         """Totals per (device, group, class); threshold 0 and no cells when counting stopped
@@ -137,13 +212,32 @@ class Counts:
         for k, v in self.table.items():
             if not key_sampled(k, self.thr):
                 continue  # left by a halving that Ctrl-C cut short
-            r, w = v & (_WRITE - 1), v >> 32
-            c = cells.setdefault((k >> 48, group(k), freq_class(r + w)), [0, 0, 0])
+            r, w = value_counts(v)
+            c = cells.setdefault((k >> 48, v >> 64 & 15, freq_class(r + w)), [0, 0, 0])
             c[0] += 1
             c[1] += r
             c[2] += w
-        return {"rate": self.thr / (1 << RATE_BITS), "threshold": self.thr, "groups": GROUPS,
-                "cells": [[*k, *v] for k, v in sorted(cells.items())]}
+        out: dict[str, Any] = {"rate": self.thr / (1 << RATE_BITS), "threshold": self.thr,
+                               "groups": GROUPS,
+                               "cells": [[*k, *v] for k, v in sorted(cells.items())]}
+        if self.reuse and self.thr:
+            top = band(self.thr - 1)
+            times: dict[tuple[int, int, int, int], int] = {}
+            cold: dict[tuple[int, int, int], int] = {}
+            for ck, n in self.rt.items():
+                b, op, g = ck & 1023, ck >> 10 & 1, ck >> 11 & 15
+                bnd, dev = ck >> 15 & 31, ck >> 20
+                if bnd > top:
+                    continue  # left by a halving that Ctrl-C cut short
+                if b == RT_COLD:
+                    cold[(dev, g, op)] = cold.get((dev, g, op), 0) + n
+                else:
+                    times[(dev, g, op, b)] = times.get((dev, g, op, b), 0) + n
+            out["reuse"] = {"references": self.n, "bins_per_octave": 8,
+                            "exact_below": RT_EXACT,
+                            "times": [[*k, v] for k, v in sorted(times.items())],
+                            "first": [[*k, v] for k, v in sorted(cold.items())]}
+        return out
 
 
 # ----------------------------------------------------------------------------- the file
@@ -421,6 +515,8 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
         requests, blocks, nbytes_, sampled_blocks = (tot.requests, tot.blocks, tot.bytes,
                                                      tot.sampled_blocks)
         table = counts.table
+        rt = counts.rt
+        n = counts.n
         dblocks = tot.device_blocks
         for t_ns, sector, nbytes, op, dev in parser.feed_raw(chunk):
             di = by_raw.get(dev)
@@ -445,6 +541,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
                 counted = op < 2  # discards are not cached: not counted
                 one = _WRITE if op else 1
                 base = di << 48
+                cthr = counts.thr
                 for b in range(first, last + 1):
                     x = salt ^ b  # _mix, as sampled() does it
                     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & mask
@@ -452,12 +549,29 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
                     x = (x ^ (x >> 31)) >> (64 - RATE_BITS)
                     if x < thr:
                         hit += 1
-                    if counted and x < counts.thr:
-                        k = base | b
-                        table[k] = table.get(k, 0) + one
+                    if counted:  # Counts.add, written out
+                        n += 1
+                        if x < cthr:
+                            k = base | b
+                            v = table.get(k)
+                            if v is None:
+                                g = group(k)
+                                v = g << 64
+                                c = rt_key(di, x.bit_length(), g, op, RT_COLD)
+                            else:
+                                rb = n - (v >> _LAST)  # the reuse time, then its bin
+                                if rb >= RT_EXACT:
+                                    e = rb.bit_length() - 4
+                                    rb = (e << 3) + (rb >> e)
+                                c = ((((di << 5 | x.bit_length()) << 4 | v >> 64 & 15) << 1
+                                      | op) << 10) | rb
+                            rt[c] = rt.get(c, 0) + 1
+                            table[k] = ((v & _KEEP) + one) | n << _LAST
+                counts.n = n
                 if len(table) > counts.limit:
                     counts.shrink()
                     table = counts.table
+                    rt = counts.rt
             if hit:
                 sampled_blocks[op] += hit
                 tot.kept += 1

@@ -25,13 +25,15 @@ ROWS = 14
 
 
 def mrc_chart(doc: Mapping[str, Any]) -> Text:
-    """Hit ratio at ~ROWS cache sizes, log-spaced from the smallest resolved size to a little
-    past the footprint; the knee and the asked-for sizes marked."""
+    """Hit ratio at ~ROWS cache sizes, log-spaced from the smallest resolved size (or
+    modelled one) to a little past the footprint; the knee and the asked-for sizes marked."""
     pts = [p for p in doc.get("curve", []) if p.get("hit_ratio") is not None]
     t = Text("hit ratio against cache size (LRU)\n", style="bold")
     if not pts:
         return t.append("no references in the trace\n")
-    lo = max(pts[0]["cache_bytes"], doc.get("resolved_from_bytes") or 0)
+    # a sample is read from what it resolves up, unless the reuse times model the sizes below
+    resolved = 0 if doc.get("reuse_model_below_bytes") else doc.get("resolved_from_bytes") or 0
+    lo = max(pts[0]["cache_bytes"], resolved)
     hi = max(pts[-1]["cache_bytes"], lo)
     sizes = sorted({round(lo * (hi / lo) ** (i / (ROWS - 1))) for i in range(ROWS)}
                    if hi > lo else {lo})
