@@ -312,34 +312,39 @@ def test_counting_that_stopped_is_said(tmp_path: Path) -> None:
     assert any("stopped counting blocks" in n for n in doc["notes"])
 
 
+def two_device_trace(path: Path, stream: list[tuple[int, int, int]], rate: float,
+                     limit: int = tr.COUNT_TABLE) -> Path:
+    """A trace of two devices, vda and vdb, as the recorder writes it: ``stream`` is their
+    references (device, block, op) in order; per-device totals, counts of ``limit``."""
+    thr = tr.threshold(rate)
+    h = tr.Header(block=4096, rate=rate, started=0.0, devices=[
+        tr.Device(i, f"/dev/vd{n}", f"vd{n}", f"254:{16 * i}", 1 << 30)
+        for i, n in enumerate("ab")])
+    w = tr.Writer(path, h)
+    tot = tr.Totals(device_blocks=[[0, 0, 0], [0, 0, 0]])
+    cnt = tr.Counts(thr=1 << tr.RATE_BITS, floor=thr, limit=limit)
+    for i, (dev, blk, op) in enumerate(stream):
+        cnt.add(dev, blk, op)
+        tot.requests[op] += 1
+        tot.blocks[op] += 1
+        tot.device_blocks[dev][op] += 1
+        if tr.sampled(dev, blk, thr):
+            w.add(i * 1e-4, blk * 4096, 4096, dev, op)
+    w.close({"seconds": 1.0, **tot.to_json(), "diskstats": {},
+             "block_counts": cnt.to_json()})
+    return path
+
+
 def test_one_device_of_a_trace_is_weighed_to_its_own_totals(tmp_path: Path) -> None:
     """Two devices in one 10 % trace; --device weighs each to its own totals (the trailer's
     per-device ones) and counts: with every block counted, its curve is the one of its
     references alone; with a table of 1000 (counted rate 1/8), its totals are still exact."""
     a = zipf_refs(4096, 20_000, 1.0, seed=12, writes=0.2)
     b = zipf_refs(2048, 8_000, 0.7, seed=13, writes=0.5)
-    thr = tr.threshold(0.1)
+    stream = [(dev, *ref) for pair in itertools.zip_longest(a, b)
+              for dev, ref in enumerate(pair) if ref is not None]
     for limit in (tr.COUNT_TABLE, 1000):
-        h = tr.Header(block=4096, rate=0.1, started=0.0, devices=[
-            tr.Device(i, f"/dev/vd{n}", f"vd{n}", f"254:{16 * i}", 1 << 30)
-            for i, n in enumerate("ab")])
-        path = tmp_path / f"two{limit}"
-        w = tr.Writer(path, h)
-        tot = tr.Totals(device_blocks=[[0, 0, 0], [0, 0, 0]])
-        cnt = tr.Counts(thr=1 << tr.RATE_BITS, floor=thr, limit=limit)
-        for i, pair in enumerate(itertools.zip_longest(a, b)):
-            for dev, ref in enumerate(pair):
-                if ref is None:
-                    continue
-                blk, op = ref
-                cnt.add(dev, blk, op)
-                tot.blocks[op] += 1
-                tot.device_blocks[dev][op] += 1
-                if tr.sampled(dev, blk, thr):
-                    w.add(i * 1e-4, blk * 4096, 4096, dev, op)
-        w.close({"seconds": 1.0, **tot.to_json(), "diskstats": {},
-                 "block_counts": cnt.to_json()})
-        t = tr.read(path)
+        t = tr.read(two_device_trace(tmp_path / f"two{limit}", stream, 0.1, limit))
         for dev, refs in ((0, a), (1, b)):
             hs = sizing.histogram(t, devices=[dev])
             assert hs.strata is not None and hs.strata.rate == (1.0 if limit > 1000 else 1 / 8)

@@ -11,7 +11,7 @@ import pytest
 
 from cachemgr.procedures import sizing
 from cachemgr.procedures import trace as tr
-from tests.unit.test_sizing import make_trace, zipf_refs
+from tests.unit.test_sizing import make_trace, two_device_trace, zipf_refs
 
 
 def test_bins_cover_every_time_once() -> None:
@@ -180,24 +180,7 @@ def test_one_device_of_several_takes_its_share_of_the_times(tmp_path: Path) -> N
     rnd.shuffle(tags)
     its = [iter(a), iter(b)]
     stream = [(d, *next(its[d])) for d in tags]
-    rate = 0.01
-    thr = tr.threshold(rate)
-    h = tr.Header(block=4096, rate=rate, started=0.0, devices=[
-        tr.Device(i, f"/dev/vd{n}", f"vd{n}", f"254:{16 * i}", 1 << 30)
-        for i, n in enumerate("ab")])
-    w = tr.Writer(tmp_path / "t", h)
-    tot = tr.Totals(device_blocks=[[0, 0, 0], [0, 0, 0]])
-    cnt = tr.Counts(thr=1 << tr.RATE_BITS, floor=thr)
-    for i, (d, blk, op) in enumerate(stream):
-        cnt.add(d, blk, op)
-        tot.requests[op] += 1
-        tot.blocks[op] += 1
-        tot.device_blocks[d][op] += 1
-        if tr.sampled(d, blk, thr):
-            w.add(i * 1e-4, blk * 4096, 4096, d, op)
-    w.close({"seconds": 10.0, **tot.to_json(), "diskstats": {},
-             "block_counts": cnt.to_json()})
-    t = tr.read(tmp_path / "t")
+    t = tr.read(two_device_trace(tmp_path / "t", stream, 0.01))
     hist = sizing.histogram(t, devices=[0])
     assert hist.strata is not None and hist.strata.reuse is not None
     assert hist.strata.reuse.scale == pytest.approx(1 / 3, abs=1e-9)
