@@ -98,16 +98,7 @@ def _restore_saved_locked(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
         raise state.StateFileError(path, f"not a drain journal: 'original' is {original!r}, "
                                          f"not the values of {sorted(DRAIN_SETTINGS)}")
     try:
-        cur = _reread(sysfs, b)
-        for name, value in original.items():
-            try:
-                bcache.set_tunable(sysfs, cur, name, value)
-            except AlreadyError:
-                pass
-            except CacheMgrError:
-                _reread(sysfs, cur)  # DeviceGone if that is why the write failed
-                raise
-            cur = _reread(sysfs, cur)
+        _set_all(sysfs, _reread(sysfs, b), original)
     except DeviceGone:
         # the device was stopped (by bcache or an admin), before or in the middle of the
         # restore (seen in the lab: bcache stopping a failing backing device just as the
@@ -119,6 +110,21 @@ def _restore_saved_locked(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
     path.unlink(missing_ok=True)
     log.info("%s: restored tunables %s saved by an interrupted drain", b.device, original)
     return original
+
+
+def _set_all(sysfs: Sysfs, b: BcacheBacking, values: dict[str, int]) -> BcacheBacking:
+    """Write each tunable (one already so is fine); the device read again. DeviceGone when
+    the device stopped before or during the writes (a write's own error otherwise)."""
+    for name, value in values.items():
+        try:
+            bcache.set_tunable(sysfs, b, name, value)
+        except AlreadyError:
+            pass
+        except CacheMgrError:
+            _reread(sysfs, b)  # DeviceGone if that is why the write failed
+            raise
+        b = _reread(sysfs, b)
+    return b
 
 
 def is_clean(b: BcacheBacking) -> bool:
@@ -215,15 +221,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
          progress: Callable[[DrainProgress], None] | None) -> DrainResult:
     cset = b.cset_uuid  # known now; bcache may drop the link before it stops the device
     try:
-        for name, value in DRAIN_SETTINGS.items():
-            try:
-                bcache.set_tunable(sysfs, b, name, value)
-            except AlreadyError:
-                pass
-            except CacheMgrError:
-                _reread(sysfs, b)  # DeviceGone if that is why the write failed
-                raise
-            b = _reread(sysfs, b)
+        b = _set_all(sysfs, b, DRAIN_SETTINGS)
     except DeviceGone:
         raise _gone(b, dev, cset) from None
 

@@ -74,7 +74,7 @@ def sampled(dev: int, block: int, thr: int) -> bool:
 # each class of the 1 % sample to those totals (two-phase sampling for stratification,
 # docs/admin-guide.md "Sizing a cache from the host's own IO").
 
-COUNT_TABLE = 1 << 18  # blocks counted at most: about 21 MiB of Python dict (measured)
+COUNT_TABLE = 1 << 18  # blocks counted at most: about 27 MiB of Python dict (measured)
 GROUPS = 10  # the jackknife's groups: the counts are kept per group too
 # A counted block's value: reads (bits 0-31), writes (32-63), its jackknife group (64-67) and
 # the index of its last reference (68 on), in references of the whole recording.
