@@ -138,12 +138,15 @@ class Reuse:
         return pos + (c - s) * total / above
 
     def hits(self, op: int, cache_blocks: float, refs: Sequence[float]) -> float:
-        """The whole trace's references of ``op`` (``refs``: per op) that hit: the ones at
-        time 0 and those whose reuse time is at most the eviction time."""
+        """The whole trace's references of ``op`` (``refs``: the whole trace's, per op) that
+        hit: those whose reuse time is at most the eviction time, and what the counted
+        references fall short of, at time 0: mostly hot blocks the counts did not draw,
+        which hit in any cache their own number of blocks fits, so ramped in over the first
+        1 / rate blocks as SHARDS_adj is."""
         rows, first = self._prepare()
         t = self.eviction_time(cache_blocks, refs[0] + refs[1])
         n_op = first[op] + sum(r[2][op] for r in rows)
-        hits = refs[op] - n_op  # what the counted references fall short of: at time 0
+        hits = (refs[op] - n_op) * min(1.0, cache_blocks * self.rate)
         for lo, hi, n in rows:
             if lo == hi:  # an exact time: a hit from T = time, partly from time - 1 on
                 hits += n[op] * min(1.0, max(0.0, t - lo + 1))
@@ -208,8 +211,10 @@ class Histogram:
     sample: tuple[list[int], list[int]] | None = None
     totals: tuple[float, float] | None = None
     strata: Strata | None = None
-    # below this cache size (blocks) the curve comes from the strata's reuse times (AET)
+    # below this cache size (blocks) the curve comes from the strata's reuse times (AET),
+    # against the whole trace's references per op
     aet_below: float = 0.0
+    aet_refs: tuple[float, float] = (0.0, 0.0)
     # the jackknife's replicates of a sampled trace, made on the first stderr()
     _reps: list[Histogram] | None = field(default=None, repr=False, compare=False)
 
@@ -220,9 +225,17 @@ class Histogram:
         # [d, d + 1 / rate): at a cache of C blocks it is a hit for the part of that interval
         # below C, clamp((C - d) x rate, 0, 1); at rate 1 that is exactly "d < C".
         # SHARDS_adj's correction sits at distance 0.
+        if cache_blocks < self.aet_below and self.strata is not None \
+                and self.strata.reuse is not None:
+            # the model below, the sample from aet_below up; the model's figure is capped at
+            # the sample's there, so that the curve does not fall where one meets the other
+            modelled = self.strata.reuse.hits(op, cache_blocks, self.aet_refs) \
+                * self.refs[op] / max(self.aet_refs[op], 1e-300)
+            return min(modelled, self._sampled_hits(op, self.aet_below))
+        return self._sampled_hits(op, cache_blocks)
+
+    def _sampled_hits(self, op: int, cache_blocks: float) -> float:
         c, r = cache_blocks, self.rate
-        if c < self.aet_below and self.strata is not None and self.strata.reuse is not None:
-            return self.strata.reuse.hits(op, c, self.refs)
         d, cw, cwd = self.distances[op], self.cum[op], self.cum_d[op]
         i = bisect.bisect_right(d, c - 1 / r)
         j = max(i, bisect.bisect_left(d, c))
@@ -265,7 +278,12 @@ class Histogram:
                 continue
             xs = [float(v or 0.0) for v in vals]
             mean = sum(xs) / g
-            out.append(math.sqrt((g - 1) / g * sum((v - mean) ** 2 for v in xs)))
+            var = (g - 1) / g * sum((v - mean) ** 2 for v in xs)
+            if c / self.block < self.aet_below and self.strata is not None:
+                # modelled from the counted blocks alone: a sample of them at the strata's
+                # rate, none at rate 1 (the finite-population correction)
+                var *= max(0.0, 1.0 - self.strata.rate)
+            out.append(math.sqrt(var))
         return out
 
     def _replicates(self) -> list[Histogram]:
@@ -627,6 +645,8 @@ def _count(keys: list[int], ops: list[int], block: int, rate: float, discards: i
             if hist.refs[op] > 0:
                 hist.adjust[op] = totals[op] - hist.refs[op]
                 hist.refs[op] = totals[op]
+        # the model times all references, the writes too when the sample drew none
+        hist.aet_refs = (totals[0], totals[1])
     return hist
 
 

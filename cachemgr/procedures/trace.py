@@ -76,11 +76,13 @@ def sampled(dev: int, block: int, thr: int) -> bool:
 
 COUNT_TABLE = 1 << 18  # blocks counted at most: about 27 MiB of Python dict (measured)
 GROUPS = 10  # the jackknife's groups: the counts are kept per group too
-# A counted block's value: reads (bits 0-31), writes (32-63), its jackknife group (64-67) and
-# the index of its last reference (68 on), in references of the whole recording.
+# A counted block's value: reads (bits 0-31), writes (32-71), its jackknife group (72-75) and
+# the index of its last reference (76 on), in references of the whole recording. (2^32 reads
+# of one block would carry into the writes: 4 days of one block read at 10,000/s.)
 _WRITE = 1 << 32
-_COUNT_BITS = (1 << 64) - 1
-_LAST = 68
+_COUNT_BITS = (1 << 72) - 1
+_GROUP = 72
+_LAST = 76
 _KEEP = (1 << _LAST) - 1  # the value without its last reference
 # Reuse times (references between two references to a counted block) are kept in bins of 8
 # per octave: times under 16 exactly, then [m << e, (m + 1) << e) for m in 8..15.
@@ -174,12 +176,12 @@ class Counts:
         v = self.table.get(k)
         if v is None:
             g = group(k)
-            v = g << 64
+            v = g << _GROUP
             if self.reuse:
                 c = rt_key(dev, band(h), g, op, RT_COLD)
                 self.rt[c] = self.rt.get(c, 0) + 1
         elif self.reuse:
-            c = rt_key(dev, band(h), v >> 64 & 15, op, rt_bin(self.n - (v >> _LAST)))
+            c = rt_key(dev, band(h), v >> _GROUP & 15, op, rt_bin(self.n - (v >> _LAST)))
             self.rt[c] = self.rt.get(c, 0) + 1
         self.table[k] = ((v & _KEEP) + (_WRITE if op else 1)) | self.n << _LAST
         if len(self.table) > self.limit:
@@ -213,7 +215,7 @@ class Counts:
             if not key_sampled(k, self.thr):
                 continue  # left by a halving that Ctrl-C cut short
             r, w = value_counts(v)
-            c = cells.setdefault((k >> 48, v >> 64 & 15, freq_class(r + w)), [0, 0, 0])
+            c = cells.setdefault((k >> 48, v >> _GROUP & 15, freq_class(r + w)), [0, 0, 0])
             c[0] += 1
             c[1] += r
             c[2] += w
@@ -518,67 +520,72 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
         rt = counts.rt
         n = counts.n
         dblocks = tot.device_blocks
-        for t_ns, sector, nbytes, op, dev in parser.feed_raw(chunk):
-            di = by_raw.get(dev)
-            if di is None:
-                continue
-            if t0_ns is None:
-                t0_ns = t_ns
-            off = (sector - starts[di]) * 512
-            if off < 0:
-                continue
-            first = off >> shift
-            last = (off + nbytes - 1) >> shift
-            requests[op] += 1
-            blocks[op] += last - first + 1
-            dblocks[di][op] += last - first + 1
-            nbytes_[op] += nbytes
-            if everything:
-                hit = last - first + 1
-            else:
-                hit = 0
-                salt = (di << 56) ^ 0x9E3779B97F4A7C15
-                counted = op < 2  # discards are not cached: not counted
-                one = _WRITE if op else 1
-                base = di << 48
-                cthr = counts.thr
-                for b in range(first, last + 1):
-                    x = salt ^ b  # _mix, as sampled() does it
-                    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & mask
-                    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & mask
-                    x = (x ^ (x >> 31)) >> (64 - RATE_BITS)
-                    if x < thr:
-                        hit += 1
-                    if counted:  # Counts.add, written out
-                        n += 1
-                        if x < cthr:
-                            k = base | b
-                            v = table.get(k)
-                            if v is None:
-                                g = group(k)
-                                v = g << 64
-                                c = rt_key(di, x.bit_length(), g, op, RT_COLD)
-                            else:
-                                rb = n - (v >> _LAST)  # the reuse time, then its bin
-                                if rb >= RT_EXACT:
-                                    e = rb.bit_length() - 4
-                                    rb = (e << 3) + (rb >> e)
-                                c = ((((di << 5 | x.bit_length()) << 4 | v >> 64 & 15) << 1
-                                      | op) << 10) | rb
-                            rt[c] = rt.get(c, 0) + 1
-                            table[k] = ((v & _KEEP) + one) | n << _LAST
-                counts.n = n
-                if len(table) > counts.limit:
-                    counts.shrink()
-                    table = counts.table
-                    rt = counts.rt
-            if hit:
-                sampled_blocks[op] += hit
-                tot.kept += 1
-                t = (t_ns - t0_ns) / 1e9
-                if t > newest:
-                    newest = t
-                pending.append((t, off, nbytes, di, op))
+        # the clock goes back to counts.n however the loop ends: a Ctrl-C in the middle of a
+        # request leaves last-reference indexes up to n in the table, and the events read
+        # after the stop must be timed from there (never a reuse time of 0 or below)
+        try:
+            for t_ns, sector, nbytes, op, dev in parser.feed_raw(chunk):
+                di = by_raw.get(dev)
+                if di is None:
+                    continue
+                if t0_ns is None:
+                    t0_ns = t_ns
+                off = (sector - starts[di]) * 512
+                if off < 0:
+                    continue
+                first = off >> shift
+                last = (off + nbytes - 1) >> shift
+                requests[op] += 1
+                blocks[op] += last - first + 1
+                dblocks[di][op] += last - first + 1
+                nbytes_[op] += nbytes
+                if everything:
+                    hit = last - first + 1
+                else:
+                    hit = 0
+                    salt = (di << 56) ^ 0x9E3779B97F4A7C15
+                    counted = op < 2  # discards are not cached: not counted
+                    one = _WRITE if op else 1
+                    base = di << 48
+                    cthr = counts.thr
+                    for b in range(first, last + 1):
+                        x = salt ^ b  # _mix, as sampled() does it
+                        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & mask
+                        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & mask
+                        x = (x ^ (x >> 31)) >> (64 - RATE_BITS)
+                        if x < thr:
+                            hit += 1
+                        if counted:  # Counts.add, written out
+                            n += 1
+                            if x < cthr:
+                                k = base | b
+                                v = table.get(k)
+                                if v is None:
+                                    g = group(k)
+                                    v = g << _GROUP
+                                    c = rt_key(di, x.bit_length(), g, op, RT_COLD)
+                                else:
+                                    rb = n - (v >> _LAST)  # the reuse time, then its bin
+                                    if rb >= RT_EXACT:
+                                        e = rb.bit_length() - 4
+                                        rb = (e << 3) + (rb >> e)
+                                    c = ((((di << 5 | x.bit_length()) << 4 | v >> _GROUP & 15)
+                                          << 1 | op) << 10) | rb
+                                rt[c] = rt.get(c, 0) + 1
+                                table[k] = ((v & _KEEP) + one) | n << _LAST
+                    if len(table) > counts.limit:
+                        counts.shrink()
+                        table = counts.table
+                        rt = counts.rt
+                if hit:
+                    sampled_blocks[op] += hit
+                    tot.kept += 1
+                    t = (t_ns - t0_ns) / 1e9
+                    if t > newest:
+                        newest = t
+                    pending.append((t, off, nbytes, di, op))
+        finally:
+            counts.n = n
         return newest
 
     try:

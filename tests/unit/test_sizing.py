@@ -10,6 +10,7 @@ import random
 import struct
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -484,31 +485,15 @@ def test_parser_kinds_and_resync() -> None:
     assert p.bad_magic >= 1 and p.skipped == 2
 
 
-def test_record_with_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recorder's loop on a captured sysfs and a stream made of real event layouts: the
-    totals count every request, the file holds the sampled ones in time order, out-of-order
-    CPUs are sorted, other devices are ignored."""
-    from cachemgr.core.sysfs import Sysfs
-
-    root = Path(__file__).parent.parent / "fixtures" / "schedulers-uml" / "sys"
-    monkeypatch.setattr(Sysfs, "block_name_of", lambda self, node: node.rsplit("/", 1)[-1])
-    sysfs = Sysfs(root)
-    ubdc = (root / "block" / "ubdc" / "dev").read_text().strip()
-    major, minor = (int(x) for x in ubdc.split(":"))
-    dev = major << 20 | minor
-    sh, q = blktrace.TC_SHIFT, blktrace.TA_QUEUE
-    # 2000 reads of 1-3 blocks from block (7 i) mod 500: blocks referenced again, so the
-    # block counts hold reuse times; pairs swapped: two CPUs' batches
-    spans = [(i * 7 % 500, 1 + i % 3) for i in range(2000)]
-    evs = [_event(i, 1_000_000 * (i ^ 1), 8 * b, 4096 * n, (blktrace.TC_READ << sh) | q, dev)
-           for i, (b, n) in enumerate(spans)]
-    evs.append(_event(9999, 5, 0, 4096, (blktrace.TC_READ << sh) | q, dev + 1))  # ubdd: not ours
-    data = b"".join(evs)
+def blktrace_stream(data: bytes, chunk: int = 4096) -> type:
+    """A stand-in for the blktrace wrapper that hands out ``data`` ``chunk`` bytes at a
+    time (blktrace's own record layout), then its end; it expects to be stopped, not
+    killed."""
 
     class Fake:
         def __init__(self, devices: list[str]) -> None:
             assert devices == ["/dev/ubdc"]
-            self.chunks = [data[i:i + 4096] for i in range(0, len(data), 4096)]
+            self.chunks = [data[i:i + chunk] for i in range(0, len(data), chunk)]
             self.stopped = False
 
         def read(self, size: int = 0) -> bytes:
@@ -523,6 +508,35 @@ def test_record_with_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         def kill(self) -> None:
             raise AssertionError("not killed when it ends by itself")
 
+    return Fake
+
+
+def ubdc_sysfs(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, int]:
+    """The captured sysfs the recorder tests trace /dev/ubdc on, and ubdc's raw devno."""
+    from cachemgr.core.sysfs import Sysfs
+
+    root = Path(__file__).parent.parent / "fixtures" / "schedulers-uml" / "sys"
+    monkeypatch.setattr(Sysfs, "block_name_of", lambda self, node: node.rsplit("/", 1)[-1])
+    major, minor = ((root / "block" / "ubdc" / "dev").read_text().strip().split(":"))
+    return Sysfs(root), int(major) << 20 | int(minor)
+
+
+def test_record_with_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder's loop on a captured sysfs and a stream made of real event layouts: the
+    totals count every request, the file holds the sampled ones in time order, out-of-order
+    CPUs are sorted, other devices are ignored."""
+    sysfs, dev = ubdc_sysfs(monkeypatch)
+    ubdc = f"{dev >> 20}:{dev & 0xFFFFF}"
+    sh, q = blktrace.TC_SHIFT, blktrace.TA_QUEUE
+    # 2000 reads of 1-3 blocks from block (7 i) mod 500: blocks referenced again, so the
+    # block counts hold reuse times; pairs swapped: two CPUs' batches
+    spans = [(i * 7 % 500, 1 + i % 3) for i in range(2000)]
+    evs = [_event(i, 1_000_000 * (i ^ 1), 8 * b, 4096 * n, (blktrace.TC_READ << sh) | q, dev)
+           for i, (b, n) in enumerate(spans)]
+    evs.append(_event(9999, 5, 0, 4096, (blktrace.TC_READ << sh) | q, dev + 1))  # ubdd: not ours
+    data = b"".join(evs)
+
+    Fake = blktrace_stream(data)
     out = tmp_path / "t.trace"
     rec = tr.record(sysfs, ["/dev/ubdc"], out, seconds=None, rate=0.5, source=Fake)  # type: ignore[arg-type]
     assert rec.trailer["requests"]["read"] == 2000
