@@ -88,8 +88,8 @@ def register(sub: Any) -> None:
                     f"{sizing_ops.COUNT_TABLE:,}, about 27 MiB) and times their reuses: "
                     "`size` weighs the sample to the counts, and models the caches too small "
                     "for the sample from the times. Ctrl-C or SIGTERM ends it cleanly (exit "
-                    "0, the file "
-                    "complete). Needs root, debugfs at /sys/kernel/debug and a kernel with "
+                    "0, the file complete). Needs root, debugfs at /sys/kernel/debug and a "
+                    "kernel with "
                     "block tracing; one trace per device at a time. A partition is traced as "
                     "its disk's sectors in its range (IO sent to the disk itself there counts "
                     "too), with offsets from the partition's start.")
@@ -112,8 +112,8 @@ def register(sub: Any) -> None:
                     "sampled blocks, scaled by the rate, SHARDS-adjusted, weighed per frequency "
                     "class to the recorder's block counts; below the sizes the sample "
                     "resolves, the counted blocks' reuse times by the AET model), for reads "
-                    "and writes apart; the "
-                    "working set's knee; for each --sizes the expected hit ratios, "
+                    "and writes apart; the working set's knee; for each --sizes the expected "
+                    "hit ratios, "
                     "read latency and IOPS gain (Little's law at the recorded queue depth, "
                     "with the disk's read latency measured during the trace or --hdd-latency) "
                     "and the share of writes a writeback cache absorbs.")

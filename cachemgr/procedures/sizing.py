@@ -66,8 +66,12 @@ class Reuse:
     cells: dict[tuple[int, int], dict[int, int]]  # (group, op) -> bin -> references
     first: dict[tuple[int, int], int]  # (group, op) -> first references
     scale: float = 1.0
-    _prep: tuple[list[tuple[float, float, list[float]]], list[float]] | None = field(
-        default=None, repr=False, compare=False)
+    # derived from the fields above on first use (dataclasses.replace starts them afresh)
+    _prep: tuple[list[tuple[float, float, list[float]]], list[float], list[float]] | None = \
+        field(default=None, init=False, repr=False, compare=False)
+    # the last eviction time asked for and its arguments: hit_ratio asks it once per op
+    _last_t: tuple[float, float, float] | None = field(default=None, init=False, repr=False,
+                                                       compare=False)
 
     def without(self, drop: int) -> Reuse:
         """A jackknife replicate's: the blocks of group ``drop`` left out."""
@@ -75,10 +79,12 @@ class Reuse:
                      {k: v for k, v in self.cells.items() if k[0] != drop},
                      {k: v for k, v in self.first.items() if k[0] != drop}, self.scale)
 
-    def _prepare(self) -> tuple[list[tuple[float, float, list[float]]], list[float]]:
+    def _prepare(self) -> tuple[list[tuple[float, float, list[float]]], list[float],
+                                list[float]]:
         """Per bin (sorted): its range and the whole trace's references per op it stands
-        for; and the first references per op. An exact time t is the range [t, t]; the
-        times [lo, hi) of a wider bin are spread evenly over [lo - 1/2, hi - 1/2)."""
+        for; the first references per op; and all of them per op. An exact time t is the
+        range [t, t]; the times [lo, hi) of a wider bin are spread evenly over
+        [lo - 1/2, hi - 1/2)."""
         if self._prep is None:
             inv = 1 / self.rate
             per: dict[int, list[float]] = {}
@@ -95,17 +101,25 @@ class Reuse:
                     rows.append((lo * self.scale, lo * self.scale, per[b]))
                 else:
                     rows.append(((lo - 0.5) * self.scale, (hi - 0.5) * self.scale, per[b]))
-            self._prep = (rows, first)
+            every = [first[op] + sum(r[2][op] for r in rows) for op in (0, 1)]
+            self._prep = (rows, first, every)
         return self._prep
 
     def eviction_time(self, cache_blocks: float, total: float) -> float:
         """T where the integral of P(t) from 0 to T is ``cache_blocks``; ``total``: the
         whole trace's references (inf: the cache holds everything)."""
-        rows, first = self._prepare()
+        if self._last_t is not None and self._last_t[:2] == (cache_blocks, total):
+            return self._last_t[2]
+        t = self._eviction_time(cache_blocks, total)
+        self._last_t = (cache_blocks, total, t)
+        return t
+
+    def _eviction_time(self, cache_blocks: float, total: float) -> float:
+        rows, _first, every = self._prepare()
         if total <= 0:
             return math.inf
         # S(T) = (sum over references of min(rt, T), first ones as infinite) / total
-        above = sum(first) + sum(r[2][0] + r[2][1] for r in rows)  # times above pos
+        above = every[0] + every[1]  # times above pos
         s = 0.0  # the integral up to pos
         pos = 0.0
         c = cache_blocks
@@ -143,10 +157,9 @@ class Reuse:
         references fall short of, at time 0: mostly hot blocks the counts did not draw,
         which hit in any cache their own number of blocks fits, so ramped in over the first
         1 / rate blocks as SHARDS_adj is."""
-        rows, first = self._prepare()
+        rows, _first, every = self._prepare()
         t = self.eviction_time(cache_blocks, refs[0] + refs[1])
-        n_op = first[op] + sum(r[2][op] for r in rows)
-        hits = (refs[op] - n_op) * min(1.0, cache_blocks * self.rate)
+        hits = (refs[op] - every[op]) * min(1.0, cache_blocks * self.rate)
         for lo, hi, n in rows:
             if lo == hi:  # an exact time: a hit from T = time, partly from time - 1 on
                 hits += n[op] * min(1.0, max(0.0, t - lo + 1))
@@ -221,10 +234,6 @@ class Histogram:
     def hits(self, op: int, cache_blocks: float) -> float:
         """The whole trace's references of ``op`` that hit an LRU cache of ``cache_blocks``
         blocks, as the sample estimates them."""
-        # a sampled reference at estimated distance d stands for full distances in
-        # [d, d + 1 / rate): at a cache of C blocks it is a hit for the part of that interval
-        # below C, clamp((C - d) x rate, 0, 1); at rate 1 that is exactly "d < C".
-        # SHARDS_adj's correction sits at distance 0.
         if cache_blocks < self.aet_below and self.strata is not None \
                 and self.strata.reuse is not None:
             # the model below, the sample from aet_below up; the model's figure is capped at
@@ -235,6 +244,10 @@ class Histogram:
         return self._sampled_hits(op, cache_blocks)
 
     def _sampled_hits(self, op: int, cache_blocks: float) -> float:
+        # a sampled reference at estimated distance d stands for full distances in
+        # [d, d + 1 / rate): at a cache of C blocks it is a hit for the part of that interval
+        # below C, clamp((C - d) x rate, 0, 1); at rate 1 that is exactly "d < C".
+        # SHARDS_adj's correction sits at distance 0.
         c, r = cache_blocks, self.rate
         d, cw, cwd = self.distances[op], self.cum[op], self.cum_d[op]
         i = bisect.bisect_right(d, c - 1 / r)
@@ -471,16 +484,12 @@ def _recorded_strata(bc: Any, ndev: int, devices: Sequence[int] | None,
             old = cells.get((g, c), (0, 0, 0))
             cells[(g, c)] = (old[0] + b, old[1] + r, old[2] + w)
     reuse = None
-    if "reuse" in bc:
-        reuse = _recorded_reuse(bc["reuse"], rate, ndev, want)
-        if scale is not None and reuse is not None:
-            reuse.scale = scale
-        else:
-            reuse = None
-    return Strata(rate, cells, source, reuse)
+    if "reuse" in bc:  # checked even when not used
+        reuse = _recorded_reuse(bc["reuse"], rate, ndev, want, scale or 1.0)
+    return Strata(rate, cells, source, reuse if scale is not None else None)
 
 
-def _recorded_reuse(ru: Any, rate: float, ndev: int, want: set[int] | None
+def _recorded_reuse(ru: Any, rate: float, ndev: int, want: set[int] | None, scale: float
                     ) -> Reuse | None:
     """``block_counts.reuse`` (tr.Counts.to_json), checked; None when it has no references."""
     if not isinstance(ru, dict) or not isinstance(ru.get("times"), list) \
@@ -511,7 +520,7 @@ def _recorded_reuse(ru: Any, rate: float, ndev: int, want: set[int] | None
             first[(g, op)] = first.get((g, op), 0) + n
     if not first:
         return None
-    return Reuse(rate, cells, first)
+    return Reuse(rate, cells, first, scale)
 
 
 def histogram(trace: tr.Trace, *, rate: float | None = None, block: int | None = None,
@@ -791,17 +800,14 @@ def analyse(trace: tr.Trace, *, rate: float | None = None, block: int | None = N
 
     notes = []
     small = [s for s in sizes if s < resolved_blocks(h.rate) * h.block]
-    if small and h.aet_below:
-        assert h.strata is not None
+    if small:
+        how = "are rough"
+        if h.aet_below and h.strata is not None:
+            how = (f"come from the reuse times of the {h.strata.source}'s counted blocks "
+                   f"(rate {h.strata.rate:g}) by the AET model")
         notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
                      f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
-                     f"{', '.join(str(s) for s in small)} come from the reuse times of the "
-                     f"{h.strata.source}'s counted blocks (rate {h.strata.rate:g}) by the "
-                     "AET model")
-    elif small:
-        notes.append(f"a sample at rate {h.rate:g} does not resolve caches under "
-                     f"{resolved_blocks(h.rate) * h.block} bytes: the figures for "
-                     f"{', '.join(str(s) for s in small)} are rough")
+                     f"{', '.join(str(s) for s in small)} {how}")
     for p in asked:
         if p.hit_ratio is not None and p.hit_ratio_se is not None \
                 and 2 * p.hit_ratio_se > SE_NOTE:

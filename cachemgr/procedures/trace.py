@@ -59,9 +59,14 @@ def threshold(rate: float) -> int:
     return max(1, round(rate * (1 << RATE_BITS)))
 
 
+def _hash(dev: int, block: int) -> int:
+    """A block's 24-bit sampling hash (the recorder's loop computes it inline)."""
+    return _mix((dev << 56) ^ block ^ 0x9E3779B97F4A7C15) >> (64 - RATE_BITS)
+
+
 def sampled(dev: int, block: int, thr: int) -> bool:
     """Whether block ``block`` of device index ``dev`` is in the sample of threshold ``thr``."""
-    return _mix((dev << 56) ^ block ^ 0x9E3779B97F4A7C15) >> (64 - RATE_BITS) < thr
+    return _hash(dev, block) < thr
 
 
 # ----------------------------------------------------------------------------- block counts
@@ -142,10 +147,6 @@ def rt_key(dev: int, bnd: int, g: int, op: int, b: int) -> int:
 
 
 RT_COLD = 1023
-
-
-def _hash(dev: int, block: int) -> int:
-    return _mix((dev << 56) ^ block ^ 0x9E3779B97F4A7C15) >> (64 - RATE_BITS)
 
 
 @dataclass
