@@ -21,6 +21,8 @@ can never meet the file of another key (``~`` never occurs in a plain key).
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -28,6 +30,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,38 +149,115 @@ def journal_path(kind: str, key: str) -> Path:
     return state_dir() / kind / f"{_safe(key)}.json"
 
 
-# Locks this process holds: key -> (thread ident, depth). A command takes the lock of the
-# object it acts on, and the procedure it calls (a drain, a flush) takes the same lock again:
-# the same thread re-enters; another thread of this process (the TUI runs each operation in
-# a worker thread) is refused exactly like another process.
-_held: dict[str, tuple[int, int]] = {}
+# Locks this process holds: key -> _Held. A command takes the lock of the object it acts on,
+# and the procedure it calls (a drain, a flush) takes the same lock again: the same owner
+# re-enters. The owner is the thread, or the token of :func:`acting_as` (a replace-ssd run
+# holds its devices for the whole run, and the drains it starts in worker threads act for
+# it); another thread of this process (the TUI runs each operation in a worker thread) is
+# refused exactly like another process.
+@dataclasses.dataclass
+class _Held:
+    owner: object
+    depth: int
+    fd: int
+    holder: dict[str, Any]
+
+
+_held: dict[str, _Held] = {}
 _held_mutex = threading.Lock()
+_acting: contextvars.ContextVar[object | None] = contextvars.ContextVar("cachemgr_acting",
+                                                                       default=None)
 
 
-def _busy(what: str, holder: str) -> UnsafeError:
-    return UnsafeError(
-        f"another cachemgr run is acting on {what} ({holder or 'pid unknown'})",
-        hint="wait for it to finish; two runs on one cache at once could lose data",
-    )
+def _me() -> object:
+    token = _acting.get()
+    return token if token is not None else threading.get_ident()
 
 
 @contextlib.contextmanager
-def locked(key: str, what: str) -> Iterator[None]:
-    """Hold the lock for cache object ``key``; refuse (exit 3) if another run holds it.
-    Re-entrant within one thread; another thread of this process is refused."""
-    me = threading.get_ident()
+def acting_as(token: object) -> Iterator[None]:
+    """Locks taken (or re-entered) inside act for ``token``: a procedure's worker threads
+    run ``contextvars.copy_context().run(...)`` inside it to share its locks."""
+    reset = _acting.set(token)
+    try:
+        yield
+    finally:
+        _acting.reset(reset)
+
+
+def holder_words(holder: dict[str, Any]) -> str:
+    """What a lock file says of its holder, in words: "drain of /dev/bcache0 since 10:42,
+    pid 123" (older cachemgr versions wrote "pid N" only)."""
+    what = holder.get("procedure")
+    run = holder.get("run")
+    parts = [str(what) if what else "a cachemgr run"]
+    if run:
+        parts[0] += f" run {run}"
+    since = holder.get("since")
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        parts.append("since " + time.strftime("%H:%M:%S", time.localtime(since)))
+    if holder.get("step"):
+        parts.append(f"step {holder['step']}")
+    if holder.get("pid"):
+        parts.append(f"pid {holder['pid']}")
+    return ", ".join(parts)
+
+
+def parse_holder(text: str) -> dict[str, Any]:
+    """A lock file's content: the JSON object this version writes, or an older "pid N"."""
+    text = text.strip()
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        m = re.fullmatch(r"pid (\d+)", text)
+        return {"pid": int(m.group(1))} if m else {"raw": text[:200]}
+    return data if isinstance(data, dict) else {"raw": text[:200]}
+
+
+class BusyError(UnsafeError):
+    """Another run holds the lock of the object (exit 3): ``holder`` is what its lock file
+    says of it (procedure, run, step, since, pid)."""
+
+    def __init__(self, what: str, holder: dict[str, Any]) -> None:
+        if holder.get("procedure"):
+            msg = f"{what} is held by {holder_words(holder)}"
+        else:
+            msg = (f"another cachemgr run is acting on {what} "
+                   f"({holder_words(holder) if holder else 'pid unknown'})")
+        super().__init__(msg, hint="wait for it to finish; two runs on one cache at once "
+                                   "could lose data")
+        self.what = what
+        self.holder = holder
+
+
+def _write_holder(fd: int, holder: dict[str, Any]) -> None:
+    data = (json.dumps(holder, sort_keys=True) + "\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+@contextlib.contextmanager
+def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iterator[None]:
+    """Hold the lock for cache object ``key``; refuse (exit 3, :class:`BusyError` naming the
+    holder) if another run holds it. ``holder`` (procedure, run, step...) is written into
+    the lock file with this pid and the time, for the refusal of the next one and for
+    status. Re-entrant for the same owner (see above); another thread is refused."""
+    me = _me()
     with _held_mutex:
-        owner = _held.get(key)
-        if owner is not None:
-            if owner[0] != me:
-                raise _busy(what, f"pid {os.getpid()}, another operation of this process")
-            _held[key] = (me, owner[1] + 1)
-    if owner is not None:
+        mine = _held.get(key)
+        if mine is not None:
+            if mine.owner != me:
+                raise BusyError(what, {**mine.holder, "pid": os.getpid(),
+                                       "note": "another operation of this process"})
+            mine.depth += 1
+    if mine is not None:
         try:
             yield
         finally:
             with _held_mutex:
-                _held[key] = (me, _held[key][1] - 1)
+                mine.depth -= 1
         return
     d = state_dir() / "locks"
     d.mkdir(exist_ok=True)
@@ -187,18 +267,73 @@ def locked(key: str, what: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            raise _busy(what, holder) from None
+            raise BusyError(what, parse_holder(
+                os.pread(fd, 4096, 0).decode(errors="replace"))) from None
+        info = {"pid": os.getpid(), "since": round(time.time(), 3), "object": what,
+                **(holder or {})}
         with _held_mutex:
             if key in _held:  # another thread of ours won the race for the same key
-                raise _busy(what, f"pid {os.getpid()}, another operation of this process")
-            _held[key] = (me, 1)
+                raise BusyError(what, {**_held[key].holder,
+                                       "note": "another operation of this process"})
+            _held[key] = _Held(me, 1, fd, info)
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+            _write_holder(fd, info)
             yield
         finally:
             with _held_mutex:
                 _held.pop(key, None)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # released: nobody holds it (a SIGKILL leaves the text)
+    finally:
+        os.close(fd)
+
+
+def update_holder(**fields: Any) -> None:
+    """Update what the locks this owner holds say of it (a procedure's current step)."""
+    me = _me()
+    with _held_mutex:
+        mine = [h for h in _held.values() if h.owner == me]
+        for h in mine:
+            h.holder.update(fields)
+            with contextlib.suppress(OSError):
+                _write_holder(h.fd, h.holder)
+
+
+def _flocked_inodes() -> set[int] | None:
+    """The inode numbers of every file a process holds a flock on, from /proc/locks
+    (fs/locks.c lock_get_status: "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"); None
+    when it cannot be read. Read, not probed: taking the lock to test it would make a
+    concurrent run's LOCK_NB fail. Inodes only: overlayfs (the lab's root) reports another
+    device number through fstat than the one /proc/locks prints; the lock file's content,
+    emptied on every release, is the second half of the check."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    found = set()
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK":
+            m = re.fullmatch(r"[0-9a-f]+:[0-9a-f]+:(\d+)", f[5])
+            if m:
+                found.add(int(m.group(1)))
+    return found
+
+
+def current_holder(key: str) -> dict[str, Any] | None:
+    """Who holds the lock of ``key`` now (its lock file's content), None when nobody does
+    or there is no state directory; never creates anything and never takes the lock."""
+    path = state_dir(create=False) / "locks" / f"{_safe(key)}.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        locks = _flocked_inodes()
+        if locks is not None and st.st_ino not in locks:
+            return None
+        holder = parse_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        return holder or ({"raw": "locked"} if locks is not None else None)
     finally:
         os.close(fd)
