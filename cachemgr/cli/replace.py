@@ -75,7 +75,9 @@ def register(sub: Any) -> None:
     s.add_argument("--yes", action="store_true", help="no confirmation, no operator prompts")
     s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
     s.add_argument("--rollback", metavar="ID",
-                   help="undo an interrupted run that has not unregistered the old set")
+                   help="undo an interrupted run that has not passed its point of no return ("
+                        + ", ".join(f"{k.name}: {k.point_of_no_return}" for k in ops.KINDS)
+                        + ")")
     s.add_argument("--list", action="store_true",
                    help="list journaled runs (with CACHE: only the runs on that cache)")
     s.add_argument("--drain-timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")

@@ -15,6 +15,9 @@ from cachemgr.procedures import replace, replace_dmcache, replace_lvm
 
 Options = replace.Options
 Journal = replace.Journal
+Kind = replace.Kind
+kind_of = replace.kind_of
+KINDS = tuple(replace.kind_of(name) for name in replace.KIND_NAMES)
 STEPS = replace.STEPS
 LVM_STEPS = replace_lvm.STEPS
 DM_STEPS = replace_dmcache.STEPS
@@ -22,14 +25,19 @@ STEP_NAMES = replace.STEP_NAMES
 describe = replace.describe
 
 
-def steps_for(cache: str, sysfs: Sysfs | None = None) -> tuple[tuple[str, str], ...]:
-    """The steps a replacement of ``cache`` (a cset UUID, SSD, cached LV or dm-cache
-    device) will take."""
+def kind_for(cache: str, sysfs: Sysfs | None = None) -> replace.Kind:
+    """The kind of replacement ``cache`` (a cset UUID, SSD, cached LV or dm-cache device)
+    takes: its steps, its point of no return and its words."""
     if replace_lvm.names_lv(cache):
-        return replace_lvm.STEPS
+        return replace_lvm.KIND
     if sysfs is not None and replace_dmcache.names_dm(sysfs, cache) is not None:
-        return replace_dmcache.STEPS
-    return replace.STEPS
+        return replace_dmcache.KIND
+    return replace.BCACHE
+
+
+def steps_for(cache: str, sysfs: Sysfs | None = None) -> tuple[tuple[str, str], ...]:
+    """The steps a replacement of ``cache`` will take (:func:`kind_for`)."""
+    return kind_for(cache, sysfs).steps
 
 
 def journal_json(j: replace.Journal) -> dict[str, Any]:
@@ -71,16 +79,13 @@ def list_runs(cache: str | None = None) -> Result:
     if cache:
         found = [j for j in found if j.named_by(cache)]
     return Result(
-        lines=[f"{j.id}  {j.status:<11} {_WHAT.get(j.kind, 'cset')} {j.cset}  "
+        lines=[f"{j.id}  {j.status:<11} {replace.kind_of(j.kind).label(j.cset)}  "
                f"done: {', '.join(j.done[-1:])}"
                + (f"  error: {j.error}" if j.error else "") for j in found],
         notes=[f"replace-ssd: skipped {e.path}: {e.reason}" for e in bad],
         data={"schema": 1, "runs": [journal_json(j) for j in found],
               "unreadable": [{"path": str(e.path), "reason": e.reason} for e in bad]},
         value=found)
-
-
-_WHAT = {"lvm": "lv", "dmcache": "dm"}
 
 
 def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
@@ -111,7 +116,7 @@ def _refuse_second(r: replace.Journal) -> None:
     last = r.done[-1] if r.done else "none"
     undo = kind.point_of_no_return not in r.done
     raise UnsafeError(
-        f"run {r.id} on {_WHAT.get(r.kind, 'cset')} {r.cset} is unfinished ({r.status}, last "
+        f"run {r.id} on {kind.label(r.cset)} is unfinished ({r.status}, last "
         f"step done: {last}); a new run would take its interim state for the one to restore",
         hint=f"cachemgr replace-ssd --resume {r.id}"
              + (f" (or --rollback {r.id})" if undo else ""))
@@ -195,17 +200,9 @@ def _hooks(ctl: Control) -> dict[str, Any]:
 def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Result:
     """Execute (or continue) the journaled run ``j``, step by step."""
     require_root("replace-ssd")
-    ctl = ctl or Control(what=f"replace-ssd {j.cset[:8]}")
+    ctl = ctl or Control(what=f"replace-ssd {replace.kind_of(j.kind).short(j.cset)}")
     done = replace.execute(sysfs, j, **_hooks(ctl))
-    if done.kind == "lvm":
-        line = (f"{done.id}: done; {done.cset} cached by {done.lvm['vg']}/{done.lvm['pool']} "
-                f"on {done.new.get('node')}")
-    elif done.kind == "dmcache":
-        line = f"{done.id}: done; dm-cache {done.cset} caches on {done.new.get('node')}"
-    else:
-        line = (f"{done.id}: done; cache set {done.new.get('cset')} on {done.new.get('node')} "
-                "caches " + ", ".join(b["device"] or b["node"] for b in done.backings))
-    return Result(lines=[line, timing_line(done)],
+    return Result(lines=[replace.kind_of(done.kind).done_line(done), timing_line(done)],
                   data=journal_json(done), value=done)
 
 
@@ -239,7 +236,8 @@ def resume(sysfs: Sysfs, run_id: str, *, ctl: Control | None = None) -> Result:
 
 
 def rollback(sysfs: Sysfs, run_id: str, *, ctl: Control | None = None) -> Result:
-    """Undo a run that stopped before the old set was unregistered."""
+    """Undo a run that stopped before its kind's point of no return (``Kind``: bcache's
+    'unregister', LVM's 'remove-old-cache', dm-cache's 'release-old')."""
     require_root("replace-ssd")
     ctl = ctl or Control(what=f"replace-ssd rollback {run_id}")
     say = ctl.say or ctl.progress  # not ctl.note: a rollback is not cut short halfway

@@ -983,7 +983,8 @@ STEP_FUNCS: dict[str, Callable[[Ctx], None]] = {
 @dataclass(frozen=True)
 class Kind:
     """One kind of cache the procedure replaces the SSD of: its steps, how each is done,
-    the step after which only finishing is safe, how a rollback undoes the earlier ones."""
+    the step after which only finishing is safe, how a rollback undoes the earlier ones,
+    and every word a face (the CLI, the TUI) says about a run of it."""
 
     steps: tuple[tuple[str, str], ...]
     funcs: dict[str, Callable[[Ctx], None]]
@@ -991,9 +992,44 @@ class Kind:
     rollback: Callable[[Ctx], None]
     head: Callable[[Journal], list[str]]  # the plan's first lines
     what: str  # the cache, in messages: "cache set", "cached LV"
+    # the words: every face takes them from here, never spells a kind out itself
+    name: str  # the kind as people name it: "bcache cache set", "LVM cache"
+    tag: str  # a run's object in a list of runs: "cset", "lv", "dm"
+    tag_chars: int | None  # how much of the object a narrow list shows (None: all of it)
+    stays_up: str  # what keeps serving IO while the run goes on, as a sentence
+    undoes: str  # what a rollback puts back, as a sentence
+    done_line: Callable[[Journal], str]  # what a finished run made, in one line
+    interim_mode: bool  # the run switches to the operator's interim mode first
+
+    def short(self, cset: str) -> str:
+        """A run's object, as far as a narrow list shows it (a cache set's UUID prefix)."""
+        return cset[:self.tag_chars] if self.tag_chars else cset
+
+    def label(self, cset: str, *, short: bool = False) -> str:
+        """A run's object in a list of runs: "cset 5f3c0e52", "lv vg0/vm1", "dm vc"."""
+        return f"{self.tag} {self.short(cset) if short else cset}"
+
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.steps)
+
+    def rollback_words(self) -> str:
+        """Until when a run of this kind can be rolled back, and what then."""
+        n = self.step_names.index(self.point_of_no_return) + 1
+        return (f"possible only before step {n} of {len(self.steps)}, "
+                f"'{self.point_of_no_return}': after it only finishing the run is safe")
 
 
-BCACHE = Kind(STEPS, STEP_FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set")
+def _done_line(j: Journal) -> str:
+    return (f"{j.id}: done; cache set {j.new.get('cset')} on {j.new.get('node')} caches "
+            + ", ".join(b["device"] or b["node"] for b in j.backings))
+
+
+BCACHE = Kind(STEPS, STEP_FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set",
+              name="bcache cache set", tag="cset", tag_chars=8,
+              stays_up="The VMs' bcache devices stay up (passthrough while detached).",
+              undoes="Put the modes back and re-attach what was detached.",
+              done_line=_done_line, interim_mode=True)
 KIND_NAMES = ("bcache", "lvm", "dmcache")
 
 

@@ -360,4 +360,17 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "rebuild": s_rebuild,
     "verify": s_verify,
 }
-KIND = replace.Kind(STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "dm-cache device")
+
+
+def done_line(j: Journal) -> str:
+    return f"{j.id}: done; dm-cache {j.cset} caches on {j.new.get('node')}"
+
+
+KIND = replace.Kind(
+    STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "dm-cache device",
+    name="dm-cache device", tag="dm", tag_chars=None,
+    stays_up="The dm-cache device stays up (a linear table over its origin while the SSD "
+             "is out).",
+    undoes="Put the cache back on the old SSD's areas with its old table (cold: the "
+           "metadata is zeroed), or its table back if the drain stopped half-way.",
+    done_line=done_line, interim_mode=False)

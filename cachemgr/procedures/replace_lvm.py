@@ -392,4 +392,17 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "restore": s_restore,
     "verify": s_verify,
 }
-KIND = replace.Kind(STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "cached LV")
+
+
+def done_line(j: Journal) -> str:
+    return (f"{j.id}: done; {j.cset} cached by {j.lvm['vg']}/{j.lvm['pool']} on "
+            f"{j.new.get('node')}")
+
+
+KIND = replace.Kind(
+    STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "cached LV",
+    name="LVM cache", tag="lv", tag_chars=None,
+    stays_up="The LV stays up (uncached between the split and the new attach).",
+    undoes="Attach the old cache again with its mode, policy and settings (or, if it was "
+           "only drained, put its policy back).",
+    done_line=done_line, interim_mode=False)
