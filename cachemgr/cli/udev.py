@@ -1,451 +1,28 @@
-"""``cachemgr udev-event``, ``cachemgr autoattach`` and ``cachemgr policy check``.
+"""``cachemgr udev-event``, ``cachemgr autoattach`` and ``cachemgr policy check``: parsing
+and calls. What the handler and its worker do (the queue, the worker loop, its locks and
+syslog) is cachemgr/ops/udev.py.
 
-udev runs ``udev-event`` for every block-device uevent (udev/90-cachemgr.rules). A RUN
-program must finish fast (udev.rules(7): long work belongs elsewhere; udevd kills what a RUN
-program leaves behind once it runs under systemd), so the handler only:
-
-1. writes the event (udev's environment) as one file into the queue
-   ``<state dir>/autoattach/queue/`` (atomic rename; a storm of events is a pile of files);
-2. starts a worker unless one is already *pending* (holding ``autoattach-pending.lock``):
-   that worker will look at the queue again before it goes, so it will see this event too.
-   Under systemd the worker is a transient unit (``systemd-run --no-block``, as lvm2's
-   69-dm-lvm.rules does); without systemd as PID 1 (the lab, some initramfs) a
-   double-forked process in its own session.
-
-The worker holds the pending lock for its whole life (one worker at a time), imports what a
-pass needs, and then, under the run lock (shared with the boot pass), waits until the oldest
-queued event is ``settle`` seconds old so a burst lands in one batch, drains the queue and
-makes one :func:`cachemgr.procedures.autoattach.reconcile` pass for the whole batch; it
-repeats while events keep coming and waits ``linger`` seconds for more before it goes.
-Lost wake-ups are impossible: after it lets the pending lock go the worker looks at the
-queue once more, and an event queued after that look finds the lock free and starts a new
-worker.
-
-This module is also the rule's fast entry point (``python -m cachemgr.cli.udev udev-event``):
-on the rule's own call it imports nothing beyond os, sys, time and fcntl (no argparse, json,
-logging, pathlib or re: with them a handler took 0.10-0.13 s of CPU on the UML lab, without
-them 0.02-0.03 s, and a hot-added pair of disks runs the handler for 6-8 events on the CPU
-the worker needs; docs/benchmarks.md, "udev auto-attach latency"). The queue files are
-therefore NUL-separated ``KEY=VALUE`` lists, like /proc/PID/environ (an environment holds no
-NUL); the worker still reads the JSON files of earlier versions.
+This module is also the rule's fast entry point (``python -m cachemgr.cli.udev udev-event``,
+and ``... worker`` for the worker the handler starts). Its top level imports the standard
+library and cachemgr.ops.udev only, which import nothing more: on the rule's own command
+line :func:`main` takes the policy without argparse and calls the handler (the reasons and
+the numbers are in cachemgr/ops/udev.py's docstring).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
-import time
+
+from cachemgr.ops import udev as udev_ops
 
 TYPE_CHECKING = False  # typing's import costs what the handler saves; mypy reads it as True
 if TYPE_CHECKING:
     import argparse
-    import logging
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
     from typing import Any
 
-LOGGER = "cachemgr.procedures.autoattach"
-DEFAULT_POLICY = "/etc/cachemgr/cachemgr.toml"
-SYSLOG_SOCKET = "/dev/log"
-SETTLE_S = 0.15
-LINGER_S = 5.0  # how long a worker waits for more events after its last pass
-POLL_S = 0.05  # how often a lingering worker looks at the queue
-WORKER_NICE = -10
-SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_ACTIONS = ("add", "change", "remove", "bind", "move")
-
-
-def _policy_path(given: str | None) -> str:
-    return given or os.environ.get("CACHEMGR_POLICY") or DEFAULT_POLICY
-
-
-def _state_dir(*parts: str) -> str:
-    """A directory under the state directory, made (mode 0700) if missing: what
-    cachemgr.core.state.state_dir names, without that module's imports."""
-    d = os.path.join(os.environ.get("CACHEMGR_STATE_DIR", "/var/lib/cachemgr"), *parts)
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    return d
-
-
-def _queue() -> str:
-    return _state_dir("autoattach", "queue")
-
-
-def _log() -> logging.Logger:
-    import logging
-
-    return logging.getLogger(LOGGER)
-
-
-# ---------------------------------------------------------------------------------------
-# logging: syslog/journald when there is one, stderr otherwise
-
-
-def setup_logging(*, stderr: bool = True, level: int | None = None) -> None:
-    """Log decisions to syslog (journald reads /dev/log) and, if ``stderr``, to stderr."""
-    import logging
-    import logging.handlers
-
-    log = _log()
-    log.setLevel(logging.INFO if level is None else level)
-    have = {type(h) for h in log.handlers}
-    if os.path.exists(SYSLOG_SOCKET) and logging.handlers.SysLogHandler not in have:
-        try:
-            h: logging.Handler = logging.handlers.SysLogHandler(
-                address=SYSLOG_SOCKET, facility=logging.handlers.SysLogHandler.LOG_DAEMON)
-            h.setFormatter(logging.Formatter("cachemgr-autoattach[%(process)d]: %(message)s"))
-            log.addHandler(h)
-        except OSError:
-            pass
-    if os.environ.get("JOURNAL_STREAM") and _stderr_is_journal() and any(
-            isinstance(h, logging.handlers.SysLogHandler) for h in log.handlers):
-        # a systemd unit: stderr is the journal too, and each line came twice (three times
-        # under the CLI, whose own handler on the root logger also writes to stderr)
-        stderr = False
-        log.propagate = False
-    if stderr and not logging.getLogger().handlers and logging.StreamHandler not in have:
-        s = logging.StreamHandler(sys.stderr)
-        s.setFormatter(logging.Formatter(
-            "%(asctime)s cachemgr-autoattach[%(process)d]: %(levelname)s: %(message)s"))
-        log.addHandler(s)
-
-
-def _stderr_is_journal() -> bool:
-    """systemd.exec(5): JOURNAL_STREAM is "DEV:INODE" of the journal stream on stderr."""
-    try:
-        st = os.fstat(2)
-    except OSError:
-        return False
-    return os.environ.get("JOURNAL_STREAM") == f"{st.st_dev}:{st.st_ino}"
-
-
-# ---------------------------------------------------------------------------------------
-# the queue
-
-
-def event_from(env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The parts of a udev environment worth keeping, or None for events we skip."""
-    if env.get("SUBSYSTEM", "block") != "block":
-        return None
-    action = env.get("ACTION", "change")
-    if action not in _ACTIONS:
-        return None
-    name = os.path.basename(env.get("DEVNAME", ""))
-    if name.startswith(("loop", "ram", "zram", "sr", "fd", "nbd")):
-        return None
-    keep = ("ACTION", "DEVNAME", "DEVPATH", "DEVTYPE", "SEQNUM", "SUBSYSTEM", "DEVLINKS",
-            "ID_FS_TYPE", "ID_FS_UUID", "ID_WWN", "ID_WWN_WITH_EXTENSION", "ID_SERIAL",
-            "ID_SERIAL_SHORT", "ID_SCSI_SERIAL", "ID_PATH", "MAJOR", "MINOR")
-    ev: dict[str, Any] = {k: env[k] for k in keep if env.get(k)}
-    ev["ACTION"] = action
-    started = process_started()
-    if started is not None:
-        ev["_started"] = round(started, 3)
-    ev["_received"] = time.time()
-    return ev
-
-
-def process_started() -> float | None:
-    """When this process started, as a time.time() value (10 ms steps): proc(5) gives its
-    start in clock ticks after boot (/proc/self/stat, field 22), the clock CLOCK_BOOTTIME
-    counts; None where /proc cannot say. The handler's start is the first stage of an event
-    the action journal shows (the interpreter's own start precedes any line of ours)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            # the command name (field 2) may hold spaces and parentheses: split after its ")"
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        hz = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / hz)
-
-
-def enqueue(ev: Mapping[str, Any]) -> str:
-    """Write ``ev`` into the queue (atomically: a worker never reads half of it); its path."""
-    q = _queue()
-    name = f"{time.time_ns()}-{ev.get('SEQNUM', 0)}-{os.getpid()}.env"
-    tmp = os.path.join(q, f".{name}")
-    # str values as os.environ decoded them (surrogateescape): os.fsencode gives the bytes back
-    data = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in sorted(ev.items()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, os.path.join(q, name))
-    return os.path.join(q, name)
-
-
-def parse_queued(data: bytes) -> dict[str, Any]:
-    """One queue file: NUL-separated KEY=VALUE (str values, as enqueue wrote them), or the
-    JSON object of an earlier version. ValueError for anything else."""
-    if data[:1] == b"{":
-        import json
-
-        obj = json.loads(data)
-        if not isinstance(obj, dict):
-            raise ValueError("not a JSON object")
-        return obj
-    out: dict[str, Any] = {}
-    for item in data.split(b"\0"):
-        if not item:
-            continue
-        key, eq, value = os.fsdecode(item).partition("=")
-        if not eq or not key:
-            raise ValueError(f"not KEY=VALUE: {item[:60]!r}")
-        out[key] = value
-    return out
-
-
-def drain() -> list[dict[str, Any]]:
-    """Take every queued event (oldest first); unreadable files are dropped with a warning."""
-    q = _queue()
-    out = []
-    for name in sorted(os.listdir(q)):
-        if name.startswith("."):
-            continue
-        path = os.path.join(q, name)
-        try:
-            with open(path, "rb") as f:
-                out.append(parse_queued(f.read()))
-        except (OSError, ValueError) as exc:
-            _log().warning("dropping unreadable queued event %s: %s", name, exc)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def oldest_queued() -> float | None:
-    """When the oldest queued event was queued (its file name starts with time.time_ns()),
-    None for an empty queue."""
-    times = []
-    for name in os.listdir(_queue()):
-        head = name.split("-", 1)[0]
-        if not name.startswith(".") and head.isdigit():
-            times.append(int(head) / 1e9)
-        elif not name.startswith("."):
-            return 0.0  # not ours to date: take it now (drain says what it is)
-    return min(times, default=None)
-
-
-def _lock_fd(name: str) -> int:
-    return os.open(os.path.join(_state_dir("locks"), f"{name}.lock"),
-                   os.O_RDWR | os.O_CREAT, 0o600)
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def worker_pending() -> bool:
-    """True while a worker holds the pending lock (it will read the queue later)."""
-    fd = _lock_fd("autoattach-pending")
-    try:
-        return not _try_lock(fd)
-    finally:
-        os.close(fd)
-
-
-# ---------------------------------------------------------------------------------------
-# starting a worker
-
-
-def systemd_booted() -> bool:
-    """sd_booted(3): systemd is PID 1."""
-    return os.path.isdir("/run/systemd/system")
-
-
-def _worker_argv(policy: str, settle: float) -> list[str]:
-    return [sys.executable, "-m", "cachemgr.cli.udev", "worker", "--policy", policy,
-            "--settle", str(settle)]
-
-
-def spawn(policy: str, *, how: str = "auto", settle: float = SETTLE_S) -> str:
-    """Start a worker without waiting for it; returns how ("systemd" or "fork")."""
-    if how == "auto":
-        import shutil
-
-        how = "systemd" if systemd_booted() and shutil.which("systemd-run") else "fork"
-    if how == "systemd":
-        argv = ["systemd-run", "--no-block", "--quiet", "--collect",
-                f"--unit=cachemgr-autoattach-{time.time_ns()}",
-                "--description=cachemgr auto-attach (udev event)",
-                "--property=DefaultDependencies=no"]
-        for var in ("CACHEMGR_STATE_DIR", "CACHEMGR_SYSFS"):
-            if os.environ.get(var):
-                argv.append(f"--setenv={var}={os.environ[var]}")
-        import subprocess
-
-        r = subprocess.run([*argv, *_worker_argv(policy, settle)], capture_output=True,
-                           text=True, timeout=10, stdin=subprocess.DEVNULL, check=False)
-        if r.returncode == 0:
-            return "systemd"
-        _log().warning("systemd-run failed (%s); falling back to a forked worker",
-                    r.stderr.strip() or r.returncode)
-    _double_fork(policy, settle)
-    return "fork"
-
-
-def _double_fork(policy: str, settle: float) -> None:
-    """A worker in its own session, reparented to init; the handler returns at once."""
-    logfile = os.path.join(_state_dir("autoattach"), "worker.log")
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.closerange(3, 1024)
-        sys.stdout = os.fdopen(1, "w", buffering=1)
-        sys.stderr = os.fdopen(2, "w", buffering=1)
-        prioritise()
-        rc = worker(policy, settle=settle)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        rc = 1
-    os._exit(rc)
-
-
-# ---------------------------------------------------------------------------------------
-# the worker
-
-
-def worker(policy_path: str, *, settle: float = SETTLE_S, linger: float = LINGER_S,
-           sysfs_root: str | None = None) -> int:
-    """Drain the queue in batches, one reconcile pass per batch, one worker at a time.
-
-    The worker holds the pending lock from its start to its end, so the handlers start no
-    other worker while it lives: it takes the events queued during a pass after that pass,
-    and waits ``linger`` seconds for more before it goes, with its modules imported (the
-    other disk of a pair, a bcache device's own events). A batch is taken once its oldest
-    event has waited ``settle`` seconds (the rest of a burst lands in it), counted from when
-    that event was queued: the worker's start and imports are part of that wait. The run
-    lock is held only during passes (the boot pass takes it too)."""
-    started = time.time()
-    setup_logging()
-    imported: float | None = None
-    while True:
-        pending = _lock_fd("autoattach-pending")
-        if not _try_lock(pending):
-            os.close(pending)
-            return 0  # another worker is pending: it will read what is queued
-        try:
-            if imported is None:
-                _warm()
-                imported = time.time()
-            while _events_within(linger):
-                _batches(policy_path, settle, sysfs_root,
-                         {"worker": started, "imported": imported})
-        finally:
-            os.close(pending)
-        # an event queued after the last look but before the unlock found the pending lock
-        # held and started no worker: it is this worker's
-        if oldest_queued() is None:
-            return 0
-
-
-def _events_within(linger: float) -> bool:
-    """Whether an event is queued or comes within ``linger`` seconds (polled)."""
-    deadline = time.time() + linger
-    while oldest_queued() is None:
-        if time.time() >= deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
-def _batches(policy_path: str, settle: float, sysfs_root: str | None,
-             stages: dict[str, float]) -> None:
-    """Under the run lock, one pass per batch until the queue is empty."""
-    run = _lock_fd("autoattach-run")
-    fcntl.flock(run, fcntl.LOCK_EX)  # wait for the boot pass, if it is acting
-    ready = time.time()  # run lock taken
-    os.pwrite(run, f"pid {os.getpid()}\n".encode(), 0)
-    try:
-        while (oldest := oldest_queued()) is not None:
-            time.sleep(max(0.0, min(settle, oldest + settle - time.time())))
-            batch = drain()
-            if batch:
-                try:
-                    _process(batch, policy_path, sysfs_root,
-                             {**stages, "ready": ready, "drained": time.time()})
-                except Exception:  # the worker goes on with the next batch
-                    _log().exception("a pass over %d event(s) failed", len(batch))
-            ready = time.time()  # the next batch: its events came during this pass
-    finally:
-        os.close(run)
-
-
-def prioritise() -> None:
-    """The worker process runs at nice WORKER_NICE: a hot-add is a burst of events that
-    udevd's workers and their RUN programs handle on the same CPUs, and the worker's imports
-    and pass are what the attachment waits for (on the one-CPU UML lab a cold worker's
-    imports took 1.6 s at nice 0, 0.9 s at -5 and 0.5 s at -10 in such a burst,
-    docs/benchmarks.md, "udev auto-attach latency"). Its CPU time is a fraction of a second
-    per burst; the programs it runs (bcache-super-show, lvm2) inherit the nice, and with it
-    a higher best-effort IO priority (ioprio_set(2)). Needs CAP_SYS_NICE (root's); without
-    it the worker runs at its inherited nice."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)
-    except OSError:
-        pass
-
-
-def _warm() -> None:
-    """Import what a pass needs (about 0.25 s of CPU on the UML lab: most of a pass) before
-    the settle wait and the run lock, not after them."""
-    import contextlib
-
-    from cachemgr.ops import autoattach  # noqa: F401
-
-    for name in ("pyudev", "blkid"):  # identity's udev database and superblock probes
-        with contextlib.suppress(ImportError):
-            __import__(name)
-
-
-def _process(batch: list[dict[str, Any]], policy_path: str, sysfs_root: str | None,
-             stages: dict[str, float]) -> None:
-    from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
-    from cachemgr.ops import autoattach as autoattach_ops
-
-    sysfs = Sysfs(sysfs_root or os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT))
-    autoattach_ops.event_pass(sysfs, policy_path, batch, stages)
-
-
-# ---------------------------------------------------------------------------------------
-# commands
-
-
-def handle_event(env: Mapping[str, str], policy: str | None, *, how: str = "auto") -> int:
-    """udev-event: queue the event and make sure a worker will see it. Always fast."""
-    path = _policy_path(policy)
-    # udevd gives RUN programs the device's properties as their whole environment: no PATH,
-    # and make-bcache / bcache-super-show / wipefs live in /usr/sbin
-    os.environ["PATH"] = os.environ.get("PATH") or SANE_PATH
-    if not os.path.exists(path):
-        return 0  # no policy, no auto-attach (69-bcache.rules still registers devices)
-    ev = event_from(env)
-    if ev is None:
-        return 0
-    enqueue(ev)
-    if not worker_pending():
-        spawn(path, how=how)
-    return 0
+DEFAULT_POLICY = udev_ops.DEFAULT_POLICY
 
 
 def cmd_udev_event(args: argparse.Namespace) -> int:
@@ -455,12 +32,13 @@ def cmd_udev_event(args: argparse.Namespace) -> int:
     if args.devname:
         env["DEVNAME"] = args.devname
         env.setdefault("SUBSYSTEM", "block")
-    return handle_event(env, args.policy, how=args.spawn)
+    return udev_ops.handle_event(env, args.policy, how=args.spawn)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    prioritise()
-    return worker(_policy_path(args.policy), settle=args.settle, linger=args.linger)
+    udev_ops.prioritise()
+    return udev_ops.worker(udev_ops.resolve_policy(args.policy), settle=args.settle,
+                           linger=args.linger)
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -469,7 +47,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     from cachemgr.core.text import printable
     from cachemgr.procedures import policy
 
-    pol = policy.load(_policy_path(args.policy))
+    pol = policy.load(udev_ops.resolve_policy(args.policy))
     if args.json:
         print(json.dumps({"schema": 1, "path": pol.path, "valid": True,
                           "caches": [c.name for c in pol.caches],
@@ -506,9 +84,9 @@ def cmd_autoattach(args: argparse.Namespace) -> int:
     from cachemgr.core.sysfs import Sysfs
     from cachemgr.ops import autoattach as autoattach_ops
 
-    setup_logging(stderr=False)
+    udev_ops.setup_logging(stderr=False)
     return emit(args, autoattach_ops.boot_pass(Sysfs(args.sysfs_root),
-                                               _policy_path(args.policy),
+                                               udev_ops.resolve_policy(args.policy),
                                                dry_run=args.dry_run))
 
 
@@ -549,32 +127,15 @@ def _rule_call(argv: Sequence[str]) -> tuple[str | None] | None:
     return None
 
 
-def _failed(exc: Exception) -> int:
-    """A udev RUN program: say why on stderr and to syslog, exit 1. udevd logs a RUN
-    program's exit code at info level but its stderr at debug level only (udev/README.md),
-    so without the syslog line an admin would see that it failed, not why."""
-    from cachemgr.core.text import printable
-
-    why = f"{type(exc).__name__}: {printable(exc, newlines=True)}"
-    print(f"cachemgr udev: {why}", file=sys.stderr)
-    try:
-        setup_logging(stderr=False)
-        if _log().handlers:  # else logging's last resort would print it on stderr again
-            _log().error("the udev handler failed: %s", why)
-    except Exception:  # the stderr line above is what is left
-        pass
-    return 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The rule's fast entry: ``python -m cachemgr.cli.udev udev-event|worker``."""
     args_in = sys.argv[1:] if argv is None else list(argv)
     rule = _rule_call(args_in)
-    if rule is not None:  # the rule's call: no argparse (see the module's docstring)
+    if rule is not None:  # the rule's call: no argparse (cachemgr/ops/udev.py's docstring)
         try:
-            return handle_event(os.environ, rule[0])
+            return udev_ops.handle_event(os.environ, rule[0])
         except Exception as exc:
-            return _failed(exc)
+            return udev_ops.failed(exc)
     import argparse
 
     from cachemgr.cli import args as argtypes
@@ -589,14 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.set_defaults(func=cmd_udev_event)
     w = sub.add_parser("worker")
     w.add_argument("--policy")
-    w.add_argument("--settle", type=argtypes.seconds_or_zero, default=SETTLE_S)
-    w.add_argument("--linger", type=argtypes.seconds_or_zero, default=LINGER_S)
+    w.add_argument("--settle", type=argtypes.seconds_or_zero, default=udev_ops.SETTLE_S)
+    w.add_argument("--linger", type=argtypes.seconds_or_zero, default=udev_ops.LINGER_S)
     w.set_defaults(func=cmd_worker)
     args = p.parse_args(args_in)
     try:
         return int(args.func(args))
     except Exception as exc:
-        return _failed(exc)
+        return udev_ops.failed(exc)
 
 
 if __name__ == "__main__":

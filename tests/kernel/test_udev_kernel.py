@@ -27,9 +27,9 @@ import pytest
 
 from cachemgr.backends import bcache, scsi
 from cachemgr.backends.scsi import ScsiDisk
-from cachemgr.cli import udev as udev_cli
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import udev as udev_cli
 from tests.kernel import measure
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -309,7 +309,7 @@ def test_worker_under_systemd_logs_once(monkeypatch: pytest.MonkeyPatch) -> None
     import logging.handlers
     import os
 
-    from cachemgr.cli import udev as udev_cli
+    from cachemgr.ops import udev as udev_cli
 
     log = logging.getLogger(udev_cli.LOGGER)
     st = os.fstat(2)
@@ -336,14 +336,15 @@ def test_a_failing_handler_says_why_to_syslog(tmp_path: Path, monkeypatch: pytes
     import socket
 
     from cachemgr.cli import udev as udev_cli
+    from cachemgr.ops import udev as udev_ops
 
     sock_path = tmp_path / "log"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(sock_path))
     server.settimeout(5)
-    log = logging.getLogger(udev_cli.LOGGER)
+    log = logging.getLogger(udev_ops.LOGGER)
     monkeypatch.setattr(log, "handlers", [])
-    monkeypatch.setattr(udev_cli, "SYSLOG_SOCKET", str(sock_path))
+    monkeypatch.setattr(udev_ops, "SYSLOG_SOCKET", str(sock_path))
     policy = tmp_path / "cachemgr.toml"
     policy.write_text("version = 1\n")
     (tmp_path / "state").write_text("not a directory")

@@ -1,5 +1,5 @@
 """The stage timestamps of the udev worker's action journal: one event through the handler's
-queue format and the worker (cachemgr/cli/udev.py) on a captured tree, with a clock that
+queue format and the worker (cachemgr/ops/udev.py) on a captured tree, with a clock that
 steps by one second at each reading, so each stage's time says in which order it was taken.
 
 The capture is tests/fixtures/bcache-unattached-uml (a backing device ubda attached to
@@ -17,6 +17,7 @@ import pytest
 
 from cachemgr.cli import udev as udev_cli
 from cachemgr.ops import autoattach as autoattach_ops
+from cachemgr.ops import udev as udev_ops
 from cachemgr.procedures import autoattach
 from cachemgr.procedures.autoattach import Event
 from tests.unit.test_autoattach import CSET, FX, SSD_WWN
@@ -47,10 +48,10 @@ def run_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, s
     monkeypatch.setattr(autoattach_ops, "act", lambda sysfs, view, a: done.append(a.kind))
     policy = tmp_path / "cachemgr.toml"
     policy.write_text(POLICY)
-    ev = udev_cli.event_from(env)
+    ev = udev_ops.event_from(env)
     assert ev is not None
-    udev_cli.enqueue(ev)
-    assert udev_cli.worker(str(policy), settle=0.15, linger=0, sysfs_root=str(FX)) == 0
+    udev_ops.enqueue(ev)
+    assert udev_ops.worker(str(policy), settle=0.15, linger=0, sysfs_root=str(FX)) == 0
     return done
 
 
@@ -88,7 +89,7 @@ def test_an_event_without_a_start_time_reads_as_none(clock: None) -> None:
 
 
 def test_process_started_is_before_now() -> None:
-    started = udev_cli.process_started()
+    started = udev_ops.process_started()
     assert started is not None and started <= time.time()
 
 
@@ -101,14 +102,14 @@ def test_the_queue_format_round_trips_any_environment_value(
     odd = "a=b\n\"c\" " + b"\xff\xfe".decode(errors="surrogateescape")
     env = {"ACTION": "add", "DEVNAME": "/dev/sdb", "SEQNUM": "7", "ID_SERIAL": odd,
            "DEVLINKS": "/dev/disk/by-id/x /dev/disk/by-id/y=z"}
-    ev = udev_cli.event_from(env)
+    ev = udev_ops.event_from(env)
     assert ev is not None
-    udev_cli.enqueue(ev)
-    q = Path(udev_cli._queue())
+    udev_ops.enqueue(ev)
+    q = Path(udev_ops._queue())
     (q / "1-8-1.json").write_text(json.dumps({"ACTION": "change", "DEVNAME": "/dev/sdc",
                                               "_received": 2.5}))
     (q / "2-9-1.env").write_bytes(b"no equals sign\0")
-    got = udev_cli.drain()
+    got = udev_ops.drain()
     assert list(q.iterdir()) == []
     old, new = got
     assert Event.from_json(old).received == 2.5
@@ -129,13 +130,13 @@ def test_the_settle_wait_counts_from_when_the_oldest_event_was_queued(
     monkeypatch.setattr(time, "sleep", slept.append)
     for age, expected in ((1.0, 0.0), (0.05, 0.1)):
         slept.clear()
-        ev = udev_cli.event_from({"ACTION": "add", "DEVNAME": "/dev/ubdb"})
+        ev = udev_ops.event_from({"ACTION": "add", "DEVNAME": "/dev/ubdb"})
         assert ev is not None
-        udev_cli.enqueue(ev)
-        queued = udev_cli.oldest_queued()
+        udev_ops.enqueue(ev)
+        queued = udev_ops.oldest_queued()
         assert queued is not None
         monkeypatch.setattr(time, "time", lambda q=queued, a=age: q + a)
-        udev_cli.worker(str(policy), settle=0.15, linger=0, sysfs_root=str(FX))
+        udev_ops.worker(str(policy), settle=0.15, linger=0, sysfs_root=str(FX))
         assert slept == [pytest.approx(expected, abs=1e-3)]
 
 
@@ -146,33 +147,33 @@ def test_a_lingering_worker_takes_the_next_event_and_holds_the_pending_lock(
     polls: list[bool] = []
 
     def poll(seconds: float) -> None:
-        if seconds == udev_cli.POLL_S:
-            polls.append(udev_cli.worker_pending())
+        if seconds == udev_ops.POLL_S:
+            polls.append(udev_ops.worker_pending())
             if len(polls) == 2:  # the other disk of the pair arrives
-                ev = udev_cli.event_from({"ACTION": "add", "DEVNAME": "/dev/ubda",
+                ev = udev_ops.event_from({"ACTION": "add", "DEVNAME": "/dev/ubda",
                                           "SEQNUM": "1630"})
                 assert ev is not None
-                udev_cli.enqueue(ev)
+                udev_ops.enqueue(ev)
 
     monkeypatch.setattr(time, "sleep", poll)
-    monkeypatch.setattr(udev_cli, "_warm", lambda: polls.append(udev_cli.worker_pending()))
+    monkeypatch.setattr(udev_ops, "_warm", lambda: polls.append(udev_ops.worker_pending()))
     monkeypatch.setattr(autoattach_ops, "act", lambda sysfs, view, a: None)
     policy = tmp_path / "cachemgr.toml"
     policy.write_text(POLICY)
-    ev = udev_cli.event_from({"ACTION": "add", "DEVNAME": "/dev/ubdb", "SEQNUM": "1629"})
+    ev = udev_ops.event_from({"ACTION": "add", "DEVNAME": "/dev/ubdb", "SEQNUM": "1629"})
     assert ev is not None
-    udev_cli.enqueue(ev)
-    assert udev_cli.worker(str(policy), linger=10, sysfs_root=str(FX)) == 0
+    udev_ops.enqueue(ev)
+    assert udev_ops.worker(str(policy), linger=10, sysfs_root=str(FX)) == 0
     passes = [r for r in journal() if r["kind"] == "pass"]
     assert [p["seqnums"] for p in passes] == [[1629], [1630]]
     # imported once, pending while it lingered, gone when it returned
     assert polls[0] and all(polls) and len(polls) > 2
-    assert not udev_cli.worker_pending() and udev_cli.oldest_queued() is None
+    assert not udev_ops.worker_pending() and udev_ops.oldest_queued() is None
 
 
 def test_the_rules_call_imports_only_what_it_needs(tmp_path: Path) -> None:
     """The handler udev runs for every block event (install-udev.sh's command line) imports
-    none of the modules that cost most of a handler's start (the module's docstring)."""
+    none of the modules that cost most of a handler's start (cachemgr/ops/udev.py's docstring)."""
     import subprocess
     import sys
 
@@ -201,4 +202,4 @@ def test_the_worker_process_runs_ahead_of_udevs_workers(
     monkeypatch.setattr(os, "setpriority", setpriority)
     rc = udev_cli.main(["worker", "--policy", str(tmp_path / "none.toml"), "--linger", "0"])
     assert rc == 0
-    assert calls == [(os.PRIO_PROCESS, 0, udev_cli.WORKER_NICE)] and udev_cli.WORKER_NICE < 0
+    assert calls == [(os.PRIO_PROCESS, 0, udev_ops.WORKER_NICE)] and udev_ops.WORKER_NICE < 0

@@ -585,8 +585,8 @@ def _make(tmp: Path, files: dict[str, str | bytes], sys_root: Path) -> None:
 
 def _forbidden(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
     """A lab boot, a udev worker, a metrics listener: listed and refused."""
-    from cachemgr.cli import udev as cli_udev
     from cachemgr.lab import core as lab_core
+    from cachemgr.ops import udev as cli_udev
     from cachemgr.procedures import metrics as metrics_procedure
 
     def refuse(what: str) -> object:

@@ -23,7 +23,6 @@ from cachemgr.backends.dmcache.parse import (
     parse_status,
     parse_table,
 )
-from cachemgr.cli.udev import event_from
 from cachemgr.core import state
 from cachemgr.core.errors import CacheMgrError, KernelFormatError, UsageError
 from cachemgr.core.model import (
@@ -37,6 +36,7 @@ from cachemgr.core.model import (
     parse_size,
 )
 from cachemgr.ops.tuning import parse_settings
+from cachemgr.ops.udev import event_from
 from cachemgr.procedures.autoattach import Event
 from cachemgr.procedures.bench.targets import parse_target
 from cachemgr.procedures.replace import Journal
