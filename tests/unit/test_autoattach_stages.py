@@ -186,6 +186,44 @@ def test_the_rules_call_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert out.split(maxsplit=1) == ["0", "[]\n"], out
 
 
+def test_the_rules_call_that_queues_loads_its_face_and_runtime_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's command line, run as udevd runs it (``-m cachemgr.cli.udev``), for an event
+    it queues while a worker is pending: of cachemgr it loads the face and its runtime
+    (cachemgr/ops/udev.py) and nothing else (not the command layer's other modules, which
+    load the backends), and of the standard library no more than fcntl and __future__."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    policy = tmp_path / "cachemgr.toml"
+    policy.write_text(POLICY)
+    code = ("import runpy, sys; before = set(sys.modules); "
+            "sys.argv = ['cachemgr.cli.udev', 'udev-event', '--policy', sys.argv[1]]\n"
+            "try:\n    runpy.run_module('cachemgr.cli.udev', run_name='__main__')\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            "print(rc, ' '.join(sorted(set(sys.modules) - before)))")
+    env = {"CACHEMGR_STATE_DIR": str(tmp_path / "state"), "ACTION": "add",
+           "SUBSYSTEM": "block", "DEVNAME": "/dev/sdq", "SEQNUM": "5",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    pending = udev_ops._lock_fd("autoattach-pending")  # a worker is pending: none is started
+    try:
+        fcntl.flock(pending, fcntl.LOCK_EX)
+        out = subprocess.run([sys.executable, "-c", code, str(policy)], env=env,
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        os.close(pending)
+    rc, *loaded = out.split()
+    assert rc == "0", out
+    assert len(os.listdir(udev_ops._queue())) == 1  # the event was queued
+    # the face itself runs as __main__, as under -m
+    assert sorted(m for m in loaded if m.startswith("cachemgr")) == [
+        "cachemgr", "cachemgr.cli", "cachemgr.ops", "cachemgr.ops.udev"], out
+    assert {m for m in loaded if not m.startswith("cachemgr")} <= {"__future__", "fcntl"}, out
+
+
 def test_the_worker_process_runs_ahead_of_udevs_workers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker command (what systemd-run starts; the forked worker does the same) sets
