@@ -865,7 +865,7 @@ class CacheMgrApp(App[int]):
         from cachemgr.ops import replace as replace_ops
         from tui.screens.replace import ReplaceScreen
 
-        self.push_screen(ReplaceScreen(uuid, replace_ops.steps_for(uuid, self.sysfs)))
+        self.push_screen(ReplaceScreen(uuid, replace_ops.kind_for(uuid, self.sysfs)))
 
     def action_sizing(self) -> None:
         """Cache sizing from a trace file: reads a file, changes nothing (read-only too)."""

@@ -1,5 +1,9 @@
 """Replace the cache SSD of a set: the plan, each step's progress, the operator's swap
-prompt, resume and rollback of interrupted runs (cachemgr/procedures/replace.py does the work)."""
+prompt, resume and rollback of interrupted runs (cachemgr/procedures/replace.py does the work).
+
+Every word about a kind of replacement (bcache cache set, LVM cache, dm-cache device: its
+name, how a run's object is labelled, its steps, its point of no return, what stays up and
+what a rollback puts back) comes from its ``replace.Kind``; nothing here spells a kind out."""
 
 from __future__ import annotations
 
@@ -29,7 +33,10 @@ class SwapPrompt(ConfirmDialog):
 
 
 def step_lines(done: list[str], current: str | None, failed: str | None,
-               steps: tuple[tuple[str, str], ...] = replace.STEPS) -> str:
+               steps: tuple[tuple[str, str], ...] = replace.STEPS,
+               point_of_no_return: str | None = None, note: str = " (no return)") -> str:
+    """The steps, each marked done ✓, failed ✗, running ▶ or to do ·; with
+    ``point_of_no_return``, that step says so (``note``: the steps' panel is 36 columns)."""
     out = []
     for i, (name, _) in enumerate(steps, 1):
         if name in done:
@@ -40,29 +47,36 @@ def step_lines(done: list[str], current: str | None, failed: str | None,
             mark = "▶"
         else:
             mark = "·"
-        out.append(f"{mark} {i:2d} {name}")
+        out.append(f"{mark} {i:2d} {name}"
+                   + (note if name == point_of_no_return else ""))
     return "\n".join(out)
 
 
 class ReplaceScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("p", "plan", "Plan"),
-        Binding("g", "start", "Start"),
-        Binding("r", "resume", "Resume"),
-        Binding("u", "rollback", "Rollback"),
-        Binding("c", "cancel", "Cancel"),
-        Binding("escape", "app.pop_screen", "Back"),
+        Binding("p", "plan", "Plan", tooltip="check everything and show the plan: the "
+                "steps, the VMs slowed meanwhile, the old SSD's health (changes nothing)"),
+        Binding("g", "start", "Start", tooltip="plan, confirm, then run the steps (each "
+                "journaled); the swap prompt says when to change the disk"),
+        Binding("r", "resume", "Resume", tooltip="finish an interrupted run from its "
+                "journal, at the step where it stopped"),
+        Binding("u", "rollback", "Rollback", tooltip="undo an interrupted run, possible "
+                "before its kind's point of no return (the old cache still there)"),
+        Binding("c", "cancel", "Cancel", tooltip="stop the run at its next step report "
+                "(the journal keeps its place: resume or roll back later)"),
+        Binding("escape", "app.pop_screen", "Back", tooltip="back to the dashboard (a run "
+                "goes on: o shows it again)"),
     ]
 
     # the keys act on the screen; Tab reaches the two inputs
     AUTO_FOCUS = "#oplog"
 
-    def __init__(self, cset: str, steps: tuple[tuple[str, str], ...] | None = None) -> None:
+    def __init__(self, cset: str, kind: replace.Kind | None = None) -> None:
         super().__init__()
         self.cset = cset  # a cache set's UUID, a cached LV's VG/LV, a dm-cache device's name
-        self.steps = steps or replace.steps_for(cset)
-        # LVM and dm-cache caches drain through the cleaner: no interim mode to choose
-        self.lvm = self.steps is not replace.STEPS
+        self.kind = kind or replace.kind_for(cset)
+        self.steps = self.kind.steps
+        self.sub_title = f"replace the SSD of {self.kind.name} {self.cset}"
         self.journal: replace.Journal | None = None
         self.plan_text: list[str] = []  # the plan as shown (steps, then the VMs slowed)
         self.current: str | None = None
@@ -75,16 +89,15 @@ class ReplaceScreen(Screen[None]):
             yield Input("same", id="new",
                         placeholder="same | any | /dev/sdX | /dev/nvmeXnY | wwn:...")
             yield Label("interim mode")
+            # LVM and dm-cache caches drain through the cleaner: no interim mode to choose
             yield Input("none", id="interim", placeholder="none|writearound|writethrough",
-                        disabled=self.lvm)  # LVM and dm-cache drain through the cleaner
-        what = {replace.LVM_STEPS: "cached LV", replace.DM_STEPS: "dm-cache device"}.get(
-            self.steps, "cache set")
-        yield Static(literal(f"{what} {self.cset}: press p for the plan (changes "
+                        disabled=not self.kind.interim_mode)
+        yield Static(literal(f"{self.kind.what} {self.cset}: press p for the plan (changes "
                              "nothing), g to start, r to resume an interrupted run."),
                      id="plan")
         with Horizontal(classes="two-cols"):
-            yield Static(literal(step_lines([], None, None, self.steps)),
-                         id="steps")
+            yield Static(literal(step_lines([], None, None, self.steps,
+                                            self.kind.point_of_no_return)), id="steps")
             with Vertical():
                 yield RichLog(id="oplog", wrap=True, markup=False)
         yield Footer(compact=True, show_command_palette=False)
@@ -104,9 +117,10 @@ class ReplaceScreen(Screen[None]):
         failed = None
         if j is not None and j.status == "failed" and j.error:
             failed = j.error.split(":", 1)[0]
-        steps = j.steps if j else self.steps
+        kind = replace.kind_of(j.kind) if j else self.kind
         self.query_one("#steps", Static).update(
-            literal(step_lines(list(j.done) if j else [], self.current, failed, steps)))
+            literal(step_lines(list(j.done) if j else [], self.current, failed, kind.steps,
+                               kind.point_of_no_return)))
 
     def options(self) -> replace.Options:
         return replace.Options(new=self.query_one("#new", Input).value.strip() or "same",
@@ -153,21 +167,13 @@ class ReplaceScreen(Screen[None]):
             self.confirm_start(self.journal)
 
     def confirm_start(self, j: replace.Journal) -> None:
-        if j.kind == "lvm":
-            tail = ("The LV stays up (uncached between the split and the new attach). Every "
-                    "step is journaled: an interrupted run resumes (r) or, before "
-                    "'remove-old-cache', rolls back (u).")
-        elif j.kind == "dmcache":
-            tail = ("The dm-cache device stays up (a linear table over its origin while the "
-                    "SSD is out). Every step is journaled: an interrupted run resumes (r) or, "
-                    "before 'release-old', rolls back (u).")
-        else:
-            tail = ("The VMs' bcache devices stay up (passthrough while detached). Every step "
-                    "is journaled: an interrupted run resumes (r) or, before 'unregister', "
-                    "rolls back (u).")
+        kind = replace.kind_of(j.kind)
+        tail = (f"{kind.stays_up} Every step is journaled: an interrupted run resumes (r) "
+                f"or, before '{kind.point_of_no_return}', rolls back (u).")
         lines = self.plan_text if self.journal is j and self.plan_text else replace.describe(j)
         body = "\n".join(lines) + "\n\n" + tail
-        self.app.push_screen(ConfirmDialog(f"Replace the SSD of {j.cset[:8]}", body,
+        self.app.push_screen(ConfirmDialog(f"Replace the SSD of {kind.name} "
+                                           f"{kind.short(j.cset)}", body,
                                            [("go", "Start replacement", "error")]),
                              when(lambda b: self.execute(j)))
 
@@ -182,7 +188,7 @@ class ReplaceScreen(Screen[None]):
 
         self.query_one("#oplog", RichLog).write(
             literal(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})"))
-        self.op = app.start_op(f"replace-ssd {j.cset[:8]}", fn)
+        self.op = app.start_op(f"replace-ssd {replace.kind_of(j.kind).short(j.cset)}", fn)
 
     def action_cancel(self) -> None:
         if self.op is not None and self.op.id in self.app.ops:  # type: ignore[attr-defined]
@@ -195,7 +201,7 @@ class ReplaceScreen(Screen[None]):
         # finished and rolled-back runs can be neither resumed nor rolled back
         runs = replace.runs(unfinished=True)
         choices = [(j.id, f"{j.id}  {j.status}  "
-                    f"{'lv ' + j.cset if j.kind == 'lvm' else 'cset ' + j.cset[:8]}  last: "
+                    f"{replace.kind_of(j.kind).label(j.cset, short=True)}  last: "
                     f"{(j.done or ['-'])[-1]}" + (f"  ({j.error})" if j.error else ""))
                    for j in runs]
         self.app.push_screen(ChoiceDialog(title, choices, empty="no interrupted run"),
@@ -214,15 +220,23 @@ class ReplaceScreen(Screen[None]):
 
     def _confirm_rollback(self, j: replace.Journal) -> None:
         app: Any = self.app
+        kind = replace.kind_of(j.kind)
 
         def fn(ctl: Control) -> Result:
             ctl.say = lambda m: app.call_from_thread(self.say, m)
             return replace.rollback(app.sysfs, j.id, ctl=ctl)
 
-        last = "remove-old-cache" if j.kind == "lvm" else "unregister"
-        app.push_screen(ConfirmDialog(f"Roll back {j.id}",
-                                      "Put the modes back and re-attach what was detached "
-                                      f"(possible only before '{last}').",
+        done = [name for name in kind.step_names if name in j.done]
+        failed = j.error.split(":", 1)[0] if j.status == "failed" and j.error else None
+        past = kind.point_of_no_return in j.done
+        body = (f"Run {j.id} on the {kind.name} {j.cset} ({j.status}): {len(done)} of "
+                f"{len(kind.steps)} steps done. {kind.undoes} Rollback is "
+                f"{kind.rollback_words()}"
+                + (f"; this run is past '{kind.point_of_no_return}': resume it (r)."
+                   if past else ".") + "\n\n"
+                + step_lines(done, None, failed, kind.steps, kind.point_of_no_return,
+                             "  (point of no return)"))
+        app.push_screen(ConfirmDialog(f"Roll back {j.id}", body,
                                       [("go", "Roll back", "warning")]),
                         when(lambda b: app.start_op(f"replace-ssd rollback {j.id}", fn)))
 
