@@ -16,6 +16,15 @@ File names are the object's key, injectively: a key of only ``[A-Za-z0-9_.-]`` (
 run ids, bcache UUIDs, kernel names, LVM/dm names) is its own file name, as before; any other
 key (``a/b``, ``vg-a+b``) becomes its sanitised form plus ``~`` and a hash of the key, so it
 can never meet the file of another key (``~`` never occurs in a plain key).
+
+Nothing under the state directory is reached through a symbolic link (issue #30): the
+directory is opened ``O_DIRECTORY|O_NOFOLLOW``, each directory below it and each file by
+``openat`` from its parent's descriptor with ``O_NOFOLLOW``, temporary files made
+``O_EXCL`` and renamed within that descriptor. Run as root, cachemgr also refuses (exit 2,
+:class:`UnsafeStateError`, one line with the fix) a state directory, or a directory in or
+above it, that another user owns or could write to (a sticky root-owned directory such as
+``/tmp`` is allowed above it): its owner could plant links that turn root's writes against
+root's own files.
 """
 
 from __future__ import annotations
@@ -23,12 +32,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -40,13 +51,227 @@ from cachemgr.core.errors import UnsafeError, UsageError
 DEFAULT_STATE_DIR = "/var/lib/cachemgr"
 
 
+def _configured() -> Path:
+    return Path(os.environ.get("CACHEMGR_STATE_DIR", DEFAULT_STATE_DIR))
+
+
 def state_dir(*, create: bool = True) -> Path:
     """The state directory; made (mode 0700) unless ``create`` is false (a reader that may
-    run in a read-only sandbox, like the metrics)."""
-    p = Path(os.environ.get("CACHEMGR_STATE_DIR", DEFAULT_STATE_DIR))
+    run in a read-only sandbox, like the metrics). Refused (:class:`UnsafeStateError`, exit
+    2) when it is a symbolic link or, run as root, when another user could change it or a
+    directory in or above it (see the module docstring)."""
+    fd = _open_state_dir(create=create)
+    if fd is not None:
+        os.close(fd)
+    return _configured()
+
+
+class UnsafeStateError(UsageError):
+    """A state directory or file that another user could turn against root, or a symbolic
+    link where cachemgr keeps its own files (exit 2): one line, the path and the fix."""
+
+    def __init__(self, path: Path | str, problem: str, fix: str) -> None:
+        super().__init__(f"{path}: {problem}; cachemgr refuses it (whoever can change it "
+                         f"could turn root's writes against root's files); fix: {fix}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def loose(st: os.stat_result) -> str | None:
+    """Why a file or directory that root trusts could be changed by another user (owned by
+    another uid, or writable by group or others), None when only root can change it."""
+    if st.st_uid != 0:
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def loose_parent(real: str) -> tuple[str, str] | None:
+    """The first directory from ``/`` down to ``real`` (a path without symbolic links:
+    ``os.path.realpath``) that another user could change, and why; None when there is
+    none. A root-owned sticky directory (``/tmp``) passes: nobody else can rename what root
+    owns in it."""
+    parts = Path(real).parts
+    for i in range(1, len(parts) + 1):
+        d = str(Path(*parts[:i]))
+        st = os.lstat(d)
+        if stat.S_ISLNK(st.st_mode):
+            return d, "a symbolic link (it was replaced while it was checked)"
+        why = loose(st)
+        if why and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
+            return d, why
+    return None
+
+
+def _dir_fix(path: Path | str) -> str:
+    return f"chown root:root {path} && chmod 0700 {path}"
+
+
+def _not_a_dir(dfd: int, name: str, shown: Path, exc: OSError) -> OSError:
+    """What to raise when ``name`` (in ``dfd``) could not be opened as a directory without
+    following links: a link or a non-directory is refused, anything else is ``exc``."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return exc
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(name, dir_fd=dfd)
+        except OSError:
+            target = "?"
+        raise UnsafeStateError(
+            shown, f"a symbolic link (to {target}); cachemgr does not follow links in its "
+                   "state directory",
+            f"make {shown} a directory owned by root, mode 0700 (move what it holds there)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{shown}: not a directory; cachemgr keeps its state there",
+                         hint="move it away; cachemgr makes the directory itself")
+    return exc
+
+
+def _check_dir(fd: int, shown: Path) -> None:
+    """Run as root: refuse the directory open at ``fd`` if another user could change it."""
+    if os.geteuid() != 0:
+        return
+    why = loose(os.fstat(fd))
+    if why:
+        raise UnsafeStateError(shown, why, _dir_fix(shown))
+
+
+def _check_entries(fd: int, shown: Path) -> None:
+    """Run as root: every directory in the state directory is root's alone, and nothing
+    in it is a symbolic link (cachemgr makes none; its callers may name a subdirectory by
+    path)."""
+    if os.geteuid() != 0:
+        return
+    with os.scandir(fd) as it:
+        for e in it:
+            if e.is_symlink():
+                _not_a_dir(fd, e.name, shown / e.name, OSError(errno.ELOOP, "link"))
+            elif e.is_dir(follow_symlinks=False):
+                why = loose(e.stat(follow_symlinks=False))
+                if why:
+                    raise UnsafeStateError(shown / e.name, why, _dir_fix(shown / e.name))
+
+
+def _open_sub(dfd: int, name: str, shown: Path, *, create: bool) -> int | None:
+    """The directory ``name`` in ``dfd``, opened without following a link and checked
+    (made, mode 0700, if missing and ``create``; else None when missing)."""
+    flags = _DIR | os.O_NOFOLLOW
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        if not create:
+            return None
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        try:
+            fd = os.open(name, flags, dir_fd=dfd)
+        except OSError as exc:
+            raise _not_a_dir(dfd, name, shown, exc) from None
+    except OSError as exc:
+        raise _not_a_dir(dfd, name, shown, exc) from None
+    try:
+        _check_dir(fd, shown)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_state_dir(*, create: bool) -> int | None:
+    """The state directory's descriptor, checked (see :func:`state_dir`); None when it is
+    missing and ``create`` is false."""
+    shown = _configured()
+    parent, name = os.path.split(os.path.abspath(shown))
+    if not name:
+        parent, name = "/", "."
     if create:
-        p.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return p
+        os.makedirs(parent, exist_ok=True)
+    real = os.path.realpath(parent)
+    try:
+        pfd = os.open(real, _DIR)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        if os.geteuid() == 0:
+            bad = loose_parent(real)
+            pst, rst = os.fstat(pfd), os.lstat(real)
+            if bad is None and (pst.st_dev, pst.st_ino) != (rst.st_dev, rst.st_ino):
+                bad = real, "replaced while it was checked"
+            if bad is not None:
+                raise UnsafeStateError(
+                    bad[0], f"{bad[1]}, and the state directory {shown} is in it",
+                    f"chown root:root {bad[0]} && chmod go-w {bad[0]} (or set "
+                    "CACHEMGR_STATE_DIR to a directory only root can change)")
+        fd = _open_sub(pfd, name, shown, create=create)
+    finally:
+        os.close(pfd)
+    if fd is not None:
+        try:
+            _check_entries(fd, shown)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _components(path: Path) -> tuple[Path, ...] | None:
+    """The components of ``path`` below the state directory, None when it is not in it."""
+    base = os.path.abspath(_configured())
+    rel = os.path.relpath(os.path.abspath(path), base)
+    if rel == "." or rel == ".." or rel.startswith(".." + os.sep):
+        return None
+    return tuple(Path(c) for c in rel.split(os.sep))
+
+
+def _at(path: Path, *, create: bool) -> tuple[int, str, bool] | None:
+    """``path`` as (its directory's descriptor, its name, whether it is in the state
+    directory): for a path under the state directory every directory on the way is opened
+    from its parent without following links and checked (:func:`state_dir`), made when
+    missing if ``create``; a path elsewhere (a bench report, a metrics textfile) has its
+    directory opened as named. None when a directory is missing and ``create`` is false.
+    The caller closes the descriptor."""
+    comps = _components(path)
+    if comps is None:
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path.parent, _DIR), path.name, False
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+    fd = _open_state_dir(create=create)
+    shown = _configured()
+    for comp in comps[:-1]:
+        if fd is None:
+            return None
+        shown = shown / comp
+        try:
+            nfd = _open_sub(fd, str(comp), shown, create=create)
+        finally:
+            os.close(fd)
+        fd = nfd
+    if fd is None:
+        return None
+    return fd, str(comps[-1]), True
+
+
+def _refuse_link(path: Path, dfd: int, name: str) -> None:
+    """``name`` in ``dfd`` was refused by O_NOFOLLOW: say so, with its target."""
+    try:
+        target = os.readlink(name, dir_fd=dfd)
+    except OSError:
+        return
+    raise UnsafeStateError(path, f"a symbolic link (to {target}); cachemgr does not follow "
+                                 "links in its state directory", f"rm {path}")
 
 
 # The layout version of every journal and state file this cachemgr writes (see above).
@@ -80,36 +305,84 @@ def _safe(key: str) -> str:
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file beside it, fsync, rename, fsync
-    the directory. On any failure (ENOSPC, a signal) the temporary file is removed and the
-    old ``path`` is untouched; the OSError names ``path`` (not the temporary file)."""
-    tmp: str | None = None
+    """Write ``data`` to ``path`` atomically: a temporary file beside it (made ``O_EXCL``,
+    never through a link), fsync, rename within the directory's descriptor, fsync the
+    directory. On any failure (ENOSPC, a signal) the temporary file is removed and the old
+    ``path`` is untouched; the OSError names ``path`` (not the temporary file). Under the
+    state directory every directory is checked on the way (:func:`state_dir`)."""
+    _write_atomic(path, data, mode=mode, create=False)
+
+
+def _write_atomic(path: Path, data: bytes, *, mode: int, create: bool) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        dfd = os.open(path.parent, os.O_RDONLY)
+        at = _at(path, create=create)
+        if at is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+        dfd, name, _ = at
+        tmp: str | None = None
         try:
+            for _ in range(100):
+                cand = f".{name}.{secrets.token_hex(4)}.tmp"
+                try:
+                    fd = os.open(cand, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+                except FileExistsError:
+                    continue
+                tmp = cand
+                break
+            else:
+                raise FileExistsError(errno.EEXIST, "no free temporary file name")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp = None
             os.fsync(dfd)
         finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
             os.close(dfd)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {SCHEMA_KEY: SCHEMA, **data}
-    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+    _write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(),
+                  mode=0o600, create=True)
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """The content of ``path`` (under the state directory: never through a link, and only
+    a regular file); None when it or its directory is missing."""
+    at = _at(path, create=False)
+    if at is None:
+        return None
+    dfd, name, inside = at
+    try:
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if inside else 0)
+        try:
+            fd = os.open(name, flags, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and inside:
+                try:
+                    target = os.readlink(name, dir_fd=dfd)
+                except OSError:
+                    target = "?"
+                raise StateFileError(path, f"a symbolic link (to {target}); cachemgr does "
+                                           "not follow links in its state directory") from None
+            raise
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise StateFileError(path, "not a regular file")
+        return f.read()
 
 
 def read_json(path: Path, *, schema: int = SCHEMA) -> dict[str, Any] | None:
@@ -117,9 +390,10 @@ def read_json(path: Path, *, schema: int = SCHEMA) -> dict[str, Any] | None:
     Raises :class:`StateFileError` for a file that cannot be read or is newer than
     ``schema``."""
     try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        return None
+        raw = _read_bytes(path)
+        if raw is None:
+            return None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise StateFileError(path, f"not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
@@ -238,6 +512,40 @@ def _write_holder(fd: int, holder: dict[str, Any]) -> None:
     os.pwrite(fd, data, 0)
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file ``path`` opened read-write (made if missing), never through a link;
+    run as root, refused unless it is a regular file of root's with one link (a hard link
+    to another file would have that file truncated)."""
+    at = _at(path, create=True)
+    assert at is not None
+    dfd, name, _ = at
+    try:
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                _refuse_link(path, dfd, name)
+            raise
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "not a regular file"
+        elif os.geteuid() == 0 and st.st_uid != 0:
+            why = f"owned by uid {st.st_uid}, not root"
+        elif os.geteuid() == 0 and st.st_nlink != 1:
+            why = f"a file with {st.st_nlink} links (another name of it is elsewhere)"
+        if why:
+            raise UnsafeStateError(path, f"{why}; a lock file is cachemgr's own", f"rm {path}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @contextlib.contextmanager
 def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iterator[None]:
     """Hold the lock for cache object ``key``; refuse (exit 3, :class:`BusyError` naming the
@@ -259,10 +567,7 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
             with _held_mutex:
                 mine.depth -= 1
         return
-    d = state_dir() / "locks"
-    d.mkdir(exist_ok=True)
-    path = d / f"{_safe(key)}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open_lock(_configured() / "locks" / f"{_safe(key)}.lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -324,10 +629,17 @@ def current_holder(key: str) -> dict[str, Any] | None:
     """Who holds the lock of ``key`` now (its lock file's content), None when nobody does
     or there is no state directory; never creates anything and never takes the lock."""
     path = state_dir(create=False) / "locks" / f"{_safe(key)}.lock"
+    at = _at(path, create=False)
+    if at is None:
+        return None
+    dfd, name, _ = at
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dfd)
     except OSError:
         return None
+    finally:
+        os.close(dfd)
     try:
         st = os.fstat(fd)
         locks = _flocked_inodes()

@@ -92,7 +92,7 @@ def test_textfile_write_failure_leaves_no_temporary_file(
     target = tmp_path / "cachemgr.prom"
     target.write_text("old\n")
 
-    def full(*a: Any) -> None:  # rename(2) can need a new directory block: ENOSPC
+    def full(*a: Any, **kw: Any) -> None:  # rename(2) can need a new directory block: ENOSPC
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)
