@@ -71,7 +71,7 @@ from cachemgr.backends.bcache import BACKING_TUNABLES, BCACHE_MODES
 from cachemgr.backends.identity import looks_like_wwn, normalize_wwn
 from cachemgr.backends.lvm.command import check_vg_lv, spelling
 from cachemgr.backends.lvm.manage import LVM_CACHE_MODES
-from cachemgr.core import checks
+from cachemgr.core import checks, state
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
 from cachemgr.core.model import parse_size as _parse_size
@@ -130,6 +130,22 @@ class PolicyError(UsageError):
     @property
     def line(self) -> int:
         return self.problems[0].line if self.problems else 0
+
+
+class UnsafePolicyError(PolicyError):
+    """Run as root, a policy file that another user could change (exit 2): the file, or a
+    directory above it, owned by another user or writable by group or others, or a link to
+    it owned by another user (sshd's StrictModes). One line: the path, why, the fix."""
+
+    multiline = False
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        self.path = path
+        self.problems = (Problem(0, problem),)
+        UsageError.__init__(
+            self, f"policy {printable(path)}: {problem}; cachemgr run as root reads no "
+                  f"policy that another user could change (it says what root does to "
+                  f"disks); fix: {fix}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -815,10 +831,39 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+def check_trusted(path: str, st: os.stat_result) -> None:
+    """Run as root, refuse (:class:`UnsafePolicyError`) the policy file ``path`` (``st``:
+    the fstat of what was opened) unless only root can change it: the file owned by root
+    and not writable by group or others; every directory from / to it (after symbolic
+    links: ``realpath``) the same, a root-owned sticky one (``/tmp``) allowed; ``path``
+    itself, when it is a symbolic link, root's. Nothing else is read before this passes."""
+    if os.geteuid() != 0:
+        return
+    lst = os.lstat(path)
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid != 0:
+        raise UnsafePolicyError(path, f"a symbolic link owned by uid {lst.st_uid}, not root",
+                                "replace it with the file it points to, owned by root "
+                                "(or name that file with --policy)")
+    why = state.loose(st)
+    real = os.path.realpath(path)
+    if why:
+        raise UnsafePolicyError(path, f"{real} is {why}" if real != path else why,
+                                f"chown root:root {real} && chmod 0644 {real}")
+    rst = os.stat(real)
+    if (rst.st_dev, rst.st_ino) != (st.st_dev, st.st_ino):
+        raise UnsafePolicyError(path, "it was replaced while it was read",
+                                "look at who changes it; then run again")
+    bad = state.loose_parent(os.path.dirname(real))
+    if bad:
+        raise UnsafePolicyError(path, f"its directory {bad[0]} is {bad[1]}",
+                                f"chown root:root {bad[0]} && chmod go-w {bad[0]}")
+
+
 def load(path: str | None = None) -> Policy:
     """Read and parse the policy file; PolicyError (line 0) when it cannot be read or is
     not a regular file (a FIFO would block the reader for ever, a device never end): it is
-    looked at (stat) before it is opened, and opened without blocking."""
+    looked at (stat) before it is opened, and opened without blocking. Run as root, a file
+    that another user could change is refused (:func:`check_trusted`)."""
     p = path or default_path()
     try:
         st = os.stat(p)
@@ -831,6 +876,7 @@ def load(path: str | None = None) -> Policy:
             if not stat.S_ISREG(st.st_mode):
                 raise PolicyError(p, [Problem(0, f"{_kind_of(st.st_mode)}, not a regular "
                                                  "file; the policy is a TOML file")])
+            check_trusted(p, st)
             raw = f.read()
     except FileNotFoundError:
         raise PolicyError(p, [Problem(0, "no such file")]) from None
