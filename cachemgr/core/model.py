@@ -385,6 +385,52 @@ class UnregisteredBcache:
 
 
 @dataclass(frozen=True)
+class Owner:
+    """A procedure that owns cache objects: a drain, a replace-ssd run, a mode switch...
+    running (its process holds the objects' locks) or interrupted (its process is gone; its
+    journal is there and claims them until it is resumed or rolled back). ``keys`` are the
+    lock keys of the objects it owns (cachemgr/procedures/owners.py)."""
+
+    procedure: str  # "drain", "replace-ssd", "dm-cache flush", "lvm drain", "mode", ...
+    keys: frozenset[str]
+    device: str  # what it acts on, in words (/dev/bcache0, cache set UUID, VG/LV)
+    running: bool
+    run: str | None = None  # a replace-ssd run ID
+    step: str | None = None
+    since: float | None = None  # epoch seconds
+    pid: int | None = None
+    resume: str | None = None  # the command that finishes or resumes it
+    rollback: str | None = None  # the command that undoes it (None: only finishing is safe)
+    journal: str | None = None  # its journal's path
+
+    def words(self) -> str:
+        """"replace-ssd run R (since 10:42:07, step drain, pid 123)"."""
+        import time as _time
+
+        head = self.procedure + (f" run {self.run}" if self.run else "")
+        bits = []
+        if self.since is not None:
+            bits.append("since " + _time.strftime("%H:%M:%S", _time.localtime(self.since)))
+        if self.step:
+            bits.append(("at step " if self.running else "stopped in step ") + self.step)
+        if self.pid and self.running:
+            bits.append(f"pid {self.pid}")
+        if not self.running:
+            bits.append("interrupted: its process is gone")
+        return head + (f" ({', '.join(bits)})" if bits else "")
+
+    def next_step(self) -> str:
+        """What an admin does about it."""
+        if self.running:
+            return "wait for it to finish"
+        if self.resume and self.rollback:
+            return f"resume it ({self.resume}) or roll it back ({self.rollback}) first"
+        if self.resume:
+            return f"resume it first ({self.resume})"
+        return "look at its journal " + (self.journal or "") + " first"
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything cachemgr knows about the host's caches, read once.
 
@@ -403,6 +449,9 @@ class Snapshot:
     unregistered: tuple[UnregisteredBcache, ...] = ()
     # the libvirt domains above the caches; None: not looked at (``take(vms=True)`` does)
     vms: VmScan | None = None
+    # the procedures that own cache objects now, running or interrupted (ops.cache.status
+    # fills it; a bare scan leaves it empty)
+    owners: tuple[Owner, ...] = ()
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

@@ -574,7 +574,7 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
         except BlockingIOError:
             raise BusyError(what, parse_holder(
                 os.pread(fd, 4096, 0).decode(errors="replace"))) from None
-        info = {"pid": os.getpid(), "since": round(time.time(), 3), "object": what,
+        info = {"pid": os.getpid(), "since": round(time.time(), 3), "object": what, "key": key,
                 **(holder or {})}
         with _held_mutex:
             if key in _held:  # another thread of ours won the race for the same key
@@ -628,7 +628,12 @@ def _flocked_inodes() -> set[int] | None:
 def current_holder(key: str) -> dict[str, Any] | None:
     """Who holds the lock of ``key`` now (its lock file's content), None when nobody does
     or there is no state directory; never creates anything and never takes the lock."""
-    path = state_dir(create=False) / "locks" / f"{_safe(key)}.lock"
+    return lock_file_holder(state_dir(create=False) / "locks" / f"{_safe(key)}.lock")
+
+
+def lock_file_holder(path: Path, locks: set[int] | None = None) -> dict[str, Any] | None:
+    """What the lock file ``path`` says of its holder while it is held (None otherwise).
+    ``locks``: :func:`_flocked_inodes` read once for many files."""
     at = _at(path, create=False)
     if at is None:
         return None
@@ -642,10 +647,23 @@ def current_holder(key: str) -> dict[str, Any] | None:
         os.close(dfd)
     try:
         st = os.fstat(fd)
-        locks = _flocked_inodes()
+        if locks is None:
+            locks = _flocked_inodes()
         if locks is not None and st.st_ino not in locks:
             return None
         holder = parse_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
         return holder or ({"raw": "locked"} if locks is not None else None)
     finally:
         os.close(fd)
+
+
+def held_locks() -> list[dict[str, Any]]:
+    """What every held lock file says of its holder (/proc/locks read once)."""
+    d = state_dir(create=False) / "locks"
+    try:
+        names = sorted(p.name for p in d.iterdir() if p.name.endswith(".lock"))
+    except OSError:
+        return []
+    locks = _flocked_inodes()
+    found = [lock_file_holder(d / n, locks) for n in names]
+    return [h for h in found if h is not None]

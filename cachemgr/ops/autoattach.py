@@ -20,7 +20,7 @@ from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError,
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
-from cachemgr.ops.cache import _lock_backing, _lock_set
+from cachemgr.ops import gate
 from cachemgr.ops.control import Result
 from cachemgr.procedures import autoattach, policy
 from cachemgr.procedures.autoattach import (
@@ -48,36 +48,47 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
         cache_ops.mode(sysfs, a.device, a.mode)
         return
     if isinstance(a, Register):
-        bcache.register(sysfs, f"/dev/{a.device}")
+        with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach register"):
+            bcache.register(sysfs, f"/dev/{a.device}")
         return
     if isinstance(a, SetScheduler):  # what `cachemgr scheduler DISK NAME` does, read back
-        sched.set_scheduler(sysfs, a.device, a.scheduler)
+        with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach scheduler",
+                       detail={"to": a.scheduler}):
+            sched.set_scheduler(sysfs, a.device, a.scheduler)
         return
     if isinstance(a, Format):
-        node = f"/dev/{a.device}"
-        size = bcache.device_bytes(sysfs, node)
-        # refuses (nothing formatted) a bucket the kernel would not take; picks one if unset
-        bucket = bcache.check_bucket(node, size, a.bucket) if size is not None else a.bucket
-        bcache.make_bcache(cache=node, bucket=bucket)
-        with contextlib.suppress(AlreadyError):  # 69-bcache.rules may be first
-            bcache.register(sysfs, f"/dev/{a.device}")
+        with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach format"):
+            _format(sysfs, a)
         return
     # the view was read just before this round; each action of a round touches another
     # file of the backing device, so its object from the view is current enough
     bk = view.backing(a.device)
     if bk is None:
         raise CacheMgrError(f"/dev/{a.device} is no longer a registered backing device")
-    with _lock_backing(bk):
+    subject = gate.of_backing(bk)
+    cset = view.snapshot.cache_set(a.cset) if isinstance(a, Attach) else None
+    if isinstance(a, Attach):
+        if cset is None:
+            raise CacheMgrError(f"cache set {a.cset} vanished")
+        subject = subject + gate.of_cache_set(cset)
+    with gate.gate(subject, f"autoattach {type(a).__name__.lower()}"):
         if isinstance(a, Attach):
-            cset = view.snapshot.cache_set(a.cset)
-            if cset is None:
-                raise CacheMgrError(f"cache set {a.cset} vanished")
-            with _lock_set(a.cset):
-                bcache.attach(sysfs, bk, cset)
+            assert cset is not None
+            bcache.attach(sysfs, bk, cset)
         elif isinstance(a, SetMode):
             bcache.set_mode(sysfs, bk, CacheMode(a.mode))
         elif isinstance(a, SetTunable):
             bcache.set_tunable(sysfs, bk, a.name, a.value)
+
+
+def _format(sysfs: Sysfs, a: Format) -> None:
+    node = f"/dev/{a.device}"
+    size = bcache.device_bytes(sysfs, node)
+    # refuses (nothing formatted) a bucket the kernel would not take; picks one if unset
+    bucket = bcache.check_bucket(node, size, a.bucket) if size is not None else a.bucket
+    bcache.make_bcache(cache=node, bucket=bucket)
+    with contextlib.suppress(AlreadyError):  # 69-bcache.rules may be first
+        bcache.register(sysfs, f"/dev/{a.device}")
 
 
 @contextlib.contextmanager

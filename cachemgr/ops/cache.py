@@ -12,6 +12,7 @@ Progress goes to ``ctl.report`` (which also raises ``Cancelled`` when the operat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,22 +23,19 @@ from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.scancache import ScanCache as ScanCache
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
-from cachemgr.core import checks, state
+from cachemgr.core import checks
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import (
-    BcacheBacking,
     CacheMode,
     CacheSet,
-    DmCacheDevice,
-    DmWritecacheDevice,
+    Owner,
     Snapshot,
-    human,
 )
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import devices as devices_mod
-from cachemgr.procedures.devices import BcacheDevice, CachedDevice, DmCache, LvmCache
+from cachemgr.procedures import kinds, owners
 
 DRAIN_TIMEOUT = 24 * 3600.0
 DETACH_TIMEOUT = 3600.0
@@ -51,8 +49,23 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     libvirt domains of ``uri`` (default qemu:///system) above the caches. ``stats`` False:
     a poll's scan, without bcache's five_minute/hour/day stats; ``cache``: the poller's
     (snapshot.take)."""
-    return snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
+    snap = snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
                              stats=stats, cache=cache)
+    return dataclasses.replace(snap, owners=tuple(owners.owners()))
+
+
+def owner_of(snap: Snapshot, obj: object) -> Owner | None:
+    """The procedure that owns ``obj`` (a snapshot object) now, running or interrupted."""
+    k = kinds.of(obj)
+    if k is None:
+        return None
+    return owners.owner_of(snap.owners, (key for key, _ in k.locks))
+
+
+def kind_of(obj: object) -> kinds.Kind | None:
+    """A snapshot object as its cache kind: what it is, can do and is called (the faces
+    ask it; None: no registered kind owns it)."""
+    return kinds.of(obj)
 
 
 # a poller's pieces (the TUI imports the command layer only)
@@ -67,18 +80,20 @@ def parse_mode(word: str, *, hint: str = "use writethrough, writeback, writearou
         raise UsageError(f"unknown cache mode {word!r}", hint=hint) from None
 
 
-def _lock_backing(b: BcacheBacking):  # type: ignore[no-untyped-def]
-    """The lock a drain, autoattach and every command take on a backing device."""
-    return state.locked(b.key, b.device or b.identity.node)
-
-
-def _lock_set(uuid: str):  # type: ignore[no-untyped-def]
-    """The lock replace-ssd and every cache-set command take on a cache set."""
-    return state.locked(f"replace-{uuid}", f"cache set {uuid}")
+# an interrupted drain (or flush) is taken over by the next drain of its device: the drain
+# puts back what the interrupted one left before it starts (procedures/drain.py)
+DRAINS = gate_mod.resumes("drain", "dm-cache flush", "lvm drain")
 
 
 def _ctl(ctl: Control | None, what: str) -> Control:
     return ctl if ctl is not None else Control(what=what)
+
+
+def _root(dev: kinds.Kind, doing: str) -> None:
+    """Root before the gate, except for the kinds whose backend checks it after its own
+    refusals (which say what is wrong first)."""
+    if not dev.root_in_backend:
+        require_root(doing)
 
 
 # ----------------------------------------------------------------------------- mode / drain
@@ -102,65 +117,25 @@ def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
     ctl = _ctl(ctl, f"mode {mode_word} on {target}")
     new = parse_mode(mode_word)
     snap = status(sysfs, probe_unregistered=False)
-    dev = devices_mod.resolve(snap, target, sysfs)
-    if isinstance(dev, LvmCache):
-        if not drain:
-            return Result(changes=[dev.set_mode(sysfs, new)])
-        before = dev.lv.cache_mode or (dev.mode.value if dev.mode else "?")
-        d = dev.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
-                      progress=ctl.report, final_mode=new)
-        out = Result(changes=[bcache.Change(dev.lv.full_name, "cache_mode", before, new.value)]
-                     if d.restored.get("switched") else [])
-        if d.start_bytes:
-            out.notes.append(d.summary())
-        return out
-    if isinstance(dev, DmCache):
-        if not drain:
-            return Result(changes=[dev.set_mode(sysfs, new)])
-        if dev.mode == new:
+    dev = kinds.resolve(snap, target, sysfs)
+    _root(dev, "changing a cache mode")
+    with gate_mod.gate(gate_mod.of_kind(dev), "mode --drain" if drain else "mode",
+                       takes_over=DRAINS if drain else None, detail={"to": new.value}):
+        sw = dev.switch_mode(sysfs, new, drain=drain, timeout=timeout,
+                             stall_timeout=stall_timeout, progress=ctl.report)
+        if sw.as_drain:
             return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=False)
-        d = dev.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
-                      progress=ctl.report, final_mode=new)
-        return Result(changes=[bcache.Change(dev.node, "cache_mode", dev.d.mode.value,
-                                             new.value)] if d.restored.get("switched") else [])
-    assert isinstance(dev, BcacheDevice)
-    b = dev.b
-    require_root("changing a cache mode")
-    out = Result()
-    with _lock_backing(b):
-        try:
-            out.changes = [bcache.set_mode(sysfs, b, new)]
-        except AlreadyError:
-            if not drain:
-                raise
-        if drain:
-            try:
-                d = dev.reread(sysfs).drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
-                                            progress=ctl.report)
-                out.notes.append(d.summary())
-            except AlreadyError:
-                pass
-        elif b.dirty and not b.dirty.is_zero(512) and new != CacheMode.WRITEBACK:
-            out.notes.append(f"{b.device}: {human(b.dirty.bytes)} of dirty data is still being "
-                             "written back; 'cachemgr drain' (or mode --drain) makes that fast")
-    return out
+        return Result(changes=sw.changes, notes=sw.notes)
 
 
-def _drained(sysfs: Sysfs, dev: CachedDevice, ctl: Control, timeout: float,
+def _drained(sysfs: Sysfs, dev: kinds.Kind, ctl: Control, timeout: float,
              stall_timeout: float, *, resume: bool) -> Result:
     out = Result()
     if resume:
         restored = dev.restore_interrupted(sysfs)
         if not restored:
-            what = "flush" if dev.kind == "dm-cache" else "drain"
-            raise AlreadyError(f"{dev.node}: no interrupted {what} to resume")
-        if dev.kind == "dm-cache":
-            out.notes.append(f"{dev.node}: restored table {restored['table']}")
-        elif isinstance(dev, LvmCache):
-            out.notes.append(f"{dev.lv.full_name}: restored " + ", ".join(
-                f"{k} {v}" for k, v in restored.items()))
-        else:
-            out.notes.append(f"{dev.node}: restored tunables {restored}")
+            raise AlreadyError(f"{dev.node}: no interrupted {dev.drain_word} to resume")
+        out.notes.append(dev.restored_note(restored))
         dev = dev.reread(sysfs)
     try:
         d = dev.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
@@ -187,19 +162,19 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
     ctl = _ctl(ctl, f"drain of {target}")
     snap = status(sysfs, probe_unregistered=False)
     lv = lvm_spelling(target)
-    if resume and lv and devices_mod.find(snap, target, sysfs) is None \
+    if resume and lv and kinds.find(snap, target, sysfs, kinds.devices_only()) is None \
             and lvm_manage.journal_for(lv).exists():
         # killed after lvm2 split or uncached it: no cache left on the LV to restore
-        done = lvm_manage.restore_split(lv)
+        with gate_mod.gate(gate_mod.of_names(lv, [owners.lvm_key(lv), owners.cache_key(lv)]),
+                           "drain --resume", takes_over=DRAINS):
+            done = lvm_manage.restore_split(lv)
         return Result(notes=[f"{lv}: an interrupted detach/remove had split the cache off; "
                              + (f"policy {done['policy']} put back on {done['on']}" if done
                                 else "nothing left to put back")])
-    dev = devices_mod.resolve(snap, target, sysfs)
-    if isinstance(dev, BcacheDevice):
-        require_root("draining")
-        with _lock_backing(dev.b):
-            return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=resume)
-    return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=resume)
+    dev = kinds.resolve(snap, target, sysfs)
+    _root(dev, "draining")
+    with gate_mod.gate(gate_mod.of_kind(dev), "drain", takes_over=DRAINS):
+        return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=resume)
 
 
 # ----------------------------------------------------------------------------- attach/detach
@@ -212,17 +187,23 @@ def attach(sysfs: Sysfs, backing: str, cache: str, *, writecache: bool = False,
     origin_lv, cache_lv = lvm_spelling(backing), lvm_spelling(cache)
     if origin_lv is not None and cache_lv is not None:
         m = parse_mode(mode, hint="writeback, writethrough or passthrough") if mode else None
-        return Result(changes=[lvm_manage.attach(origin_lv, cache_lv, writecache=writecache,
-                                                 mode=m)])
+        subject = gate_mod.of_names(origin_lv, [owners.lvm_key(origin_lv),
+                                                owners.cache_key(origin_lv)])
+        with gate_mod.gate(subject, "attach", detail={"cache": cache_lv}):
+            return Result(changes=[lvm_manage.attach(origin_lv, cache_lv,
+                                                     writecache=writecache, mode=m)])
     if writecache or mode:
         raise UsageError("--writecache and --mode apply to LVM caches (VG/LV VG/POOL) only",
                          hint="a bcache device takes its mode with 'cachemgr mode'")
     snap = status(sysfs, probe_unregistered=False)
     b = resolve_backing(snap, backing, sysfs)
-    c = resolve_cache_set(snap, cache, sysfs)
     require_root("attaching")
-    with _lock_backing(b), _lock_set(c.uuid):
-        return Result(changes=[bcache.attach(sysfs, b, c)])
+    # the device first: while a procedure owns it, that is the refusal (exit 3), whatever
+    # became of the cache named (a replacement may have unregistered it)
+    with gate_mod.gate(gate_mod.of_backing(b), "attach", detail={"cache": cache}):
+        c = resolve_cache_set(snap, cache, sysfs)
+        with gate_mod.gate(gate_mod.of_cache_set(c), "attach"):
+            return Result(changes=[bcache.attach(sysfs, b, c)])
 
 
 def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
@@ -232,14 +213,11 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
     _timeouts(timeout)
     ctl = _ctl(ctl, f"detach of {backing}")
     snap = status(sysfs, probe_unregistered=False)
-    dev = devices_mod.find(snap, backing, sysfs)
-    if isinstance(dev, LvmCache):
-        return Result(changes=dev.detach(timeout=timeout, stall_timeout=STALL_TIMEOUT,
+    dev = kinds.resolve(snap, backing, sysfs)
+    _root(dev, "detaching")
+    with gate_mod.gate(gate_mod.of_kind(dev), "detach"):
+        return Result(changes=dev.detach(sysfs, timeout=timeout, stall_timeout=STALL_TIMEOUT,
                                          progress=ctl.report))
-    b = resolve_backing(snap, backing, sysfs)
-    require_root("detaching")
-    with _lock_backing(b):
-        return Result(changes=[bcache.detach(sysfs, b, timeout=timeout, progress=ctl.report)])
 
 
 # ----------------------------------------------------------------------------- create/remove
@@ -250,8 +228,11 @@ def create_bcache(sysfs: Sysfs, *, backings: Sequence[str], cache: str | None,
                   force: bool = False) -> Result:
     """make-bcache, register, attach (and the mode)."""
     m = parse_mode(mode, hint="writethrough, writeback, writearound or none") if mode else None
-    return Result(changes=bcache.create(sysfs, backings=list(backings), cache=cache or None,
-                                        mode=m, bucket=bucket or None, force=force))
+    disks = [*backings, *([cache] if cache else [])]
+    with gate_mod.gate(gate_mod.of_disks(disks), "create bcache"):
+        return Result(changes=bcache.create(sysfs, backings=list(backings),
+                                            cache=cache or None, mode=m,
+                                            bucket=bucket or None, force=force))
 
 
 def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata: str,
@@ -263,9 +244,13 @@ def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata
                          "--metadata DEV")
     m = parse_mode(mode or "writeback", hint="writeback, writethrough or passthrough")
     block = dmcache.parse_size(block_size) if block_size else None
-    return Result(changes=dmcache.create(sysfs, name, origin=origin, cache=cache,
-                                         metadata=metadata, mode=m, block_bytes=block,
-                                         force=force))
+    subject = gate_mod.of_names(f"/dev/mapper/{name}", [owners.dmcache_key(name),
+                                                        owners.cache_key(name)])
+    with gate_mod.gate(subject + gate_mod.of_disks([origin, cache, metadata]),
+                       "create dm-cache"):
+        return Result(changes=dmcache.create(sysfs, name, origin=origin, cache=cache,
+                                             metadata=metadata, mode=m, block_bytes=block,
+                                             force=force))
 
 
 def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
@@ -277,23 +262,20 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     _timeouts(timeout, stall_timeout)
     ctl = _ctl(ctl, f"remove of {target}")
     snap = status(sysfs, probe_unregistered=False)
-    dev = devices_mod.find(snap, target, sysfs)
-    if isinstance(dev, (DmCache, LvmCache)):
+    dev = kinds.resolve(snap, target, sysfs, caches=True)
+    _root(dev, "removing")
+    if not dev.cached_device:  # a cache set: its own refusals (remove_cache_set)
+        return remove_cache_set(sysfs, dev.obj, snap)
+    with gate_mod.gate(gate_mod.of_kind(dev), "remove"):
         return Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
                                          stall_timeout=stall_timeout, progress=ctl.report))
-    require_root("removing")
-    if isinstance(dev, BcacheDevice):
-        with _lock_backing(dev.b):
-            return Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
-                                             stall_timeout=stall_timeout, progress=ctl.report))
-    return remove_cache_set(sysfs, resolve_cache_set(snap, target, sysfs))
 
 
-def remove_cache_set(sysfs: Sysfs, c: CacheSet) -> Result:
+def remove_cache_set(sysfs: Sysfs, c: CacheSet, snap: Snapshot | None = None) -> Result:
     """Unregister ``c``: refused while backing devices are attached or dirty, and while a
     backing device that bcache stopped still has its dirty data on this SSD (it is no longer
     listed in the set; only its superblock says so)."""
-    with _lock_set(c.uuid):
+    with gate_mod.gate(gate_mod.of_cache_set(c, snap), "remove"):
         full = status(sysfs, probe_unregistered=True)
         refuse_orphaned_dirt(full, c.uuid, doing="unregistering the cache set",
                              then="run remove again")
@@ -307,15 +289,8 @@ def remove_cache_set(sysfs: Sysfs, c: CacheSet) -> Result:
 
 def tunables_of(obj: object) -> dict[str, tuple[int, int]]:
     """What can be tuned on ``obj`` and the library's bounds."""
-    if isinstance(obj, BcacheBacking):
-        return dict(bcache.BACKING_TUNABLES)
-    if isinstance(obj, CacheSet):
-        return dict(bcache.SET_TUNABLES)
-    if isinstance(obj, (DmCacheDevice, DmWritecacheDevice)) and obj.lvm is not None:
-        return lvm_manage.tunables(obj)
-    if isinstance(obj, DmCacheDevice):
-        return {"migration_threshold": (0, 2**31 - 1)}
-    return {}
+    k = kinds.of(obj)
+    return k.tunables() if k is not None else {}
 
 
 def tune(sysfs: Sysfs, target: str, settings: Sequence[str]) -> Result:
@@ -341,7 +316,7 @@ def force_run(sysfs: Sysfs, backing: str, *, accept_data_loss: bool = False) -> 
         )
     b = resolve_backing(status(sysfs, probe_unregistered=False), backing, sysfs)
     require_root("force-run")
-    with _lock_backing(b):
+    with gate_mod.gate(gate_mod.of_backing(b), "force-run"):
         return Result(changes=[bcache.force_run(sysfs, b,
                                                 bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
@@ -355,9 +330,10 @@ def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False) -> Res
             hint="use 'cachemgr remove' (flushes first); to stop anyway, repeat with "
                  "--i-accept-data-loss",
         )
-    c = resolve_cache_set(status(sysfs, probe_unregistered=False), cache, sysfs)
+    snap = status(sysfs, probe_unregistered=False)
+    c = resolve_cache_set(snap, cache, sysfs)
     require_root("stop-set")
-    with _lock_set(c.uuid):
+    with gate_mod.gate(gate_mod.of_cache_set(c, snap), "stop-set"):
         return Result(changes=[bcache.stop_cache_set(
             sysfs, c, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
@@ -368,40 +344,8 @@ def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False) -> Res
 def dirty_consequence(obj: object, mode: CacheMode) -> str:
     """What happens to the dirty data when switching ``obj`` to ``mode`` (a confirmation
     text)."""
-    if isinstance(obj, DmWritecacheDevice):
-        return ("dm-writecache has only writeback: new writes land in the cache first and "
-                "are dirty until written back.")
-    if isinstance(obj, DmCacheDevice) and obj.lvm is not None and mode != CacheMode.WRITEBACK \
-            and obj.dirty_bytes:
-        return (f"{obj.lvm.full_name} holds {human(obj.dirty_bytes)} of dirty data: a plain "
-                "switch is refused (lvm2 would flush it with no progress); 'switch + drain' "
-                "drains it with progress, then switches.")
-    if isinstance(obj, DmCacheDevice):
-        d = obj.dirty_bytes
-        if mode == CacheMode.PASSTHROUGH and (d is None or d > 0):
-            return (f"{obj.node} holds {human(d)} of dirty data: dm-cache accepts passthrough "
-                    "only when every block is clean, so a plain switch is refused; "
-                    "'switch + drain' flushes first, then loads passthrough.")
-        if mode == CacheMode.WRITEBACK:
-            return ("New writes will land in the cache first: they are dirty (lost if the "
-                    "cache device dies) until written back.")
-        if d:
-            return (f"{human(d)} of dirty data stays in the cache and keeps being written "
-                    "back; 'switch + drain' writes it back now.")
-        return "The cache is clean: nothing is at risk."
-    if isinstance(obj, BcacheBacking):
-        dev = obj.device or obj.identity.node
-        dirty = obj.dirty.bytes if obj.dirty else None
-        if mode == CacheMode.WRITEBACK:
-            return ("New writes will land on the SSD first: they are dirty (lost if the SSD "
-                    "dies) until bcache writes them back.")
-        if dirty:
-            return (f"{dev} has {human(dirty)} of dirty data. Switching does not make it clean: "
-                    "bcache keeps writing it back, and with its defaults that is at 4 KiB/s "
-                    "once below 10 % of the cache. 'switch + drain' writes it back fast "
-                    "(cachemgr mode --drain).")
-        return f"{dev} is clean: nothing is at risk."
-    return ""
+    k = kinds.of(obj)
+    return k.dirty_consequence(mode) if k is not None else ""
 
 
 def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
@@ -409,6 +353,10 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
     cache SSD's SMART health (smart.lookup: smartctl at most every 10 min per disk, cached;
     never on the snapshot's own scan)."""
     doc = snapshot_mod.to_json(snap)
+    objs = [*snap.backings, *snap.dmcaches, *snap.writecaches]
+    for entry, obj in zip(doc["devices"], objs, strict=True):
+        entry["owner"] = owners.owner_json(owner_of(snap, obj))
+    doc["owners"] = [owners.owner_json(o) for o in snap.owners]
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc

@@ -99,6 +99,11 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
                       for v, d in vms.serving(snap.vms, node)]
             if served:
                 lines.append(f"VMs on {node}: " + ", ".join(served))
+    for o in snap.owners:
+        if o.running:
+            lines.append(f"{o.device}: held by {o.words()}")
+        else:
+            lines.append(f"{o.device}: owned by {o.words()}; {o.next_step()}")
     for w in snap.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(printable(line) for line in lines)

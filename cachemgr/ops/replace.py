@@ -4,14 +4,18 @@ in a face)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from cachemgr.backends import smart
+from cachemgr.core import state
 from cachemgr.core.errors import Cancelled, UnsafeError, UsageError, require_root
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import gate
 from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import replace, replace_dmcache, replace_lvm
+from cachemgr.procedures import owners, replace, replace_dmcache, replace_lvm
 
 Options = replace.Options
 Journal = replace.Journal
@@ -106,6 +110,9 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
     for r in unfinished:
         if r.same_cache(j):
             _refuse_second(r)
+    # a drain or another change running on one of its devices: said now, not after the
+    # operator confirmed (the run enters the gate again, for real, when it starts)
+    gate.check(subject(j), takes_over=gate.resumes("drain", "dm-cache flush", "lvm drain"))
     return j
 
 
@@ -172,6 +179,28 @@ def health_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
     return [f"old SSD {node} health: " + (h.words() if h is not None else "not read")]
 
 
+def subject(j: replace.Journal) -> gate.Subject:
+    """Every object run ``j`` owns: its cache and each device on it."""
+    kind = replace.kind_of(j.kind)
+    words = {owners.cache_key(j.cset): f"{kind.what} {j.cset}"}
+    for b in j.backings:
+        words[owners.bcache_key(str(b.get("uuid") or b.get("name")))] = str(
+            b.get("device") or b.get("node"))
+    keys = owners.replace_keys(j.kind, j.cset, j.backings)
+    return gate.Subject(words[owners.cache_key(j.cset)],
+                        tuple((k, words.get(k, j.cset)) for k in sorted(keys)))
+
+
+@contextlib.contextmanager
+def _owning(j: replace.Journal, action: str = "replace-ssd") -> Iterator[None]:
+    """Run ``j`` owns its cache and every device on it for its whole run (the gate), and its
+    drains, in worker threads, act for it (state.acting_as)."""
+    with state.acting_as(("replace-ssd", j.id)), gate.gate(
+            subject(j), action, run=j.id,
+            takes_over=gate.resumes("drain", "dm-cache flush", "lvm drain", run=j.id)):
+        yield
+
+
 def dry_run(sysfs: Sysfs, cache: str | None, opts: replace.Options) -> Result:
     j = plan(sysfs, cache, opts)
     lines = plan_lines(sysfs, j)
@@ -201,7 +230,8 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
     """Execute (or continue) the journaled run ``j``, step by step."""
     require_root("replace-ssd")
     ctl = ctl or Control(what=f"replace-ssd {replace.kind_of(j.kind).short(j.cset)}")
-    done = replace.execute(sysfs, j, **_hooks(ctl))
+    with _owning(j):
+        done = replace.execute(sysfs, j, **_hooks(ctl))
     return Result(lines=[replace.kind_of(done.kind).done_line(done), timing_line(done)],
                   data=journal_json(done), value=done)
 
@@ -241,6 +271,8 @@ def rollback(sysfs: Sysfs, run_id: str, *, ctl: Control | None = None) -> Result
     require_root("replace-ssd")
     ctl = ctl or Control(what=f"replace-ssd rollback {run_id}")
     say = ctl.say or ctl.progress  # not ctl.note: a rollback is not cut short halfway
-    j = replace.rollback(sysfs, replace.Journal.load(run_id), say=say)
+    j = replace.Journal.load(run_id)
+    with _owning(j, "replace-ssd rollback"):
+        j = replace.rollback(sysfs, j, say=say)
     return Result(lines=[f"{j.id}: rolled back"], data=journal_json(j), value=j)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cachemgr.backends import bcache, dmcache
-from cachemgr.backends.lvm import manage as lvm_manage
-from cachemgr.backends.targets import find_dm, find_dmcache, resolve_backing, resolve_cache_set
+from cachemgr.backends import bcache
 from cachemgr.core.errors import AlreadyError, UsageError, require_root
-from cachemgr.core.model import BcacheBacking, CacheSet, Snapshot
+from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import gate
+from cachemgr.procedures import kinds
 
 
 def parse_settings(settings: Sequence[str]) -> list[tuple[str, int]]:
@@ -29,44 +29,26 @@ def parse_settings(settings: Sequence[str]) -> list[tuple[str, int]]:
 
 def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]
          ) -> tuple[list[bcache.Change], list[str]]:
-    """Apply ``settings`` to ``target``. Returns what changed and one "already so" message
-    per setting that already had its value. Every setting is checked before the first
-    write (unknown name: usage error, nothing written); root is required."""
+    """Apply ``settings`` to ``target`` (any kind with tunables: a cached device or a cache
+    set). Returns what changed and one "already so" message per setting that already had
+    its value. Every setting is checked before the first write (unknown name: usage error,
+    nothing written); root is required (lvm2's caches: after lvm2's own refusals)."""
     parsed = parse_settings(settings)
-    lv = find_dm(snap, target, sysfs, lvm=True)
-    dm = find_dmcache(snap, target, sysfs) if lv is None else None
-    b: BcacheBacking | None = None
-    c: CacheSet | None = None
-    if lv is not None:
-        for name, value in parsed:
-            lvm_manage.check_tunable(lv, name, value)
-    elif dm is not None:
-        for name, _ in parsed:
-            if name != "migration_threshold":
-                raise UsageError(f"unknown dm-cache tunable {name!r}",
-                                 hint="dm-cache has: migration_threshold (sectors)")
-    else:
-        try:
-            b = resolve_backing(snap, target, sysfs)
-        except UsageError:
-            c = resolve_cache_set(snap, target, sysfs)
-        for name, value in parsed:
-            bcache.check_tunable(name, value, cache_set=b is None)
-    if lv is None:
-        require_root("tuning")  # an LVM cache: lvm_manage.tune, after its health refusal
-    changes: list[bcache.Change] = []
-    already: list[str] = []
+    k = kinds.resolve(snap, target, sysfs, caches=True)
+    err = k.refusal("tune")
+    if err is not None:
+        raise err
     for name, value in parsed:
-        try:
-            if lv is not None:
-                changes.append(lvm_manage.tune(lv, name, value))
-            elif dm is not None:
-                changes.append(dmcache.set_migration_threshold(sysfs, dm, value))
-            elif b is not None:
-                changes.append(bcache.set_tunable(sysfs, b, name, value))
-            else:
-                assert c is not None
-                changes.append(bcache.set_cache_set_tunable(sysfs, c, name, value))
-        except AlreadyError as exc:
-            already.append(f"cachemgr: {exc}")
-    return changes, already
+        k.check_tunable(name, value)
+    if not k.root_in_backend:
+        require_root("tuning")
+    with gate.gate(gate.of_cache_set(k.obj, snap) if not k.cached_device else gate.of_kind(k),
+                   "tune", detail=dict(parsed)):
+        changes: list[bcache.Change] = []
+        already: list[str] = []
+        for name, value in parsed:
+            try:
+                changes.append(k.set_tunable(sysfs, name, value))
+            except AlreadyError as exc:
+                already.append(f"cachemgr: {exc}")
+        return changes, already

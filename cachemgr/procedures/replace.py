@@ -21,6 +21,7 @@ asked for) is refused before it is formatted.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import os
@@ -669,7 +670,8 @@ def s_drain(c: Ctx) -> None:
     # the handlers stay until every drain has stopped and put its tunables back
     with signals.terminate_as_interrupt(), \
             ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="drain") as pool:
-        futures = [pool.submit(one, e, b) for e, b in todo]
+        # each drain acts for the run (its locks: state.acting_as, a context variable)
+        futures = [pool.submit(contextvars.copy_context().run, one, e, b) for e, b in todo]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
         except BaseException:  # Ctrl-C, SIGTERM or SIGHUP while waiting
@@ -1096,6 +1098,7 @@ def execute(sysfs: Sysfs, j: Journal, *, say: Say | None = None,
             if step in j.done:
                 continue
             ctx.say(f"[{i}/{len(names)}] {step}")
+            state.update_holder(step=step)  # what the lock files say: status, refusals
             t0 = time.monotonic()
             try:
                 kind.funcs[step](ctx)

@@ -40,13 +40,13 @@ def mutations_refused(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
 
 
 @contextlib.contextmanager
-def held_elsewhere(key: str, state_dir: Path) -> Iterator[None]:
+def held_elsewhere(key: str, state_dir: Path, holder: str = "{}") -> Iterator[None]:
     """Another process holds the lock ``key`` (in ``state_dir``) until the end of the
-    block."""
-    code = ("import sys\nfrom cachemgr.core import state\n"
-            "with state.locked(sys.argv[1], 'test'):\n"
+    block; ``holder``: what it says of itself (JSON: procedure, run, step)."""
+    code = ("import json, sys\nfrom cachemgr.core import state\n"
+            "with state.locked(sys.argv[1], 'test', holder=json.loads(sys.argv[2])):\n"
             "    print('held', flush=True)\n    sys.stdin.read()\n")
-    p = subprocess.Popen([sys.executable, "-c", code, key], cwd=REPO, text=True,
+    p = subprocess.Popen([sys.executable, "-c", code, key, holder], cwd=REPO, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          env={**os.environ, "CACHEMGR_STATE_DIR": str(state_dir),
                               "PYTHONPATH": str(REPO)})

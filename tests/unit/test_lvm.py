@@ -22,7 +22,7 @@ from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.model import CacheMode, CacheState, DmWritecacheTable
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import render
-from cachemgr.procedures import devices
+from cachemgr.procedures import kinds
 from tests.unit.guards import mutations_refused
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -95,16 +95,16 @@ def test_status_json_and_table(fx: Path) -> None:
                                       "vg0-vm1"])
 def test_every_spelling_of_an_lv_resolves(fx: Path, spelling: str) -> None:
     sysfs = Sysfs(fx / "sys")
-    dev = devices.resolve(snapshot.take(sysfs), spelling, sysfs)
-    assert isinstance(dev, devices.LvmCache) and dev.kind == "lvmcache"
+    dev = kinds.resolve(snapshot.take(sysfs), spelling, sysfs)
+    assert isinstance(dev, kinds.LvmCache) and dev.name == "lvmcache"
     assert dev.node == "/dev/vg0/vm1" and dev.lv.full_name == "vg0/vm1"
 
 
 def test_writecache_resolves_as_lvm_writecache(fx: Path) -> None:
     sysfs = Sysfs(fx / "sys")
-    dev = devices.resolve(snapshot.take(sysfs), "vg0/vm3", sysfs)
-    assert isinstance(dev, devices.LvmCache) and dev.kind == "lvm-writecache"
-    assert dev.modes_allowed == (CacheMode.WRITEBACK,)
+    dev = kinds.resolve(snapshot.take(sysfs), "vg0/vm3", sysfs)
+    assert isinstance(dev, kinds.LvmWritecache) and dev.name == "lvm-writecache"
+    assert dev.modes == (CacheMode.WRITEBACK,)
 
 
 @pytest.mark.parametrize(("args", "code", "words"), [

@@ -77,6 +77,10 @@ class Case:
     says: str
     root: bool = True
     lock: str | None = None
+    holder: str = "{}"  # what the lock's holder says of itself (JSON)
+    # an interrupted procedure's journal planted first: "drain:ROW" (bcache drain) or
+    # "replace:ROW" (a replace-ssd run that failed at its drain step)
+    journal: str | None = None
     plan: bool = False  # the replace screen's plan: "refused: TEXT", no error word
 
 
@@ -219,7 +223,50 @@ CASES = [
     Case("locked-dm-mode", "dmcache-writeback", ("mode", "vmcache", "writethrough"),
          "dm:vmcache", mode("writethrough"), 3,
          "another cachemgr run is acting on /dev/mapper/vmcache", lock="dm:vmcache"),
+    # --- the gate: a procedure owns the device (cachemgr/ops/gate.py)
+    Case("drain-holds-tune", "bcache-writeback-dirty",
+         ("tune", "/dev/bcache0", "writeback_percent=5"), "/dev/bcache0",
+         tune("writeback_percent", "5"), 3, "/dev/bcache0 is held by drain",
+         lock="/dev/bcache0", holder='{"procedure": "drain"}'),
+    Case("replace-holds-mode", "bcache-writeback-dirty",
+         ("mode", "/dev/bcache0", "writethrough"), "/dev/bcache0", mode("writethrough"), 3,
+         "is held by replace-ssd run r1",
+         lock=f"cset:{DIRTY_CSET}", holder='{"procedure": "replace-ssd", "run": "r1", '
+                                           '"step": "drain"}'),
+    Case("interrupted-drain-mode", "bcache-writeback-dirty",
+         ("mode", "/dev/bcache0", "writethrough"), "/dev/bcache0", mode("writethrough"), 3,
+         "owned by drain", journal="drain:/dev/bcache0"),
+    Case("interrupted-replace-tune", "bcache-writeback-dirty",
+         ("tune", "/dev/bcache0", "writeback_percent=5"), "/dev/bcache0",
+         tune("writeback_percent", "5"), 3, "owned by replace-ssd run gate-test",
+         journal="replace:/dev/bcache0"),
+    Case("interrupted-replace-drain", "bcache-writeback-dirty", ("drain", "/dev/bcache0"),
+         "/dev/bcache0", DRAIN, 3, "resume it (cachemgr replace-ssd --resume gate-test) or "
+         "roll it back", journal="replace:/dev/bcache0"),
 ]
+
+
+def plant(root: Path, spec: str) -> None:
+    """An interrupted procedure's journal (see Case.journal), as that procedure writes it."""
+    from cachemgr.core import state
+
+    what, row = spec.split(":", 1)
+    snap = snapshot.take(Sysfs(str(root)))
+    b = next(b for b in snap.backings if row in (b.device, b.identity.node))
+    if what == "drain":
+        state.write_json(state.journal_path("drain", b.key), {
+            "device": b.device, "backing": b.identity.node, "uuid": b.uuid,
+            "original": {"writeback_percent": 10, "writeback_delay": 30,
+                         "writeback_running": 1}, "started": 1.0})
+        return
+    from cachemgr.procedures import replace
+
+    j = replace.Journal(id="gate-test", cset=b.cset_uuid or "", options={}, old={},
+                        backings=[{"uuid": b.uuid, "name": b.identity.name,
+                                   "node": b.identity.node, "device": b.device,
+                                   "mode": "writeback"}],
+                        done=["preflight", "remember", "mode-interim"], status="failed")
+    j.save()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -374,7 +421,10 @@ def test_refusal_is_the_same_in_the_cli_and_the_tui(case: Case, tmp_path: Path,
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with contextlib.ExitStack() as stack:
         if case.lock is not None:
-            stack.enter_context(held_elsewhere(lock_key(root, case.lock), state_dir))
+            stack.enter_context(held_elsewhere(lock_key(root, case.lock), state_dir,
+                                               case.holder))
+        if case.journal is not None:
+            plant(root, case.journal)
         rc, out, err = cli(root, case.argv)
         tui = asyncio.run(through_tui(root, case))
 

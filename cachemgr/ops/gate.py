@@ -1,0 +1,169 @@
+"""The one gate every change passes.
+
+Every command that changes a device or its cache (mode, tune, drain, attach, detach, create,
+remove, force-run, stop-set, each replace-ssd run, autoattach's actions, vm-cache, scheduler
+set) enters :func:`gate` with the objects it acts on (a :class:`Subject`). The gate
+
+1. takes the lock of every object (the device's and its cache's: procedures/owners.py has the
+   keys), recording in each lock file who holds it (the procedure, its run ID and step, since
+   when): another run holding one of them is refused, exit 3, by a message naming it
+   (core/state.py ``BusyError``);
+2. refuses, exit 3, while a procedure whose process is gone still owns one of them (its
+   journal is there: an interrupted drain left tunables changed, a replace-ssd run left its
+   devices in mode none): the message names it and the command that resumes (or rolls back)
+   it; only that procedure's own resume passes (``takes_over``);
+3. logs the change (who, what, on what) at INFO on the ``cachemgr.gate`` logger.
+
+Procedures that run for a while own their objects for the whole run: a replace-ssd run enters
+the gate once, for every device of its cache, and its steps (and the drains it runs in worker
+threads, which act for it: ``state.acting_as``) re-enter the same locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cachemgr.core import state
+from cachemgr.core.errors import UnsafeError
+from cachemgr.core.model import BcacheBacking, CacheSet, Owner, Snapshot
+from cachemgr.procedures import kinds
+from cachemgr.procedures import owners as owners_mod
+from cachemgr.procedures.kinds import Kind
+
+log = logging.getLogger("cachemgr.gate")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a change acts on: its name in messages, the locks it needs (key, words) and,
+    when it is one object of a cache kind, that kind (whose capabilities the gate checks)."""
+
+    what: str
+    locks: tuple[tuple[str, str], ...]
+    kind: Kind | None = None
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(k for k, _ in self.locks)
+
+    def __add__(self, other: Subject) -> Subject:
+        seen = dict(self.locks)
+        return Subject(self.what, self.locks + tuple(
+            (k, w) for k, w in other.locks if k not in seen), self.kind or other.kind)
+
+
+def of_kind(k: Kind) -> Subject:
+    """One object of a cache kind: its own lock and its cache's, and its capabilities."""
+    return Subject(k.node, tuple(k.locks), k)
+
+
+def of_backing(b: BcacheBacking) -> Subject:
+    """A bcache backing device (the udev worker's actions name it so)."""
+    return of_kind(kinds.Bcache(b))
+
+
+def of_cache_set(c: CacheSet, snap: Snapshot | None = None) -> Subject:
+    """A cache set, with every backing device attached to it (a set-wide change reaches
+    them all)."""
+    out = of_kind(kinds.BcacheSet(c))
+    if snap is not None:
+        for b in snap.backings:
+            if b.cset_uuid == c.uuid:
+                out = out + Subject(c.uuid, kinds.Bcache(b).locks[:1])
+    return out
+
+
+def of_names(what: str, keys: Sequence[str]) -> Subject:
+    """Objects named by their keys alone (a disk being formatted, a VM's disk)."""
+    return Subject(what, tuple((k, what) for k in keys))
+
+
+def of_disks(nodes: Sequence[str]) -> Subject:
+    """Disks a command formats or assembles (create): keyed by their kernel names, so two
+    commands that would format one disk never run at once."""
+    names = [os.path.basename(os.path.realpath(n)) for n in nodes if n]
+    return Subject(", ".join(n for n in nodes if n),
+                   tuple((f"disk-{n}", f"/dev/{n}") for n in dict.fromkeys(names)))
+
+
+def claims(subject: Subject) -> list[Owner]:
+    """The interrupted procedures whose journals claim an object of ``subject``."""
+    return [o for o in owners_mod.interrupted() if o.keys & subject.keys]
+
+
+def refusal(subject: Subject, o: Owner) -> UnsafeError:
+    """An interrupted procedure owns ``subject``: exit 3, one line naming it."""
+    return UnsafeError(f"{subject.what} is owned by {o.words()}; nothing was changed",
+                       hint=o.next_step())
+
+
+def check(subject: Subject, *, takes_over: Callable[[Owner], bool] | None = None) -> None:
+    """The gate's refusal without its locks: for a plan shown before it runs."""
+    for o in owners_mod.owners(subject.keys):
+        if o.keys & subject.keys and not (takes_over and takes_over(o)):
+            if o.running:
+                raise UnsafeError(f"{subject.what} is held by {o.words()}",
+                                  hint="wait for it to finish; two runs on one cache at once "
+                                       "could lose data")
+            raise refusal(subject, o)
+
+
+def resumes(*procedures: str, run: str | None = None) -> Callable[[Owner], bool]:
+    """A ``takes_over`` that lets through the interrupted ``procedures`` (a drain resumes a
+    drain) and the replace-ssd run ``run``."""
+    def ok(o: Owner) -> bool:
+        return o.procedure in procedures or (run is not None and o.run == run)
+
+    return ok
+
+
+@contextlib.contextmanager
+def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] | None = None,
+         run: str | None = None, detail: dict[str, Any] | None = None,
+         needs: str | None = None) -> Iterator[None]:
+    """Refuse (exit 3, nothing changed) what the subject's kind cannot do (``needs``: the
+    capability, by default the action's first word); hold every lock of ``subject`` for
+    ``action`` and refuse while another run holds one, or an interrupted procedure owns
+    one that ``takes_over`` does not accept. ``run``: a procedure's run ID, recorded in the
+    lock files."""
+    cap = needs or action.split()[0]
+    if subject.kind is not None and cap in kinds.ACTIONS:
+        err = subject.kind.refusal(cap)
+        if err is not None:
+            raise err
+    if os.geteuid() != 0:
+        # changes nothing: the kernel and lvm2 take changes from root only, and the command
+        # refuses with its own words (needs root) after its own checks; the locks and the
+        # journals are root's
+        yield
+        return
+    holder: dict[str, Any] = {"procedure": action}
+    if run:
+        holder["run"] = run
+    with contextlib.ExitStack() as stack:
+        for key, words in subject.locks:
+            stack.enter_context(state.locked(key, words, holder=holder))
+        for o in claims(subject):
+            if not (takes_over and takes_over(o)):
+                raise refusal(subject, o)
+        log.info("%s on %s (user %s, pid %d)%s", action, subject.what, _user(), os.getpid(),
+                 f" {detail}" if detail else "")
+        yield
+
+
+def _user() -> str:
+    """Who asked: the sudo user when there is one, else the process's user."""
+    sudo = os.environ.get("SUDO_USER")
+    if sudo:
+        return sudo
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (KeyError, ImportError):
+        return str(os.geteuid())

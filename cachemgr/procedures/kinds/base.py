@@ -1,0 +1,220 @@
+"""What every cache kind declares and answers (one subclass per kind, one module each).
+
+A :class:`Kind` instance wraps one object of the snapshot (a bcache backing device, a cache
+set, a dm-cache device, an LVM cache...). Its class declares what the kind is: its ``name``
+(the word in JSON and logs), its ``title`` (the words people see), its ``modes``, the
+``actions`` it can take, and how an admin may name one of its objects (``names`` and
+``kernel_names``). Its methods do the kind's operations through its backend. The command
+layer, the TUI, the metrics and the udev worker ask the kind; none of them branches on a
+kind class.
+
+"Unknown" has one meaning everywhere: ``dirty_bytes`` is ``None`` when the kernel's figure
+cannot be trusted (a bcache backing device whose cache set is missing reads 0 while its state
+says dirty; a failed dm-cache has no status), never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from cachemgr.backends.bcache import Change
+from cachemgr.core.errors import CacheMgrError, UsageError
+from cachemgr.core.model import CacheMode, Snapshot, human
+from cachemgr.core.sysfs import Sysfs
+
+ProgressFn = Callable[[Any], None]
+
+# Every action a kind may declare (the commands and faces use these words).
+ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
+                     "bench", "force-run", "stop-set"})
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What a drain did: the same fields for every kind."""
+
+    device: str
+    start_bytes: int | None
+    elapsed_s: float
+    restored: dict[str, Any]  # what was put back (tunables, or the table's mode and policy)
+    restored_what: str = "tunables"  # how to say it
+
+    def summary(self) -> str:
+        return (f"{self.device}: clean after {self.elapsed_s:.1f} s "
+                f"({human(self.start_bytes)} written back); {self.restored_words()}")
+
+    def restored_words(self) -> str:
+        if "cleaner" in self.restored:  # lvm writecache: its cleaner setting
+            return f"writecache cleaner={self.restored['cleaner']} restored"
+        if "policy" in self.restored:  # dm-cache: its table; lvmcache: its policy
+            return (f"mode {self.restored.get('mode')} and policy {self.restored.get('policy')} "
+                    "restored")
+        return "tunables restored"
+
+
+@dataclass
+class Switched:
+    """What a mode switch did: the changes, notes for the operator, and the drain it ran
+    (``as_drain``: the mode was already so and the command was only a drain)."""
+
+    changes: list[Change]
+    notes: list[str]
+    drained: Drained | None = None
+    as_drain: bool = False
+
+
+class Kind:
+    """One object of one cache kind (see the module docstring)."""
+
+    name: ClassVar[str]  # "bcache", "bcache-set", "dm-cache", "lvmcache", "lvm-writecache"...
+    title: ClassVar[str]  # "bcache device", "LVM cache"...
+    modes: ClassVar[tuple[CacheMode, ...]] = ()
+    actions: ClassVar[frozenset[str]] = frozenset()
+    # a cached device (a disk VMs use, with a mode) or a cache (a set of them)
+    cached_device: ClassVar[bool] = True
+    # its backend checks root itself, after its own refusals (dm-cache's passthrough while
+    # dirty, an LV's health), so that those say what is wrong first
+    root_in_backend: ClassVar[bool] = False
+    # what the faces say a drain of this kind does (its confirmation text), and its word
+    drain_how: ClassVar[str] = ""
+    drain_word: ClassVar[str] = "drain"
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Kind) and type(other) is type(self) and other.obj == self.obj
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.obj))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.node})"
+
+    # ---------------------------------------------------------------- recognition
+
+    @classmethod
+    def objects(cls, snap: Snapshot) -> Iterable[Any]:
+        """This kind's objects in ``snap``."""
+        return [o for o in cls.candidates(snap) if cls.owns(o)]
+
+    @classmethod
+    def candidates(cls, snap: Snapshot) -> Iterable[Any]:
+        """Where in ``snap`` its objects are (filtered by :meth:`owns`)."""
+        return ()
+
+    @classmethod
+    def owns(cls, obj: object) -> bool:
+        """Whether the snapshot object ``obj`` is one of this kind's."""
+        return False
+
+    def names(self) -> set[str]:
+        """What an admin may type for this object, exactly (nodes, names, UUIDs)."""
+        return {self.node}
+
+    def kernel_names(self) -> set[str]:
+        """The kernel names (``sdb``, ``dm-3``) a path an admin typed may resolve to."""
+        return set()
+
+    # ---------------------------------------------------------------- what it is
+
+    @property
+    def node(self) -> str:
+        """The device VMs use (/dev/bcache0, /dev/mapper/NAME), or the cache's name."""
+        raise NotImplementedError
+
+    @property
+    def target(self) -> str:
+        """How commands name it (what the faces pass as TARGET)."""
+        return self.node
+
+    @property
+    def mode(self) -> CacheMode | None:
+        return getattr(self.obj, "mode", None)
+
+    @property
+    def dirty_bytes(self) -> int | None:
+        return getattr(self.obj, "dirty_bytes", None)
+
+    @property
+    def locks(self) -> tuple[tuple[str, str], ...]:
+        """(lock key, words): its own and its cache's (procedures/owners.py)."""
+        raise NotImplementedError
+
+    def can(self, action: str) -> bool:
+        """Whether the faces offer ``action`` on it now (declared, and its state allows)."""
+        return action in self.actions
+
+    def refusal(self, action: str) -> CacheMgrError | None:
+        """Why ``action`` is refused on this kind (None: it can do it). The gate raises it,
+        exit 3, before any lock is taken."""
+        if action in self.actions:
+            return None
+        return UsageError(f"{self.node} is a {self.title}: cachemgr cannot {action} it; "
+                           "nothing was changed",
+                           hint=f"a {self.title} can: " + (", ".join(sorted(self.actions))
+                                                           or "nothing (it is only shown)"))
+
+    # ---------------------------------------------------------------- operations
+
+    def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
+        raise self._cannot("mode")
+
+    def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
+              progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:
+        raise self._cannot("drain")
+
+    def switch_mode(self, sysfs: Sysfs, new: CacheMode, *, drain: bool, timeout: float,
+                    stall_timeout: float, progress: ProgressFn | None) -> Switched:
+        """``cachemgr mode``: switch; with ``drain``, drain and end in ``new`` (the kinds
+        whose kernel refuses some modes while dirty drain first, then switch)."""
+        if not drain:
+            return Switched([self.set_mode(sysfs, new)], [])
+        d = self.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
+                       progress=progress, final_mode=new)
+        before = self.mode.value if self.mode else "?"
+        return Switched([Change(self.node, "cache_mode", before, new.value)]
+                        if d.restored.get("switched") else [], [], d)
+
+    def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
+        return {}
+
+    def restored_note(self, restored: dict[str, Any]) -> str:
+        """What ``drain --resume`` says it put back."""
+        return f"{self.node}: restored tunables {restored}"
+
+    def reread(self, sysfs: Sysfs) -> Kind:
+        return self
+
+    def detach(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
+               progress: ProgressFn | None) -> list[Change]:
+        raise self._cannot("detach")
+
+    def remove(self, sysfs: Sysfs, *, keep_device: bool, timeout: float, stall_timeout: float,
+               progress: ProgressFn | None) -> list[Change]:
+        raise self._cannot("remove")
+
+    def tunables(self) -> dict[str, tuple[int, int]]:
+        """What can be tuned on it and the bounds."""
+        return {}
+
+    def tunable(self, name: str) -> str:
+        """The current value of tunable ``name`` in words ("?" when unknown)."""
+        return "?"
+
+    def check_tunable(self, name: str, value: int) -> None:
+        """A usage error for an unknown name or a value out of bounds; writes nothing."""
+        raise self._cannot("tune")
+
+    def set_tunable(self, sysfs: Sysfs, name: str, value: int) -> Change:
+        raise self._cannot("tune")
+
+    def dirty_consequence(self, mode: CacheMode) -> str:
+        """What happens to the dirty data when switching to ``mode`` (a confirmation)."""
+        return ""
+
+    def _cannot(self, action: str) -> CacheMgrError:
+        err = self.refusal(action)
+        return err if err is not None else CacheMgrError(f"{self.node}: {action} not built")

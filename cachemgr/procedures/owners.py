@@ -1,0 +1,183 @@
+"""Who owns a cache object: the lock keys of every object, and the procedures that own them.
+
+Every change takes the locks of the objects it acts on (cachemgr/ops/gate.py). A procedure
+that runs for a while (a drain, a dm-cache or LVM flush, a replace-ssd run) owns its objects
+for its whole run: while its process lives it holds their locks (the lock files say who:
+core/state.py); once its process is gone its journal is still there and claims them until the
+procedure is resumed or rolled back. :func:`owners` lists both, as :class:`Owner` records.
+
+The keys (one spelling each, shared with the procedures that take them):
+
+* a bcache backing device: its bcache UUID (or kernel name) (:func:`bcache_key`);
+* a cache set, a dm-cache device's or an LVM cache's whole cache, as replace-ssd holds it:
+  ``replace-<cset UUID | dm name | VG/LV>`` (:func:`cache_key`);
+* a dm-cache device: ``dmcache-<name>`` (:func:`dmcache_key`);
+* an LVM cached LV: ``lvm-<VG/LV>`` (:func:`lvm_key`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from cachemgr.core import state
+from cachemgr.core.model import Owner
+
+
+def bcache_key(uuid_or_name: str) -> str:
+    return uuid_or_name
+
+
+def cache_key(cache: str) -> str:
+    return f"replace-{cache}"
+
+
+def dmcache_key(name: str) -> str:
+    return f"dmcache-{name}"
+
+
+def lvm_key(vg_lv: str) -> str:
+    return f"lvm-{vg_lv}"
+
+
+def _journals(kind: str) -> Iterable[tuple[Path, dict[str, Any]]]:
+    d = state.state_dir(create=False) / kind
+    if not d.is_dir():
+        return
+    for p in sorted(d.glob("*.json")):
+        try:
+            data = state.read_json(p)
+        except state.StateFileError:
+            continue  # listed by the procedure's own --list; never claims by guesswork
+        if data is not None:
+            yield p, data
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def interrupted() -> list[Owner]:
+    """The procedures whose journals claim objects (running or not: :func:`owners` tells
+    which are running)."""
+    found: list[Owner] = []
+    for p, d in _journals("drain"):
+        key = d.get("uuid") or os.path.basename(str(d.get("backing") or ""))
+        dev = str(d.get("device") or d.get("backing") or key)
+        if key:
+            found.append(Owner("drain", frozenset({bcache_key(str(key))}), dev, False,
+                               since=_num(d.get("started")), journal=str(p),
+                               resume=f"cachemgr drain {dev} --resume"))
+    for p, d in _journals("dmcache-flush"):
+        name = d.get("name")
+        if isinstance(name, str) and name:
+            dev = str(d.get("device") or f"/dev/mapper/{name}")
+            found.append(Owner("dm-cache flush", frozenset({dmcache_key(name)}), dev, False,
+                               since=_num(d.get("started")), journal=str(p),
+                               resume=f"cachemgr drain {dev} --resume"))
+    for p, d in _journals("lvm-drain"):
+        lv = d.get("lv")
+        if isinstance(lv, str) and lv:
+            found.append(Owner("lvm drain", frozenset({lvm_key(lv)}), lv, False,
+                               since=_num(d.get("started")), journal=str(p),
+                               resume=f"cachemgr drain {lv} --resume"))
+    found.extend(_replace_runs())
+    return found
+
+
+def replace_keys(kind: str, cset: str, backings: Iterable[dict[str, Any]]) -> frozenset[str]:
+    """The objects a replace-ssd run owns for its whole run."""
+    keys = {cache_key(cset)}
+    if kind == "bcache":
+        keys |= {bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings}
+    elif kind == "dmcache":
+        keys.add(dmcache_key(cset))
+    elif kind == "lvm":
+        keys.add(lvm_key(cset))
+    return frozenset(keys)
+
+
+def _replace_runs() -> list[Owner]:
+    from cachemgr.procedures import replace
+
+    out = []
+    for j in replace.list_runs():
+        if j.status in ("done", "rolled-back"):
+            continue
+        kind = replace.kind_of(j.kind)
+        step = next((n for n, _ in kind.steps if n not in j.done), None)
+        undo = kind.point_of_no_return not in j.done
+        out.append(Owner(
+            "replace-ssd", replace_keys(j.kind, j.cset, j.backings), j.cset, False, run=j.id,
+            step=step, since=j.created, journal=str(j.path),
+            resume=f"cachemgr replace-ssd --resume {j.id}",
+            rollback=f"cachemgr replace-ssd --rollback {j.id}" if undo else None))
+    return out
+
+
+def owners(keys: Iterable[str] | None = None) -> list[Owner]:
+    """Who owns what now: each interrupted procedure's claim (marked running when its lock is
+    held, as a running drain's or replace-ssd run's is), and the runs holding locks of
+    ``keys`` that no journal names (a mode switch, a tune). ``keys`` None: every lock file."""
+    claims = interrupted()
+    if keys is None:
+        held = [o for o in (_from_holder(h) for h in state.held_locks()) if o is not None]
+    else:
+        held = [o for o in (running(k) for k in set(keys)) if o is not None]
+    out: list[Owner] = []
+    for c in claims:
+        live = next((h for h in held if h.keys & c.keys), None)
+        if live is not None:
+            c = Owner(c.procedure, c.keys, c.device, True, run=c.run,
+                      step=live.step or c.step, since=c.since, pid=live.pid,
+                      resume=c.resume, rollback=c.rollback, journal=c.journal)
+        out.append(c)
+    claimed = set().union(*(c.keys for c in claims)) if claims else set()
+    # one record per run: a run holds several locks (a device's and its cache's)
+    runs: dict[tuple[Any, ...], Owner] = {}
+    for h in held:
+        if h.keys & claimed:
+            continue
+        ident = (h.pid, h.since, h.procedure, h.run)
+        had = runs.get(ident)
+        runs[ident] = h if had is None else Owner(
+            h.procedure, had.keys | h.keys, had.device, True, run=h.run, step=h.step,
+            since=h.since, pid=h.pid)
+    return out + list(runs.values())
+
+
+def _from_holder(h: dict[str, Any]) -> Owner | None:
+    """A held lock's record (its key is in its content since this version)."""
+    key = h.get("key")
+    if not isinstance(key, str):
+        return None
+    return Owner(str(h.get("procedure") or "a cachemgr run"), frozenset({key}),
+                 str(h.get("object") or key), True, run=h.get("run") or None,
+                 step=h.get("step") or None, since=_num(h.get("since")),
+                 pid=h.get("pid") if isinstance(h.get("pid"), int) else None)
+
+
+def running(key: str) -> Owner | None:
+    """The run holding ``key``'s lock now, from its lock file (None: nobody)."""
+    h = state.current_holder(key)
+    if h is None:
+        return None
+    return _from_holder({"key": key, **h})
+
+
+def owner_of(all_owners: Iterable[Owner], keys: Iterable[str]) -> Owner | None:
+    """The owner (an interrupted one before a running one) of an object with ``keys``."""
+    ks = set(keys)
+    found = [o for o in all_owners if o.keys & ks]
+    return min(found, key=lambda o: o.running) if found else None
+
+
+def owner_json(o: Owner | None) -> dict[str, Any] | None:
+    """docs/json.md, ``owner``."""
+    if o is None:
+        return None
+    return {"procedure": o.procedure, "running": o.running, "run": o.run, "step": o.step,
+            "since": o.since, "pid": o.pid, "resume": o.resume, "rollback": o.rollback,
+            "journal": o.journal, "device": o.device}
