@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachemgr.core.errors import KernelFormatError, UsageError
 
@@ -452,6 +453,9 @@ class Snapshot:
     # the procedures that own cache objects now, running or interrupted (ops.cache.status
     # fills it; a bare scan leaves it empty)
     owners: tuple[Owner, ...] = ()
+    # objects of cache kinds registered beyond the built-in ones (each kind's scan,
+    # cachemgr/procedures/kinds: ops.cache.status fills it)
+    others: tuple[Any, ...] = ()
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

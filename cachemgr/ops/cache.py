@@ -51,7 +51,8 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     (snapshot.take)."""
     snap = snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
                              stats=stats, cache=cache)
-    return dataclasses.replace(snap, owners=tuple(owners.owners()))
+    return dataclasses.replace(snap, owners=tuple(owners.owners()),
+                               others=kinds.scan_others(sysfs))
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:

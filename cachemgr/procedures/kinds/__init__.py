@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.core.errors import UsageError
@@ -27,7 +28,7 @@ from cachemgr.procedures.kinds.dm import DmCache, DmWritecache, LvmCache, LvmWri
 
 __all__ = ["ACTIONS", "REGISTRY", "Bcache", "BcacheSet", "DmCache", "DmWritecache",
            "Drained", "Kind", "LvmCache", "LvmWritecache", "all_of", "find", "kind_named",
-           "of", "register", "resolve", "unregister"]
+           "listed", "of", "register", "resolve", "scan_others", "unregister"]
 
 REGISTRY: list[type[Kind]] = [LvmCache, LvmWritecache, DmWritecache, DmCache, Bcache, BcacheSet]
 
@@ -58,6 +59,25 @@ def all_of(snap: Snapshot, kinds: Sequence[type[Kind]] | None = None) -> Iterato
     for k in kinds if kinds is not None else REGISTRY:
         for obj in k.objects(snap):
             yield k(obj)
+
+
+def listed(snap: Snapshot, *, caches: bool = False) -> Iterator[Kind]:
+    """Every cached device of ``snap`` (with ``caches``, then every cache set) as its kind,
+    in the order status lists them: bcache, dm-cache and LVM caches, writecaches, then the
+    objects of kinds registered beyond the built-in ones."""
+    objs: list[Any] = [*snap.backings, *snap.dmcaches, *snap.writecaches, *snap.others]
+    if caches:
+        objs += snap.cache_sets
+    for obj in objs:
+        k = of(obj)
+        if k is not None and (caches or k.cached_device):
+            yield k
+
+
+def scan_others(sysfs: Sysfs) -> tuple[Any, ...]:
+    """The objects of every kind that scans for itself (Kind.scan: the kinds registered
+    beyond the built-in ones, which the snapshot reads itself)."""
+    return tuple(o for k in REGISTRY for o in k.scan(sysfs))
 
 
 def of(obj: object) -> Kind | None:

@@ -103,12 +103,18 @@ class Kind:
     @classmethod
     def candidates(cls, snap: Snapshot) -> Iterable[Any]:
         """Where in ``snap`` its objects are (filtered by :meth:`owns`)."""
-        return ()
+        return snap.others
 
     @classmethod
     def owns(cls, obj: object) -> bool:
         """Whether the snapshot object ``obj`` is one of this kind's."""
         return False
+
+    @classmethod
+    def scan(cls, sysfs: Sysfs) -> Iterable[Any]:
+        """A kind the snapshot does not read (one registered beyond the built-in ones)
+        reads its objects here; they go to ``Snapshot.others``."""
+        return ()
 
     def names(self) -> set[str]:
         """What an admin may type for this object, exactly (nodes, names, UUIDs)."""
