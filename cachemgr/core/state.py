@@ -24,7 +24,8 @@ directory is opened ``O_DIRECTORY|O_NOFOLLOW``, each directory below it and each
 :class:`UnsafeStateError`, one line with the fix) a state directory, or a directory in or
 above it, that another user owns or could write to (a sticky root-owned directory such as
 ``/tmp`` is allowed above it): its owner could plant links that turn root's writes against
-root's own files.
+root's own files. The primitives that do this are cachemgr/core/safefs.py's (the udev
+handler, cachemgr/ops/udev.py, uses the same ones without this module's imports).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 import threading
 import time
@@ -46,13 +46,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cachemgr.core import safefs
 from cachemgr.core.errors import UnsafeError, UsageError
 
-DEFAULT_STATE_DIR = "/var/lib/cachemgr"
+DEFAULT_STATE_DIR = safefs.DEFAULT_STATE_DIR
+
+# what the policy loader (and anyone else root trusts a file of) checks: cachemgr/core/safefs.py
+loose = safefs.loose
+loose_parent = safefs.loose_parent
 
 
 def _configured() -> Path:
-    return Path(os.environ.get("CACHEMGR_STATE_DIR", DEFAULT_STATE_DIR))
+    return Path(safefs.configured())
 
 
 def state_dir(*, create: bool = True) -> Path:
@@ -71,207 +76,34 @@ class UnsafeStateError(UsageError):
     link where cachemgr keeps its own files (exit 2): one line, the path and the fix."""
 
     def __init__(self, path: Path | str, problem: str, fix: str) -> None:
-        super().__init__(f"{path}: {problem}; cachemgr refuses it (whoever can change it "
-                         f"could turn root's writes against root's files); fix: {fix}")
+        super().__init__(safefs.refusal(path, problem, fix))
         self.path = Path(path)
         self.problem = problem
 
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-def loose(st: os.stat_result) -> str | None:
-    """Why a file or directory that root trusts could be changed by another user (owned by
-    another uid, or writable by group or others), None when only root can change it."""
-    if st.st_uid != 0:
-        return f"owned by uid {st.st_uid}, not root"
-    if st.st_mode & 0o022:
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def loose_parent(real: str) -> tuple[str, str] | None:
-    """The first directory from ``/`` down to ``real`` (a path without symbolic links:
-    ``os.path.realpath``) that another user could change, and why; None when there is
-    none. A root-owned sticky directory (``/tmp``) passes: nobody else can rename what root
-    owns in it."""
-    parts = Path(real).parts
-    for i in range(1, len(parts) + 1):
-        d = str(Path(*parts[:i]))
-        st = os.lstat(d)
-        if stat.S_ISLNK(st.st_mode):
-            return d, "a symbolic link (it was replaced while it was checked)"
-        why = loose(st)
-        if why and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
-            return d, why
-    return None
-
-
-def _dir_fix(path: Path | str) -> str:
-    return f"chown root:root {path} && chmod 0700 {path}"
-
-
-def _not_a_dir(dfd: int, name: str, shown: Path, exc: OSError) -> OSError:
-    """What to raise when ``name`` (in ``dfd``) could not be opened as a directory without
-    following links: a link or a non-directory is refused, anything else is ``exc``."""
+@contextlib.contextmanager
+def _checked() -> Iterator[None]:
+    """safefs's refusals as this module's errors (exit 2)."""
     try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return exc
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            target = os.readlink(name, dir_fd=dfd)
-        except OSError:
-            target = "?"
-        raise UnsafeStateError(
-            shown, f"a symbolic link (to {target}); cachemgr does not follow links in its "
-                   "state directory",
-            f"make {shown} a directory owned by root, mode 0700 (move what it holds there)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"{shown}: not a directory; cachemgr keeps its state there",
-                         hint="move it away; cachemgr makes the directory itself")
-    return exc
-
-
-def _check_dir(fd: int, shown: Path) -> None:
-    """Run as root: refuse the directory open at ``fd`` if another user could change it."""
-    if os.geteuid() != 0:
-        return
-    why = loose(os.fstat(fd))
-    if why:
-        raise UnsafeStateError(shown, why, _dir_fix(shown))
-
-
-def _check_entries(fd: int, shown: Path) -> None:
-    """Run as root: every directory in the state directory is root's alone, and nothing
-    in it is a symbolic link (cachemgr makes none; its callers may name a subdirectory by
-    path)."""
-    if os.geteuid() != 0:
-        return
-    with os.scandir(fd) as it:
-        for e in it:
-            if e.is_symlink():
-                _not_a_dir(fd, e.name, shown / e.name, OSError(errno.ELOOP, "link"))
-            elif e.is_dir(follow_symlinks=False):
-                why = loose(e.stat(follow_symlinks=False))
-                if why:
-                    raise UnsafeStateError(shown / e.name, why, _dir_fix(shown / e.name))
-
-
-def _open_sub(dfd: int, name: str, shown: Path, *, create: bool) -> int | None:
-    """The directory ``name`` in ``dfd``, opened without following a link and checked
-    (made, mode 0700, if missing and ``create``; else None when missing)."""
-    flags = _DIR | os.O_NOFOLLOW
-    try:
-        fd = os.open(name, flags, dir_fd=dfd)
-    except FileNotFoundError:
-        if not create:
-            return None
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o700, dir_fd=dfd)
-        try:
-            fd = os.open(name, flags, dir_fd=dfd)
-        except OSError as exc:
-            raise _not_a_dir(dfd, name, shown, exc) from None
-    except OSError as exc:
-        raise _not_a_dir(dfd, name, shown, exc) from None
-    try:
-        _check_dir(fd, shown)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        yield
+    except safefs.UnsafePathError as exc:
+        if exc.unsafe:
+            raise UnsafeStateError(exc.path, exc.problem, exc.fix) from None
+        raise UsageError(exc.message, hint=exc.fix) from None
 
 
 def _open_state_dir(*, create: bool) -> int | None:
     """The state directory's descriptor, checked (see :func:`state_dir`); None when it is
     missing and ``create`` is false."""
-    shown = _configured()
-    parent, name = os.path.split(os.path.abspath(shown))
-    if not name:
-        parent, name = "/", "."
-    if create:
-        os.makedirs(parent, exist_ok=True)
-    real = os.path.realpath(parent)
-    try:
-        pfd = os.open(real, _DIR)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    try:
-        if os.geteuid() == 0:
-            bad = loose_parent(real)
-            pst, rst = os.fstat(pfd), os.lstat(real)
-            if bad is None and (pst.st_dev, pst.st_ino) != (rst.st_dev, rst.st_ino):
-                bad = real, "replaced while it was checked"
-            if bad is not None:
-                raise UnsafeStateError(
-                    bad[0], f"{bad[1]}, and the state directory {shown} is in it",
-                    f"chown root:root {bad[0]} && chmod go-w {bad[0]} (or set "
-                    "CACHEMGR_STATE_DIR to a directory only root can change)")
-        fd = _open_sub(pfd, name, shown, create=create)
-    finally:
-        os.close(pfd)
-    if fd is not None:
-        try:
-            _check_entries(fd, shown)
-        except BaseException:
-            os.close(fd)
-            raise
-    return fd
-
-
-def _components(path: Path) -> tuple[Path, ...] | None:
-    """The components of ``path`` below the state directory, None when it is not in it."""
-    base = os.path.abspath(_configured())
-    rel = os.path.relpath(os.path.abspath(path), base)
-    if rel == "." or rel == ".." or rel.startswith(".." + os.sep):
-        return None
-    return tuple(Path(c) for c in rel.split(os.sep))
+    with _checked():
+        return safefs.open_state_dir(create=create)
 
 
 def _at(path: Path, *, create: bool) -> tuple[int, str, bool] | None:
     """``path`` as (its directory's descriptor, its name, whether it is in the state
-    directory): for a path under the state directory every directory on the way is opened
-    from its parent without following links and checked (:func:`state_dir`), made when
-    missing if ``create``; a path elsewhere (a bench report, a metrics textfile) has its
-    directory opened as named. None when a directory is missing and ``create`` is false.
-    The caller closes the descriptor."""
-    comps = _components(path)
-    if comps is None:
-        if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            return os.open(path.parent, _DIR), path.name, False
-        except FileNotFoundError:
-            if create:
-                raise
-            return None
-    fd = _open_state_dir(create=create)
-    shown = _configured()
-    for comp in comps[:-1]:
-        if fd is None:
-            return None
-        shown = shown / comp
-        try:
-            nfd = _open_sub(fd, str(comp), shown, create=create)
-        finally:
-            os.close(fd)
-        fd = nfd
-    if fd is None:
-        return None
-    return fd, str(comps[-1]), True
-
-
-def _refuse_link(path: Path, dfd: int, name: str) -> None:
-    """``name`` in ``dfd`` was refused by O_NOFOLLOW: say so, with its target."""
-    try:
-        target = os.readlink(name, dir_fd=dfd)
-    except OSError:
-        return
-    raise UnsafeStateError(path, f"a symbolic link (to {target}); cachemgr does not follow "
-                                 "links in its state directory", f"rm {path}")
+    directory): see :func:`cachemgr.core.safefs.at`. The caller closes the descriptor."""
+    with _checked():
+        return safefs.at(str(path), create=create)
 
 
 # The layout version of every journal and state file this cachemgr writes (see above).
@@ -319,31 +151,9 @@ def _write_atomic(path: Path, data: bytes, *, mode: int, create: bool) -> None:
         if at is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
         dfd, name, _ = at
-        tmp: str | None = None
         try:
-            for _ in range(100):
-                cand = f".{name}.{secrets.token_hex(4)}.tmp"
-                try:
-                    fd = os.open(cand, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-                except FileExistsError:
-                    continue
-                tmp = cand
-                break
-            else:
-                raise FileExistsError(errno.EEXIST, "no free temporary file name")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fchmod(f.fileno(), mode)
-                os.fsync(f.fileno())
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            tmp = None
-            os.fsync(dfd)
+            safefs.write_at(dfd, name, data, mode=mode)
         finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
             os.close(dfd)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
@@ -512,38 +322,40 @@ def _write_holder(fd: int, holder: dict[str, Any]) -> None:
     os.pwrite(fd, data, 0)
 
 
-def _open_lock(path: Path) -> int:
+def open_lock(path: Path) -> int:
     """The lock file ``path`` opened read-write (made if missing), never through a link;
     run as root, refused unless it is a regular file of root's with one link (a hard link
-    to another file would have that file truncated)."""
+    to another file would have that file truncated). The caller flocks and closes it."""
     at = _at(path, create=True)
     assert at is not None
     dfd, name, _ = at
     try:
-        try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                _refuse_link(path, dfd, name)
-            raise
+        with _checked():
+            return safefs.open_file(dfd, name, str(path), os.O_RDWR | os.O_CREAT
+                                    | os.O_NONBLOCK)
+    finally:
+        os.close(dfd)
+
+
+_open_lock = open_lock
+
+
+def append(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` (made, mode 0600, if missing: a log such as the
+    auto-attach action journal) with one write, never through a link; run as root, refused
+    unless it is a regular file of root's with one link (see :func:`open_lock`)."""
+    at = _at(path, create=True)
+    assert at is not None
+    dfd, name, _ = at
+    try:
+        with _checked():
+            fd = safefs.open_file(dfd, name, str(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     finally:
         os.close(dfd)
     try:
-        st = os.fstat(fd)
-        why = None
-        if not stat.S_ISREG(st.st_mode):
-            why = "not a regular file"
-        elif os.geteuid() == 0 and st.st_uid != 0:
-            why = f"owned by uid {st.st_uid}, not root"
-        elif os.geteuid() == 0 and st.st_nlink != 1:
-            why = f"a file with {st.st_nlink} links (another name of it is elsewhere)"
-        if why:
-            raise UnsafeStateError(path, f"{why}; a lock file is cachemgr's own", f"rm {path}")
-    except BaseException:
+        os.write(fd, data)
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 @contextlib.contextmanager
