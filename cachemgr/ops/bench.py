@@ -9,7 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import gate
 from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import bench
 
@@ -20,6 +22,27 @@ parse_warmup = bench.parse_warmup  # "SECONDS | NUMBERios | auto", for every fac
 
 def results_dir(out: str | None = None) -> str:
     return str(out or os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR)
+
+
+def _bench_subject(sysfs: Sysfs, targets: Sequence[str]) -> gate.Subject:
+    """Every device the targets name, as its kind where it is a cached device, else as a
+    disk (a bare HDD or SSD compared beside it); a malformed target is left to the bench's
+    own parser, which says what is wrong with it."""
+    from cachemgr.ops import cache as cache_ops
+    from cachemgr.procedures import kinds
+    from cachemgr.procedures.bench import targets as targets_mod
+
+    snap = cache_ops.status(sysfs)
+    subject = gate.Subject("the benchmark's targets", ())
+    for text in targets:
+        try:
+            rest, _ = targets_mod.split_scheduler(text)
+            _, dev, _ = targets_mod.parse_target(rest)
+        except CacheMgrError:
+            continue
+        k = kinds.find(snap, dev, sysfs)
+        subject = subject + (gate.of_kind(k) if k is not None else gate.of_disks([dev]))
+    return gate.Subject(subject.what, subject.locks)
 
 
 def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
@@ -35,7 +58,11 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
     ctl = ctl or Control(what=f"bench {' '.join(targets)}")
     spec.validate()
     opts.validate()
-    c = bench.compare(sysfs, spec, list(targets), opts, progress=ctl.report, argv=list(argv))
+    # the gate, for the whole comparison: its hygiene switches modes, thresholds and
+    # schedulers of the targets, and puts them back at the end
+    with gate.gate(_bench_subject(sysfs, targets), "bench", check_kind=False):
+        c = bench.compare(sysfs, spec, list(targets), opts, progress=ctl.report,
+                          argv=list(argv))
     doc = bench.to_json(c)
     res = Result(data=doc)
     if save:

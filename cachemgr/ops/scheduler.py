@@ -16,6 +16,7 @@ from cachemgr.backends import scheduler as sched
 from cachemgr.core import checks
 from cachemgr.core.errors import UsageError, require_root
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import gate
 from cachemgr.ops.control import Result
 
 
@@ -121,5 +122,7 @@ def set_scheduler(sysfs: Sysfs, device: str, name: str) -> Result:
     q = sched.read(sysfs, disk)
     if q.request_based and q.current != word:
         require_root("setting an IO scheduler")
-    change = sched.set_scheduler(sysfs, disk, word)  # the refusals, the write, the read-back
+    # the gate: a bench's hygiene or another scheduler set on this disk is refused
+    with gate.gate(gate.of_disks([f"/dev/{disk}"]), "scheduler", detail={"to": word}):
+        change = sched.set_scheduler(sysfs, disk, word)  # refusals, the write, the read-back
     return Result(changes=[change], notes=notes)

@@ -15,6 +15,7 @@ from cachemgr.backends.bcache import Change
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import VM_CACHE_MODES, Pressure, Snapshot, VmScan, human
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import gate
 from cachemgr.ops.control import Result
 
 
@@ -171,7 +172,10 @@ def describe_cache(p: CachePlan) -> list[str]:
 def vm_cache(p: CachePlan) -> Result:
     """Store the planned definition through libvirt and read it back."""
     require_root("vm-cache")
-    virsh.define(p.uri, p.xml)
+    # the gate: one change to a domain's definition at a time (define replaces it whole)
+    with gate.gate(gate.of_names(f"{p.domain} {p.disk}", [f"vm-{p.uuid}"]), "vm-cache",
+                   detail={"to": p.after}):
+        virsh.define(p.uri, p.xml)
     src = virsh.LiveVirsh(p.uri)
     _, _, _, disks = vms_mod.parse_domain(virsh.dumpxml(src, p.uuid, inactive=True))
     now = next((str(d["cache"]) for d in disks if d["target"] == p.disk), None)
