@@ -357,6 +357,11 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
     objs = [*snap.backings, *snap.dmcaches, *snap.writecaches]
     for entry, obj in zip(doc["devices"], objs, strict=True):
         entry["owner"] = owners.owner_json(owner_of(snap, obj))
+    for obj in snap.others:  # the kinds registered beyond the built-in ones
+        k = kinds.of(obj)
+        if k is not None and k.cached_device:
+            doc["devices"].append({**k.to_json(),
+                                   "owner": owners.owner_json(owner_of(snap, obj))})
     doc["owners"] = [owners.owner_json(o) for o in snap.owners]
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))

@@ -15,6 +15,7 @@ from cachemgr.core.model import (
     human,
 )
 from cachemgr.core.text import printable
+from cachemgr.procedures import kinds
 
 
 def short(n: int | None) -> str:
@@ -73,6 +74,11 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
         )
     lines.extend(_dm_row(d, intervals) for d in snap.dmcaches)
     lines.extend(_wc_row(w, intervals) for w in snap.writecaches)
+    # the kinds registered beyond the built-in ones: the columns every kind has
+    others = [k for k in kinds.listed(snap) if any(k.obj is o for o in snap.others)]
+    for k in others:
+        dev, backing, mode, st, dirty = k.status_row()
+        lines.append(f"{dev:<12.12} {backing:<12.12} {mode:<13}{st:<9}{dirty:>7}")
     if not snap.backings:
         lines.append("(no bcache backing devices)")
     for c in snap.cache_sets:

@@ -149,6 +149,30 @@ class Kind:
         """(lock key, words): its own and its cache's (procedures/owners.py)."""
         raise NotImplementedError
 
+    @property
+    def state_word(self) -> str:
+        """Its state in the kernel's words (bcache's clean/dirty/no cache...)."""
+        st = getattr(self.obj, "state", None)
+        return "?" if st is None else str(getattr(st, "value", st))
+
+    @property
+    def cache(self) -> str | None:
+        """The cache it is attached to, as status --json's ``cache`` names it."""
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """Its entry in ``status --json``'s devices (docs/json.md): the fields every kind
+        has. The built-in kinds' entries are richer (backends/snapshot.py); a new kind
+        overrides this to add its own."""
+        return {"kind": self.name, "device": self.node,
+                "mode": self.mode.value if self.mode else None, "state": self.state_word,
+                "dirty_bytes": self.dirty_bytes, "cache": self.cache}
+
+    def status_row(self) -> tuple[str, str, str, str, str]:
+        """Its status line's columns: device, what it caches, mode, state, dirty data."""
+        return (self.node, "-", self.mode.value if self.mode else "?", self.state_word,
+                human(self.dirty_bytes))
+
     def can(self, action: str) -> bool:
         """Whether the faces offer ``action`` on it now (declared, and its state allows)."""
         return action in self.actions

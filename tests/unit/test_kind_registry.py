@@ -1,0 +1,165 @@
+"""The cache kinds are a registry (cachemgr/procedures/kinds): a kind that ships nowhere,
+defined in this file alone, is listed by the CLI's status (text and JSON), switched through
+the command layer and the gate, and refused what it cannot do, with no other file changed.
+And no module of the command layer, the CLI or the TUI branches on a kind class."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachemgr.backends.bcache import Change
+from cachemgr.cli.main import main
+from cachemgr.core.model import CacheMode
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import kinds
+from cachemgr.procedures.kinds import Kind
+from tests.unit.tui_helpers import copy_capture, kernel_writes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class ToyDevice:
+    name: str
+    mode: CacheMode
+    dirty_bytes: int
+
+
+SWITCHED: list[tuple[str, CacheMode]] = []
+
+
+class Toy(Kind):
+    """A test-only kind: one mode switch, nothing else."""
+
+    name = "toy"
+    title = "toy cache"
+    modes = (CacheMode.WRITETHROUGH, CacheMode.WRITEBACK)
+    actions = frozenset({"mode"})
+    obj: ToyDevice
+
+    @classmethod
+    def scan(cls, sysfs: Sysfs) -> Iterable[Any]:
+        return [ToyDevice("toy0", CacheMode.WRITEBACK, 4096)]
+
+    @classmethod
+    def owns(cls, obj: object) -> bool:
+        return isinstance(obj, ToyDevice)
+
+    def names(self) -> set[str]:
+        return {self.node, self.obj.name}
+
+    @property
+    def node(self) -> str:
+        return f"/dev/{self.obj.name}"
+
+    @property
+    def state_word(self) -> str:
+        return "dirty" if self.obj.dirty_bytes else "clean"
+
+    @property
+    def locks(self) -> tuple[tuple[str, str], ...]:
+        return ((f"toy-{self.obj.name}", self.node),)
+
+    def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
+        SWITCHED.append((self.node, mode))
+        return Change(self.node, "cache_mode", self.obj.mode.value, mode.value)
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    SWITCHED.clear()
+    kinds.register(Toy)
+    try:
+        yield root
+    finally:
+        kinds.unregister(Toy)
+
+
+def cli(root: Path, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    logging.root.handlers.clear()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(["--sysfs-root", str(root), *argv])
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 2
+    logging.root.handlers.clear()
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_status_lists_a_registered_kind(toy: Path) -> None:
+    rc, out, err = cli(toy, "status", "--json", "--no-vms")
+    assert rc == 0, err
+    devices = json.loads(out)["devices"]
+    mine = [d for d in devices if d["kind"] == "toy"]
+    assert mine == [{"kind": "toy", "device": "/dev/toy0", "mode": "writeback",
+                     "state": "dirty", "dirty_bytes": 4096, "cache": None, "owner": None}]
+    assert any(d["kind"] == "bcache" for d in devices)  # the built-in kinds still there
+    rc, out, err = cli(toy, "status", "--no-vms")
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("/dev/toy0"))
+    assert "writeback" in line and "dirty" in line and "4.0K" in line.replace(" ", "")
+
+
+def test_the_gate_switches_what_the_kind_can_and_refuses_the_rest(
+        toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writes = kernel_writes(monkeypatch)
+    rc, out, err = cli(toy, "mode", "toy0", "writethrough")
+    assert rc == 0, err
+    assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]
+    for argv in (("drain", "/dev/toy0"), ("detach", "/dev/toy0"), ("remove", "/dev/toy0"),
+                 ("tune", "/dev/toy0", "x=1")):
+        rc, out, err = cli(toy, *argv)
+        assert rc == 2, (argv, err)
+        assert f"/dev/toy0 is a toy cache: cachemgr cannot {argv[0]} it" in err, err
+        assert "a toy cache can: mode" in err, err
+    assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]
+    assert writes == []
+
+
+def test_a_registered_kind_is_resolved_before_bcache_and_gone_when_unregistered(
+        toy: Path) -> None:
+    from cachemgr.ops import cache as cache_ops
+
+    snap = cache_ops.status(Sysfs(str(toy)))
+    assert isinstance(kinds.resolve(snap, "/dev/toy0", None), Toy)
+    assert isinstance(kinds.resolve(snap, "/dev/bcache0", None), kinds.Bcache)
+    kinds.unregister(Toy)
+    snap = cache_ops.status(Sysfs(str(toy)))
+    assert snap.others == ()
+    with pytest.raises(Exception, match="no such device|not a bcache device"):
+        kinds.resolve(snap, "/dev/toy0", None)
+
+
+KIND_CLASSES = {"BcacheBacking", "CacheSet", "DmCacheDevice", "DmWritecacheDevice",
+                "LvmCachedLv", "BcacheDevice", "DmCache", "LvmCache"}
+
+
+def _isinstance_on_kinds(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" \
+                and len(node.args) == 2:
+            names = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", "")
+                     for n in ast.walk(node.args[1])}
+            if names & KIND_CLASSES:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_the_command_layer_and_the_cli_never_branch_on_a_kind_class() -> None:
+    files = [*(REPO / "cachemgr" / "ops").glob("*.py"), *(REPO / "cachemgr" / "cli").glob("*.py")]
+    found = [hit for f in files for hit in _isinstance_on_kinds(f)]
+    assert not found, found
