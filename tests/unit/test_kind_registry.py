@@ -19,6 +19,7 @@ import pytest
 
 from cachemgr.backends.bcache import Change
 from cachemgr.cli.main import main
+from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import kinds
@@ -116,12 +117,12 @@ def test_status_lists_a_registered_kind(toy: Path) -> None:
 def test_the_gate_switches_what_the_kind_can_and_refuses_the_rest(
         toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     writes = kernel_writes(monkeypatch)
-    rc, out, err = cli(toy, "mode", "toy0", "writethrough")
+    rc, _out, err = cli(toy, "mode", "toy0", "writethrough")
     assert rc == 0, err
     assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]
     for argv in (("drain", "/dev/toy0"), ("detach", "/dev/toy0"), ("remove", "/dev/toy0"),
                  ("tune", "/dev/toy0", "x=1")):
-        rc, out, err = cli(toy, *argv)
+        rc, _out, err = cli(toy, *argv)
         assert rc == 2, (argv, err)
         assert f"/dev/toy0 is a toy cache: cachemgr cannot {argv[0]} it" in err, err
         assert "a toy cache can: mode" in err, err
@@ -139,7 +140,7 @@ def test_a_registered_kind_is_resolved_before_bcache_and_gone_when_unregistered(
     kinds.unregister(Toy)
     snap = cache_ops.status(Sysfs(str(toy)))
     assert snap.others == ()
-    with pytest.raises(Exception, match="no such device|not a bcache device"):
+    with pytest.raises(UsageError, match=r"no such device|not a bcache device"):
         kinds.resolve(snap, "/dev/toy0", None)
 
 
