@@ -15,6 +15,12 @@ table/status for dm-cache. It never opens a block device: no libblkid probe of u
 (the VMs' disks among them), so a backing device that bcache stopped while dirty, which only
 its superblock still shows, is not exported; ``cachemgr status`` probes for it.
 
+Who owns each device (issue #30): ``cachemgr_device_owner_info`` and
+``cachemgr_device_owner_since_seconds`` for each device a cachemgr procedure holds now (its
+lock) or an interrupted procedure's journal claims (procedures/owners.py; the keys are the
+device's kind's locks), from ``Snapshot.owners``, which :class:`SnapshotCollector` fills as
+``cachemgr status`` does (:func:`with_owners`).
+
 The listener (:func:`parse_listen`, :func:`serve`) binds loopback unless told otherwise:
 ``:PORT`` or ``PORT`` is 127.0.0.1 and ::1; every address takes an explicit ``0.0.0.0:PORT``
 or ``[::]:PORT``.
@@ -22,6 +28,7 @@ or ``[::]:PORT``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import ipaddress
 import socket
@@ -42,6 +49,7 @@ from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import kinds, owners
 
 BCACHE_MODES = ("writethrough", "writeback", "writearound", "none")
 DM_MODES = ("writeback", "writethrough", "passthrough")
@@ -90,9 +98,13 @@ def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
                ["cset"])
     cerr = _g("bcache_cache_io_errors", "IO errors counted on the cache device (decaying: "
               "io_error_halflife).", ["cset", *one])
+    # each device's (kind, device, path) labels as the families above have them: the owner
+    # families below use the same
+    where: dict[int, list[str]] = {}
     for b in snap.backings:
         path = b.device or b.identity.node
         lab = [b.device_name or b.identity.name, path]
+        where[id(b)] = ["bcache", *lab]
         if b.dirty is not None and not (b.state == CacheState.DIRTY and b.cset_uuid is None):
             dirty.add_metric(["bcache", *lab], b.dirty.low)
         if b.mode is not None:
@@ -137,6 +149,7 @@ def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
     dm_ro = _g("dmcache_metadata_read_only", "1 if the metadata went read-only.", one)
     for d in snap.dmcaches:
         lab = [d.kernel_name, d.node]
+        where[id(d)] = ["dm-cache", *lab]
         db = d.dirty_bytes
         if db is not None:
             dirty.add_metric(["dm-cache", *lab], db)
@@ -165,6 +178,7 @@ def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
     wc_err = _g("writecache_error", "dm-writecache error indicator (0: none).", one)
     for w in snap.writecaches:
         lab = [w.kernel_name, w.node]
+        where[id(w)] = ["dm-writecache", *lab]
         if w.dirty_bytes is not None:
             dirty.add_metric(["dm-writecache", *lab], w.dirty_bytes)
         for m in DM_MODES:  # writecache has writeback only
@@ -190,6 +204,20 @@ def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
                             f"{lv.vg}/{lv.pool_name}", lv.kind,
                             "1" if lv.check_needed else "0"], 1.0)
 
+    # the devices of kinds registered beyond the built-in ones (Snapshot.others): what every
+    # kind answers (its name, node, mode, modes and dirty bytes)
+    for kd in kinds.listed(snap):
+        if id(kd.obj) in where:
+            continue
+        lab = [kd.name, _kname(kd.node), kd.node]
+        where[id(kd.obj)] = lab
+        if kd.dirty_bytes is not None:
+            dirty.add_metric(lab, kd.dirty_bytes)
+        if kd.mode is not None:
+            for cm in kd.modes:
+                mode.add_metric([*lab, cm.value], 1.0 if cm == kd.mode else 0.0)
+    owned = _owner_metrics(snap, where)
+
     up = _g("bcache_loaded", "1 if the bcache module is loaded.", [])
     up.add_metric([], 1.0 if snap.bcache_loaded else 0.0)
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
@@ -197,11 +225,48 @@ def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
     yield from (dirty, size, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate,
                 wbp, errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
-                up, warn)
+                up, warn, *owned)
     if journals:
         yield from _journal_metrics(snap)
     if snap.vms is not None:
         yield from _vm_metrics(snap)
+
+
+OWNER_STATES = ("running", "interrupted")
+
+
+def _owner_metrics(snap: Snapshot, where: dict[int, list[str]]) -> tuple[Metric, Metric]:
+    """Who owns each cached device of ``snap`` (``snap.owners``, the one owner
+    procedures/owners.owner_of picks for the keys of the device's kind: an interrupted
+    procedure before a running one). ``where``: each device's (kind, device, path) labels."""
+    labels = ["kind", "device", "path", "procedure", "run", "step", "state"]
+    info = _g("device_owner_info", "1 for each device a cachemgr procedure owns: running (its "
+              "process holds the device's lock) or interrupted (its process is gone and its "
+              "journal claims the device until it is resumed or rolled back; every change to "
+              "the device is refused meanwhile).", labels)
+    since = _g("device_owner_since_seconds", "When the procedure that owns the device "
+               "started (Unix time), as its lock file or journal says.", labels)
+    if not snap.owners:
+        return info, since
+    for k in kinds.listed(snap):
+        o = owners.owner_of(snap.owners, (key for key, _ in k.locks))
+        if o is None:
+            continue
+        lab = [*where.get(id(k.obj), [k.name, _kname(k.node), k.node]), _word(o.procedure),
+               _word(o.run), _word(o.step), OWNER_STATES[0] if o.running else OWNER_STATES[1]]
+        info.add_metric(lab, 1.0)
+        if o.since is not None:
+            since.add_metric(lab, o.since)
+    return info, since
+
+
+def with_owners(sysfs: Sysfs, snap: Snapshot) -> Snapshot:
+    """``snap`` with what ``cachemgr status`` adds to a scan (ops.cache.status): the
+    procedures that own cache objects (``owners``) and the objects of the kinds registered
+    beyond the built-in ones (``others``). Read from the state directory's lock files and
+    journals, never created by a scrape (a read-only sandbox): no state directory, no owner."""
+    found = owners.owners() if state_mod.state_dir(create=False).is_dir() else []
+    return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs))
 
 
 def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:
@@ -345,8 +410,8 @@ class SnapshotCollector(Collector):
         self.uri = uri
 
     def collect(self) -> Iterable[Metric]:
-        snap = snapshot_mod.take(self.sysfs, probe_unregistered=False, vms=self.vms, stats=True,
-                                 uri=self.uri)
+        snap = with_owners(self.sysfs, snapshot_mod.take(
+            self.sysfs, probe_unregistered=False, vms=self.vms, stats=True, uri=self.uri))
         return [*collect(snap),
                 *health_metrics(smart.ssd_health(self.sysfs, snap, refresh=False))]
 
