@@ -4,9 +4,10 @@ syslog) is cachemgr/ops/udev.py.
 
 This module is also the rule's fast entry point (``python -m cachemgr.cli.udev udev-event``,
 and ``... worker`` for the worker the handler starts). Its top level imports the standard
-library and cachemgr.ops.udev only, which import nothing more: on the rule's own command
-line :func:`main` takes the policy without argparse and calls the handler (the reasons and
-the numbers are in cachemgr/ops/udev.py's docstring).
+library and cachemgr.ops.udev only, which imports nothing more than cachemgr.core.safefs
+(standard library only): on the rule's own command line :func:`main` takes the policy
+without argparse and calls the handler (the reasons and the numbers are in
+cachemgr/ops/udev.py's docstring).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class UnsafePathError(Exception):
         self.problem = problem
         self.fix = fix
         self.unsafe = unsafe
-        self.message = refusal(path, problem, fix) if unsafe else f"{path}: {problem}"
+        self.message = refusal(path, problem, fix) if unsafe else f"{path}: {problem}; {fix}"
         super().__init__(self.message)
 
 

@@ -89,7 +89,7 @@ def _checked() -> Iterator[None]:
     except safefs.UnsafePathError as exc:
         if exc.unsafe:
             raise UnsafeStateError(exc.path, exc.problem, exc.fix) from None
-        raise UsageError(exc.message, hint=exc.fix) from None
+        raise UsageError(f"{exc.path}: {exc.problem}", hint=exc.fix) from None
 
 
 def _open_state_dir(*, create: bool) -> int | None:

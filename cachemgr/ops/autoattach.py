@@ -95,9 +95,7 @@ def _format(sysfs: Sysfs, a: Format) -> None:
 def _run_lock() -> Any:
     """One pass at a time on a host (the boot pass and the udev worker, cachemgr/cli/udev.py,
     share this lock); waits for the pass that is acting."""
-    d = state.state_dir() / "locks"
-    d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / "autoattach-run.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = state.open_lock(state.state_dir() / "locks" / "autoattach-run.lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

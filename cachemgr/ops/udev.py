@@ -23,14 +23,22 @@ queue once more, and an event queued after that look finds the lock free and sta
 worker.
 
 The rule's fast entry point (``python -m cachemgr.cli.udev udev-event``) runs this module:
-on the rule's own call it imports nothing beyond os, sys, time and fcntl (no argparse, json,
-logging, pathlib or re: with them a handler took 0.10-0.13 s of CPU on the UML lab, without
-them 0.02-0.03 s, and a hot-added pair of disks runs the handler for 6-8 events on the CPU
-the worker needs; docs/benchmarks.md, "udev auto-attach latency"). Its top level imports the
-standard library only, and the package's ``__init__`` loads nothing on import
-(tests/unit/test_autoattach_stages.py checks what the rule's call loads). The queue files are
-therefore NUL-separated ``KEY=VALUE`` lists, like /proc/PID/environ (an environment holds no
-NUL); the worker still reads the JSON files of earlier versions.
+on the rule's own call it imports nothing beyond os, sys, time, fcntl and stat (which os
+loads anyway) (no argparse, json, logging, pathlib or re: with them a handler took
+0.10-0.13 s of CPU on the UML lab, without them 0.02-0.03 s, and a hot-added pair of disks
+runs the handler for 6-8 events on the CPU the worker needs; docs/benchmarks.md, "udev
+auto-attach latency"). Its top level imports the standard library and cachemgr.core.safefs
+only (which imports os and stat), and the packages' ``__init__`` load nothing on import
+(tests/unit/test_autoattach_stages.py checks what the rule's call loads). The queue files
+are therefore NUL-separated ``KEY=VALUE`` lists, like /proc/PID/environ (an environment
+holds no NUL); the worker still reads the JSON files of earlier versions.
+
+Everything the handler and the worker keep under the state directory (the queue, the
+pending and run locks, worker.log) is opened as cachemgr/core/state.py opens its files,
+through the same primitives (cachemgr/core/safefs.py): never through a symbolic link, and,
+run as root, not in a state directory (or a directory in or above it) that another user
+owns or could write to. A refused state directory is the handler's failure (:func:`failed`:
+one line on stderr and to syslog, exit 1), before anything is written.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ import fcntl
 import os
 import sys
 import time
+
+from cachemgr.core import safefs
 
 TYPE_CHECKING = False  # typing's import costs what the handler saves; mypy reads it as True
 if TYPE_CHECKING:
@@ -62,16 +72,28 @@ def resolve_policy(given: str | None) -> str:
     return given or os.environ.get("CACHEMGR_POLICY") or DEFAULT_POLICY
 
 
-def _state_dir(*parts: str) -> str:
-    """A directory under the state directory, made (mode 0700) if missing: what
-    cachemgr.core.state.state_dir names, without that module's imports."""
-    d = os.path.join(os.environ.get("CACHEMGR_STATE_DIR", "/var/lib/cachemgr"), *parts)
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    return d
+def _dir(*parts: str) -> int:
+    """The descriptor of a directory under the state directory, made (mode 0700) if
+    missing, every directory on the way opened without following links and, run as root,
+    refused (:class:`cachemgr.core.safefs.UnsafePathError`) when another user could change
+    it (what cachemgr.core.state does, without that module's imports). The caller closes
+    it."""
+    fd = safefs.open_dir(*parts, create=True)
+    assert fd is not None
+    return fd
+
+
+def _shown(*parts: str) -> str:
+    return os.path.join(safefs.configured(), *parts)
+
+
+_QUEUE = ("autoattach", "queue")
 
 
 def _queue() -> str:
-    return _state_dir("autoattach", "queue")
+    """The queue directory's path (made and checked)."""
+    os.close(_dir(*_QUEUE))
+    return _shown(*_QUEUE)
 
 
 def _log() -> logging.Logger:
@@ -165,18 +187,17 @@ def process_started() -> float | None:
 
 def enqueue(ev: Mapping[str, Any]) -> str:
     """Write ``ev`` into the queue (atomically: a worker never reads half of it); its path."""
-    q = _queue()
     name = f"{time.time_ns()}-{ev.get('SEQNUM', 0)}-{os.getpid()}.env"
-    tmp = os.path.join(q, f".{name}")
     # str values as os.environ decoded them (surrogateescape): os.fsencode gives the bytes back
     data = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in sorted(ev.items()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    q = _dir(*_QUEUE)
     try:
-        os.write(fd, data)
+        # a temporary file ".NAME.RANDOM.tmp" (drain skips dot files), made O_EXCL, renamed
+        # within q; not synced: a crash loses the event, which the boot pass covers
+        safefs.write_at(q, name, data, fsync=False)
     finally:
-        os.close(fd)
-    os.replace(tmp, os.path.join(q, name))
-    return os.path.join(q, name)
+        os.close(q)
+    return _shown(*_QUEUE, name)
 
 
 def parse_queued(data: bytes) -> dict[str, Any]:
@@ -202,21 +223,25 @@ def parse_queued(data: bytes) -> dict[str, Any]:
 
 def drain() -> list[dict[str, Any]]:
     """Take every queued event (oldest first); unreadable files are dropped with a warning."""
-    q = _queue()
+    q = _dir(*_QUEUE)
     out = []
-    for name in sorted(os.listdir(q)):
-        if name.startswith("."):
-            continue
-        path = os.path.join(q, name)
-        try:
-            with open(path, "rb") as f:
-                out.append(parse_queued(f.read()))
-        except (OSError, ValueError) as exc:
-            _log().warning("dropping unreadable queued event %s: %s", name, exc)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    try:
+        for name in sorted(os.listdir(q)):
+            if name.startswith("."):
+                continue
+            try:
+                fd = safefs.open_file(q, name, _shown(*_QUEUE, name),
+                                      os.O_RDONLY | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f:
+                    out.append(parse_queued(f.read()))
+            except (OSError, ValueError, safefs.UnsafePathError) as exc:
+                _log().warning("dropping unreadable queued event %s: %s", name, exc)
+            try:
+                os.unlink(name, dir_fd=q)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(q)
     return out
 
 
@@ -224,7 +249,12 @@ def oldest_queued() -> float | None:
     """When the oldest queued event was queued (its file name starts with time.time_ns()),
     None for an empty queue."""
     times = []
-    for name in os.listdir(_queue()):
+    q = _dir(*_QUEUE)
+    try:
+        names = os.listdir(q)
+    finally:
+        os.close(q)
+    for name in names:
         head = name.split("-", 1)[0]
         if not name.startswith(".") and head.isdigit():
             times.append(int(head) / 1e9)
@@ -234,8 +264,15 @@ def oldest_queued() -> float | None:
 
 
 def _lock_fd(name: str) -> int:
-    return os.open(os.path.join(_state_dir("locks"), f"{name}.lock"),
-                   os.O_RDWR | os.O_CREAT, 0o600)
+    """The lock file ``locks/NAME.lock``, opened (made if missing) as cachemgr.core.state
+    opens its locks: never through a link; run as root, only a file of root's with one
+    link."""
+    d = _dir("locks")
+    try:
+        return safefs.open_file(d, f"{name}.lock", _shown("locks", f"{name}.lock"),
+                                os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+    finally:
+        os.close(d)
 
 
 def _try_lock(fd: int) -> bool:
@@ -297,10 +334,22 @@ def spawn(policy: str, *, how: str = "auto", settle: float = SETTLE_S) -> str:
 
 
 def _double_fork(policy: str, settle: float) -> None:
-    """A worker in its own session, reparented to init; the handler returns at once."""
-    logfile = os.path.join(_state_dir("autoattach"), "worker.log")
-    pid = os.fork()
+    """A worker in its own session, reparented to init; the handler returns at once. Its
+    log (``autoattach/worker.log``) is opened here, by the handler, never through a link:
+    a refusal is the handler's."""
+    d = _dir("autoattach")
+    try:
+        out = safefs.open_file(d, "worker.log", _shown("autoattach", "worker.log"),
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    finally:
+        os.close(d)
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(out)
+        raise
     if pid:
+        os.close(out)
         os.waitpid(pid, 0)
         return
     try:
@@ -308,7 +357,6 @@ def _double_fork(policy: str, settle: float) -> None:
         if os.fork():
             os._exit(0)
         null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)

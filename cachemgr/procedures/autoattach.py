@@ -805,15 +805,10 @@ def actions_log() -> os.PathLike[str]:
 
 def record(entry: Mapping[str, Any]) -> None:
     """Append one line to the action journal (tests and admins count what was done)."""
-    path = state.state_dir() / "autoattach" / "actions.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"t": round(time.time(), 3), "pid": os.getpid(), **entry},
                       sort_keys=True) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    # never through a link; run as root, only a file of root's (cachemgr/core/state.py)
+    state.append(state.state_dir() / "autoattach" / "actions.jsonl", line.encode())
 
 
 @dataclass

@@ -191,7 +191,9 @@ def test_the_rules_call_that_queues_loads_its_face_and_runtime_only(
     """The rule's command line, run as udevd runs it (``-m cachemgr.cli.udev``), for an event
     it queues while a worker is pending: of cachemgr it loads the face and its runtime
     (cachemgr/ops/udev.py) and nothing else (not the command layer's other modules, which
-    load the backends), and of the standard library no more than fcntl and __future__."""
+    load the backends) and cachemgr.core.safefs (what opens the state directory without
+    following links, as cachemgr.core.state does), and of the standard library no more
+    than fcntl and __future__."""
     import fcntl
     import os
     import subprocess
@@ -220,7 +222,8 @@ def test_the_rules_call_that_queues_loads_its_face_and_runtime_only(
     assert len(os.listdir(udev_ops._queue())) == 1  # the event was queued
     # the face itself runs as __main__, as under -m
     assert sorted(m for m in loaded if m.startswith("cachemgr")) == [
-        "cachemgr", "cachemgr.cli", "cachemgr.ops", "cachemgr.ops.udev"], out
+        "cachemgr", "cachemgr.cli", "cachemgr.core", "cachemgr.core.safefs", "cachemgr.ops",
+        "cachemgr.ops.udev"], out
     assert {m for m in loaded if not m.startswith("cachemgr")} <= {"__future__", "fcntl"}, out
 
 
