@@ -1,4 +1,4 @@
-"""The replace-ssd commands: plan, run, resume, rollback, list (cachemgr/procedures/replace.py
+"""The replace-ssd commands: plan, run, resume, rollback, list (cachemgr/procedures/replace/
 does the steps; the journal, the cache set's lock and every refusal live there or here, never
 in a face)."""
 
@@ -15,7 +15,9 @@ from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate
 from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import owners, replace, replace_dmcache, replace_lvm
+from cachemgr.procedures import owners, replace
+from cachemgr.procedures.replace import dmcache as replace_dmcache
+from cachemgr.procedures.replace import lvm as replace_lvm
 
 Options = replace.Options
 Journal = replace.Journal

@@ -16,7 +16,8 @@ from cachemgr.backends import scsi
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import replace, replace_dmcache
+from cachemgr.procedures import replace
+from cachemgr.procedures.replace import dmcache as replace_dmcache
 from tests.kernel.test_replace_kernel import (
     FIO_COMMON,
     cm,

@@ -15,7 +15,8 @@ import pytest
 from cachemgr.backends import scsi
 from cachemgr.core import runner, state
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import replace, replace_lvm
+from cachemgr.procedures import replace
+from cachemgr.procedures.replace import lvm as replace_lvm
 from tests.kernel import clirun, scenarios
 
 VG = "vg0"

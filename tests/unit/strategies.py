@@ -122,7 +122,7 @@ TARGETS = ["/dev/bcache0", "/dev/bcache0:writeback", "fast=/dev/bcache0:none",
 
 SETTINGS = ["writeback_percent=0", "sequential_cutoff=4194304", "migration_threshold=2048"]
 
-# a replace-ssd journal as Journal.save writes it (cachemgr/procedures/replace.py)
+# a replace-ssd journal as Journal.save writes it (cachemgr/procedures/replace/journal.py)
 JOURNAL: dict[str, Any] = {
     "schema": 1, "id": "r-20240101-000000", "cset": "0b1f7a52-4f0e-4d61-8a7e-2c9b5d3e1f40",
     "options": {"new": "same", "interim_mode": "writearound"},

@@ -1,4 +1,4 @@
-"""replace-ssd's plan for a plain dm-cache device (procedures/replace_dmcache.py) on captured
+"""replace-ssd's plan for a plain dm-cache device (procedures/replace/dmcache.py) on captured
 lab trees: dmcache-states-uml (caches over dm-linear cache and metadata areas on ubd disks)
 and dmcache-writeback-uml (vmcache over whole ubd disks). The lab's ubd disks cannot be
 pulled, so these plans are refused, with nothing written, run or journaled; the plan on a
@@ -13,7 +13,9 @@ import pytest
 
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import replace as ops_replace
-from cachemgr.procedures import replace, replace_dmcache, replace_lvm
+from cachemgr.procedures import replace
+from cachemgr.procedures.replace import dmcache as replace_dmcache
+from cachemgr.procedures.replace import lvm as replace_lvm
 from tests.unit.test_replace_plan import _refused_before_any_step
 from tests.unit.tui_helpers import copy_capture, fx
 

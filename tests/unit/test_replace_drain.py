@@ -18,6 +18,7 @@ from cachemgr.core.errors import CacheMgrError, StallError
 from cachemgr.core.model import BcacheBacking, CacheState, DrainProgress
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain, replace
+from cachemgr.procedures.replace import bcache as replace_bcache
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "scsi-ssd-in-use-uml" / "sys"
 
@@ -71,8 +72,8 @@ def test_devices_drain_at_the_same_time(tmp_path: Path,
         both.wait()
         return drain.DrainResult(str(b.uuid), 8192, 1.0)
 
-    monkeypatch.setattr(replace.drain, "drain", fake)
-    replace.s_drain(c)
+    monkeypatch.setattr(drain, "drain", fake)
+    replace_bcache.s_drain(c)
     assert sum("clean after" in line for line in said) == 2
 
 
@@ -89,9 +90,9 @@ def test_a_failed_drain_stops_the_other_and_fails_the_step(
             raise StallError("no progress")
         return long(sysfs, b, progress=progress, **kw)
 
-    monkeypatch.setattr(replace.drain, "drain", fake)
+    monkeypatch.setattr(drain, "drain", fake)
     with pytest.raises(StallError):
-        replace.s_drain(c)
+        replace_bcache.s_drain(c)
     assert stopped == [c.j.backings[0]["uuid"]]
 
 
@@ -105,23 +106,23 @@ def test_a_cancel_in_say_stops_every_drain(tmp_path: Path,
 
     c, _ = ctx(tmp_path, monkeypatch, say=say)
     stopped: list[str] = []
-    monkeypatch.setattr(replace.drain, "drain", endless(stopped))
+    monkeypatch.setattr(drain, "drain", endless(stopped))
     with pytest.raises(Cancelled):
-        replace.s_drain(c)
+        replace_bcache.s_drain(c)
     assert sorted(stopped) == sorted(e["uuid"] for e in c.j.backings)
 
 
 def test_ctrl_c_stops_every_drain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c, _ = ctx(tmp_path, monkeypatch)
     stopped: list[str] = []
-    monkeypatch.setattr(replace.drain, "drain", endless(stopped))
+    monkeypatch.setattr(drain, "drain", endless(stopped))
     # a shell starting the suite in the background leaves SIGINT ignored, and Python then
     # raises no KeyboardInterrupt: what Ctrl-C does at a terminal is what is tested here
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
-            replace.s_drain(c)
+            replace_bcache.s_drain(c)
     finally:
         signal.signal(signal.SIGINT, old)
     assert sorted(stopped) == sorted(e["uuid"] for e in c.j.backings)

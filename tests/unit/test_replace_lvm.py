@@ -1,4 +1,4 @@
-"""replace-ssd for LVM caches (procedures/replace_lvm.py): the plan's refusals on a lab
+"""replace-ssd for LVM caches (procedures/replace/lvm.py): the plan's refusals on a lab
 capture of lvm2's own caches (tests/fixtures/lvm-caches-*), and the journal of the lvm kind.
 The steps themselves are proven in tests/kernel/test_replace_lvm_kernel.py."""
 
@@ -13,7 +13,8 @@ import pytest
 from cachemgr.core import state
 from cachemgr.core.errors import UnsafeError
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import replace, replace_lvm
+from cachemgr.procedures import replace
+from cachemgr.procedures.replace import lvm as replace_lvm
 from tests.unit.guards import mutations_refused
 from tests.unit.test_replace_plan import _refused_before_any_step
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from cachemgr.backends import snapshot
 from cachemgr.core import state
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
+from cachemgr.procedures.replace import bcache as replace_bcache
+from cachemgr.procedures.replace import shared as replace_shared
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "scsi-ssd-in-use-uml" / "sys"
 
@@ -18,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "scsi-ssd-in-use-uml" 
 def test_two_runs_in_one_second_get_their_own_journal(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr(replace.time, "strftime", lambda fmt, *a: "20261122-040812")
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20261122-040812")
     sysfs = Sysfs(ROOT)
     ssd = snapshot.take(sysfs).cache_sets[0].caches[0].identity.node
     first = replace.plan(sysfs, ssd, replace.Options(yes=True))
@@ -129,9 +132,9 @@ def test_an_old_ssd_without_wwid_is_followed_by_its_serial(
     assert (j.old["wwid"], j.old["serial"]) == (None, "2000")
     said: list[str] = []
     c = replace.Ctx(sysfs, j, replace.Options(**j.options), said.append, lambda t: None)
-    old = replace._old_present(c)
+    old = replace_shared.old_present(c)
     assert old is not None and old.name == "sda"
-    assert replace._new_match(c).words() == "serial:2000"
+    assert replace_shared.wait_new_match(c).words() == "serial:2000"
 
 
 def test_an_old_ssd_that_is_gone_is_said_not_skipped_silently(
@@ -142,13 +145,13 @@ def test_an_old_ssd_that_is_gone_is_said_not_skipped_silently(
     j.old["wwid"] = "naa.0000000000000001"  # no disk has it: removed by an earlier run
     said: list[str] = []
     c = replace.Ctx(sysfs, j, replace.Options(**j.options), said.append, lambda t: None)
-    replace.s_wipe_old(c)
-    replace.s_remove_old(c)
+    replace_bcache.s_wipe_old(c)
+    replace_shared.s_remove_old(c)
     assert said == [
         "the old SSD (wwn naa.0000000000000001) is not there any more: nothing to wipe",
         "the old SSD (wwn naa.0000000000000001) is not there any more: already removed"]
     c.opts.wipe_old = False
-    replace.s_wipe_old(c)
+    replace_bcache.s_wipe_old(c)
     assert said[-1] == "/dev/sda: bcache signature kept (--keep-old-signature)"
 
 
@@ -184,14 +187,14 @@ def test_an_nvme_cache_ssd_is_planned_with_its_pci_slot(
     assert "hotplug: PCI remove/rescan (PCI function 0000:01:00.0 removed" in plan
     assert " 8. remove-old " in plan
     c = replace.Ctx(sysfs, j, replace.Options(**j.options), lambda m: None, lambda t: None)
-    assert replace._new_match(c) == replace._old_match(j.old)
-    assert replace._new_match(c).kind == "wwn"
-    found = replace._old_present(c)
+    assert replace_shared.wait_new_match(c) == replace_shared.old_match(j.old)
+    assert replace_shared.wait_new_match(c).kind == "wwn"
+    found = replace_shared.old_present(c)
     assert found is not None and found.name == "nvme0n1"
     # --new any waits for a drive in the same PCIe slot
     j2 = replace.plan(sysfs, "/dev/nvme0n1", replace.Options(new="any", yes=True))
     c2 = replace.Ctx(sysfs, j2, replace.Options(**j2.options), lambda m: None, lambda t: None)
-    assert replace._new_match(c2).words() == "0000:01:00.0"
+    assert replace_shared.wait_new_match(c2).words() == "0000:01:00.0"
     assert "a new disk in the same slot (PCI 0000:01:00.0)" in replace.new_words(j2)
     # a drive not inserted yet, by serial or WWID, or whatever goes into the old slot
     for new in ("serial:CMLABNVME09", "wwn:eui.0025385b71b07a3c", "0000:01:00.0"):
@@ -259,8 +262,8 @@ def test_a_journal_of_an_earlier_version_reads_its_scsi_remove_step(
     assert back.done[-1] == "remove-old"
     c = replace.Ctx(Sysfs(ROOT), back, replace.Options(new="any", yes=True), lambda m: None,
                     lambda t: None)
-    assert replace._new_match(c).kind == "slot"
-    assert replace._new_match(c).value == data["old"]["hctl"]
+    assert replace_shared.wait_new_match(c).kind == "slot"
+    assert replace_shared.wait_new_match(c).value == data["old"]["hctl"]
 
 
 # --------------------------------------------------------------------------------------

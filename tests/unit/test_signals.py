@@ -20,6 +20,7 @@ from cachemgr.backends.dmcache import command, flushing
 from cachemgr.core import signals
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain, replace
+from cachemgr.procedures.replace import bcache as replace_bcache
 from tests.unit.test_dmcache_ops import ORIGINAL, SYSFS, FakeDm, device, fake  # noqa: F401
 from tests.unit.test_replace_drain import ctx, endless
 from tests.unit.tui_helpers import copy_capture, kernel_writes
@@ -96,11 +97,11 @@ def test_sigterm_in_replace_drain_step_stops_every_drain(
         caught: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c, _ = ctx(tmp_path, monkeypatch)
     stopped: list[str] = []
-    monkeypatch.setattr(replace.drain, "drain", endless(stopped))
+    monkeypatch.setattr(drain, "drain", endless(stopped))
     c.j.save()
     later(signal.SIGTERM, 0.2)
     with pytest.raises(signals.Terminated):
-        replace.s_drain(c)
+        replace_bcache.s_drain(c)
     # every drain thread stopped (drain.drain restores its tunables there) before the step
     # returned, and the run is resumable: the drain step is not done
     assert sorted(stopped) == sorted(e["uuid"] for e in c.j.backings)

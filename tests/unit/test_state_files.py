@@ -23,6 +23,8 @@ from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import replace as ops_replace
 from cachemgr.procedures import autoattach, drain, replace
+from cachemgr.procedures.replace import journal as replace_journal
+from cachemgr.procedures.replace import run as replace_run
 from tests.unit.guards import held_elsewhere, mutations_refused
 from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, shown
 
@@ -305,7 +307,8 @@ def test_each_step_is_timed_over_every_attempt(state_dir: Path,
 
     write_good(state_dir)  # stopped after drain, as if it took 40 s
     clock = Clock()
-    monkeypatch.setattr(replace, "time", clock)
+    monkeypatch.setattr(replace_journal, "time", clock)
+    monkeypatch.setattr(replace_run, "time", clock)
     j = replace.Journal.load(GOOD)
     j.seconds = {"drain": 40.0}
     j.save()

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, Static
 
-from cachemgr.procedures import replace, replace_dmcache, replace_lvm
+from cachemgr.procedures import replace
+from cachemgr.procedures.replace import dmcache as replace_dmcache
+from cachemgr.procedures.replace import lvm as replace_lvm
 from tests.unit.tui_helpers import app_on, fx, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog

@@ -1,5 +1,5 @@
 """Replace the cache SSD of a set: the plan, each step's progress, the operator's swap
-prompt, resume and rollback of interrupted runs (cachemgr/procedures/replace.py does the work).
+prompt, resume and rollback of interrupted runs (cachemgr/procedures/replace/ does the work).
 
 Every word about a kind of replacement (bcache cache set, LVM cache, dm-cache device: its
 name, how a run's object is labelled, its steps, its point of no return, what stays up and

@@ -70,7 +70,7 @@ def _signature(node: str) -> str | None:
     return ", ".join(signatures.found(node)) or None
 
 
-def _zero_superblock(node: str) -> None:
+def zero_superblock(node: str) -> None:
     """Zero the first 4 KiB: dm-cache then formats fresh metadata (cache.rst). O_EXCL makes
     the open fail if anything holds the device exclusively (a mount, dm, bcache, md)."""
     fd = os.open(node, os.O_WRONLY | os.O_EXCL)
@@ -159,7 +159,7 @@ def create(sysfs: Sysfs, name: str, *, origin: str, cache: str, metadata: str,
             hint="a larger metadata device, or a larger --block-size")
     if origin_bytes % 512:
         raise UsageError(f"{origin}: size is not a whole number of sectors")
-    _zero_superblock(metadata)
+    zero_superblock(metadata)
     table = DmCacheTable(0, origin_bytes // 512, metadata, cache, origin, bs // 512,
                          (mode.value,), policy, ())
     command.dmsetup("create", name, "--table", table.line())

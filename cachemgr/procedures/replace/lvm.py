@@ -1,7 +1,7 @@
 """Replacing the SSD under an LVM-owned cache (lvmcache with a cache pool or cachevol, or lvm
-writecache): the journaled, resumable procedure of cachemgr/procedures/replace.py with its own
-steps, every one through lvm2 (docs/kernel-notes.md, "lvm2", "Replacing the SSD of an LVM
-cache").
+writecache): the journaled, resumable procedure of the package (cachemgr/procedures/replace/)
+with its own steps, every one through lvm2 (docs/kernel-notes.md, "lvm2", "Replacing the SSD
+of an LVM cache").
 
 The cached LV stays up and keeps serving IO throughout: it is drained through lvm2's cleaner
 (writethrough while it drains, so no new dirty block appears), its cache is split off
@@ -35,8 +35,9 @@ from cachemgr.backends.targets import find_dm
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import replace
-from cachemgr.procedures.replace import Ctx, Journal, Options
+from cachemgr.procedures.replace import shared
+from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
+from cachemgr.procedures.replace.run import Ctx, Kind
 
 STEPS: tuple[tuple[str, str], ...] = (
     ("preflight", "check the cached LV, its cache PV (the SSD) and the VG"),
@@ -103,8 +104,8 @@ def plan(sysfs: Sysfs, target: str, opts: Options,
                           "cache on one SSD", hint="lvs -a -o+devices shows where it lies")
     pv = ssd_pvs[0]
     name = sysfs.block_name_of(pv) if sysfs.live else pv.removeprefix("/dev/")
-    disk = replace.hotplug_disk(sysfs, name or pv, f"{pv} (the PV under {v.full_name}'s cache)")
-    replace.refuse_unpullable(sysfs, disk, None)
+    disk = shared.hotplug_disk(sysfs, name or pv, f"{pv} (the PV under {v.full_name}'s cache)")
+    shared.refuse_unpullable(sysfs, disk, None)
     rows = command.default_source(sysfs).report()
     own = {v.pool, f"{v.pool}_cdata", f"{v.pool}_cmeta", "lvol0_pmspare"}
     others = [x for x in lvm_report.lvs_on(rows, v.vg, pv) if x not in own]
@@ -127,13 +128,13 @@ def plan(sysfs: Sysfs, target: str, opts: Options,
            "chunk_bytes": v.chunk_bytes, "mode": v.cache_mode, "policy": v.policy,
            "settings": settings, "pv": pv,
            "need_bytes": need}
-    replace._check_new_spec(sysfs, opts.new, disk, v.full_name, None, need)
+    shared.check_new_spec(sysfs, opts.new, disk, v.full_name, None, need)
     if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
         raise UsageError("--new any needs an operator to swap the disk",
                          hint="run it on a terminal, or pass --yes once the disk is in")
-    replace._old_match(disk)  # refuses an SSD with neither WWID nor serial
+    shared.old_match(disk)  # refuses an SSD with neither WWID nor serial
     return Journal(
-        id=replace.new_run_id(_lv_word(v.full_name)), cset=v.full_name, options=asdict(opts),
+        id=new_run_id(_lv_word(v.full_name)), cset=v.full_name, options=asdict(opts),
         old={**hotplug.record(disk), "bucket": None},
         backings=[], kind="lvm", lvm=lvm)
 
@@ -153,7 +154,7 @@ def head(j: Journal) -> list[str]:
         cfg.append(f"policy {m['policy']}")
     if m.get("settings"):
         cfg.append("settings " + ",".join(f"{k}={v}" for k, v in m["settings"]))
-    return [f"replace the cache SSD {replace.ssd_words(old)} of {what} {j.cset}",
+    return [f"replace the cache SSD {shared.ssd_words(old)} of {what} {j.cset}",
             f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg)]
 
 
@@ -185,7 +186,7 @@ def s_drain(c: Ctx) -> None:
     # leaves it on (writethrough: nothing new gets dirty) until split takes the cache off
     start, secs, _, _ = manage.drain(d, timeout=c.opts.drain_timeout,
                                      stall_timeout=c.opts.stall_timeout,
-                                     progress=replace.drain_reporter(c.say),
+                                     progress=shared.drain_reporter(c.say),
                                      then=lambda _d: None, keep_cleaner=True)
     c.say(f"{_vg_lv(c)}: clean after {secs:.1f} s ({Size.exact(start or 0)} written back); "
           "the cleaner stays on until the split")
@@ -221,7 +222,7 @@ def s_remove_old_cache(c: Ctx) -> None:
 
 
 def _old_node(c: Ctx) -> str | None:
-    d = replace._old_present(c)
+    d = shared.old_present(c)
     return command.check_node(d.node) if d is not None else None
 
 
@@ -252,7 +253,7 @@ def s_pvremove(c: Ctx) -> None:
 
 
 def _new_node(c: Ctx) -> str:
-    return command.check_node(replace.new_disk(c).node)
+    return command.check_node(shared.new_disk(c).node)
 
 
 def s_pvcreate(c: Ctx) -> None:
@@ -346,7 +347,7 @@ def s_verify(c: Ctx) -> None:
     problems = []
     if v.pool_name != m["pool"]:
         problems.append(f"cached by {v.pool_name}, not {m['pool']}")
-    new_pv = replace._find_new(c)
+    new_pv = shared.find_new(c)
     if new_pv is None or new_pv.node not in v.cache_pvs:
         problems.append(f"its cache does not lie on the new SSD {node} ({v.cache_pvs})")
     if m["pv"] in v.cache_pvs and (new_pv is None or new_pv.node != m["pv"]):
@@ -382,9 +383,9 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "remove-old-cache": s_remove_old_cache,
     "vgreduce": s_vgreduce,
     "pvremove": s_pvremove,
-    "remove-old": replace.s_remove_old,
-    "wait-new": replace.s_wait_new,
-    "identify-new": replace.s_identify_new,
+    "remove-old": shared.s_remove_old,
+    "wait-new": shared.s_wait_new,
+    "identify-new": shared.s_identify_new,
     "pvcreate": s_pvcreate,
     "vgextend": s_vgextend,
     "make-cache": s_make_cache,
@@ -399,7 +400,7 @@ def done_line(j: Journal) -> str:
             f"{j.new.get('node')}")
 
 
-KIND = replace.Kind(
+KIND = Kind(
     STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "cached LV",
     name="LVM cache", tag="lv", tag_chars=None,
     stays_up="The LV stays up (uncached between the split and the new attach).",

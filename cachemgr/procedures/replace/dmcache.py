@@ -1,6 +1,6 @@
 """Replacing the SSD under a dm-cache device cachemgr (or an admin with dmsetup) made, not
-LVM's (that is procedures/replace_lvm.py): the journaled, resumable procedure of
-cachemgr/procedures/replace.py with its own steps (docs/kernel-notes.md, "Replacing the SSD
+LVM's (that is procedures/replace/lvm.py): the journaled, resumable procedure of the package
+(cachemgr/procedures/replace/) with its own steps (docs/kernel-notes.md, "Replacing the SSD
 of a dm-cache device").
 
 The device (/dev/mapper/NAME) stays up and keeps serving IO throughout. It is drained with
@@ -17,7 +17,7 @@ The metadata is zeroed on every rebuild, on a re-inserted SSD and on a rollback 
 device ran linear the origin was written past the cache, so the old metadata's (clean) blocks
 may be stale; dm-cache formats fresh metadata on a zeroed superblock and starts cold.
 
-Refused at plan time: an LVM-owned device (replace_lvm), a failed cache or one whose cache
+Refused at plan time: an LVM-owned device (lvm.py), a failed cache or one whose cache
 target does not start at sector 0 (or does not span the device), a cache area that is not on
 one SCSI disk or NVMe namespace, a dm area with more than one target or not ``linear``, an SSD
 with anything else on it, and every wrong new disk bcache's replacement refuses.
@@ -40,8 +40,9 @@ from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import replace
-from cachemgr.procedures.replace import Ctx, Journal, Options
+from cachemgr.procedures.replace import shared
+from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
+from cachemgr.procedures.replace.run import Ctx, Kind
 
 STEPS: tuple[tuple[str, str], ...] = (
     ("preflight", "check the dm-cache device, its SSD and where its cache and metadata lie"),
@@ -138,7 +139,7 @@ def plan(sysfs: Sysfs, target: str, opts: Options, d: DmCacheDevice) -> Journal:
     areas = {"metadata": _area(sysfs, "metadata", d.metadata, d),
              "cache": _area(sysfs, "cache", d.cache, d)}
     ssd_name = areas["cache"]["disk"]
-    disk = replace.hotplug_disk(sysfs, ssd_name, f"/dev/{ssd_name} (the SSD under {d.node})")
+    disk = shared.hotplug_disk(sysfs, ssd_name, f"/dev/{ssd_name} (the SSD under {d.node})")
     meta = areas["metadata"]
     if meta["disk"] != ssd_name:
         meta["how"] = "kept"  # on another disk: stays, zeroed at the rebuild
@@ -164,12 +165,12 @@ def plan(sysfs: Sysfs, target: str, opts: Options, d: DmCacheDevice) -> Journal:
     dm = {"name": d.name, "table": table.line(), "length": d.table.length,
           "origin": d.table.origin_dev, "areas": areas, "partitions": script,
           "need_bytes": need, "mode": d.table.mode.value}
-    replace._check_new_spec(sysfs, opts.new, disk, d.name, None, need)
+    shared.check_new_spec(sysfs, opts.new, disk, d.name, None, need)
     if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
         raise UsageError("--new any needs an operator to swap the disk",
                          hint="run it on a terminal, or pass --yes once the disk is in")
-    replace._old_match(disk)  # refuses an SSD with neither WWID nor serial
-    return Journal(id=replace.new_run_id(d.name[:24]), cset=d.name, options=asdict(opts),
+    shared.old_match(disk)  # refuses an SSD with neither WWID nor serial
+    return Journal(id=new_run_id(d.name[:24]), cset=d.name, options=asdict(opts),
                    old={**hotplug.record(disk), "bucket": None}, backings=[], kind="dmcache",
                    dm=dm)
 
@@ -184,7 +185,7 @@ def head(j: Journal) -> list[str]:
     m = j.dm
     t = parse_table(m["table"])
     where = "; ".join(_area_words(r, m["areas"][r]) for r in ROLES)
-    return [f"replace the cache SSD {replace.ssd_words(j.old)} of dm-cache /dev/mapper/{j.cset}",
+    return [f"replace the cache SSD {shared.ssd_words(j.old)} of dm-cache /dev/mapper/{j.cset}",
             f"table: block {Size.exact(t.block_sectors * 512)}, mode {t.mode.value}, policy "
             f"{t.policy} {' '.join(t.policy_args)}".rstrip(),
             f"areas: {where}"]
@@ -222,7 +223,7 @@ def s_drain(c: Ctx) -> None:
         return  # drained and switched by an earlier run
     d = discover.find(c.sysfs, _name(c))
     manage.remove(c.sysfs, d, keep_device=True, timeout=c.opts.drain_timeout,
-                  stall_timeout=c.opts.stall_timeout, progress=replace.drain_reporter(c.say))
+                  stall_timeout=c.opts.stall_timeout, progress=shared.drain_reporter(c.say))
     c.say(f"{d.node}: clean; now a linear mapping of its origin (IO goes on)")
 
 
@@ -240,7 +241,7 @@ def s_release_old(c: Ctx) -> None:
             command.dmsetup("remove", "--retry", "--", a["name"], timeout=60)
             c.say(f"/dev/mapper/{a['name']} ({role} area) removed")
     if c.j.dm.get("partitions") is not None:
-        d = replace._old_present(c)
+        d = shared.old_present(c)
         if d is not None and signatures.first(d.node) is not None:
             signatures.wipe(d.node)
             c.say(f"{d.node}: partition table wiped")
@@ -258,7 +259,7 @@ def _node_of(c: Ctx, role: str, disk: hotplug.Disk) -> str:
 
 
 def s_layout_new(c: Ctx) -> None:
-    d = replace.new_disk(c)
+    d = shared.new_disk(c)
     script = c.j.dm.get("partitions")
     if script is not None:
         want = [a for a in c.j.dm["areas"].values() if a["how"] == "partition"]
@@ -295,7 +296,7 @@ def _rebuild(c: Ctx, disk: hotplug.Disk) -> None:
     if cur.split()[3:5] != [old.origin_dev, "0"]:
         raise UnsafeError(f"/dev/mapper/{_name(c)} maps {cur.split()[3]}, not the origin "
                           f"{old.origin_dev}; refusing to put a cache over it")
-    build._zero_superblock(meta)
+    build.zero_superblock(meta)
     new = DmCacheTable(0, old.length, meta, cache, old.origin_dev, old.block_sectors,
                        old.features, old.policy, old.policy_args)
     switch_table(_name(c), cur, new.line())
@@ -308,12 +309,12 @@ def _devno(node: str) -> str:
 
 
 def s_rebuild(c: Ctx) -> None:
-    _rebuild(c, replace.new_disk(c))
+    _rebuild(c, shared.new_disk(c))
 
 
 def s_verify(c: Ctx) -> None:
     d = discover.find(c.sysfs, _name(c))
-    disk = replace.new_disk(c)
+    disk = shared.new_disk(c)
     old = parse_table(c.j.dm["table"])
     problems = []
     want = {r: _devno(_node_of(c, r, disk)) for r in ROLES}
@@ -344,7 +345,7 @@ def _rollback(c: Ctx) -> None:
         flushing.recover(c.sysfs, d)
         c.say(f"/dev/mapper/{_name(c)}: still a cache; its table is the old one")
         return
-    disk = replace._old_present(c)
+    disk = shared.old_present(c)
     if disk is None:
         raise UnsafeError("the old SSD is not there; cannot put the cache back on it")
     _rebuild(c, disk)
@@ -353,9 +354,9 @@ def _rollback(c: Ctx) -> None:
 FUNCS: dict[str, Callable[[Ctx], None]] = {
     "drain": s_drain,
     "release-old": s_release_old,
-    "remove-old": replace.s_remove_old,
-    "wait-new": replace.s_wait_new,
-    "identify-new": replace.s_identify_new,
+    "remove-old": shared.s_remove_old,
+    "wait-new": shared.s_wait_new,
+    "identify-new": shared.s_identify_new,
     "layout-new": s_layout_new,
     "rebuild": s_rebuild,
     "verify": s_verify,
@@ -366,7 +367,7 @@ def done_line(j: Journal) -> str:
     return f"{j.id}: done; dm-cache {j.cset} caches on {j.new.get('node')}"
 
 
-KIND = replace.Kind(
+KIND = Kind(
     STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, head, "dm-cache device",
     name="dm-cache device", tag="dm", tag_chars=None,
     stays_up="The dm-cache device stays up (a linear table over its origin while the SSD "

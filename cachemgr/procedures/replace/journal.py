@@ -1,0 +1,222 @@
+"""A replace-ssd run's journal: its options, what it recorded before any change, the steps
+done; read back field by field (a journal that cannot be acted on is refused with its path and
+why), listed, and saved atomically under /var/lib/cachemgr/replace/<id>.json after every step.
+The same journal serves every kind (:data:`KIND_NAMES`); what a kind records beyond the common
+fields is in ``lvm`` or ``dm``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr.backends.identity import normalize_wwn
+from cachemgr.core import state
+from cachemgr.core.errors import UsageError
+from cachemgr.core.model import CacheMode
+
+# Step names journals of earlier versions used, and the name each has now.
+RENAMED_STEPS = {"scsi-remove": "remove-old"}
+# Fault injection for the crash tests: SIGKILL ourselves right after this step is journaled.
+KILL_AFTER_ENV = "CACHEMGR_FAULT_KILL_AFTER"
+# The kinds a journal may name (procedures/replace/run.py kind_of gives each one's Kind).
+KIND_NAMES = ("bcache", "lvm", "dmcache")
+
+
+@dataclass
+class Options:
+    new: str = "same"  # "same" (re-insert the old SSD), "any" (a new disk in its slot), a spec
+    interim_mode: str = CacheMode.NONE.value
+    wipe_old: bool = True
+    yes: bool = False
+    drain_timeout: float = 24 * 3600.0
+    stall_timeout: float = 120.0
+    wait_timeout: float = 600.0
+
+
+@dataclass
+class Journal:
+    id: str
+    cset: str
+    options: dict[str, Any]
+    old: dict[str, Any]  # the old SSD: hotplug.record (bus, slot, wwid, serial...), bucket
+    backings: list[dict[str, Any]]  # uuid, name, node, device, mode, tunables
+    congested: dict[str, int] = field(default_factory=dict)
+    done: list[str] = field(default_factory=list)
+    new: dict[str, Any] = field(default_factory=dict)  # name, wwid, serial, cset
+    status: str = "running"  # running, done, failed, rolled-back
+    error: str | None = None
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    # "bcache" (``cset`` is the cache set's UUID), "lvm" (``cset`` is the cached LV's VG/LV,
+    # ``lvm`` what rebuilds its cache: procedures/replace/lvm.py) or "dmcache" (``cset`` is
+    # the dm name, ``dm`` its table and areas: procedures/replace/dmcache.py)
+    kind: str = "bcache"
+    lvm: dict[str, Any] = field(default_factory=dict)
+    dm: dict[str, Any] = field(default_factory=dict)
+    # wall seconds each step took, over every attempt (a resumed or retried step adds its
+    # new attempt); journals of earlier versions have none
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> tuple[tuple[str, str], ...]:
+        from cachemgr.procedures.replace.run import kind_of
+
+        return kind_of(self.kind).steps
+
+    @property
+    def path(self):  # type: ignore[no-untyped-def]
+        return state.journal_path("replace", self.id)
+
+    def save(self) -> None:
+        self.updated = time.time()
+        state.write_json(self.path, asdict(self))
+
+    @classmethod
+    def load(cls, run_id: str) -> Journal:
+        """The journal of run ``run_id``: UsageError (exit 2) if there is none, StateFileError
+        (exit 2, its path and why) if it cannot be read."""
+        j = cls.read(state.journal_path("replace", run_id))
+        if j is None:
+            raise UsageError(f"no replacement run {run_id!r}",
+                             hint="cachemgr replace-ssd --list shows the journaled runs")
+        return j
+
+    @classmethod
+    def read(cls, path: Path) -> Journal | None:
+        """The journal in ``path`` (None if there is no file), checked field by field."""
+        data = state.read_json(path)
+        if data is None:
+            return None
+        if isinstance(data.get("done"), list):
+            data["done"] = [RENAMED_STEPS.get(s, s) if isinstance(s, str) else s
+                            for s in data["done"]]
+        problem = _journal_problem(data)
+        if problem is None and state.journal_path("replace", data["id"]) != path:
+            problem = f"it is the journal of run {data['id']!r}, not of its file name"
+        if problem is not None:
+            raise state.StateFileError(path, f"not a replace-ssd journal: {problem}")
+        return cls(**data)
+
+    def named_by(self, spec: str) -> bool:
+        """``spec``, spelt as replace-ssd takes its CACHE, names this run's cache or its old
+        SSD; told from the journal alone, so it holds once the old SSD is gone."""
+        spec = spec.strip()
+        if not spec:
+            return False
+        if self.kind == "lvm":
+            from cachemgr.backends.lvm import command
+
+            if command.spelling(spec) == self.cset:
+                return True
+        elif self.kind == "dmcache":
+            if spec.removeprefix("/dev/mapper/") == self.cset:
+                return True
+        elif spec.lower() == self.cset.lower():
+            return True
+        old = self.old
+        wwid = str(old.get("wwid") or "")
+        if spec in {old.get("node"), old.get("name"), f"/dev/{old.get('name')}"}:
+            return True
+        return bool(wwid) and normalize_wwn(spec.removeprefix("wwn:")) == wwid
+
+    def same_cache(self, other: Journal) -> bool:
+        """``other`` works on this run's cache or on its old SSD."""
+        if (self.kind, self.cset) == (other.kind, other.cset):
+            return True
+        mine, theirs = self.old.get("wwid"), other.old.get("wwid")
+        return bool(mine) and mine == theirs
+
+    def took(self, step: str, seconds: float) -> None:
+        """Add ``seconds`` of wall time to ``step`` (saved with the next save)."""
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + seconds, 3)
+
+    def mark(self, step: str) -> None:
+        if step not in self.done:
+            self.done.append(step)
+        self.save()
+        if os.environ.get(KILL_AFTER_ENV) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+_JOURNAL_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "cset": (str,), "options": (dict,), "old": (dict,), "backings": (list,),
+    "congested": (dict,), "done": (list,), "new": (dict,), "status": (str,),
+    "error": (str, type(None)), "created": (int, float), "updated": (int, float),
+    "kind": (str,), "lvm": (dict,), "dm": (dict,), "seconds": (dict,)}
+_OPTION_NAMES = frozenset(Options.__dataclass_fields__)
+STATUSES = ("running", "done", "failed", "rolled-back")
+
+
+def _journal_problem(data: dict[str, Any]) -> str | None:
+    """Why ``data`` is not a journal this cachemgr can act on (None if it is one)."""
+    unknown = sorted(set(data) - set(_JOURNAL_TYPES))
+    if unknown:
+        return f"unknown fields {unknown} (written by a newer cachemgr?)"
+    for name in ("id", "cset", "options", "old", "backings"):
+        if name not in data:
+            return f"no {name!r}"
+    for name, value in data.items():
+        if not isinstance(value, _JOURNAL_TYPES[name]) or isinstance(value, bool):
+            return f"{name!r} is a {type(value).__name__}"
+    if not data["id"] or not data["cset"]:
+        return "an empty 'id' or 'cset'"
+    if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               and v >= 0 for k, v in data.get("seconds", {}).items()):
+        return "'seconds' is not a map of step names to seconds"
+    if data.get("status", "running") not in STATUSES:
+        return f"unknown status {data['status']!r}"
+    if not set(data["options"]) <= _OPTION_NAMES:
+        return f"unknown options {sorted(set(data['options']) - _OPTION_NAMES)}"
+    if not isinstance(data["options"].get("new", "same"), str):
+        return "option 'new' is not a string"
+    if data.get("kind", "bcache") not in KIND_NAMES:
+        return f"unknown kind {data['kind']!r}"
+    from cachemgr.procedures.replace.run import kind_of
+
+    names = [n for n, _ in kind_of(data.get("kind", "bcache")).steps]
+    if any(s not in names for s in data.get("done", [])):
+        return f"unknown steps in 'done': {data['done']}"
+    for b in data["backings"]:
+        if not (isinstance(b, dict) and isinstance(b.get("uuid"), str)
+                and isinstance(b.get("tunables", {}), dict)
+                and all(k in b for k in ("name", "node", "device", "mode"))):
+            return f"a backing device entry {b!r} lacks uuid, name, node, device or mode"
+    return None
+
+
+def scan_runs() -> tuple[list[Journal], list[state.StateFileError]]:
+    """Every journaled run (oldest first) and every journal that cannot be read."""
+    d = state.state_dir() / "replace"
+    if not d.is_dir():
+        return [], []
+    found: list[Journal] = []
+    bad: list[state.StateFileError] = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            j = Journal.read(p)
+        except state.StateFileError as exc:
+            bad.append(exc)
+            continue
+        if j is not None:
+            found.append(j)
+    return sorted(found, key=lambda j: j.created), bad
+
+
+def list_runs() -> list[Journal]:
+    """The readable journaled runs, oldest first (:func:`scan_runs` also gives the others)."""
+    return scan_runs()[0]
+
+
+def new_run_id(tag: str) -> str:
+    """A run id not taken yet: the time and ``tag`` (a second run in the same second: -2...)."""
+    base = time.strftime("%Y%m%d-%H%M%S") + "-" + tag
+    run_id, n = base, 1
+    while state.journal_path("replace", run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
+
