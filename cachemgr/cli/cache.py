@@ -100,6 +100,10 @@ def cmd_force_run(args: argparse.Namespace) -> int:
                                           accept_data_loss=args.i_accept_data_loss))
 
 
+def cmd_register(args: argparse.Namespace) -> int:
+    return emit(args, cache_ops.register(_sysfs(args), args.devices))
+
+
 def cmd_stop_set(args: argparse.Namespace) -> int:
     return emit(args, cache_ops.stop_set(_sysfs(args), args.cache,
                                          accept_data_loss=args.i_accept_data_loss))
@@ -199,6 +203,13 @@ def register(sub: Any) -> None:
     s.add_argument("settings", nargs="+", metavar="NAME=VALUE")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("register", help="register bcache devices the kernel stopped or a boot "
+                       "left unregistered (cache devices first)")
+    s.add_argument("devices", nargs="+", metavar="DEV",
+                   help="a cache SSD or a backing device carrying a bcache superblock")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_register)
 
     s = sub.add_parser("force-run", help="start a backing device without its cache (DANGER)")
     s.add_argument("backing", metavar="BACKING")

@@ -13,6 +13,7 @@ Progress goes to ``ctl.report`` (which also raises ``Cancelled`` when the operat
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from cachemgr.core.model import (
     CacheSet,
     Owner,
     Snapshot,
+    UnregisteredBcache,
 )
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
@@ -219,6 +221,84 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
     with gate_mod.gate(gate_mod.of_kind(dev), "detach"):
         return Result(changes=dev.detach(sysfs, timeout=timeout, stall_timeout=STALL_TIMEOUT,
                                          progress=ctl.report))
+
+
+# ----------------------------------------------------------------------------- register
+
+
+REGISTER_WAIT = 10.0  # seconds for a registered backing device to show its bcache directory
+
+
+def register(sysfs: Sysfs, devices: Sequence[str]) -> Result:
+    """Bring back bcache devices the kernel stopped or a boot left unregistered: cache
+    devices first (whatever the order given), then backing devices, each through the gate.
+    Refused (exit 3, nothing registered): a backing device whose dirty data sits on a cache
+    set that is neither registered nor being registered with it (its SSD absent, or present
+    and not named: the hint names it). "Already so" (exit 4) when every one is registered."""
+    if not devices:
+        raise UsageError("register needs at least one DEV", hint="cachemgr status lists the "
+                         "unregistered bcache devices; their SSDs come first")
+    snap = status(sysfs, probe_unregistered=True)
+    require_root("registering")
+    plans: list[tuple[str, UnregisteredBcache]] = []
+    already: list[str] = []
+    for dev in devices:
+        if kinds.find(snap, dev, sysfs) is not None:
+            already.append(f"cachemgr: {dev} is already registered with bcache")
+            continue
+        u = _unregistered(snap, dev, sysfs)
+        if u is None:
+            raise UsageError(f"{dev} carries no bcache superblock bcache has not registered",
+                             hint="cachemgr status lists the unregistered bcache devices "
+                                  "(bcache-super-show DEV shows a superblock)")
+        plans.append((dev, u))
+    caches = {u.cset_uuid for _, u in plans if u.kind == "cache" and u.cset_uuid}
+    for dev, u in plans:
+        if u.kind != "backing" or u.sb_state != "dirty" or not u.cset_uuid:
+            continue
+        if snap.cache_set(u.cset_uuid) is not None or u.cset_uuid in caches:
+            continue
+        ssd = next((x.identity.node for x in snap.unregistered
+                    if x.kind == "cache" and x.cset_uuid == u.cset_uuid), None)
+        raise UnsafeError(
+            f"{dev} holds dirty data on cache set {u.cset_uuid}, which is not registered"
+            + (f"; its SSD {ssd} is present but was not named" if ssd else
+               " and whose SSD is absent") + "; nothing was registered",
+            hint=(f"register them together, the SSD first: cachemgr register {ssd} {dev}"
+                  if ssd else "bring the SSD back (its dirty data is on it), then "
+                              f"cachemgr register SSD {dev}; running {dev} without it "
+                              "(force-run) risks filesystem corruption"))
+    out = Result(notes=already, already=not plans and bool(already))
+    order = sorted(plans, key=lambda p: p[1].kind != "cache")  # the SSDs first
+    for _, u in order:
+        subject = gate_mod.of_disks([u.identity.node])
+        if u.cset_uuid:
+            subject = subject + gate_mod.of_names(
+                f"cache set {u.cset_uuid}", [owners.cache_key(u.cset_uuid)])
+        with gate_mod.gate(subject, "register"):
+            try:
+                out.changes.append(bcache.register(sysfs, u.identity.node))
+            except AlreadyError as exc:  # 69-bcache.rules (udev) was first
+                out.notes.append(f"cachemgr: {exc}")
+        if u.kind == "backing":
+            _wait_registered(sysfs, u.identity.name)
+    return out
+
+
+def _unregistered(snap: Snapshot, dev: str, sysfs: Sysfs) -> UnregisteredBcache | None:
+    name = sysfs.block_name_of(dev) if dev.startswith("/dev/") else None
+    for u in snap.unregistered:
+        if dev == u.identity.node or (name is not None and name == u.identity.name):
+            return u
+    return None
+
+
+def _wait_registered(sysfs: Sysfs, name: str) -> None:
+    """Until the backing device shows its bcache directory (the kernel registers it in the
+    write; sysfs follows at once on the lab, a moment later under load)."""
+    deadline = time.monotonic() + REGISTER_WAIT
+    while time.monotonic() < deadline and not sysfs.is_dir(f"block/{name}/bcache"):
+        time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------- create/remove

@@ -12,6 +12,7 @@ from cachemgr.core.model import (
     DmCacheDevice,
     DmWritecacheDevice,
     Snapshot,
+    UnregisteredBcache,
     human,
 )
 from cachemgr.core.text import printable
@@ -95,9 +96,7 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
             line += f", its cache set {u.cset_uuid[:8]} is not registered"
         lines.append(line)
         if u.dirty_data_lost_with_cache:
-            lines.append(f"  {u.identity.node} had dirty data on that cache: bring the cache "
-                         "SSD back and register it; running it without the cache "
-                         "(force-run) risks filesystem corruption")
+            lines.append("  " + _register_advice(snap, u))
     if snap.vms is not None:
         for node in [b.device for b in snap.backings if b.device] + [
                 d.node for d in snap.dm_devices]:
@@ -113,6 +112,23 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
     for w in snap.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(printable(line) for line in lines)
+
+
+def _register_advice(snap: Snapshot, u: UnregisteredBcache) -> str:
+    """What brings back a backing device unregistered with dirty data on its cache set: the
+    step that is really missing, as a command (cachemgr register)."""
+    node = u.identity.node
+    if u.cset_uuid and snap.cache_set(u.cset_uuid) is not None:
+        return (f"{node} has dirty data on cache set {u.cset_uuid[:8]}, which is registered: "
+                f"cachemgr register {node}")
+    ssd = next((x.identity.node for x in snap.unregistered
+                if x.kind == "cache" and x.cset_uuid == u.cset_uuid), None)
+    if ssd is not None:
+        return (f"{node} has dirty data on its cache SSD {ssd}, present and not registered: "
+                f"cachemgr register {ssd} {node}")
+    return (f"{node} has dirty data on its cache SSD, which is absent: bring the SSD back, "
+            f"then cachemgr register SSD {node}; running it without the cache (force-run) "
+            "risks filesystem corruption")
 
 
 def _bare(node: str | None) -> str:

@@ -66,7 +66,8 @@ def test_ssd_pulled_while_one_device_dirty_and_one_clean(lab_disks: list[str]) -
     assert lost["superblock_state"] == "dirty" and lost["cache"] == cset
     assert lost["dirty_data_lost_with_cache"] is True
     text = cm("status").stdout
-    assert "bring the cache SSD back" in text and "force-run" in text
+    assert "which is absent: bring the SSD back, then cachemgr register SSD" in text \
+        and "force-run" in text
 
     # VM IO on the clean device continues in passthrough, its data intact
     fio(clean_dev.device or "", "--rw=write", "--verify=crc32c", "--verify_only",
