@@ -188,6 +188,20 @@ def human(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def short(n: int | None) -> str:
+    """Compact sizes for tables: 0, 512B, 4.0K, 58.5M, 1.2G ("?": unknown)."""
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n}B" if n else "0"
+    v = float(n)
+    for unit in "KMGTP":
+        v /= 1024
+        if v < 1024 or unit == "P":
+            return f"{v:.1f}{unit}"
+    raise AssertionError("unreachable")
+
+
 def parse_bracketed(text: str) -> tuple[str, tuple[str, ...]]:
     """``writethrough [writeback] writearound none`` -> (active, all choices).
 
@@ -326,6 +340,16 @@ class BcacheBacking:
         if self.state == CacheState.DIRTY and self.cset_uuid is None and self.dirty.is_zero(512):
             return None
         return self.dirty.bytes
+
+
+def dirty_text(b: BcacheBacking) -> str:
+    """A backing device's dirty data for a table: "lost?" when it sits on a cache set that
+    is not registered, "?" when unknown."""
+    if b.dirty is None:
+        return "?"
+    if b.cset_uuid is None and b.state.value == "dirty":
+        return "lost?"  # the dirty data is on a cache set that is not registered
+    return short(b.dirty.bytes)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ never reaches the terminal (issue #15)."""
 from __future__ import annotations
 
 from cachemgr.backends import vms
+from cachemgr.core import model
 from cachemgr.core.model import (
     BcacheBacking,
     DmCacheDevice,
@@ -18,19 +19,7 @@ from cachemgr.core.model import (
 from cachemgr.core.text import printable
 from cachemgr.procedures import kinds
 
-
-def short(n: int | None) -> str:
-    """Compact sizes for the table: 0, 512B, 4.0K, 58.5M, 1.2G."""
-    if n is None:
-        return "?"
-    if n < 1024:
-        return f"{n}B" if n else "0"
-    v = float(n)
-    for unit in "KMGTP":
-        v /= 1024
-        if v < 1024 or unit == "P":
-            return f"{v:.1f}{unit}"
-    raise AssertionError("unreachable")
+short = model.short  # compact sizes for the table: 0, 512B, 4.0K, 58.5M, 1.2G
 
 
 def _tail(text: str, width: int) -> str:
@@ -44,12 +33,7 @@ def _ratio(b: BcacheBacking, interval: str) -> str:
     return "-" if r is None else f"{100 * r:.0f}%"
 
 
-def dirty_text(b: BcacheBacking) -> str:
-    if b.dirty is None:
-        return "?"
-    if b.cset_uuid is None and b.state.value == "dirty":
-        return "lost?"  # the dirty data is on a cache set that is not registered
-    return short(b.dirty.bytes)
+dirty_text = model.dirty_text  # a backing device's dirty data ("lost?": on a missing set)
 
 
 def status_table(snap: Snapshot, *, intervals: bool = True) -> str:

@@ -32,8 +32,10 @@ def test_register_brings_back_a_stopped_set_cache_first(lab_disks: list[str]) ->
     hdd, ssd_disk = lab_disks[0], lab_disks[1]
     sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
     runner.run(["dmsetup", "create", "hdd", "--table", f"0 {sectors} delay {hdd} 0 2"])
-    ssd_table = f"0 {runner.run(['blockdev', '--getsz', ssd_disk]).stdout.strip()} " \
-                f"linear {ssd_disk} 0"
+    # the "SSD" 1 MiB into its disk: once its dm device is removed, no device on the host
+    # carries the cache's superblock (the whole disk would, at offset 0)
+    ssd_sectors = int(runner.run(["blockdev", "--getsz", ssd_disk]).stdout) - 2048
+    ssd_table = f"0 {ssd_sectors} linear {ssd_disk} 2048"
     runner.run(["dmsetup", "create", "ssd", "--table", ssd_table])
     sysfs = Sysfs()
     bcache.create(sysfs, backings=["/dev/mapper/hdd"], cache="/dev/mapper/ssd",
