@@ -17,6 +17,7 @@ journal appended to it, and the handler queued into any state directory.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ def test_the_queues_temporary_file(sd: Path, outside: Path,
     """The temporary file had a name known in advance (``.<ns>-<seqnum>-<pid>.env``),
     opened O_TRUNC through a link. Now it is made O_EXCL|O_NOFOLLOW under a random name: a
     link planted at the old name is never opened, and the event lands in the queue."""
-    monkeypatch.setattr(udev_ops.time, "time_ns", lambda: 1234)
+    monkeypatch.setattr(time, "time_ns", lambda: 1234)
     q = sd / "autoattach" / "queue"
     planted = q / f".1234-5-{os.getpid()}.env"
     planted.symlink_to(outside / "secret")
