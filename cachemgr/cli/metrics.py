@@ -44,6 +44,32 @@ def cmd_ssd_health(args: argparse.Namespace) -> int:
     return emit(args, health.report(Sysfs(args.sysfs_root), refresh=args.refresh))
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """The monitoring-plugin contract: stdout is the one summary line (and the findings
+    after it), the exit code the level; an error of cachemgr's own is UNKNOWN (3), never
+    one of its usual exit codes, which a monitoring system would read as WARNING/CRITICAL."""
+    import json
+
+    from cachemgr.core.errors import CacheMgrError
+    from cachemgr.ops import health
+
+    try:
+        res = health.check(Sysfs(args.sysfs_root))
+    except (CacheMgrError, OSError) as exc:
+        msg = getattr(exc, "message", None) or str(exc)
+        if args.json:
+            print(json.dumps({"schema": 1, "status": "UNKNOWN", "exit_code": 3,
+                              "error": msg}))
+        else:
+            print(f"CACHEMGR UNKNOWN - {msg}")
+        return 3
+    if args.json:
+        print(json.dumps(res.data, indent=2))
+    else:
+        print("\n".join(res.lines))
+    return int(res.value)
+
+
 def register(sub: Any) -> None:
     s = sub.add_parser("metrics", help="Prometheus metrics (textfile format, or --listen)",
                        description="Prometheus metrics of bcache and dm-cache, from /sys and "
@@ -74,3 +100,18 @@ def register(sub: Any) -> None:
                    help="run smartctl for every cache SSD now (root)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
     s.set_defaults(func=cmd_ssd_health)
+
+    s = sub.add_parser("check", help="monitoring plugin: 0 OK, 1 WARNING, 2 CRITICAL, "
+                       "3 UNKNOWN, one line with performance data",
+                       description="The health of every cache (the same model status shows) "
+                                   "as a monitoring plugin reports it (Nagios, Icinga, Sensu, "
+                                   "the Zabbix agent): one line 'CACHEMGR LEVEL - summary | "
+                                   "perfdata', the other findings after it, and the level as "
+                                   "the exit code. CRITICAL: dirty data on a failed or "
+                                   "failing cache, stranded dirty data, an interrupted "
+                                   "replacement; WARNING: IO errors, wear, an interrupted "
+                                   "drain. Changes nothing; smartctl is not run (its cached "
+                                   "answers are read). docs/admin-guide.md, 'Health and "
+                                   "cachemgr check'.")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
+    s.set_defaults(func=cmd_check)

@@ -11,6 +11,7 @@ from cachemgr.core.errors import require_root
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.control import Result
+from cachemgr.procedures import health, kinds
 
 
 def report(sysfs: Sysfs, *, refresh: bool = False) -> Result:
@@ -32,3 +33,34 @@ def report(sysfs: Sysfs, *, refresh: bool = False) -> Result:
     return Result(lines=lines, notes=notes,
                   data={"schema": 1, "ssd_health": cache_ops.ssd_health_json(rows)},
                   value=rows)
+
+
+def check(sysfs: Sysfs) -> Result:
+    """``cachemgr check``: the monitoring-plugin convention (Nagios, Icinga, Sensu, the Zabbix
+    agent): one summary line with performance data, exit 0 OK, 1 WARNING, 2 CRITICAL, 3
+    UNKNOWN (the CLI maps an error of its own to UNKNOWN). Reads the host once (the
+    unregistered devices' superblocks included, as status does) and the SSDs' cached SMART
+    answers (smartctl is the timer's job, never a check's). Changes nothing."""
+    snap = cache_ops.status(sysfs, probe_unregistered=True)
+    rows = smart.ssd_health(sysfs, snap, refresh=False)
+    soon = [(ssd.node, "; ".join(h.warnings) or "replace soon") for ssd, h in rows
+            if h is not None and h.replace_soon]
+    findings = health.assess(snap, replace_soon=soon)
+    level = health.worst(findings)
+    devices = list(kinds.listed(snap))
+    dirty = sum(k.dirty_bytes or 0 for k in devices)
+    crit = sum(f.level == health.Level.CRITICAL for f in findings)
+    warn = sum(f.level == health.Level.WARNING for f in findings)
+    if findings:
+        head = f"{crit} critical, {warn} warning: " + findings[0].line()
+    else:
+        head = f"{len(devices)} cached devices, nothing wrong"
+    perf = (f"devices={len(devices)} critical={crit} warning={warn} dirty_bytes={dirty}B "
+            f"owners={len(snap.owners)}")
+    line = f"CACHEMGR {level.name} - {head} | {perf}"
+    return Result(lines=[line, *(f.line() for f in findings[1:])], value=level,
+                  data={"schema": 1, "status": level.name, "exit_code": int(level),
+                        "findings": [f.to_json() for f in findings],
+                        "perfdata": {"devices": len(devices), "critical": crit,
+                                     "warning": warn, "dirty_bytes": dirty,
+                                     "owners": len(snap.owners)}})

@@ -13,11 +13,10 @@ from cachemgr.core.model import (
     DmCacheDevice,
     DmWritecacheDevice,
     Snapshot,
-    UnregisteredBcache,
     human,
 )
 from cachemgr.core.text import printable
-from cachemgr.procedures import kinds
+from cachemgr.procedures import health, kinds
 
 short = model.short  # compact sizes for the table: 0, 512B, 4.0K, 58.5M, 1.2G
 
@@ -41,6 +40,8 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
     dm-cache device. Fits 80 columns for bcache0-9. ``intervals`` False (``status`` without
     ``--stats``: the snapshot has no five-minute stats) leaves out the HIT5m column."""
     lines = []
+    findings = health.assess(snap)
+    stranded = {f.device: f for f in findings if f.code == "stranded-dirty"}
     if not snap.bcache_loaded:
         lines.append("bcache: module not loaded (modprobe bcache)")
     hit5m = f"{'HIT5m':>6}" if intervals else ""
@@ -80,7 +81,9 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
             line += f", its cache set {u.cset_uuid[:8]} is not registered"
         lines.append(line)
         if u.dirty_data_lost_with_cache:
-            lines.append("  " + _register_advice(snap, u))
+            f = stranded.get(u.identity.node)
+            if f is not None:
+                lines.append(f"  {f.what}; next: {f.next}")
     if snap.vms is not None:
         for node in [b.device for b in snap.backings if b.device] + [
                 d.node for d in snap.dm_devices]:
@@ -93,26 +96,13 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
             lines.append(f"{o.device}: held by {o.words()}")
         else:
             lines.append(f"{o.device}: owned by {o.words()}; {o.next_step()}")
+    # the health model's other findings (procedures/health.py; what cachemgr check reports)
+    for f in findings:
+        if f.code != "stranded-dirty" and not f.code.startswith("interrupted-"):
+            lines.append(f"{f.level.name}: {f.line()}")
     for w in snap.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(printable(line) for line in lines)
-
-
-def _register_advice(snap: Snapshot, u: UnregisteredBcache) -> str:
-    """What brings back a backing device unregistered with dirty data on its cache set: the
-    step that is really missing, as a command (cachemgr register)."""
-    node = u.identity.node
-    if u.cset_uuid and snap.cache_set(u.cset_uuid) is not None:
-        return (f"{node} has dirty data on cache set {u.cset_uuid[:8]}, which is registered: "
-                f"cachemgr register {node}")
-    ssd = next((x.identity.node for x in snap.unregistered
-                if x.kind == "cache" and x.cset_uuid == u.cset_uuid), None)
-    if ssd is not None:
-        return (f"{node} has dirty data on its cache SSD {ssd}, present and not registered: "
-                f"cachemgr register {ssd} {node}")
-    return (f"{node} has dirty data on its cache SSD, which is absent: bring the SSD back, "
-            f"then cachemgr register SSD {node}; running it without the cache (force-run) "
-            "risks filesystem corruption")
 
 
 def _bare(node: str | None) -> str:

@@ -66,8 +66,8 @@ def test_ssd_pulled_while_one_device_dirty_and_one_clean(lab_disks: list[str]) -
     assert lost["superblock_state"] == "dirty" and lost["cache"] == cset
     assert lost["dirty_data_lost_with_cache"] is True
     text = cm("status").stdout
-    assert "which is absent: bring the SSD back, then cachemgr register SSD" in text \
-        and "force-run" in text
+    assert "whose SSD is absent" in text and "force-run" in text \
+        and "next: bring the SSD back, then cachemgr register SSD" in text
 
     # VM IO on the clean device continues in passthrough, its data intact
     fio(clean_dev.device or "", "--rw=write", "--verify=crc32c", "--verify_only",

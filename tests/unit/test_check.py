@@ -1,0 +1,117 @@
+"""cachemgr check (issue #31 item 2) and the health model under it (procedures/health.py):
+the monitoring-plugin contract (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, one line with
+performance data) on captured lab trees and on the state a killed procedure leaves."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from cachemgr.backends import snapshot
+from cachemgr.cli.main import main
+from cachemgr.core.model import Size
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import health
+from tests.unit.test_parity import plant
+from tests.unit.tui_helpers import copy_capture
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "state"
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(d))
+    return d
+
+
+def check(root: Path, *extra: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    logging.root.handlers.clear()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["--sysfs-root", str(root), "check", *extra])
+    logging.root.handlers.clear()
+    return rc, out.getvalue()
+
+
+def test_a_healthy_cache_is_ok_with_perfdata(tmp_path: Path) -> None:
+    rc, out = check(copy_capture(tmp_path, "bcache-writeback-dirty"))
+    assert rc == 0
+    line = out.splitlines()[0]
+    assert line.startswith("CACHEMGR OK - 1 cached devices") and " | devices=1 " in line
+    assert "dirty_bytes=" in line and line.count("|") == 1
+
+
+@pytest.mark.parametrize(("capture", "words"), [
+    ("bcache-missing-cache", "its cache set is not registered"),
+    ("dmcache-failed", "the kernel reports the cache as Fail"),
+])
+def test_a_failed_cache_with_dirty_data_is_critical(tmp_path: Path, capture: str,
+                                                    words: str) -> None:
+    rc, out = check(copy_capture(tmp_path, capture))
+    assert rc == 2, out
+    assert out.startswith("CACHEMGR CRITICAL - 1 critical") and words in out
+
+
+def test_an_interrupted_drain_is_a_warning_an_interrupted_replacement_critical(
+        tmp_path: Path) -> None:
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    plant(root, "drain:/dev/bcache0")
+    rc, out = check(root)
+    assert rc == 1, out
+    assert "CACHEMGR WARNING" in out and "interrupted" in out \
+        and "cachemgr drain /dev/bcache0 --resume" in out
+    plant(root, "replace:/dev/bcache0")
+    rc, out = check(root, "--json")
+    assert rc == 2
+    doc = json.loads(out)
+    assert doc["status"] == "CRITICAL" and doc["exit_code"] == 2
+    codes = [f["code"] for f in doc["findings"]]
+    assert codes[0] == "interrupted-replace-ssd" and "interrupted-drain" in codes
+    assert doc["findings"][0]["next"] == "cachemgr replace-ssd --resume gate-test"
+    assert doc["perfdata"]["owners"] == 2
+
+
+def test_cache_io_errors_put_every_dirty_device_at_risk(tmp_path: Path) -> None:
+    snap = snapshot.take(Sysfs(str(copy_capture(tmp_path, "bcache-writeback-dirty"))))
+    c = snap.cache_sets[0]
+    sick = dataclasses.replace(c, caches=tuple(dataclasses.replace(x, io_errors=4)
+                                               for x in c.caches))
+    found = health.assess(dataclasses.replace(snap, cache_sets=(sick,)))
+    assert [(f.level, f.code, f.device) for f in found] == [
+        (health.Level.CRITICAL, "failing-cache-dirty", "/dev/bcache0")]
+    assert found[0].next == "cachemgr mode /dev/bcache0 writethrough --drain"
+    assert "4 IO errors" in found[0].what
+    clean = dataclasses.replace(snap, cache_sets=(sick,), backings=(
+        dataclasses.replace(snap.backings[0], dirty=Size.exact(0)),))
+    found = health.assess(clean)
+    assert [(f.level, f.code) for f in found] == [(health.Level.WARNING, "cache-io-errors")]
+
+
+def test_a_state_directory_it_cannot_trust_is_unknown(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    link = tmp_path / "linked-state"
+    os.symlink(real, link)
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(link))
+    rc, out = check(root)
+    assert rc == 3, out
+    assert out.startswith("CACHEMGR UNKNOWN - ") and len(out.splitlines()) == 1
+
+
+def test_status_shows_the_findings(tmp_path: Path) -> None:
+    out = io.StringIO()
+    logging.root.handlers.clear()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["--sysfs-root", str(copy_capture(tmp_path, "dmcache-failed")), "status",
+                   "--no-vms"])
+    logging.root.handlers.clear()
+    assert rc == 0
+    assert "CRITICAL: /dev/mapper/" in out.getvalue()
