@@ -25,7 +25,7 @@ def _absolute(node: ast.ImportFrom, path: Path) -> str:
         return node.module or ""
     pkg = ["cachemgr", "procedures", "replace"]
     if path.name != "__init__.py":
-        pkg = pkg + [path.stem]
+        pkg = [*pkg, path.stem]
     base = pkg[: len(pkg) - node.level]
     return ".".join([*base, node.module] if node.module else base)
 
