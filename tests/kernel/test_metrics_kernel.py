@@ -105,3 +105,80 @@ def test_scrape_never_probes_a_disk(lab_disks: list[str], tmp_path: Path,
     assert main(["metrics", "--textfile", str(out)]) == 0
     assert "cachemgr_dirty_bytes{" in out.read_text()
     assert opened == []
+
+
+def owner_samples() -> dict[str, tuple[dict[str, str], float | None]]:
+    """path -> (labels of cachemgr_device_owner_info, cachemgr_device_owner_since_seconds)
+    from a scrape of the live kernel (SnapshotCollector: the listener's and textfile's)."""
+    from cachemgr.core.sysfs import Sysfs
+    from cachemgr.procedures.metrics import SnapshotCollector
+
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(Sysfs(), vms=False))
+    info: dict[str, dict[str, str]] = {}
+    since: dict[str, float] = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for smp in fam.samples:
+            if smp.name == "cachemgr_device_owner_info":
+                assert smp.value == 1.0 and smp.labels["path"] not in info
+                info[smp.labels["path"]] = smp.labels
+            elif smp.name == "cachemgr_device_owner_since_seconds":
+                since[smp.labels["path"]] = smp.value
+    return {p: (lab, since.get(p)) for p, lab in info.items()}
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=500)
+def test_scrape_says_who_owns_the_device(lab_disks: list[str]) -> None:
+    """A drain running (its process holds the device's lock, /proc/locks says so), then
+    killed (its journal owns the device), then resumed to the end (nobody): the scrape
+    follows, and agrees with status --json's owner."""
+    import signal
+
+    from cachemgr.core import runner
+    from tests.kernel import clirun
+    from tests.kernel.test_drain_kernel import (
+        light_load,
+        setup_dirty,
+        stop_light,
+        tunables,
+        writeback_on,
+    )
+
+    sysfs = setup_dirty(lab_disks, delay_ms=20, dirty="64M")
+    reader = light_load()
+    writeback_on(sysfs)
+    lab = {"kind": "bcache", "device": "bcache0", "path": "/dev/bcache0",
+           "procedure": "drain", "run": "", "step": ""}
+    try:
+        assert owner_samples() == {}
+        t0 = time.time()
+        drain = clirun.process("drain", "/dev/bcache0", "--stall-timeout", "300")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and tunables(sysfs)[:2] != ("0", "1"):
+            time.sleep(0.05)
+        assert tunables(sysfs)[:2] == ("0", "1"), "the drain did not start"
+        # hold the drain where it is: the backing "HDD" takes no IO until resumed
+        runner.run(["dmsetup", "suspend", "hdd"], timeout=60)
+        try:
+            assert drain.poll() is None, drain.communicate()
+            owned = owner_samples()
+            assert owned.keys() == {"/dev/bcache0"}, owned
+            labels, since = owned["/dev/bcache0"]
+            assert labels == {**lab, "state": "running"}
+            assert since is not None and t0 - 1 <= since <= time.time()
+            drain.send_signal(signal.SIGKILL)
+            drain.wait()
+            owned = owner_samples()
+            assert owned["/dev/bcache0"][0] == {**lab, "state": "interrupted"}, owned
+            doc = json.loads(clirun.in_process("status", "--json").stdout)
+            owner = doc["devices"][0]["owner"]
+            assert owner["procedure"] == "drain" and owner["running"] is False
+            assert owned["/dev/bcache0"][1] == owner["since"]
+        finally:
+            runner.run(["dmsetup", "resume", "hdd"], timeout=60)
+        r = clirun.in_process("drain", "/dev/bcache0", "--resume")
+        assert r.returncode == 0, r.stderr
+        assert tunables(sysfs) == ("10", "30", "1")
+        assert owner_samples() == {}
+    finally:
+        stop_light(reader)
