@@ -432,7 +432,7 @@ class Owner:
         """"replace-ssd run R (since 10:42:07, step drain, pid 123)"."""
         import time as _time
 
-        head = self.procedure + (f" run {self.run}" if self.run else "")
+        head = (self.procedure or "a cachemgr run") + (f" run {self.run}" if self.run else "")
         bits = []
         if self.since is not None:
             bits.append("since " + _time.strftime("%H:%M:%S", _time.localtime(self.since)))

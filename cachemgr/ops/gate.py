@@ -106,10 +106,11 @@ def check(subject: Subject, *, takes_over: Callable[[Owner], bool] | None = None
     """The gate's refusal without its locks: for a plan shown before it runs."""
     for o in owners_mod.owners(subject.keys):
         if o.keys & subject.keys and not (takes_over and takes_over(o)):
-            if o.running:
-                raise UnsafeError(f"{subject.what} is held by {o.words()}",
-                                  hint="wait for it to finish; two runs on one cache at once "
-                                       "could lose data")
+            if o.running:  # the words the lock's own refusal has
+                raise state.BusyError(subject.what, {
+                    k: v for k, v in (("procedure", o.procedure), ("run", o.run),
+                                      ("step", o.step), ("since", o.since), ("pid", o.pid))
+                    if v})
             raise refusal(subject, o)
 
 

@@ -6,7 +6,7 @@ levels: OK, WARNING, CRITICAL, UNKNOWN), what is known (never a loss that has no
 and the exact next command. ``cachemgr check`` turns them into an exit code and one line;
 ``status`` prints them.
 
-The levels (docs/admin-guide.md, "Health and cachemgr check"):
+The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
 
 * CRITICAL: dirty data on a cache that failed or is failing (a dm-cache that reports
   ``Fail``, read-only metadata or ``needs_check``; a bcache cache device with IO errors);

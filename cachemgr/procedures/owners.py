@@ -153,7 +153,7 @@ def _from_holder(h: dict[str, Any]) -> Owner | None:
     key = h.get("key")
     if not isinstance(key, str):
         return None
-    return Owner(str(h.get("procedure") or "a cachemgr run"), frozenset({key}),
+    return Owner(str(h.get("procedure") or ""), frozenset({key}),
                  str(h.get("object") or key), True, run=h.get("run") or None,
                  step=h.get("step") or None, since=_num(h.get("since")),
                  pid=h.get("pid") if isinstance(h.get("pid"), int) else None)
