@@ -159,7 +159,7 @@ def dm_row(d: DmCacheDevice) -> Row:
         errors=d.failure or ("ro" if st and st.metadata_mode == "ro" else "0"),
         target=dm_name(d),
         dirty_bytes=d.dirty_bytes,
-        alert=st is None or (st is not None and (st.metadata_mode == "ro" or st.needs_check)),
+        alert=st is None or st.metadata_mode == "ro" or bool(st.needs_check),
     )
 
 

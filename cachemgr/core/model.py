@@ -51,11 +51,13 @@ class CacheState(enum.StrEnum):
 
 
 _UNITS = "?kMGTPEZY"
-# bch_hprint output: "0.0k", "4.0k", "512.0k", "59.9M", "0.9T" (7.2 lab kernel); older
-# kernels printed "0", "512", "58M" (no forced shift, no decimal for q >= 10); a leading "-"
-# for negative values (writeback_rate_debug's proportional/integral/change).
+# bch_hprint output (docs/kernel-notes.md, "bch_hprint sizes"): 4.14 and later (the lab's
+# 7.2 and 6.1) "0.0k", "4.0k", "512.0k", "59.9M", "0.9T": always one shift, one decimal;
+# before 4.14 "0", "512" (bytes, no shift), "1.5k", "1.10k" (the decimal is t/100 of the
+# 10-bit remainder t, so 0..10: two digits for t >= 1000), "512k" (no decimal from 100 up).
+# A leading "-" for negative values (writeback_rate_debug's proportional/integral/change).
 # (ASCII digits, at most a u64's 20: int() refuses a run of more than 4300 with a ValueError)
-_HPRINT = re.compile(r"^(-?)([0-9]{1,20})(?:\.([0-9]))?([kMGTPEZY]?)$")
+_HPRINT = re.compile(r"^(-?)([0-9]{1,20})(?:\.([0-9]{1,2}))?([kMGTPEZY]?)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -66,6 +68,7 @@ class Size:
     decimal of the remainder, truncated: "59.9M" stands for any value in
     [59.9 MiB, 60.0 MiB). ``low`` is what the text guarantees, ``high`` the largest value it
     can stand for. Code that decides safety (is the cache clean?) must use ``high``.
+    Kernels before 4.14 printed other forms (:meth:`parse_hprint`).
     """
 
     low: int
@@ -91,33 +94,66 @@ class Size:
         return self.low == 0 and self.high < max(granularity, 1)
 
     @classmethod
-    def parse_hprint(cls, text: str) -> Size:
-        """Parse the kernel's ``bch_hprint`` rendering of a byte count."""
+    def parse_hprint(cls, text: str, *, old: bool | None = False) -> Size:
+        """Parse the kernel's ``bch_hprint`` rendering of a byte count.
+
+        ``old``: whether the kernel predates 4.14 (False: 4.14 or later, the lab's kernels;
+        None: not known). Only a one-digit decimal after 1 to 99 ("1.1k", "59.9M") reads
+        differently: from 4.14 the decimal is ``t*10/1024`` of the 10-bit remainder ``t``
+        ("1.1k" is [1127, 1228] bytes), before it ``t/100`` ("1.1k" is [1124, 1223]); with
+        None the bounds hold both. The other forms come from one side only and read so
+        whatever ``old`` says: "0.0k", "0.9T", "512.0k" from 4.14 on; bytes ("512"), no
+        decimal ("512k") and the two-digit ".10" ("1.10k" is [2024, 2047]) from before.
+        The 4.14 reading's upper bound is never below the old one's, so the default's
+        ``high`` holds an old kernel's value too (docs/kernel-notes.md, "bch_hprint sizes").
+        """
         m = _HPRINT.match(text.strip())
         if not m:
             raise KernelFormatError("bcache size", text)
-        neg, q, d, unit = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-        u = _UNITS.index(unit) if unit else 0
+        neg, q, d, unit = m.group(1) == "-", int(m.group(2)), m.group(3), m.group(4)
+        if not unit:
+            if d is not None:
+                raise KernelFormatError("bcache size (no kernel prints a decimal without a "
+                                        "unit)", text)
+            return cls.exact(-q if neg else q)  # before 4.14: bytes below 1024, exact
+        u = _UNITS.index(unit)
         scale = 1 << (10 * u)
         sub = scale >> 10  # one unit of the remainder t (0..1023)
-        if u == 0:
-            low = high = q
-        elif d is None:
-            low, high = q * scale, q * scale + scale - 1
-        else:
-            dd = int(d)
-            # t*10/1024 == dd  <=>  ceil(dd*1024/10) <= t <= ceil((dd+1)*1024/10) - 1
+
+        def before_4_14(t_lo: int, t_hi: int) -> tuple[int, int]:
+            # the loop shifts a signed value (>>= floors), t = its low 10 bits, then
+            # "%lli" of what is left: "-2.5k" is -2048 + [500, 599]
+            v = -q if neg else q
+            return v * scale + t_lo * sub, v * scale + t_hi * sub + sub - 1
+
+        def since_4_14(dd: int) -> tuple[int, int]:
+            # the magnitude is shifted, "-" printed before it; t*10/1024 == dd <=>
+            # ceil(dd*1024/10) <= t <= ceil((dd+1)*1024/10) - 1
             t_lo = -(-dd * 1024 // 10)
             t_hi = -(-(dd + 1) * 1024 // 10) - 1
             low, high = q * scale + t_lo * sub, q * scale + t_hi * sub + sub - 1
-        if u >= 2:
-            # a second shift only happens while the value is >= 1000 of the unit below:
-            # "0.9T" is [1000 GiB, 1 TiB), since 922 GiB prints as "922.0G"
-            low = max(low, 1000 * sub)
-        if low > high:
-            raise KernelFormatError("bcache size (no value prints like this)", text)
-        if neg:
-            low, high = -high, -low
+            if u >= 2:
+                # a second shift only happens while the value is >= 1000 of the unit below:
+                # "0.9T" is [1000 GiB, 1 TiB), since 922 GiB prints as "922.0G"
+                low = max(low, 1000 * sub)
+            if low > high:
+                raise KernelFormatError("bcache size (no value prints like this)", text)
+            return (-high, -low) if neg else (low, high)
+
+        if d is None:
+            low, high = before_4_14(0, 1023)
+        elif len(d) == 2:
+            if d != "10" or not 1 <= q < 100:
+                raise KernelFormatError("bcache size (no kernel prints this decimal)", text)
+            low, high = before_4_14(1000, 1023)
+        else:
+            dd = int(d)
+            readings = [since_4_14(dd)]
+            if old is not False and 1 <= q < 100:  # both kernels print this form
+                readings.append(before_4_14(100 * dd, 100 * dd + 99))
+                if old:
+                    readings = readings[1:]
+            low, high = min(r[0] for r in readings), max(r[1] for r in readings)
         return cls(low, high)
 
     def __str__(self) -> str:
@@ -552,6 +588,7 @@ class DmCacheStatus:
         <dirty> <#features> <features>* <#core args> <core args>* <policy>
         <#policy args> <policy args>* <ro|rw> <needs_check|->
 
+    (kernels before 4.2 print neither ``ro|rw`` nor ``needs_check|-``: both are None then.)
     Block counts are in cache blocks (``block_sectors`` sectors each), metadata in
     ``metadata_block_sectors``. ``dirty`` is its own field: never ``used``.
     """
@@ -573,8 +610,8 @@ class DmCacheStatus:
     core_args: tuple[tuple[str, str], ...]
     policy: str
     policy_args: tuple[str, ...]
-    metadata_mode: str  # "rw", or "ro" when the metadata went read-only (errors)
-    needs_check: bool
+    metadata_mode: str | None  # "rw", "ro" (metadata read-only: errors); None: before 4.2
+    needs_check: bool | None  # None: not reported (kernels before 4.2)
 
     @property
     def mode(self) -> CacheMode:

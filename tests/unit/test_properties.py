@@ -6,6 +6,7 @@ RecursionError or OverflowError. The strategies are in tests/unit/strategies.py.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ from cachemgr.procedures.autoattach import Event
 from cachemgr.procedures.bench.targets import parse_target
 from cachemgr.procedures.replace import Journal
 from tests.unit import strategies as s
+from tests.unit.kernel_forms import MQ_42_LINE, OLD_STATUS_LINES, SMQ_42_LINE
 
 T = TypeVar("T")
 PROPS = settings(max_examples=300, deadline=None,
@@ -79,9 +81,13 @@ def test_cache_mode_and_bracketed_choices(text: str) -> None:
 @example("next io:\txms\n")
 @example("next io:\t" + "9" * 5000 + "ms\n")
 @example("next io:\t\u00b2ms\n")
+@example("rate:\t\t1.10k/sec\ndirty:\t\t59.10M\n")  # kernels before 4.14
 def test_bcache_hprint_and_writeback_rate_debug(text: str) -> None:
-    r = typed(lambda: Size.parse_hprint(text), KernelFormatError)
-    assert isinstance(r, Size | KernelFormatError)
+    for old in (False, True, None):
+        r = typed(functools.partial(Size.parse_hprint, text, old=old), KernelFormatError)
+        assert isinstance(r, Size | KernelFormatError)
+        if isinstance(r, Size):
+            assert r.low <= r.high
     w = typed(lambda: WritebackDebug.parse(text), KernelFormatError)
     assert isinstance(w, WritebackDebug | KernelFormatError)
 
@@ -144,8 +150,13 @@ def test_bench_targets(text: str) -> None:
 # --------------------------------------------------------------------- dmsetup listings
 
 
+# what other kernels print (tests/unit/kernel_forms.py: before 4.2, the mq policy)
+OTHER_STATUS_LINES = [x for _, x in OLD_STATUS_LINES] + [MQ_42_LINE, SMQ_42_LINE]
+
+
 @PROPS
-@given(st.one_of(s.junk_text, s.mutated(s.TABLE_LINES), s.mutated(s.STATUS_LINES)))
+@given(st.one_of(s.junk_text, s.mutated(s.TABLE_LINES), s.mutated(s.STATUS_LINES),
+                 s.mutated(OTHER_STATUS_LINES)))
 @example("0 8 cache 1:1 1:2 1:3 " + "9" * 5000 + " 0 smq 0")
 @example("0 8 cache 8 1/" + "9" * 5000 + " 64 1/2 0 0 0 0 0 0 0 0 0 smq 0 rw -")
 def test_dmsetup_table_and_status_lines(line: str) -> None:
@@ -161,6 +172,8 @@ def test_dmsetup_samples_parse() -> None:
         assert isinstance(parse_table(line), DmCacheTable)
     for line in s.STATUS_LINES:
         assert isinstance(parse_status(line), DmCacheStatus) or parse_status(line) == "Fail"
+    for line in OTHER_STATUS_LINES:
+        assert isinstance(parse_status(line), DmCacheStatus)
 
 
 @PROPS

@@ -78,9 +78,20 @@ def parse_status(line: str) -> DmCacheStatus | FailWord:
             2 migration_threshold 2048 smq 0 rw -            (one line)
 
     here 420 blocks are *used* and 145 are *dirty* (a CSI driver once read the used count
-    as dirty and concluded the cleaner does not flush). A failed cache prints ``Fail``
-    (dm-cache-target.c cache_status, CM_FAIL) and a metadata read error ``Error``: those are
-    returned as the word. Anything else raises KernelFormatError naming the line.
+    as dirty and concluded the cleaner does not flush). Kernels before 4.2 end after the
+    policy arguments, without ``rw|ro`` and ``needs_check|-`` (those come with the fail-io
+    mode, dm-cache-target.c cache_status); their ``mq`` policy prints its tunables as
+    counted key/value pairs (telegraf's dmcache test data, one line)::
+
+        0 4883791872 cache 8 1018/1501122 512 7/464962 139 352643 15 46 0 7 0 1 writeback
+            2 migration_threshold 2048 mq 10 random_threshold 4 sequential_threshold 512
+            discard_promote_adjustment 1 read_promote_adjustment 4 write_promote_adjustment 8
+
+    Such a line reads with ``metadata_mode`` and ``needs_check`` None (not reported). A
+    failed cache prints ``Fail`` (dm-cache-target.c cache_status, CM_FAIL) and a metadata
+    read error ``Error``: those are returned as the word. Anything else (kernels before
+    3.14 printed neither block size nor policy name) raises KernelFormatError naming the
+    line (docs/kernel-notes.md, "dm-cache status by kernel version").
     """
     _, _, target, p = split_target_line(line)
     if target != "cache":
@@ -118,8 +129,10 @@ def parse_status(line: str) -> DmCacheStatus | FailWord:
     pargs = tuple(p[i + 2:i + 2 + npa])
     i += 2 + npa
     tail = p[i:]
-    if (len(pargs) != npa or len(tail) != 2 or tail[0] not in ("rw", "ro")
-            or tail[1] not in ("needs_check", "-")):
+    # 4.2 and later end in <rw|ro> <needs_check|->; before 4.2 the line ends here
+    if (len(pargs) != npa or len(tail) not in (0, 2)
+            or (tail and (tail[0] not in ("rw", "ro")
+                          or tail[1] not in ("needs_check", "-")))):
         raise KernelFormatError("dm-cache status line (policy, ro/rw, needs_check)", line)
     if not _WORD.match(policy) or not all(_WORD.match(f) for f in features) \
             or not all(_WORD.match(k) for k in core[0::2]):
@@ -130,8 +143,8 @@ def parse_status(line: str) -> DmCacheStatus | FailWord:
         read_hits=nums[0], read_misses=nums[1], write_hits=nums[2], write_misses=nums[3],
         demotions=nums[4], promotions=nums[5], dirty=nums[6],
         features=features, core_args=tuple(zip(core[0::2], core[1::2], strict=True)),
-        policy=policy, policy_args=pargs, metadata_mode=tail[0],
-        needs_check=tail[1] == "needs_check",
+        policy=policy, policy_args=pargs, metadata_mode=tail[0] if tail else None,
+        needs_check=tail[1] == "needs_check" if tail else None,
     )
 
 
