@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from cachemgr.backends import inuse, signatures
@@ -288,14 +288,25 @@ def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
 
 
 def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
-                   warnings: list[str], *, stats: bool = True) -> CacheSet:
+                   warnings: list[str], *, stats: bool = True,
+                   block: Collection[str] | None = None) -> CacheSet:
     """A cache set; ``stats`` False (a poll) reads what status and its JSON show (available
     space, the error action, the congestion thresholds, the total stats) and leaves the rest
-    None (the set's dirty_data moves only at GC: docs/kernel-notes.md)."""
+    None (the set's dirty_data moves only at GC: docs/kernel-notes.md). ``block``: the
+    disks and partitions under /sys/block; a ``bdevN`` link naming none of them is a
+    warning (the set's member is not shown as a backing device)."""
     d = f"fs/bcache/{uuid}"
     entries = sysfs.listdir(d)
     cache_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"cache\d+", e)]
-    bdev_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"bdev\d+", e)]
+    bdev_names = []
+    for e in (e for e in entries if re.fullmatch(r"bdev\d+", e)):
+        n = _link_device(sysfs, f"{d}/{e}")
+        if n is None or (block is not None and n not in block):
+            warnings.append(f"cache set {uuid}: {e} names a backing device not found under "
+                            f"/sys/block ({sysfs.readlink(f'{d}/{e}') or 'unreadable link'}): "
+                            "it is not shown as a device; its state and dirty data are "
+                            "unknown")
+        bdev_names.append(n)
     flash = sum(1 for e in entries if re.fullmatch(r"volume\d+", e))
 
     def r(f: str, always: bool = False) -> str | None:
@@ -343,7 +354,8 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
     warnings: list[str] = []
     backings: list[BcacheBacking] = []
     caches: dict[str, BcacheCache] = {}
-    for name, rel in sorted(block_dirs(sysfs, cache).items()):
+    dirs = block_dirs(sysfs, cache)
+    for name, rel in sorted(dirs.items()):
         # bcache/ appears on registration, with or without a uevent (a cache device sends
         # none): looked at on every scan
         if name.startswith("bcache") or not sysfs.is_dir(f"{rel}/bcache"):
@@ -356,7 +368,8 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
     if sysfs.is_dir("fs/bcache"):
         for entry in sysfs.listdir("fs/bcache"):
             if _UUID.match(entry) and sysfs.is_dir(f"fs/bcache/{entry}"):
-                sets.append(read_cache_set(sysfs, entry, caches, warnings, stats=stats))
+                sets.append(read_cache_set(sysfs, entry, caches, warnings, stats=stats,
+                                           block=dirs))
     return BcacheScan(
         loaded=sysfs.is_dir("fs/bcache"),
         cache_sets=tuple(sets),

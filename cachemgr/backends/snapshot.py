@@ -8,6 +8,7 @@ with at least kind, device, mode, state, dirty_bytes, cache.
 
 from __future__ import annotations
 
+import json
 import platform
 from dataclasses import replace
 from typing import Any
@@ -62,7 +63,7 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     wc = dmwritecache.scan(sysfs, src, cache=cache)
     dmcaches, writecaches, lvm_warnings = _with_lvm(sysfs, dm.devices, wc.devices)
     snap = Snapshot(
-        kernel=platform.release(),
+        kernel=kernel_release(sysfs),
         bcache_loaded=scan.loaded,
         cache_sets=scan.cache_sets,
         backings=scan.backings,
@@ -76,6 +77,21 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
 
         snap = replace(snap, vms=vms_mod.scan(sysfs, snap, virsh.default_source(sysfs, uri)))
     return snap
+
+
+def kernel_release(sysfs: Sysfs) -> str | None:
+    """The release of the kernel whose objects ``sysfs`` shows: the host's for the live
+    /sys; for a captured tree the one ``cachemgr capture`` recorded in meta.json beside its
+    ``sys/`` (backends/capture.py), None when the capture has none (never the host's: the
+    tree was not made by it)."""
+    if sysfs.live:
+        return platform.release()
+    try:
+        meta = json.loads((sysfs.root.parent / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    kernel = meta.get("kernel") if isinstance(meta, dict) else None
+    return kernel if isinstance(kernel, str) and kernel.strip() else None
 
 
 def carry_stats(snap: Snapshot, earlier: Snapshot | None) -> Snapshot:
@@ -201,6 +217,9 @@ def dmcache_json(d: DmCacheDevice) -> dict[str, Any]:
         "dirty_blocks": st.dirty if st else None,
         "cache": d.cache.node if d.cache else d.table.cache_dev,
         "failure": d.failure,
+        # the status line as dmsetup printed it when cachemgr could not read it (state
+        # "unknown", every change refused); else null
+        "raw_status": d.raw_status,
         "block_bytes": d.block_bytes,
         "used_blocks": st.used if st else None,
         "total_blocks": st.total if st else None,

@@ -659,7 +659,10 @@ class DmCacheDevice(DmNamed):
     """A device-mapper device whose (single) target is ``cache``.
 
     ``status`` is None when the kernel reports the cache as ``Fail`` (or ``Error``): then
-    ``failure`` holds that word and nothing about dirty blocks is known.
+    ``failure`` holds that word and nothing about dirty blocks is known. It is None too when
+    the status line could not be read (a kernel's form cachemgr does not know): then
+    ``raw_status`` holds the line as dmsetup printed it, the state is "unknown" and every
+    change is refused (procedures/kinds/dm.py); the device is never dropped from a snapshot.
     """
 
     name: str  # the dm name: /dev/mapper/<name>
@@ -676,13 +679,21 @@ class DmCacheDevice(DmNamed):
     suspended: bool | None = None
     holders: tuple[str, ...] = ()
     lvm: LvmCachedLv | None = None  # LVM's view, when LVM owns the device and lvs answered
+    raw_status: str | None = None  # the status line cachemgr could not read (else None)
 
     @property
     def mode(self) -> CacheMode:
         return self.status.mode if self.status else self.table.mode
 
     @property
+    def unread(self) -> bool:
+        """Its status line was not understood: its state and dirty data are unknown."""
+        return self.status is None and self.failure is None
+
+    @property
     def state(self) -> CacheState:
+        if self.unread:
+            return CacheState.UNKNOWN
         if self.status is None:
             return CacheState.FAILED
         return CacheState.DIRTY if self.status.dirty else CacheState.CLEAN

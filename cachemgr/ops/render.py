@@ -138,8 +138,10 @@ def _dm_detail(d: DmCacheDevice) -> str:
     if st:
         parts += [f"used {st.used}/{st.total}", f"dirty {st.dirty} blocks",
                   f"policy {st.policy}", f"migration_threshold {st.migration_threshold}"]
-    else:
+    elif d.failure:
         parts.append(f"status {d.failure}")
+    else:  # a status line cachemgr cannot read: shown as the kernel printed it
+        parts.append(f"status unknown: {printable(d.raw_status or '')}")
     if d.lvm is not None:
         parts = [f"lvmcache {d.lvm.full_name} ({d.node}): {d.lvm.pool_kind} "
                  f"{d.lvm.vg}/{d.lvm.pool} on {','.join(d.lvm.cache_pvs) or '?'}",

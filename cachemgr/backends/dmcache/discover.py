@@ -10,6 +10,7 @@ from cachemgr.backends.bcache import block_dirs, cached_identity
 from cachemgr.backends.dmcache.command import DmsetupSource, default_source
 from cachemgr.backends.dmcache.parse import (
     DmInfo,
+    FailWord,
     parse_info,
     parse_listing,
     parse_status,
@@ -18,7 +19,7 @@ from cachemgr.backends.dmcache.parse import (
 )
 from cachemgr.backends.scancache import ScanCache
 from cachemgr.core.errors import CacheMgrError, CommandError, KernelFormatError, UsageError
-from cachemgr.core.model import DmCacheDevice, Identity
+from cachemgr.core.model import DmCacheDevice, DmCacheStatus, Identity
 from cachemgr.core.sysfs import Sysfs
 
 
@@ -178,18 +179,25 @@ def scan(sysfs: Sysfs, source: DmsetupSource | None = None, *,
     for f in found:
         try:
             table = parse_table(f.table)
-            st = parse_status(f.status)
         except KernelFormatError as exc:
             warnings.append(f"{f.name}: {exc}")
             continue
+        # a status line of a form cachemgr does not read keeps the device, as "unknown"
+        # with its raw line: it is listed and every change to it is refused, never dropped
+        st: DmCacheStatus | FailWord | None
+        try:
+            st = parse_status(f.status)
+        except KernelFormatError:
+            st = None
         dev = DmCacheDevice(
             name=f.name,
             kernel_name=f.kernel_name,
             devno=f.devno,
             uuid=f.uuid,
             table=table,
-            status=None if isinstance(st, str) else st,
+            status=st if isinstance(st, DmCacheStatus) else None,
             failure=st if isinstance(st, str) else None,
+            raw_status=f.status.strip() if st is None else None,
             metadata=dm_identity(sysfs, table.metadata_dev, dirs, cache),
             cache=dm_identity(sysfs, table.cache_dev, dirs, cache),
             origin=dm_identity(sysfs, table.origin_dev, dirs, cache),
@@ -204,6 +212,10 @@ def scan(sysfs: Sysfs, source: DmsetupSource | None = None, *,
 
 def device_warnings(d: DmCacheDevice) -> list[str]:
     w = []
+    if d.unread:
+        w.append(f"{d.node}: dmsetup status printed a line cachemgr cannot read: its state "
+                 "and dirty data are unknown and every change to it is refused "
+                 f"(status: {d.raw_status})")
     if d.failure:
         w.append(f"{d.node}: the kernel reports the cache as {d.failure}: its dirty blocks "
                  "cannot be written back; do not remove or reuse its cache device "

@@ -49,6 +49,24 @@ class _Dm(Kind):
     def node(self) -> str:
         return self.obj.node
 
+    # a dm-cache device whose status line cachemgr could not read (model.DmCacheDevice
+    # raw_status): its state and dirty data are unknown, so nothing is offered or done
+    def can(self, action: str) -> bool:
+        return not _unread(self.obj) and super().can(action)
+
+    def refusal(self, action: str) -> CacheMgrError | None:
+        if _unread(self.obj):
+            return UnsafeError(
+                f"{self.node}: cachemgr cannot read its dm-cache status line, so its state "
+                f"and dirty data are unknown: it refuses to {action} it; nothing was changed",
+                hint=f"the kernel printed: {getattr(self.obj, 'raw_status', '?')} (cachemgr "
+                     "status --json: raw_status); change it with dmsetup or lvm2 yourself")
+        return super().refusal(action)
+
+
+def _unread(obj: object) -> bool:
+    return isinstance(obj, DmCacheDevice) and obj.unread
+
 
 class DmCache(_Dm):
     """A dm-cache device LVM does not own."""
