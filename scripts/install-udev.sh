@@ -93,7 +93,7 @@ say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.cli.ud
 install_unit() {
     mkdir -p "$unit_dir"
     sed -e "s|@CACHEMGR@|$cachemgr|g" -e "s|@ARGS@|$args|g" \
-        -e "s|ConditionPathExists=/etc/cachemgr/cachemgr.toml|ConditionPathExists=${policy:-/etc/cachemgr/cachemgr.toml}|" \
+        -e "s#ConditionPathExists=|/etc/cachemgr/cachemgr.toml#ConditionPathExists=|${policy:-/etc/cachemgr/cachemgr.toml}#" \
         "$here/systemd/$1" >"$unit_dir/$1.tmp"
     mv "$unit_dir/$1.tmp" "$unit_dir/$1"
     say "installed $unit_dir/$1"

@@ -1,1 +1,18 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
 pytest_plugins = ["tests.labplugin"]
+
+
+@pytest.fixture(autouse=True)
+def _dmcache_records(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+                     ) -> None:
+    """On the host, dm-cache records (backends/dmcache/record.py) go to a directory of the
+    test's own, never /etc/cachemgr/dmcache; in the lab the guest's /etc is a tmpfs."""
+    if os.environ.get("CACHEMGR_IN_LAB") != "1":
+        d: Path = tmp_path_factory.mktemp("dmcache-records")
+        monkeypatch.setenv("CACHEMGR_DMCACHE_DIR", str(d / "dmcache"))

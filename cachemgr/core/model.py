@@ -492,6 +492,24 @@ class Owner:
 
 
 @dataclass(frozen=True)
+class UnassembledDmCache:
+    """A dm-cache device cachemgr created and recorded (/etc/cachemgr/dmcache/NAME.json)
+    that is not assembled now: after a reboot until the boot pass assembles it, or for good
+    while one of its devices is missing or is not the recorded one. In writeback its origin
+    may be stale: the newest blocks are on its cache device."""
+
+    name: str
+    record: str  # the record's path
+    mode: CacheMode
+    # role -> why it cannot be used ("missing", "a different disk ..."); empty: all present
+    problems: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def node(self) -> str:
+        return f"/dev/mapper/{self.name}"
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything cachemgr knows about the host's caches, read once.
 
@@ -516,6 +534,8 @@ class Snapshot:
     # objects of cache kinds registered beyond the built-in ones (each kind's scan,
     # cachemgr/procedures/kinds: ops.cache.status fills it)
     others: tuple[Any, ...] = ()
+    # recorded dm-cache devices that are not assembled (ops.cache.status fills it)
+    unassembled: tuple[UnassembledDmCache, ...] = ()
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

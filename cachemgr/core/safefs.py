@@ -337,3 +337,53 @@ def write_at(dfd: int, name: str, data: bytes, *, mode: int = 0o600,
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
+
+
+# dm-cache records (cachemgr/backends/dmcache/record.py): one file per device cachemgr
+# created, read by the boot pass and the udev handler (which only asks whether any exists)
+DEFAULT_DMCACHE_DIR = "/etc/cachemgr/dmcache"
+
+
+def dmcache_dir() -> str:
+    """The dm-cache record directory as configured (``CACHEMGR_DMCACHE_DIR`` overrides it:
+    tests, and the lab, whose /etc does not survive a boot)."""
+    return os.path.normpath(os.environ.get("CACHEMGR_DMCACHE_DIR") or DEFAULT_DMCACHE_DIR)
+
+
+def any_dmcache_record() -> bool:
+    """Is there a dm-cache record (a ``*.json`` file) at all? (the udev handler's question:
+    standard library only, never raises)."""
+    try:
+        return any(n.endswith(".json") and not n.startswith(".")
+                   for n in os.listdir(dmcache_dir()))
+    except OSError:
+        return False
+
+
+def open_trusted_dir(shown: str, *, create: bool) -> int | None:
+    """The directory ``shown`` (a path outside the state directory: /etc/cachemgr/dmcache),
+    opened as :func:`open_state_dir` opens the state directory: without following a link
+    at its last component, and, run as root, refused when it or a directory above it is
+    another user's to change; made (mode 0700, and its parents) when missing if
+    ``create``, else None then."""
+    parent, name = os.path.split(os.path.abspath(shown))
+    if not name:
+        parent, name = "/", "."
+    if create:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+    real = os.path.realpath(parent)
+    try:
+        pfd = os.open(real, _DIR)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        if os.geteuid() == 0:
+            bad = loose_parent(real)
+            if bad is not None:
+                raise UnsafePathError(bad[0], f"{bad[1]}, and {shown} is in it",
+                                      f"chown root:root {bad[0]} && chmod go-w {bad[0]}")
+        return open_sub(pfd, name, shown, create=create)
+    finally:
+        os.close(pfd)

@@ -15,6 +15,7 @@ from typing import Any
 
 from cachemgr.backends import bcache
 from cachemgr.backends import scheduler as sched
+from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, require_root
 from cachemgr.core.model import CacheMode
@@ -22,9 +23,10 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import gate
 from cachemgr.ops.control import Result
-from cachemgr.procedures import autoattach, policy
+from cachemgr.procedures import autoattach, owners, policy
 from cachemgr.procedures.autoattach import (
     Action,
+    AssembleDmCache,
     Attach,
     Format,
     LvmAttach,
@@ -46,6 +48,9 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
         return
     if isinstance(a, LvmSetMode):
         cache_ops.mode(sysfs, a.device, a.mode)
+        return
+    if isinstance(a, AssembleDmCache):
+        _assemble(sysfs, view, a)
         return
     if isinstance(a, Register):
         with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach register"):
@@ -81,6 +86,30 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
             bcache.set_tunable(sysfs, bk, a.name, a.value)
 
 
+def _assemble(sysfs: Sysfs, view: View, a: AssembleDmCache) -> None:
+    """A recorded dm-cache device, through the gate (its name's locks and its three disks'):
+    the record's identities are matched again on a fresh read inside it."""
+    rec = next((r for r, _ in view.dm_records if r.name == a.device), None)
+    if rec is None:
+        raise CacheMgrError(f"the record of {a.stable_id} vanished")
+    subject = gate.of_names(rec.node, [owners.dmcache_key(rec.name), owners.cache_key(rec.name)])
+    with gate.gate(subject + gate.of_disks([a.origin, a.cache, a.metadata]),
+                   "autoattach assemble dm-cache"):
+        log.info("%s", dm_record.assemble(sysfs, rec))
+
+
+def _load_policy(path: str) -> policy.Policy:
+    """The policy; with no policy file and a dm-cache record, an empty one (the records are
+    assembled whatever the policy says). PolicyError otherwise."""
+    try:
+        return policy.load(path)
+    except policy.PolicyError as exc:
+        if exc.problems and exc.problems[0].line == 0 and exc.problems[0].message == \
+                "no such file" and dm_record.load_all() != ([], []):
+            return policy.Policy(path=path)
+        raise
+
+
 def _format(sysfs: Sysfs, a: Format) -> None:
     node = f"/dev/{a.device}"
     size = bcache.device_bytes(sysfs, node)
@@ -106,7 +135,7 @@ def _run_lock() -> Any:
 def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Result:
     """Attach every device the policy names (boot-time assembly). A bad policy is a usage
     error and nothing is done; root is required unless ``dry_run``."""
-    pol = policy.load(policy_path)  # PolicyError: exit 2, acts on nothing
+    pol = _load_policy(policy_path)  # PolicyError: exit 2, acts on nothing
     if not dry_run:
         require_root("autoattach")
     with _run_lock():
@@ -114,7 +143,8 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
     lines = [f"{o.result:8} {o.action.describe()}" + (f": {o.error}" if o.error else "")
              for o in res.outcomes]
     if not res.outcomes:
-        lines = ["nothing to do: everything the policy names is as it says (or absent)"]
+        lines = ["nothing to do: everything the policy names is as it says (or absent), "
+                 "every recorded dm-cache device assembled"]
     return Result(lines=lines, failed=bool(res.failed), value=res, data={
         "schema": 1, "rounds": res.rounds, "actions": [
             {**o.action.record(), "result": o.result, "error": o.error}
@@ -143,7 +173,7 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
     log.debug("batch of %d events: %s", len(events), ", ".join(e.describe() for e in events))
     times: dict[str, Any] = {k: round(v, 3) for k, v in (stages or {}).items()}
     try:
-        pol = policy.load(policy_path)
+        pol = _load_policy(policy_path)
     except policy.PolicyError as exc:
         if exc.problems and exc.problems[0].line == 0 and exc.problems[0].message == \
                 "no such file":

@@ -20,17 +20,26 @@ from typing import Any
 from cachemgr.backends import bcache, dmcache, smart
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
+from cachemgr.backends.dmcache import discover as dm_discover
+from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.scancache import ScanCache as ScanCache
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
 from cachemgr.core import checks
-from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    UnsafeError,
+    UsageError,
+    require_root,
+)
 from cachemgr.core.model import (
     CacheMode,
     CacheSet,
     Owner,
     Snapshot,
+    UnassembledDmCache,
     UnregisteredBcache,
 )
 from cachemgr.core.sysfs import Sysfs
@@ -54,7 +63,9 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     snap = snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
                              stats=stats, cache=cache)
     return dataclasses.replace(snap, owners=tuple(owners.owners()),
-                               others=kinds.scan_others(sysfs))
+                               others=kinds.scan_others(sysfs),
+                               unassembled=tuple(dm_record.unassembled(
+                                   sysfs, (d.name for d in snap.dmcaches))))
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:
@@ -329,9 +340,32 @@ def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata
                                                         owners.cache_key(name)])
     with gate_mod.gate(subject + gate_mod.of_disks([origin, cache, metadata]),
                        "create dm-cache"):
-        return Result(changes=dmcache.create(sysfs, name, origin=origin, cache=cache,
-                                             metadata=metadata, mode=m, block_bytes=block,
-                                             force=force))
+        out = Result(changes=dmcache.create(sysfs, name, origin=origin, cache=cache,
+                                            metadata=metadata, mode=m, block_bytes=block,
+                                            force=force))
+        out.notes += _record_dmcache(sysfs, name, {"origin": origin, "cache": cache,
+                                                   "metadata": metadata})
+        return out
+
+
+def _record_dmcache(sysfs: Sysfs, name: str, nodes: dict[str, str]) -> list[str]:
+    """Record the device just created, so that the boot pass assembles it again after a
+    reboot (backends/dmcache/record.py); the notes to print. A record that cannot be
+    written is a note, not a failure: the device exists and works now."""
+    try:
+        d = dm_discover.find(sysfs, name)
+        rec = dm_record.make(sysfs, name, nodes, d.table, time.time())
+        path = dm_record.save(rec)
+    except CacheMgrError as exc:
+        return [f"cachemgr: {name} is NOT recorded, so nothing assembles it after a reboot "
+                f"(in writeback its origin is then stale): {exc}"]
+    notes = [f"cachemgr: recorded in {path} (cachemgr autoattach assembles it at boot)"]
+    for role in dm_record.ROLES:
+        if rec.device(role).strongest() is None:
+            notes.append(f"cachemgr: {nodes[role]} ({role}) has no stable identity (WWN, "
+                         "serial, by-id or by-path link, sysfs place): the boot pass will "
+                         "not assemble it")
+    return notes
 
 
 def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
@@ -348,8 +382,14 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     if not dev.cached_device:  # a cache set: its own refusals (remove_cache_set)
         return remove_cache_set(sysfs, dev.obj, snap)
     with gate_mod.gate(gate_mod.of_kind(dev), "remove"):
-        return Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
-                                         stall_timeout=stall_timeout, progress=ctl.report))
+        out = Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
+                                        stall_timeout=stall_timeout, progress=ctl.report))
+        # no cache is left to bring back at boot (with --keep-device the device stays as a
+        # linear mapping of the origin until the next reboot): the record goes either way
+        if dev.name == "dm-cache" and dm_record.delete(getattr(dev.obj, "name", "")):
+            out.notes.append(f"cachemgr: its record {dm_record.records_dir()}/"
+                             f"{dev.obj.name}.json is removed")
+        return out
 
 
 def remove_cache_set(sysfs: Sysfs, c: CacheSet, snap: Snapshot | None = None) -> Result:
@@ -443,6 +483,7 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
             doc["devices"].append({**k.to_json(),
                                    "owner": owners.owner_json(owner_of(snap, obj))})
     doc["owners"] = [owners.owner_json(o) for o in snap.owners]
+    doc["unassembled"] = [unassembled_json(u) for u in snap.unassembled]
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc
@@ -460,3 +501,10 @@ def ssd_health_json(rows: list[tuple[smart.Ssd, smart.Health | None]]) -> list[d
     return [{"device": ssd.node, "name": ssd.name, "caches": list(ssd.caches),
              "health": smart.health_json(h)}
             for ssd, h in rows]
+
+
+def unassembled_json(u: UnassembledDmCache) -> dict[str, Any]:
+    """docs/json.md, ``unassembled``: a recorded dm-cache device that is not assembled."""
+    return {"kind": "dm-cache", "name": u.name, "device": u.node, "record": u.record,
+            "mode": u.mode.value, "stale_origin": u.mode == CacheMode.WRITEBACK,
+            "problems": [{"role": r, "why": w} for r, w in u.problems]}

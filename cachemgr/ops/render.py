@@ -84,6 +84,10 @@ def status_table(snap: Snapshot, *, intervals: bool = True) -> str:
             f = stranded.get(u.identity.node)
             if f is not None:
                 lines.append(f"  {f.what}; next: {f.next}")
+    for d in snap.unassembled:
+        lines.append(f"unassembled dm-cache {d.node}: {d.mode.value}, recorded in {d.record}"
+                     + ("; " + "; ".join(f"{r} {w}" for r, w in d.problems) if d.problems
+                        else "; its devices are present (cachemgr autoattach assembles it)"))
     if snap.vms is not None:
         for node in [b.device for b in snap.backings if b.device] + [
                 d.node for d in snap.dm_devices]:

@@ -489,8 +489,10 @@ def handle_event(env: Mapping[str, str], policy: str | None, *, how: str = "auto
     # udevd gives RUN programs the device's properties as their whole environment: no PATH,
     # and make-bcache / bcache-super-show / wipefs live in /usr/sbin
     os.environ["PATH"] = os.environ.get("PATH") or SANE_PATH
-    if not os.path.exists(path):
-        return 0  # no policy, no auto-attach (69-bcache.rules still registers devices)
+    if not os.path.exists(path) and not safefs.any_dmcache_record():
+        # no policy and no recorded dm-cache device: no auto-attach (69-bcache.rules still
+        # registers bcache devices)
+        return 0
     ev = event_from(env)
     if ev is None:
         return 0

@@ -40,6 +40,8 @@ from typing import Any, Literal
 
 from cachemgr.backends import bcache, bcache_super, identity
 from cachemgr.backends import scheduler as sched
+from cachemgr.backends.dmcache import discover as dm_discover
+from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, UnsafeError
@@ -202,6 +204,10 @@ class View:
     # the policy names LVM caches; None with ``lvm_error`` when it could not be read
     lvm_rows: tuple[dict[str, Any], ...] | None = None
     lvm_error: str | None = None
+    # recorded dm-cache devices that are not assembled (backends/dmcache/record.py), with
+    # where their devices are now; and the record files that could not be read
+    dm_records: tuple[tuple[dm_record.Record, dm_record.Resolution], ...] = ()
+    dm_record_errors: tuple[str, ...] = ()
 
     def backing(self, name: str) -> BcacheBacking | None:
         return next((b for b in self.snapshot.backings if b.identity.name == name), None)
@@ -356,7 +362,14 @@ def take_view(sysfs: Sysfs, *, udev: identity.UdevArg = identity.AUTO,
             if current is not None:
                 devices[name] = replace(f, scheduler=current)
     rows, err = _lvm_report(sysfs) if lvm else (None, None)
-    return View(snap, devices, _busy_from_journals(), rows, err)
+    recs, bad = dm_record.load_all()
+    pending: list[tuple[dm_record.Record, dm_record.Resolution]] = []
+    if recs:
+        there = set(dm_discover.dm_devices(sysfs))
+        todo = [r for r in recs if r.name not in there]
+        ids = dm_record.identities(sysfs, idents) if todo else {}
+        pending = [(r, dm_record.resolve(r, ids)) for r in todo]
+    return View(snap, devices, _busy_from_journals(), rows, err, tuple(pending), tuple(bad))
 
 
 # ---------------------------------------------------------------------------------------
@@ -482,8 +495,26 @@ class LvmSetMode(Action):
         return f"set cache mode of {self.device} to {self.mode} with lvm2 (was {self.before})"
 
 
-_ORDER = {"format": 0, "register": 1, "attach": 2, "lvm-attach": 2, "mode": 3, "lvm-mode": 3,
-          "tunable": 4, "scheduler": 4, "note": 5}
+@dataclass(frozen=True)
+class AssembleDmCache(Action):
+    """``device`` is the dm name of a recorded dm-cache device; its three devices as found
+    now (the record's identities matched): ``dmsetup create`` with the recorded table."""
+
+    origin: str = ""
+    cache: str = ""
+    metadata: str = ""
+    mode: str = ""
+    kind = "dmcache-assemble"
+
+    def describe(self) -> str:
+        return (f"assemble dm-cache {self.stable_id} ({self.mode}) over {self.origin} "
+                f"(cache {self.cache}, metadata {self.metadata}) as recorded")
+
+
+DMCACHE_RECORD = "dm-cache record"
+
+_ORDER = {"dmcache-assemble": 0, "format": 0, "register": 1, "attach": 2, "lvm-attach": 2,
+          "mode": 3, "lvm-mode": 3, "tunable": 4, "scheduler": 4, "note": 5}
 
 
 # ---------------------------------------------------------------------------------------
@@ -766,6 +797,7 @@ def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
                      "comes back attached when it returns)") for n in named]
     caches, backs, lvms, scheds = _scope(event, view, policy)
     p = _Planner(view, policy)
+    p.out += _dm_records(event, view)
     for c in caches:
         p.cache(c)
     for b in backs:
@@ -781,6 +813,32 @@ def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
             seen.add(a)
             out.append(a)
     return sorted(out, key=lambda a: _ORDER[a.kind])
+
+
+def _dm_records(event: Event | None, view: View) -> list[Action]:
+    """Assemble each recorded dm-cache device whose three devices are present and are the
+    recorded ones; a note saying which device is missing or is another one otherwise (on a
+    full pass always; on an event only when the event's device is one of the record's)."""
+    out: list[Action] = []
+    name = view.event_device(event) if event is not None else None
+    if event is None:
+        out += [Note("", "", DMCACHE_RECORD, msg, logging.ERROR)
+                for msg in view.dm_record_errors]
+    for rec, res in view.dm_records:
+        if res.ok:
+            out.append(AssembleDmCache(rec.name, rec.node, DMCACHE_RECORD, res.nodes["origin"],
+                                       res.nodes["cache"], res.nodes["metadata"],
+                                       rec.mode.value))
+            continue
+        if event is not None and f"/dev/{name}" not in res.nodes.values():
+            continue
+        stale = " (writeback: its origin is stale; nothing may open it)" \
+            if rec.mode.value == "writeback" else ""
+        out.append(Note(rec.name, rec.node, DMCACHE_RECORD,
+                        f"dm-cache {rec.node} not assembled{stale}: " + "; ".join(
+                            f"{role} {why}" for role, why in res.problems),
+                        logging.WARNING if res.missing else logging.ERROR))
+    return out
 
 
 def decide_all(events: Sequence[Event | None], view: View, policy: Policy) -> list[Action]:

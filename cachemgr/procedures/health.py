@@ -11,10 +11,12 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
 * CRITICAL: dirty data on a cache that failed or is failing (a dm-cache that reports
   ``Fail``, read-only metadata or ``needs_check``; a bcache cache device with IO errors);
   dirty data stranded on a cache set that is not registered; a backing device running
-  without the set its dirty data is on; an interrupted replace-ssd run.
+  without the set its dirty data is on; an interrupted replace-ssd run; a recorded
+  writeback dm-cache device that is not assembled (its origin is stale).
 * WARNING: IO errors on a cache or backing device holding no dirty data; an interrupted
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
-  soon (when its answer is given); a device whose kernel output cachemgr cannot read.
+  soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
+  recorded writethrough or passthrough dm-cache device that is not assembled.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cachemgr.core.model import CacheState, Snapshot, human
+from cachemgr.core.model import CacheMode, CacheState, Snapshot, human
 
 
 class Level(enum.IntEnum):
@@ -54,7 +56,7 @@ class Finding:
 def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = ()) -> list[Finding]:
     """Every finding of ``snap``, worst first. ``replace_soon``: (SSD node, why) for each
     cache SSD SMART says to replace (smart.ssd_health's cached answers)."""
-    found = [*_bcache(snap), *_dm(snap), *_owners(snap)]
+    found = [*_bcache(snap), *_dm(snap), *_unassembled(snap), *_owners(snap)]
     found += [Finding(Level.WARNING, "ssd-wear", node, f"SMART: {why}",
                       f"cachemgr replace-ssd {node} --dry-run") for node, why in replace_soon]
     return sorted(found, key=lambda f: -f.level)
@@ -146,6 +148,26 @@ def _dm(snap: Snapshot) -> Iterable[Finding]:
                           "cache-metadata", dev, f"{what}; {human(dirty)} of dirty data",
                           "lvconvert --repair" if d.lvm is not None else
                           "cache_check on its metadata device (thin-provisioning-tools)")
+
+
+def _unassembled(snap: Snapshot) -> Iterable[Finding]:
+    """A recorded dm-cache device that is not assembled (after a reboot, before the boot
+    pass; or a device of it missing or not the recorded one): in writeback its origin is
+    stale (the newest blocks are on the cache device), and whatever opens the origin reads
+    old data."""
+    for u in snap.unassembled:
+        why = "; ".join(f"{role}: {w}" for role, w in u.problems)
+        if u.mode == CacheMode.WRITEBACK:
+            what = ("recorded writeback dm-cache device not assembled: its origin is stale "
+                    "(its newest blocks are on the cache device); nothing may open the "
+                    "origin")
+            lvl = Level.CRITICAL
+        else:
+            what = f"recorded {u.mode.value} dm-cache device not assembled"
+            lvl = Level.WARNING
+        yield Finding(lvl, "dmcache-unassembled", u.node, what + (f" ({why})" if why else ""),
+                      "bring its devices back, then cachemgr autoattach" if u.problems
+                      else "cachemgr autoattach")
 
 
 def _owners(snap: Snapshot) -> Iterable[Finding]:

@@ -28,13 +28,16 @@ def test_rule_runs_nothing_without_the_policy_file() -> None:
     lines = rule_lines()
     run = next(i for i, x in enumerate(lines) if "RUN+=" in x)
     guard = [i for i, x in enumerate(lines)
-             if re.search(r'TEST!="([^"]+)",\s*GOTO="cachemgr_end"', x)]
+             if re.search(r'TEST!="([^"]+)",.*GOTO="cachemgr_end"', x)]
     assert guard and guard[0] < run, lines
     path = re.search(r'TEST!="([^"]+)"', lines[guard[0]]).group(1)  # type: ignore[union-attr]
     # the path the handler and the boot pass read: one policy file for all of them
     assert path == policy.DEFAULT_PATH == udev_cli.DEFAULT_POLICY
     boot = (UNITS / "cachemgr-autoattach.service").read_text()
-    assert f"ConditionPathExists={path}\n" in boot
+    assert f"ConditionPathExists=|{path}\n" in boot
+    # or a recorded dm-cache device (assembled without a policy): the same pair in both
+    assert 'TEST!="/etc/cachemgr/dmcache", GOTO="cachemgr_end"' in lines[guard[0]]
+    assert "ConditionDirectoryNotEmpty=|/etc/cachemgr/dmcache\n" in boot
     # nothing between the guard and RUN jumps past the end label into RUN
     assert lines[-1] == 'LABEL="cachemgr_end"'
 
@@ -56,7 +59,8 @@ def test_installer_puts_the_policy_path_in_the_guard(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "90-cachemgr.rules").read_text()
-    assert 'TEST!="/srv/cache policy.toml", GOTO="cachemgr_end"' in text
+    assert ('TEST!="/srv/cache policy.toml", TEST!="/etc/cachemgr/dmcache", '
+            'GOTO="cachemgr_end"') in text
     assert "/etc/cachemgr/cachemgr.toml" not in text.split("LABEL=")[0].split("TEST!=")[1]
     # a relative path would be relative to the device's sysfs directory (udev(7)): refused
     r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--rules-dir",

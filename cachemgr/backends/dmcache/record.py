@@ -1,0 +1,489 @@
+"""Records of the dm-cache devices cachemgr created, so that they survive a reboot.
+
+A dm-cache device is a table in the kernel: nothing re-creates it after a reboot, and in
+writeback its origin then holds stale blocks (the newest are on the cache device), which
+anything that opens the origin reads. ``create dm-cache`` therefore writes
+``/etc/cachemgr/dmcache/NAME.json`` (``CACHEMGR_DMCACHE_DIR`` overrides the directory: tests,
+and the lab, whose /etc does not survive a boot): the stable identity of the origin, cache
+and metadata devices, the block size, the policy and the mode. ``remove`` (with or without
+``--keep-device``: either way no cache is left to bring back) deletes it. The boot pass
+(``cachemgr autoattach``) and the udev worker assemble a recorded device once its three
+devices are present and are the recorded ones (:func:`resolve`, :func:`assemble`); status
+and the health model list a record that is not assembled.
+
+The identity of a device is, strongest first: its WWN, its serial (whole disks only: udev
+copies a disk's onto its partitions), its first /dev/disk/by-id link, its by-path link, its
+place in sysfs (``sys_path``: the device's directory under /sys/devices without the kernel's
+name, plus the partition number: ``devices/platform/uml-blkdev.1`` for the UML lab's second
+ubd disk, ``devices/pci0000:00/0000:00:05.0/virtio3`` for a qemu virtio disk), or for a
+device-mapper device its dm UUID or name. The strongest key recorded decides which device
+fills a role; its size must also be the recorded one; and the metadata device must carry a
+dm-cache superblock with the recorded block size (and, once committed, the cache's number
+of blocks): a blank or foreign metadata device would make the kernel format fresh metadata
+and throw the cache's dirty blocks away. The UML lab's ubd disks have no WWN, serial or udev
+links (``block/ubda/serial`` reads ``(null)``): there ``sys_path`` (the ubd slot), the size
+and the metadata superblock identify them. A device with no stable key at all (a loop
+device) is recorded by size alone and never assembled automatically.
+
+Files: JSON, written atomically (a temporary file, fsync, rename, fsync of the directory),
+mode 0600, in a directory opened without following a link and, run as root, refused when
+another user could change it or a directory above it (cachemgr/core/safefs.py, the state
+directory's discipline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachemgr.backends import identity as identity_mod
+from cachemgr.backends.bcache import block_dirs, in_use
+from cachemgr.backends.dmcache import command, discover
+from cachemgr.backends.dmcache.build import CACHE_SUPERBLOCK_MAGIC
+from cachemgr.core import safefs
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
+from cachemgr.core.model import CacheMode, DmCacheTable, Identity, UnassembledDmCache
+from cachemgr.core.sysfs import Sysfs
+
+ROLES = ("origin", "cache", "metadata")
+# the keys of a device's identity, strongest first
+KEYS = ("wwn", "serial", "by_id", "by_path", "sys_path", "dm_uuid", "dm_name")
+SCHEMA = 1
+_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,127}")
+
+
+class RecordError(UsageError):
+    """A record that cannot be written, read or removed (exit 2)."""
+
+
+def records_dir() -> str:
+    return safefs.dmcache_dir()
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """Who one of a dm-cache device's three devices is (the module docstring)."""
+
+    size_bytes: int
+    node: str = ""  # its node when recorded (shown only: kernel names change)
+    wwn: str | None = None
+    serial: str | None = None
+    by_id: str | None = None
+    by_path: str | None = None
+    sys_path: str | None = None
+    dm_uuid: str | None = None
+    dm_name: str | None = None
+
+    def strongest(self) -> tuple[str, str] | None:
+        for k in KEYS:
+            v = getattr(self, k)
+            if v:
+                return k, v
+        return None
+
+    def words(self) -> str:
+        s = self.strongest()
+        what = f"{s[0].replace('_', '-')} {s[1]}" if s else "no stable identity"
+        return f"{what}, {self.size_bytes} bytes (was {self.node or '?'})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Any) -> DeviceId:
+        if not isinstance(data, dict):
+            raise ValueError("a device is not an object")
+        size = data.get("size_bytes")
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError("size_bytes is not a positive integer")
+        kw: dict[str, Any] = {"size_bytes": size}
+        for k in ("node", *KEYS):
+            v = data.get(k)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"{k} is not a string")
+            if v is not None:
+                kw[k] = v
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    origin: DeviceId
+    cache: DeviceId
+    metadata: DeviceId
+    origin_sectors: int
+    block_sectors: int
+    policy: str = "smq"
+    mode: CacheMode = CacheMode.WRITEBACK
+    created: float = 0.0
+    path: str = field(default="", compare=False)
+
+    @property
+    def node(self) -> str:
+        return f"/dev/mapper/{self.name}"
+
+    def device(self, role: str) -> DeviceId:
+        d: DeviceId = getattr(self, role)
+        return d
+
+    def table(self, nodes: Mapping[str, str]) -> DmCacheTable:
+        """The recorded table over this boot's nodes of the three devices."""
+        return DmCacheTable(0, self.origin_sectors, nodes["metadata"], nodes["cache"],
+                            nodes["origin"], self.block_sectors, (self.mode.value,),
+                            self.policy, ())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "name": self.name, "origin": self.origin.to_json(),
+                "cache": self.cache.to_json(), "metadata": self.metadata.to_json(),
+                "origin_sectors": self.origin_sectors, "block_sectors": self.block_sectors,
+                "policy": self.policy, "mode": self.mode.value, "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str = "") -> Record:
+        """A record read back; ValueError naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        if data.get("schema", 1) != SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r} (this cachemgr reads {SCHEMA})")
+        name = data.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"bad name {name!r}")
+        ints = {}
+        for k in ("origin_sectors", "block_sectors"):
+            v = data.get(k)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{k} is not a positive integer")
+            ints[k] = v
+        policy = data.get("policy", "smq")
+        if not isinstance(policy, str) or not re.fullmatch(r"[a-z0-9_-]{1,15}", policy):
+            raise ValueError(f"bad policy {policy!r}")
+        try:
+            mode = CacheMode(str(data.get("mode")))
+        except ValueError:
+            raise ValueError(f"bad mode {data.get('mode')!r}") from None
+        if mode not in (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH):
+            raise ValueError(f"bad mode {mode.value!r}")
+        created = data.get("created", 0.0)
+        devs = {r: DeviceId.from_json(data.get(r)) for r in ROLES}
+        return cls(name, devs["origin"], devs["cache"], devs["metadata"],
+                   ints["origin_sectors"], ints["block_sectors"], policy, mode,
+                   float(created) if isinstance(created, int | float) else 0.0, path)
+
+
+# ---------------------------------------------------------------------------------------
+# identities
+
+
+def sys_path(sysfs: Sysfs, name: str, rel: str | None = None) -> str | None:
+    """The device's place under /sys/devices without the kernel's name (module docstring);
+    None for a virtual device (loop, dm, md: no place of their own)."""
+    rel = rel or block_dirs(sysfs).get(name)
+    if rel is None:
+        return None
+    real = sysfs.resolve(rel)
+    if not real or not real.startswith("devices/") or real.startswith("devices/virtual/"):
+        return None
+    head, sep, _ = real.rpartition("/block/")
+    if not sep:
+        return None
+    part = sysfs.read_opt(f"{rel}/partition")
+    return f"{head}:part{part.strip()}" if part and "/" in rel.removeprefix("block/") \
+        else head
+
+
+def device_id(sysfs: Sysfs, ident: Identity, rel: str | None = None) -> DeviceId:
+    """What a record keeps of a device (module docstring)."""
+    whole = ident.partition_of is None
+    dm_uuid = dm_name = None
+    if ident.name.startswith("dm-"):
+        dm_uuid = (sysfs.read_opt(f"block/{ident.name}/dm/uuid") or "").strip() or None
+        dm_name = (sysfs.read_opt(f"block/{ident.name}/dm/name") or "").strip() or None
+    return DeviceId(
+        size_bytes=ident.size_bytes or 0, node=ident.node,
+        wwn=identity_mod.normalize_wwn(ident.wwn) if whole and ident.wwn else None,
+        serial=ident.serial if whole and ident.serial else None,
+        by_id=ident.by_id[0] if ident.by_id else None, by_path=ident.by_path,
+        sys_path=sys_path(sysfs, ident.name, rel), dm_uuid=dm_uuid, dm_name=dm_name)
+
+
+def matches(rec: DeviceId, now: DeviceId, key: str) -> bool:
+    return getattr(now, key) is not None and getattr(now, key) == getattr(rec, key)
+
+
+# ---------------------------------------------------------------------------------------
+# the metadata superblock (struct cache_disk_superblock, dm-cache-metadata.c): magic le64 at
+# 32, data_block_size le32 at 232, cache_blocks le32 at 240
+
+
+@dataclass(frozen=True)
+class Superblock:
+    block_sectors: int
+    cache_blocks: int
+
+
+def read_superblock(node: str) -> Superblock | None:
+    """The dm-cache metadata superblock of ``node``, None when it carries none (or cannot be
+    read)."""
+    try:
+        with open(node, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    return parse_superblock(head)
+
+
+def parse_superblock(head: bytes) -> Superblock | None:
+    if len(head) < 244 or int.from_bytes(head[32:40], "little") != CACHE_SUPERBLOCK_MAGIC:
+        return None
+    return Superblock(int.from_bytes(head[232:236], "little"),
+                      int.from_bytes(head[240:244], "little"))
+
+
+# ---------------------------------------------------------------------------------------
+# which device fills each role now
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The three devices of a record as found now: ``nodes`` (role -> /dev node) when every
+    one is there and is the recorded one; else ``problems`` (role -> why) and ``missing``
+    (True when every problem is a device that is not there: wait for it)."""
+
+    nodes: Mapping[str, str]
+    problems: tuple[tuple[str, str], ...] = ()
+    missing: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def resolve(rec: Record, devices: Mapping[str, DeviceId],
+            superblock: Callable[[str], Superblock | None] = read_superblock) -> Resolution:
+    """Find ``rec``'s three devices among ``devices`` (kernel name -> identity now)."""
+    nodes: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    absent = 0
+    for role in ROLES:
+        want = rec.device(role)
+        s = want.strongest()
+        if s is None:
+            problems.append((role, "recorded without a stable identity (WWN, serial, by-id "
+                                   "or by-path link, sysfs place); cachemgr does not guess "
+                                   f"it by size ({want.words()})"))
+            continue
+        key, value = s
+        found = [n for n, d in devices.items() if matches(want, d, key)]
+        if len(found) > 1:
+            problems.append((role, f"{', '.join('/dev/' + n for n in sorted(found))} all have "
+                                   f"{key.replace('_', '-')} {value}; ambiguous"))
+            continue
+        if not found:
+            # a disk in its place (by-path, sysfs) that is not the recorded one
+            there = [n for n, d in devices.items() for k in ("by_path", "sys_path")
+                     if KEYS.index(k) > KEYS.index(key) and matches(want, d, k)]
+            if there:
+                other = devices[there[0]]
+                problems.append((role, f"/dev/{there[0]} sits where it was but is another "
+                                       f"device ({other.words().split(' (was')[0]}; "
+                                       f"recorded: {want.words()})"))
+            else:
+                absent += 1
+                problems.append((role, f"missing ({want.words()})"))
+            continue
+        name = found[0]
+        now = devices[name]
+        if now.size_bytes != want.size_bytes:
+            problems.append((role, f"/dev/{name} has {key.replace('_', '-')} {value} but "
+                                   f"{now.size_bytes} bytes, not the recorded "
+                                   f"{want.size_bytes}: not the recorded device"))
+            continue
+        nodes[role] = now.node or f"/dev/{name}"
+    if "metadata" in nodes:
+        sb = superblock(nodes["metadata"])
+        if sb is None:
+            problems.append(("metadata", f"{nodes['metadata']} carries no dm-cache "
+                                         "superblock: assembling would format fresh metadata "
+                                         "and lose the cache's blocks"))
+        elif sb.block_sectors != rec.block_sectors:
+            problems.append(("metadata", f"{nodes['metadata']} holds the metadata of a cache "
+                                         f"with {sb.block_sectors}-sector blocks, not the "
+                                         f"recorded {rec.block_sectors}"))
+        elif "cache" in nodes and sb.cache_blocks and \
+                sb.cache_blocks != rec.cache.size_bytes // (rec.block_sectors * 512):
+            problems.append(("metadata", f"{nodes['metadata']} holds the metadata of a cache "
+                                         f"of {sb.cache_blocks} blocks, not of this one's "
+                                         f"{rec.cache.size_bytes // (rec.block_sectors * 512)}"))
+    if len({*nodes.values()}) != len(nodes):
+        problems.append(("origin", "two roles resolve to one device"))
+    return Resolution(nodes, tuple(problems), missing=bool(problems) and absent ==
+                      len(problems))
+
+
+def identities(sysfs: Sysfs, idents: Mapping[str, Identity] | None = None
+               ) -> dict[str, DeviceId]:
+    """Every block device's :class:`DeviceId` now (``idents``: identity.identify_all's)."""
+    dirs = block_dirs(sysfs)
+    if idents is None:
+        idents = identity_mod.identify_all(sysfs, probe=None)
+    return {n: device_id(sysfs, i, dirs.get(n)) for n, i in idents.items()
+            if not n.startswith(("loop", "ram", "zram", "sr", "bcache"))}
+
+
+# ---------------------------------------------------------------------------------------
+# files
+
+
+def _path(name: str) -> str:
+    return os.path.join(records_dir(), f"{name}.json")
+
+
+@contextlib.contextmanager
+def _dir(create: bool) -> Any:
+    try:
+        fd = safefs.open_trusted_dir(records_dir(), create=create)
+    except safefs.UnsafePathError as exc:
+        raise RecordError(exc.message, hint=exc.fix) from None
+    except OSError as exc:
+        raise RecordError(f"{records_dir()}: {exc.strerror}") from None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def save(rec: Record) -> str:
+    """Write ``rec`` atomically (root's, mode 0600); its path."""
+    if not _NAME.fullmatch(rec.name):
+        raise RecordError(f"dm name {rec.name!r} cannot name a record file")
+    data = (json.dumps(rec.to_json(), indent=2, sort_keys=True) + "\n").encode()
+    with _dir(create=True) as fd:
+        try:
+            safefs.write_at(fd, f"{rec.name}.json", data, mode=0o600)
+        except OSError as exc:
+            raise RecordError(f"{_path(rec.name)}: {exc.strerror}") from None
+    return _path(rec.name)
+
+
+def delete(name: str) -> bool:
+    """Remove the record of ``name``; False when there was none."""
+    if not _NAME.fullmatch(name):
+        return False
+    with _dir(create=False) as fd:
+        if fd is None:
+            return False
+        try:
+            os.unlink(f"{name}.json", dir_fd=fd)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise RecordError(f"{_path(name)}: {exc.strerror}") from None
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    return True
+
+
+def load_all() -> tuple[list[Record], list[str]]:
+    """Every record, and one line for each file that is not one (never raises for a file)."""
+    out: list[Record] = []
+    bad: list[str] = []
+    try:
+        ctx = _dir(create=False)
+        fd = ctx.__enter__()
+    except RecordError as exc:
+        return [], [exc.message]
+    try:
+        if fd is None:
+            return [], []
+        for n in sorted(os.listdir(fd)):
+            if not n.endswith(".json") or n.startswith("."):
+                continue
+            shown = os.path.join(records_dir(), n)
+            try:
+                f = safefs.open_file(fd, n, shown, os.O_RDONLY | os.O_NONBLOCK)
+                with os.fdopen(f, "rb") as fh:
+                    raw = fh.read(1 << 20)
+                rec = Record.from_json(json.loads(raw.decode("utf-8")), shown)
+                if rec.name != n[:-5]:
+                    raise ValueError(f"it names {rec.name!r}")
+            except safefs.UnsafePathError as exc:
+                bad.append(exc.message)
+                continue
+            except (OSError, ValueError, RecursionError) as exc:
+                bad.append(f"{shown}: not a dm-cache record cachemgr can read: {exc}")
+                continue
+            out.append(rec)
+    finally:
+        ctx.__exit__(None, None, None)
+    return out, bad
+
+
+def load(name: str) -> Record | None:
+    return next((r for r in load_all()[0] if r.name == name), None)
+
+
+# ---------------------------------------------------------------------------------------
+# record at create, assemble at boot, what is not assembled
+
+
+def make(sysfs: Sysfs, name: str, nodes: Mapping[str, str], table: DmCacheTable,
+         now: float) -> Record:
+    """The record of a device just created over ``nodes`` (role -> /dev node)."""
+    dirs = block_dirs(sysfs)
+    ids: dict[str, DeviceId] = {}
+    for role in ROLES:
+        k = sysfs.block_name_of(nodes[role])
+        if k is None or k not in dirs:
+            raise RecordError(f"{nodes[role]} ({role}): no such block device")
+        ident = identity_mod.identify(sysfs, k, probe=None)
+        ids[role] = device_id(sysfs, ident, dirs[k])
+    return Record(name, ids["origin"], ids["cache"], ids["metadata"], table.length,
+                  table.block_sectors, table.policy, table.mode, round(now, 3))
+
+
+def assemble(sysfs: Sysfs, rec: Record,
+             devices: Mapping[str, DeviceId] | None = None) -> str:
+    """``dmsetup create`` ``rec``'s device with the recorded table over its devices as
+    found now. AlreadyError when it is there; UnsafeError (nothing done) when a device is
+    missing, another one, or busy. Its description."""
+    devs = discover.dm_devices(sysfs)
+    if rec.name in devs:
+        raise AlreadyError(f"{rec.node} is assembled already")
+    res = resolve(rec, devices if devices is not None else identities(sysfs))
+    if not res.ok:
+        raise UnsafeError(f"{rec.node} not assembled: " + "; ".join(
+            f"{role}: {why}" for role, why in res.problems),
+            hint=f"its record: {rec.path or _path(rec.name)}")
+    for role in ROLES:
+        why = in_use(sysfs, res.nodes[role])
+        if why:
+            raise UnsafeError(f"{rec.node} not assembled: its {role} {res.nodes[role]} is "
+                              f"busy: {why}")
+    table = rec.table(res.nodes)
+    command.dmsetup("create", rec.name, "--table", table.line())
+    return (f"{rec.node}: dm-cache {rec.mode.value} over {res.nodes['origin']} (cache "
+            f"{res.nodes['cache']}, metadata {res.nodes['metadata']})")
+
+
+def unassembled(sysfs: Sysfs, assembled: Iterable[str],
+                devices: Mapping[str, DeviceId] | None = None) -> list[UnassembledDmCache]:
+    """The records whose device is not among ``assembled`` (dm names), each with why."""
+    recs, _ = load_all()
+    names = set(assembled)
+    todo = [r for r in recs if r.name not in names]
+    if not todo:
+        return []
+    if devices is None:
+        try:
+            devices = identities(sysfs)
+        except CacheMgrError:
+            devices = {}
+    return [UnassembledDmCache(r.name, r.path, r.mode, resolve(r, devices).problems)
+            for r in todo]
