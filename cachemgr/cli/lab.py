@@ -30,6 +30,7 @@ def _lab_spec(args: argparse.Namespace, **kw: object):  # type: ignore[no-untype
         mem_mb=args.mem,
         keep=args.keep,
         rw_paths=tuple(os.path.abspath(p) for p in args.rw or []),
+        disk_images=tuple(os.path.abspath(p) for p in getattr(args, "disk_image", None) or []),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -102,6 +103,9 @@ def register(sub: Any) -> None:
         sp.add_argument("--disks", metavar="SIZES",
                         help="scratch disks, e.g. 1G,256M; nvme:512M: an NVMe controller "
                              "(qemu); nvme:160M+32M: one controller with two namespaces")
+        sp.add_argument("--disk-image", action="append", metavar="PATH",
+                        help="an existing disk image, used as it is after the --disks (never "
+                             "removed): boot again on what an earlier run wrote")
         sp.add_argument("--udev", action="store_true", help="run udevd in the guest")
         sp.add_argument("--libvirt", action="store_true",
                         help="cgroup v2 with machine.slice and libvirtd (qemu:///system) in "

@@ -161,6 +161,15 @@ class LabSpec:
     # qemu: its QMP monitor on a virtio-serial port of the guest, to pull and insert drives
     # (cachemgr/lab/qmp.py); the guest gets the whole of its qemu through it
     monitor: bool = False
+    # existing disk images, attached as they are after the fresh ``disks`` (and before the
+    # NVMe ones) and never removed: a second boot on what an earlier run wrote, as after a
+    # reboot or a power cut (``lab run --disk-image PATH``)
+    disk_images: tuple[str, ...] = ()
+
+    @property
+    def n_disks(self) -> int:
+        """The plain disks (fresh ones, then the images): ``$LAB_DISKS``."""
+        return len(self.disks) + len(self.disk_images)
 
 
 @dataclass
@@ -264,10 +273,15 @@ def run(
             f"the {spec.backend} lab kernel is not installed",
             hint="run scripts/setup.sh (or: cachemgr lab setup)",
         )
+    images = [Path(p).resolve() for p in spec.disk_images]
+    for img in images:
+        if not img.is_file():
+            raise UsageError(f"lab disk image {img}: no such file")
     base = runs_dir()
     base.mkdir(parents=True, exist_ok=True)
     rundir = Path(tempfile.mkdtemp(prefix=f"{spec.backend}-", dir=base))
-    disks = [make_image(rundir / f"disk{i}.img", size) for i, size in enumerate(spec.disks)]
+    fresh = [make_image(rundir / f"disk{i}.img", size) for i, size in enumerate(spec.disks)]
+    disks = [*fresh, *images]
     # controller i's namespaces, in nsid order
     disks += [make_image(rundir / f"nvme{i}n{nsid}.img", size)
               for i, sizes in enumerate(spec.nvme) for nsid, size in enumerate(sizes, 1)]
@@ -301,7 +315,7 @@ def run(
         "LAB_MODULES": info.modules,
         "LAB_MODULES_LOAD": " ".join(spec.modules + (("nvme",) if spec.nvme else ())
                                      + (("virtio_console",) if spec.monitor else ())),
-        "LAB_DISKS": " ".join(_disk_names(spec.backend, len(spec.disks))),
+        "LAB_DISKS": " ".join(_disk_names(spec.backend, spec.n_disks)),
         # NVMe namespaces by controller serial (their kernel names follow the probe order)
         "LAB_NVME_SERIALS": " ".join(nvme_serial(i) for i in range(len(spec.nvme))),
         "LAB_RW_PATHS": " ".join(rw_paths),
@@ -326,6 +340,8 @@ def run(
         if failed:
             print(f"lab: console log kept in {console}", file=sys.stderr)
         for d in disks:
+            if d in images:
+                continue  # the caller's: never removed
             with contextlib.suppress(OSError):
                 d.unlink()
     else:

@@ -104,7 +104,7 @@ class QemuBackend(Backend):
                 "-serial", f"chardev:{name}",
             ]
         # disks first: virtio-blk names follow the PCI order (vda = disk0)
-        plain, nvme = disks[:len(spec.disks)], disks[len(spec.disks):]
+        plain, nvme = disks[:spec.n_disks], disks[spec.n_disks:]
         for i, d in enumerate(plain):
             argv += [
                 "-drive", f"file={_opt(d)},format=raw,if=none,id=disk{i},"
