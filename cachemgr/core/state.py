@@ -235,10 +235,11 @@ def journal_path(kind: str, key: str) -> Path:
 
 # Locks this process holds: key -> _Held. A command takes the lock of the object it acts on,
 # and the procedure it calls (a drain, a flush) takes the same lock again: the same owner
-# re-enters. The owner is the thread, or the token of :func:`acting_as` (a replace-ssd run
+# re-enters. The owner is the thread, or one :func:`acting_as` block (a replace-ssd run
 # holds its devices for the whole run, and the drains it starts in worker threads act for
 # it); another thread of this process (the TUI runs each operation in a worker thread) is
-# refused exactly like another process.
+# refused exactly like another process, even one acting for a token equal to the owner's
+# (the TUI's resume or rollback of a run it is running in another worker).
 @dataclasses.dataclass
 class _Held:
     owner: object
@@ -249,20 +250,38 @@ class _Held:
 
 _held: dict[str, _Held] = {}
 _held_mutex = threading.Lock()
-_acting: contextvars.ContextVar[object | None] = contextvars.ContextVar("cachemgr_acting",
-                                                                       default=None)
+
+
+class _Acting:
+    """One :func:`acting_as` block: the owner of the locks taken inside it. Compared by
+    identity, never by its token: two blocks acting for equal tokens are two owners."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: object) -> None:
+        self.token = token
+
+    def __repr__(self) -> str:
+        return f"acting as {self.token!r}"
+
+
+_acting: contextvars.ContextVar[_Acting | None] = contextvars.ContextVar("cachemgr_acting",
+                                                                        default=None)
 
 
 def _me() -> object:
-    token = _acting.get()
-    return token if token is not None else threading.get_ident()
+    acting = _acting.get()
+    return acting if acting is not None else threading.get_ident()
 
 
 @contextlib.contextmanager
 def acting_as(token: object) -> Iterator[None]:
-    """Locks taken (or re-entered) inside act for ``token``: a procedure's worker threads
-    run ``contextvars.copy_context().run(...)`` inside it to share its locks."""
-    reset = _acting.set(token)
+    """Locks taken (or re-entered) inside act for this block, named ``token``: a
+    procedure's worker threads run ``contextvars.copy_context().run(...)`` inside it to
+    share its locks. Another block, in another thread, acting for an equal token is another
+    owner (refused); a block nested in one acting for an equal token stays that owner."""
+    cur = _acting.get()
+    reset = _acting.set(cur if cur is not None and cur.token == token else _Acting(token))
     try:
         yield
     finally:
