@@ -334,7 +334,7 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
         "bcache_loaded": snap.bcache_loaded,
         "devices": devices,
         "caches": [cache_set_json(c) for c in snap.cache_sets],
-        "unregistered": [unregistered_json(u) for u in snap.unregistered],
+        "unregistered": [unregistered_json(u, snap) for u in snap.unregistered],
         "warnings": list(snap.warnings),
     }
     if snap.vms is not None:
@@ -377,7 +377,15 @@ def vm_scan_json(s: VmScan) -> dict[str, Any]:
             "vm_warnings": list(s.warnings)}
 
 
-def unregistered_json(u: UnregisteredBcache) -> dict[str, Any]:
+def unregistered_json(u: UnregisteredBcache, snap: Snapshot) -> dict[str, Any]:
+    """What is known of a device bcache has not registered, and no more: dirty data on its
+    cache set is "lost with the cache" only while that set's SSD is nowhere on the host
+    (neither registered nor present unregistered); a transient fault that stopped the set
+    leaves the SSD present and the dirty data on it (docs/json.md)."""
+    registered = u.cset_uuid is not None and snap.cache_set(u.cset_uuid) is not None
+    present = registered or any(x.kind == "cache" and x.cset_uuid == u.cset_uuid
+                                for x in snap.unregistered)
+    dirty = u.kind == "backing" and u.sb_state == "dirty"
     return {
         "kind": f"bcache-{u.kind}-unregistered",
         "device": u.identity.node,
@@ -385,5 +393,8 @@ def unregistered_json(u: UnregisteredBcache) -> dict[str, Any]:
         "cache": u.cset_uuid,
         "superblock_state": u.sb_state,
         "superblock_mode": u.sb_mode,
-        "dirty_data_lost_with_cache": u.dirty_data_lost_with_cache,
+        "dirty_data": dirty,
+        "cache_registered": registered if u.cset_uuid else None,
+        "cache_ssd_present": present if u.cset_uuid else None,
+        "dirty_data_lost_with_cache": dirty and not present,
     }

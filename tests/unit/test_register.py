@@ -103,3 +103,21 @@ def test_registered_ones_are_already_so_and_others_usage_errors(
     with pytest.raises(UsageError, match="at least one DEV"):
         cache_ops.register(sysfs, [])
     assert done == []
+
+
+def test_json_claims_no_loss_while_the_ssd_is_on_the_host(tmp_path: Path) -> None:
+    """issue #31: a transient SSD fault made bcache stop the set; the SSD read again and was
+    registered: the JSON said dirty_data_lost_with_cache true although all of it came back."""
+    snap = snapshot.take(Sysfs(str(copy_capture(tmp_path, "bcache-unattached"))))
+    dirty, ssd = unreg("sdx", "backing", "dirty"), unreg("sdy", "cache", None)
+    both = snapshot.to_json(dataclasses.replace(snap, unregistered=(dirty, ssd)))
+    (entry,) = [u for u in both["unregistered"] if u["device"] == "/dev/sdx"]
+    assert entry["dirty_data"] is True and entry["cache_ssd_present"] is True
+    assert entry["cache_registered"] is False and entry["dirty_data_lost_with_cache"] is False
+    alone = snapshot.to_json(dataclasses.replace(snap, unregistered=(dirty,)))
+    (entry,) = alone["unregistered"]
+    assert entry["cache_ssd_present"] is False and entry["dirty_data_lost_with_cache"] is True
+    registered = dataclasses.replace(dirty, cset_uuid=snap.cache_sets[0].uuid)
+    doc = snapshot.to_json(dataclasses.replace(snap, unregistered=(registered,)))
+    (entry,) = doc["unregistered"]
+    assert entry["cache_registered"] is True and entry["dirty_data_lost_with_cache"] is False
