@@ -113,8 +113,12 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
         if r.same_cache(j):
             _refuse_second(r)
     # a drain or another change running on one of its devices: said now, not after the
-    # operator confirmed (the run enters the gate again, for real, when it starts)
-    gate.check(subject(j), takes_over=gate.resumes("drain", "dm-cache flush", "lvm drain"))
+    # operator confirmed (the run enters the gate again, for real, when it starts). An
+    # interrupted drain or flush is refused too, not taken over: it left its interim
+    # tunables (writeback_percent=0) or table (the cleaner policy), which the plan has just
+    # recorded as the ones the run restores at its end, and the run's drain step would
+    # consume the journal that holds the real ones
+    gate.check(subject(j))
     return j
 
 
