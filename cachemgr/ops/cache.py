@@ -82,6 +82,10 @@ def kind_of(obj: object) -> kinds.Kind | None:
     return kinds.of(obj)
 
 
+# what kind_of answers, for a face's type hints (the faces import the command layer only)
+Kind = kinds.Kind
+
+
 # a poller's pieces (the TUI imports the command layer only)
 carry_stats = snapshot_mod.carry_stats
 

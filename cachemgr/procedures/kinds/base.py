@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from cachemgr.backends.bcache import Change
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheMode, Snapshot, human
+from cachemgr.core.model import CacheMode, Identity, Size, Snapshot, Stats, human
 from cachemgr.core.sysfs import Sysfs
 
 ProgressFn = Callable[[Any], None]
@@ -63,6 +63,43 @@ class Switched:
     notes: list[str]
     drained: Drained | None = None
     as_drain: bool = False
+
+
+# what Cancel does once a drain (a mode switch's too) or a removal runs
+DRAIN_CANCEL_NOTE = ("Cancel stops the drain at its next poll; the tunables it changed are "
+                     "restored and the dirty data stays safe in the cache.")
+REMOVE_CANCEL_NOTE = ("Cancel stops at the next progress report; a flush puts the original "
+                      "table back.")
+
+
+def size_words(x: Size) -> str:
+    """A size the kernel printed lossily: exact, or its bounds (58.5 MiB (<= 58.6 MiB))."""
+    return human(x.low) if x.is_exact else f"{human(x.low)} (≤ {human(x.high)})"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A confirmation a face shows before an action: its body, its buttons (id, label,
+    weight: "primary", "warning" or "error") and what Cancel does once it runs."""
+
+    body: str
+    buttons: tuple[tuple[str, str, str], ...]
+    cancel_note: str = ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of a detail view, as data: a title and (name, value) lines, or a table
+    (``columns`` and ``rows``; ``numbers``: the columns after the first are figures), or a
+    remark (``note``). Values are the model's (Size, enums, bools, None: unknown); the face
+    words them."""
+
+    title: str
+    pairs: tuple[tuple[str, object], ...] = ()
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[object, ...], ...] = ()
+    numbers: bool = False
+    note: str = ""
 
 
 class Kind:
@@ -248,3 +285,128 @@ class Kind:
     def _cannot(self, action: str) -> CacheMgrError:
         err = self.refusal(action)
         return err if err is not None else CacheMgrError(f"{self.node}: {action} not built")
+
+    # ---------------------------------------------------------------- words the faces show
+    # (the TUI asks these and never branches on a kind: what a row offers, the confirmations
+    # of its actions in the words of the row, the detail view's sections as data)
+
+    # bench: whether the bench compares the cache's modes on it (its hygiene switches them)
+    bench_hygiene: ClassVar[bool] = False
+
+    def offers(self, action: str) -> bool:
+        """Whether a face offers ``action`` on it now: what it :meth:`can` do (a mode
+        switch only where there is more than one mode), its detail always, a benchmark on
+        every cached device (any block device can be benchmarked; the bench's own gate
+        decides what it may switch)."""
+        if action == "detail":
+            return True
+        if action == "bench":
+            return self.cached_device
+        if action == "mode" and len(self.modes) < 2:
+            return False
+        return self.can(action)
+
+    @property
+    def key(self) -> str:
+        """A stable key for it across polls (a face's row key, the trends' history)."""
+        return self.node
+
+    @property
+    def block_name(self) -> str | None:
+        """The kernel block device whose IO counters measure its IOPS (None: none)."""
+        return None
+
+    @property
+    def bench_target(self) -> str:
+        """The device a benchmark of it runs on."""
+        return self.node
+
+    @property
+    def cache_name(self) -> str | None:
+        """The cache replace-ssd takes for it (a cache set UUID, a dm name, VG/LV); None:
+        none (replace-ssd cannot replace its SSD)."""
+        return None
+
+    @property
+    def vm_node(self) -> str | None:
+        """The device VMs use (what libvirt's disks name), None when there is none."""
+        return None
+
+    @property
+    def health_cache(self) -> str | None:
+        """What the cache SSD health lookup lists this cache as (smart.Ssd.caches)."""
+        return None
+
+    def hit_counters(self) -> tuple[int, int] | None:
+        """(hits, misses) since the start, where the kernel counts them (None: it does not,
+        or its counters are no read hit ratio)."""
+        stats = getattr(self.obj, "stats", None)
+        s = stats.get("total") if isinstance(stats, dict) else None
+        if s is None or s.hits is None or s.misses is None:
+            return None
+        return s.hits, s.misses
+
+    def drain_words(self, target: str, dirty: str, disk: str) -> Asked:
+        """The drain's confirmation, in the words of the row (target, dirty data, disk)."""
+        return Asked(f"Drain {target}: write its {dirty} of dirty data back to {disk} as fast "
+                     f"as that device allows, with progress and ETA.\n\n{self.drain_how}",
+                     (("go", "Drain", "primary"),), DRAIN_CANCEL_NOTE)
+
+    def mode_words(self, target: str, current: str, mode: CacheMode) -> Asked:
+        """The mode switch's confirmation."""
+        return Asked(f"Switch {target} from {current} to {mode.value}.\n\n"
+                     f"{self.dirty_consequence(mode)}\n\n"
+                     "Switch + drain also writes every dirty block back now (cachemgr mode "
+                     "--drain), with progress.",
+                     (("switch", f"Switch to {mode.value}", "primary"),
+                      ("drain", "Switch + drain", "warning")), DRAIN_CANCEL_NOTE)
+
+    def detach_words(self, target: str, dirty: str) -> Asked | None:
+        """The detach's confirmation (None: it has no detach)."""
+        return None
+
+    def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
+        """The removal's confirmation (None: it has no removal); a "keep" button keeps the
+        device (``remove --keep-device``)."""
+        return None
+
+    def attach_choices(self, snap: Snapshot) -> tuple[str, list[tuple[str, str]], str]:
+        """The attach's question, its choices (id, words) and what to say when there are
+        none."""
+        return (f"Attach {self.node}?", [], "nothing to attach")
+
+    def attach_pair(self, choice: str) -> tuple[str, str]:
+        """(the device to attach, the cache) for a choice of :meth:`attach_choices`."""
+        raise self._cannot("attach")
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        """The detail view's sections, as data."""
+        return [Section(f"{self.title} {self.node}",
+                        (("mode", self.mode), ("dirty", human(self.dirty_bytes))))]
+
+
+def identity_section(title: str, i: Identity) -> Section:
+    """A block device's identities (node, names that survive a reboot, size...)."""
+    return Section(title, (
+        ("node", i.node), ("kernel name", i.name), ("devno", i.devno),
+        ("size", human(i.size_bytes) if i.size_bytes is not None else None),
+        ("by-id", "\n".join(i.by_id) or None), ("by-path", i.by_path),
+        ("serial", i.serial), ("WWN", i.wwn),
+        ("vendor/model", " ".join(x for x in (i.vendor, i.model) if x) or None),
+        ("rotational", i.rotational), ("fs type", i.fs_type), ("fs UUID", i.fs_uuid),
+    ))
+
+
+def stats_section(stats: dict[str, Stats]) -> Section:
+    """bcache's stats per interval, as a table."""
+    rows = []
+    for name in ("five_minute", "hour", "day", "total"):
+        s = stats.get(name)
+        if s is None:
+            continue
+        r = s.computed_hit_ratio
+        rows.append((name, s.hits, s.misses, "-" if r is None else f"{100 * r:.1f}",
+                     s.bypassed, s.bypass_hits, s.bypass_misses, s.miss_collisions))
+    return Section("stats per interval", columns=(
+        "interval", "hits", "misses", "hit%", "bypassed", "byp hits", "byp miss",
+        "collisions"), rows=tuple(rows), numbers=True)

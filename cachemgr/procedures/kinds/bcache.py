@@ -9,11 +9,22 @@ from typing import Any
 from cachemgr.backends import bcache
 from cachemgr.backends.bcache import BCACHE_MODES, Change
 from cachemgr.core.errors import AlreadyError
-from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, human
+from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, dirty_text, human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain as drain_mod
 from cachemgr.procedures import owners
-from cachemgr.procedures.kinds.base import Drained, Kind, ProgressFn, Switched
+from cachemgr.procedures.kinds.base import (
+    REMOVE_CANCEL_NOTE,
+    Asked,
+    Drained,
+    Kind,
+    ProgressFn,
+    Section,
+    Switched,
+    identity_section,
+    size_words,
+    stats_section,
+)
 
 
 class Bcache(Kind):
@@ -155,6 +166,89 @@ class Bcache(Kind):
                     "(cachemgr mode --drain).")
         return f"{self.node} is clean: nothing is at risk."
 
+    # ---------------------------------------------------------------- words the faces show
+
+    bench_hygiene = True
+
+    @property
+    def key(self) -> str:
+        return self.obj.key
+
+    @property
+    def block_name(self) -> str | None:
+        return self.obj.device_name
+
+    @property
+    def cache_name(self) -> str | None:
+        return self.obj.cset_uuid
+
+    @property
+    def vm_node(self) -> str | None:
+        return self.obj.device
+
+    @property
+    def health_cache(self) -> str | None:
+        return self.obj.cset_uuid
+
+    def detach_words(self, target: str, dirty: str) -> Asked | None:
+        return Asked(f"Detach {target} from cache set {self.obj.cset_uuid}.\n\nbcache writes "
+                     f"its {dirty} of dirty data back first, then the state reads 'no cache'; "
+                     f"{target} stays up without a cache (passthrough).",
+                     (("go", "Detach", "warning"),),
+                     "Cancel stops waiting; the kernel finishes the detach by itself.")
+
+    def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
+        return Asked(f"Decommission {target}: detach it from its cache set (bcache flushes "
+                     f"its {dirty} of dirty data first), then stop it. {target} disappears: "
+                     f"whatever uses it loses the disk. The data stays on {disk}.",
+                     (("go", f"Remove {target}", "error"),), REMOVE_CANCEL_NOTE)
+
+    def attach_choices(self, snap: Snapshot) -> tuple[str, list[tuple[str, str]], str]:
+        return (f"Attach {self.node} to which cache set?",
+                [(c.uuid, f"{c.uuid[:8]}  SSD {','.join(x.identity.node for x in c.caches)}"
+                          f"  {len(c.backing_names)} backing") for c in snap.cache_sets],
+                "no cache set is registered")
+
+    def attach_pair(self, choice: str) -> tuple[str, str]:
+        return self.node, choice
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        b = self.obj
+        cset = snap.cache_set(b.cset_uuid) if b.cset_uuid else None
+        out = [
+            Section(f"bcache device {b.device or '(stopped)'}", (
+                ("device", b.device), ("backing UUID", b.uuid),
+                ("by-uuid", f"/dev/bcache/by-uuid/{b.uuid}" if b.uuid else None),
+                ("label", b.label or None), ("cache set", b.cset_uuid or "none"),
+                ("cache device", ", ".join(c.identity.node for c in cset.caches)
+                 if cset else None),
+                ("mode", b.mode), ("state", b.state), ("dirty", dirty_text(b)),
+                ("running", b.running),
+            )),
+            identity_section("backing device", b.identity),
+            Section("tunables", (
+                ("writeback_percent", b.writeback_percent),
+                ("writeback_delay", b.writeback_delay),
+                ("writeback_running", b.writeback_running),
+                ("writeback_rate_minimum", b.writeback_rate_minimum),
+                ("writeback_rate", f"{size_words(b.writeback_rate)}/s"
+                 if b.writeback_rate else None),
+                ("sequential_cutoff", b.sequential_cutoff),
+                ("stop_when_cache_set_failed", b.stop_when_cache_set_failed),
+            )),
+            stats_section(b.stats),
+            Section("errors", (("io_errors", b.io_errors),
+                               ("io_error_limit", b.io_error_limit))),
+        ]
+        if b.rate_debug:
+            d = b.rate_debug
+            out.append(Section("writeback_rate_debug", (
+                ("rate", d.rate), ("dirty", d.dirty), ("target", d.target),
+                ("proportional", d.proportional), ("integral", d.integral),
+                ("change", d.change),
+                ("next io", f"{d.next_io_ms} ms" if d.next_io_ms is not None else None))))
+        return out
+
 
 class BcacheSet(Kind):
     """A bcache cache set: its SSD and the backing devices attached to it."""
@@ -211,3 +305,62 @@ class BcacheSet(Kind):
 
     def set_tunable(self, sysfs: Sysfs, name: str, value: int) -> Change:
         return bcache.set_cache_set_tunable(sysfs, self.obj, name, value)
+
+    # ---------------------------------------------------------------- words the faces show
+
+    @property
+    def key(self) -> str:
+        return f"cset:{self.obj.uuid}"
+
+    @property
+    def cache_name(self) -> str | None:
+        return self.obj.uuid
+
+    @property
+    def health_cache(self) -> str | None:
+        return self.obj.uuid
+
+    def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
+        return Asked(f"Unregister cache set {self.obj.uuid} (SSD {disk}). Refused while "
+                     "backing devices are attached or hold dirty data.",
+                     (("go", "Unregister", "error"),), REMOVE_CANCEL_NOTE)
+
+    def attach_choices(self, snap: Snapshot) -> tuple[str, list[tuple[str, str]], str]:
+        free = [b for b in snap.backings if b.cset_uuid is None]
+        return (f"Attach which backing device to {self.obj.uuid[:8]}?",
+                [(b.device or b.identity.node,
+                  f"{b.device or '-'}  on {b.identity.node}  {b.state.value}") for b in free],
+                "no detached backing device")
+
+    def attach_pair(self, choice: str) -> tuple[str, str]:
+        return choice, self.obj.uuid
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        c = self.obj
+        out = [Section(f"cache set {c.uuid}", (
+            ("backing devices", ", ".join(f"/dev/{n}" for n in c.backing_names) or "none"),
+            ("flash volumes", c.flash_volumes),
+            ("cache used", None if c.cache_available_percent is None
+             else f"{100 - c.cache_available_percent}% ({c.cache_available_percent}% "
+                  "available)"),
+            ("dirty (at last GC)", c.dirty), ("block size", c.block_size),
+            ("bucket size", c.bucket_size), ("congested", c.congested),
+            ("congested_read_threshold_us", c.congested_read_threshold_us),
+            ("congested_write_threshold_us", c.congested_write_threshold_us),
+            ("errors", c.errors), ("io_error_limit", c.io_error_limit),
+            ("io_error_halflife", c.io_error_halflife),
+        ))]
+        for x in c.caches:
+            out.append(identity_section(f"cache device {x.identity.node}", x.identity))
+            out.append(Section("cache device", (
+                ("io_errors", x.io_errors), ("buckets", x.nbuckets),
+                ("bucket size", x.bucket_size), ("block size", x.block_size),
+                ("replacement", x.replacement_policy), ("written", x.written))))
+        out.append(stats_section(c.stats))
+        members = [b for b in snap.backings if b.cset_uuid == c.uuid]
+        if members:
+            out.append(Section("backing devices",
+                               columns=("device", "backing", "mode", "state", "dirty"),
+                               rows=tuple((b.device or "-", b.identity.node, b.mode,
+                                           b.state.value, dirty_text(b)) for b in members)))
+        return out

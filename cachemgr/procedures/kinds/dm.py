@@ -5,7 +5,7 @@ device LVM does not describe (``dm-writecache``: shown, never changed)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from cachemgr.backends import dmcache
 from cachemgr.backends.bcache import Change
@@ -24,7 +24,16 @@ from cachemgr.core.model import (
 )
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import owners
-from cachemgr.procedures.kinds.base import Drained, Kind, ProgressFn, Switched
+from cachemgr.procedures.kinds.base import (
+    REMOVE_CANCEL_NOTE,
+    Asked,
+    Drained,
+    Kind,
+    ProgressFn,
+    Section,
+    Switched,
+    identity_section,
+)
 
 WRITECACHE_CONSEQUENCE = ("dm-writecache has only writeback: new writes land in the cache "
                           "first and are dirty until written back.")
@@ -49,6 +58,33 @@ class _Dm(Kind):
     def node(self) -> str:
         return self.obj.node
 
+    # ---------------------------------------------------------------- words the faces show
+
+    key_prefix: ClassVar[str] = "dm"  # its row key: dm:NAME (a writecache's: wc:NAME)
+
+    @property
+    def key(self) -> str:
+        return f"{self.key_prefix}:{self.obj.name}"
+
+    @property
+    def block_name(self) -> str | None:
+        return self.obj.kernel_name
+
+    @property
+    def bench_target(self) -> str:
+        return self.obj.node
+
+    @property
+    def vm_node(self) -> str | None:
+        return self.obj.node
+
+    @property
+    def health_cache(self) -> str | None:
+        return self.obj.node
+
+    def hit_counters(self) -> tuple[int, int] | None:
+        return None  # a writecache caches writes: its counters are no read hit ratio
+
     # a dm-cache device whose status line cachemgr could not read (model.DmCacheDevice
     # raw_status): its state and dirty data are unknown, so nothing is offered or done
     def can(self, action: str) -> bool:
@@ -66,6 +102,86 @@ class _Dm(Kind):
 
 def _unread(obj: object) -> bool:
     return isinstance(obj, DmCacheDevice) and obj.unread
+
+
+def _dm_counters(d: DmCacheDevice) -> tuple[int, int] | None:
+    """A dm-cache device's hits and misses (reads and writes), from its status."""
+    st = d.status
+    if st is None:
+        return None
+    return st.read_hits + st.write_hits, st.read_misses + st.write_misses
+
+
+def _dmcache_detail(d: DmCacheDevice) -> list[Section]:
+    st = d.status
+    out = [Section(f"dm-cache {d.node}", (
+        ("dm name", d.name), ("kernel name", d.kernel_name), ("devno", d.devno),
+        ("dm UUID", d.uuid), ("owned by LVM", d.lvm_owned), ("mode", d.mode),
+        ("state", d.state), ("dirty", human(d.dirty_bytes) if d.dirty_bytes is not None
+                             else "unknown"),
+        ("block size", human(d.block_bytes)), ("open count", d.open_count),
+        ("suspended", d.suspended), ("holders", ", ".join(d.holders) or None),
+        ("failure", d.failure), ("table", d.table.line()),
+    ))]
+    if st:
+        out.append(Section("status", (
+            ("used", f"{st.used}/{st.total} blocks"),
+            ("dirty", f"{st.dirty} blocks"),
+            ("metadata", f"{st.metadata_used}/{st.metadata_total} blocks"),
+            ("read hits/misses", f"{st.read_hits}/{st.read_misses}"),
+            ("write hits/misses", f"{st.write_hits}/{st.write_misses}"),
+            ("hit ratio (total)", None if st.hit_ratio is None
+             else f"{100 * st.hit_ratio:.1f}%"),
+            ("promotions/demotions", f"{st.promotions}/{st.demotions}"),
+            ("policy", f"{st.policy} {' '.join(st.policy_args)}".strip()),
+            ("migration_threshold", st.migration_threshold),
+            ("features", " ".join(st.features)), ("metadata mode", st.metadata_mode),
+            ("needs_check", st.needs_check))))
+    for title, ident in (("origin", d.origin), ("cache device", d.cache),
+                         ("metadata device", d.metadata)):
+        if ident is not None:
+            out.append(identity_section(title, ident))
+    return out + _lvm_detail(d)
+
+
+def _wc_detail(d: DmWritecacheDevice) -> list[Section]:
+    st = d.status
+    out = [Section(f"dm-writecache {d.node}", (
+        ("dm name", d.name), ("kernel name", d.kernel_name), ("devno", d.devno),
+        ("dm UUID", d.uuid), ("owned by LVM", d.lvm_owned), ("state", d.state),
+        ("dirty", human(d.dirty_bytes) if d.dirty_bytes is not None else "unknown"),
+        ("block size", human(d.table.block_bytes)), ("open count", d.open_count),
+        ("suspended", d.suspended), ("holders", ", ".join(d.holders) or None),
+        ("failure", d.failure), ("table", d.table.line()),
+    ))]
+    if st:
+        out.append(Section("status", (
+            ("error", st.error), ("blocks", st.total), ("free", st.free),
+            ("dirty", f"{st.dirty} blocks"), ("under writeback", st.writeback),
+            ("watermarks", f"high {d.table.settings().get('high_watermark', '50')}, "
+                           f"low {d.table.settings().get('low_watermark', '45')}"))))
+    for title, ident in (("origin", d.origin), ("cache device", d.cache)):
+        if ident is not None:
+            out.append(identity_section(title, ident))
+    return out + _lvm_detail(d)
+
+
+def _lvm_detail(d: DmCacheDevice | DmWritecacheDevice) -> list[Section]:
+    """What lvm2 says of an LVM-owned cache (cachemgr changes it through lvm2)."""
+    v = d.lvm
+    if v is None:
+        if d.lvm_owned:
+            return [Section("", note="owned by LVM, but lvs did not describe it (see "
+                                     "cachemgr status's warnings)")]
+        return []
+    return [Section(f"LVM {v.kind} {v.full_name}", (
+        ("cache", f"{v.vg}/{v.pool_name} ({v.pool_kind})"), ("segment type", v.segtype),
+        ("origin PVs", ", ".join(v.origin_pvs) or None),
+        ("cache PVs", ", ".join(v.cache_pvs) or None),
+        ("mode (lvm2)", v.cache_mode), ("policy (lvm2)", v.policy),
+        ("settings", ",".join(f"{k}={x}" for k, x in v.settings) or None),
+        ("chunk/block size", human(v.chunk_bytes) if v.chunk_bytes else None),
+        ("health", v.health or "ok"), ("check needed", v.check_needed)))]
 
 
 class DmCache(_Dm):
@@ -163,6 +279,26 @@ class DmCache(_Dm):
     def dirty_consequence(self, mode: CacheMode) -> str:
         return _consequence(self.obj, mode)
 
+    # ---------------------------------------------------------------- words the faces show
+
+    @property
+    def cache_name(self) -> str | None:
+        return self.obj.name
+
+    def hit_counters(self) -> tuple[int, int] | None:
+        return _dm_counters(self.obj)
+
+    def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
+        return Asked(f"Remove dm-cache {self.obj.node}: flush every dirty block to {disk}, "
+                     "swap the table for a linear mapping of the origin, then remove the "
+                     "device. 'Keep device' leaves it as that linear mapping so its users keep "
+                     "running.",
+                     (("go", f"Remove {self.obj.name}", "error"),
+                      ("keep", "Keep device (linear)", "warning")), REMOVE_CANCEL_NOTE)
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        return _dmcache_detail(self.obj)
+
 
 def _consequence(d: DmCacheDevice, mode: CacheMode) -> str:
     """A dm-cache device's (lvm2's too) dirty data on a switch to ``mode``."""
@@ -259,13 +395,41 @@ class _Lvm(_Dm):
 
     def tunable(self, name: str) -> str:
         v = self.lv.setting(name)
-        return "?" if v is None else str(v)
+        # lvm2 lists only the settings it was given: else the kernel's (its table, status)
+        return self._kernel_tunable(name) if v is None else str(v)
+
+    def _kernel_tunable(self, name: str) -> str:
+        return "?"
 
     def check_tunable(self, name: str, value: int) -> None:
         lvm_manage.check_tunable(self.obj, name, value)
 
     def set_tunable(self, sysfs: Sysfs, name: str, value: int) -> Change:
         return lvm_manage.tune(self.obj, name, value)
+
+    # ---------------------------------------------------------------- words the faces show
+
+    @property
+    def cache_name(self) -> str | None:
+        return self.lv.full_name
+
+    def detach_words(self, target: str, dirty: str) -> Asked | None:
+        return Asked(f"Detach the cache {self.lv.vg}/{self.lv.pool_name} from {target}.\n\n"
+                     f"cachemgr drains its {dirty} of dirty data through lvm2's cleaner "
+                     "(with progress), then runs lvconvert --splitcache: the LV goes on "
+                     "uncached, the cache pool or cachevol is kept for a later attach.",
+                     (("go", "Detach", "warning"),),
+                     "Cancel stops the drain at its next poll; the policy is put back and the "
+                     "cache stays attached.")
+
+    def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
+        return Asked(f"Remove the cache of {target}: drain its {dirty} of dirty data "
+                     f"through lvm2's cleaner (with progress), then lvconvert --uncache: the "
+                     f"cache {self.lv.vg}/{self.lv.pool_name} is deleted, {target} goes on "
+                     "uncached with every byte on its origin. 'Keep the pool' splits it off "
+                     "instead (lvconvert --splitcache).",
+                     (("go", "Remove the cache", "error"),
+                      ("keep", "Keep the pool (split)", "warning")), REMOVE_CANCEL_NOTE)
 
 
 class LvmCache(_Lvm):
@@ -297,6 +461,17 @@ class LvmCache(_Lvm):
                     "'switch + drain' drains it with progress, then switches.")
         return _consequence(self.obj, mode)
 
+    # ---------------------------------------------------------------- words the faces show
+
+    def _kernel_tunable(self, name: str) -> str:
+        return DmCache.tunable(self, name)  # type: ignore[arg-type]
+
+    def hit_counters(self) -> tuple[int, int] | None:
+        return _dm_counters(self.obj)
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        return _dmcache_detail(self.obj)
+
 
 class LvmWritecache(_Lvm):
     """An LV cached by lvm2's dm-writecache."""
@@ -318,6 +493,16 @@ class LvmWritecache(_Lvm):
 
     def dirty_consequence(self, mode: CacheMode) -> str:
         return WRITECACHE_CONSEQUENCE
+
+    # ---------------------------------------------------------------- words the faces show
+
+    key_prefix = "wc"
+
+    def _kernel_tunable(self, name: str) -> str:
+        return DmWritecache.tunable(self, name)  # type: ignore[arg-type]
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        return _wc_detail(self.obj)
 
 
 class DmWritecache(_Dm):
@@ -352,3 +537,10 @@ class DmWritecache(_Dm):
 
     def dirty_consequence(self, mode: CacheMode) -> str:
         return WRITECACHE_CONSEQUENCE
+
+    # ---------------------------------------------------------------- words the faces show
+
+    key_prefix = "wc"
+
+    def detail(self, snap: Snapshot) -> list[Section]:
+        return _wc_detail(self.obj)
