@@ -46,22 +46,15 @@ from cachemgr.core.errors import (
     UsageError,
 )
 from cachemgr.core.model import (
-    BcacheBacking,
-    CacheMode,
-    CacheSet,
-    DmCacheDevice,
-    DmWritecacheDevice,
     Snapshot,
     VmScan,
 )
 from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.control import Control, Result, progress_line
-from tui import history, view
-from tui.dialogs import when
+from tui import actions, history, view
 from tui.dialogs.choose import ChoiceDialog
-from tui.dialogs.confirm import ConfirmDialog, MessageDialog
-from tui.dialogs.form import FormDialog
+from tui.dialogs.confirm import MessageDialog
 from tui.dialogs.progress import ProgressDialog
 from tui.messages import OpFinished, OpProgress, OpSaid, SnapshotReady
 from tui.safe import literal, plain
@@ -81,23 +74,6 @@ VM_EVERY = 15.0  # seconds between two looks at libvirt's domains (the VMs on ea
 STATS_EVERY = 15.0
 WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove", "replace",
                  "bench"}
-# actions about the selected device, and the kinds they apply to
-DEVICE_ACTIONS: dict[str, set[str]] = {
-    "mode": {view.BCACHE, view.DM},
-    "drain": {view.BCACHE, view.DM, view.WC},
-    "detach": {view.BCACHE, view.DM, view.WC},
-    "attach": {view.BCACHE, view.CSET},
-    "tune": {view.BCACHE, view.CSET, view.DM, view.WC},
-    "remove": {view.BCACHE, view.CSET, view.DM, view.WC},
-    "replace": {view.CSET, view.BCACHE, view.DM, view.WC},
-    "bench": {view.BCACHE, view.DM, view.WC},
-    "detail": {view.BCACHE, view.CSET, view.DM, view.WC},
-}
-# actions on a dm device that only an LVM-owned one has (lvm2 splits, rebuilds and tunes
-# it; a dmsetup-made writecache is shown, not run); a plain dm-cache's SSD is replaced by
-# replace-ssd's dm-cache kind
-LVM_ONLY = {view.DM: {"detach"},
-            view.WC: {"drain", "detach", "tune", "remove", "replace"}}
 ERROR_WORDS: list[tuple[type[BaseException], str]] = [
     (Cancelled, "cancelled"),
     (AlreadyError, "already so (nothing changed)"),
@@ -342,6 +318,12 @@ class CacheMgrApp(App[int]):
                 r = next(r for r in self.rows if r.key == md)
                 bits.append(f"most dirty: {r.device.lstrip('├└ ')} {r.dirty} (g)")
             bits += [f"! {w}" for w in snap.warnings]
+            owned = [f"{r.owner} {r.device.lstrip('├└ ')} {view.owner_short(o)}"
+                     for r in self.rows if r.owner
+                     for o in [cache_ops.owner_of(snap, view.find(snap, r.key))] if o]
+            if owned:
+                bits.append(", ".join(owned[:3]) + (f" (+{len(owned) - 3})"
+                                                    if len(owned) > 3 else "") + " (enter)")
             if snap.vms is not None:
                 warned = [f"{v.name} {d.target}" for v in snap.vms.vms for d in v.disks
                           if d.warnings]
@@ -383,30 +365,18 @@ class CacheMgrApp(App[int]):
         return (r, obj) if obj is not None else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        own = WRITE_ACTIONS | set(DEVICE_ACTIONS) | {"most_dirty", "refresh", "interval",
-                                                     "toggle_log", "help", "operations",
-                                                     "sizing"}
+        own = WRITE_ACTIONS | actions.DEVICE_ACTIONS | {"most_dirty", "refresh", "interval",
+                                                        "toggle_log", "help", "operations",
+                                                        "sizing"}
         if isinstance(self.screen, ModalScreen) and action in own:
             return False  # a dialog is open: its keys only (Tab, Escape, ... still work)
-        if (action in WRITE_ACTIONS or action in DEVICE_ACTIONS) and not isinstance(
+        if (action in WRITE_ACTIONS or action in actions.DEVICE_ACTIONS) and not isinstance(
                 self.screen, DashboardScreen | DetailScreen):
             return False
         if action in WRITE_ACTIONS and self.read_only:
             return None
-        kinds = DEVICE_ACTIONS.get(action)
-        if kinds is not None:
-            sel = self.selected()
-            if sel is None or sel[0].kind not in kinds:
-                return None
-            obj = sel[1]
-            if action in LVM_ONLY.get(sel[0].kind, ()) and getattr(obj, "lvm", None) is None:
-                return None
-            if action == "detach" and isinstance(obj, BcacheBacking) and not obj.cset_uuid:
-                return None
-            if action == "attach" and isinstance(obj, BcacheBacking) and obj.cset_uuid:
-                return None
-            if action == "replace" and isinstance(obj, BcacheBacking) and not obj.cset_uuid:
-                return None
+        if action in actions.DEVICE_ACTIONS and not actions.offers(self, action):
+            return None  # nothing selected, or its kind does not offer it now
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -599,292 +569,31 @@ class CacheMgrApp(App[int]):
 
     # ------------------------------------------------------------------ device actions
 
-    def _target(self) -> tuple[view.Row, Obj] | None:
-        sel = self.selected()
-        if sel is None:
-            self.notify("select a device first", severity="warning")
-        return sel
+    # the per-kind flows are in tui/actions.py: the dialogs from the selection's kind
 
     def action_mode(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        r, obj = sel
-        if isinstance(obj, DmCacheDevice):
-            modes = [CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH]
-        else:
-            modes = [CacheMode.WRITETHROUGH, CacheMode.WRITEBACK, CacheMode.WRITEAROUND,
-                     CacheMode.NONE]
-        current = r.mode
-        choices = [(m.value, m.value + ("  (current)" if m.value == current else ""))
-                   for m in modes]
-
-        def explain(m: str) -> str:
-            return cache_ops.dirty_consequence(obj, CacheMode(m))
-
-        def chosen(mode: str | None) -> None:
-            if not mode:
-                return
-            body = (f"Switch {r.target} from {current} to {mode}.\n\n{explain(mode)}\n\n"
-                    "Switch + drain also writes every dirty block back now (cachemgr mode "
-                    "--drain), with progress.")
-            self.push_screen(
-                ConfirmDialog(f"Cache mode of {r.target}", body,
-                              [("switch", f"Switch to {mode}", "primary"),
-                               ("drain", "Switch + drain", "warning")]),
-                lambda b: self._do_mode(r.target, mode, b))
-
-        self.push_screen(ChoiceDialog(f"Cache mode of {r.target} (now {current})", choices,
-                                      explain=explain, current=current), chosen)
-
-    def _do_mode(self, target: str, mode: str, button: str | None) -> None:
-        if button is None:
-            return
-        drain = button == "drain"
-        self.start_op(f"mode {target} {mode}" + (" --drain" if drain else ""),
-                      lambda ctl: cache_ops.mode(self.sysfs, target, mode, drain=drain, ctl=ctl),
-                      progress=drain, cancel_note=self._drain_cancel_note(target))
-
-    @staticmethod
-    def _drain_cancel_note(target: str) -> str:
-        return ("Cancel stops the drain at its next poll; the tunables it changed are "
-                "restored and the dirty data stays safe in the cache.")
+        actions.mode(self)
 
     def action_drain(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        r, obj = sel
-        if isinstance(obj, DmWritecacheDevice):
-            how = ("cachemgr sets lvm2's cleaner=1 (lvchange --cachesettings) until every "
-                   "block is written back, then cleaner=0; on cancel or error too.")
-        elif isinstance(obj, DmCacheDevice) and obj.lvm is not None:
-            how = ("cachemgr loads lvm2's cleaner policy (lvchange --cachepolicy cleaner: "
-                   "writethrough while it drains) until every block is clean, then puts "
-                   f"the {obj.lvm.policy or 'original'} policy back; on cancel or error too.")
-        elif isinstance(obj, DmCacheDevice):
-            how = ("cachemgr loads the cleaner policy (in writethrough) until every block is "
-                   "clean, then reloads the original table; on cancel or error the original "
-                   "table is put back.")
-        else:
-            how = ("cachemgr sets writeback_percent=0, writeback_delay=1 and "
-                   "writeback_running=1 (saved first) and puts every value back at the end, "
-                   "on error and on cancel.")
-        body = (f"Drain {r.target}: write its {r.dirty} of dirty data back to {r.disk} as fast "
-                f"as that device allows, with progress and ETA.\n\n{how}")
-        self.push_screen(ConfirmDialog(f"Drain {r.target}", body, [("go", "Drain", "primary")]),
-                         when(lambda b: self._do_drain(r.target)))
-
-    def _do_drain(self, target: str) -> None:
-        self.start_op(f"drain {target}", lambda ctl: cache_ops.drain(self.sysfs, target, ctl=ctl),
-                      progress=True, cancel_note=self._drain_cancel_note(target))
+        actions.drain(self)
 
     def action_detach(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        r, b = sel
-        if isinstance(b, DmCacheDevice | DmWritecacheDevice) and b.lvm is not None:
-            body = (f"Detach the cache {b.lvm.vg}/{b.lvm.pool_name} from {r.target}.\n\n"
-                    f"cachemgr drains its {r.dirty} of dirty data through lvm2's cleaner "
-                    "(with progress), then runs lvconvert --splitcache: the LV goes on "
-                    "uncached, the cache pool or cachevol is kept for a later attach.")
-            note = ("Cancel stops the drain at its next poll; the policy is put back and the "
-                    "cache stays attached.")
-        elif isinstance(b, BcacheBacking):
-            body = (f"Detach {r.target} from cache set {b.cset_uuid}.\n\nbcache writes its "
-                    f"{r.dirty} of dirty data back first, then the state reads 'no cache'; "
-                    f"{r.target} stays up without a cache (passthrough).")
-            note = "Cancel stops waiting; the kernel finishes the detach by itself."
-        else:
-            return
-        self.push_screen(ConfirmDialog(f"Detach {r.target}", body,
-                                       [("go", "Detach", "warning")]),
-                         when(lambda x: self.start_op(
-                             f"detach {r.target}",
-                             lambda ctl: cache_ops.detach(self.sysfs, r.target, ctl=ctl),
-                             progress=True, cancel_note=note)))
+        actions.detach(self)
 
     def action_attach(self) -> None:
-        sel = self._target()
-        if sel is None or self.snap is None:
-            return
-        r, obj = sel
-        snap = self.snap
-        if isinstance(obj, BcacheBacking):
-            choices = [(c.uuid, f"{c.uuid[:8]}  SSD {','.join(x.identity.node for x in c.caches)}"
-                        f"  {len(c.backing_names)} backing") for c in snap.cache_sets]
-            self.push_screen(
-                ChoiceDialog(f"Attach {r.target} to which cache set?", choices,
-                             empty="no cache set is registered"),
-                when(lambda c: self.start_op(
-                    f"attach {r.target} {c[:8]}",
-                    lambda ctl: cache_ops.attach(self.sysfs, r.target, c))))
-        elif isinstance(obj, CacheSet):
-            free = [b for b in snap.backings if b.cset_uuid is None]
-            choices = [(b.device or b.identity.node,
-                        f"{b.device or '-'}  on {b.identity.node}  {b.state.value}")
-                       for b in free]
-            self.push_screen(
-                ChoiceDialog(f"Attach which backing device to {obj.uuid[:8]}?", choices,
-                             empty="no detached backing device"),
-                when(lambda t: self.start_op(
-                    f"attach {t} {obj.uuid[:8]}",
-                    lambda ctl: cache_ops.attach(self.sysfs, t, obj.uuid))))
+        actions.attach(self)
 
     def action_tune(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        r, obj = sel
-        names = cache_ops.tunables_of(obj)
-
-        def current(name: str) -> str:
-            if isinstance(obj, DmCacheDevice | DmWritecacheDevice) and obj.lvm is not None \
-                    and obj.lvm.setting(name) is not None:
-                return str(obj.lvm.setting(name))
-            if isinstance(obj, DmWritecacheDevice):
-                return obj.table.settings().get(name, "default")
-            if isinstance(obj, DmCacheDevice):
-                return str(obj.status.migration_threshold if obj.status else "?")
-            v = getattr(obj, name, None)
-            if v is None:
-                return "?"
-            if isinstance(v, bool):
-                return str(int(v))
-            return str(v.low if hasattr(v, "low") else v)
-
-        choices = [(n, f"{n} = {current(n)}  ({lo}..{hi})") for n, (lo, hi) in names.items()]
-
-        def picked(name: str | None) -> None:
-            if not name:
-                return
-            self.push_screen(
-                FormDialog(f"Tune {r.target}: {name}",
-                           [("value", f"{name} (now {current(name)})", current(name),
-                             "an integer")]),
-                when(lambda v: self.start_op(
-                    f"tune {r.target} {name}={v['value']}",
-                    lambda ctl: cache_ops.tune(self.sysfs, r.target, [f"{name}={v['value']}"]))))
-
-        self.push_screen(ChoiceDialog(f"Tune {r.target}", choices), picked)
+        actions.tune(self)
 
     def action_remove(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        r, obj = sel
-        if isinstance(obj, BcacheBacking):
-            body = (f"Decommission {r.target}: detach it from its cache set (bcache flushes "
-                    f"its {r.dirty} of dirty data first), then stop it. {r.target} disappears: "
-                    f"whatever uses it loses the disk. The data stays on {r.disk}.")
-            buttons = [("go", f"Remove {r.target}", "error")]
-        elif isinstance(obj, CacheSet):
-            body = (f"Unregister cache set {obj.uuid} (SSD {r.disk}). Refused while backing "
-                    "devices are attached or hold dirty data.")
-            buttons = [("go", "Unregister", "error")]
-        elif isinstance(obj, DmCacheDevice | DmWritecacheDevice) and obj.lvm is not None:
-            body = (f"Remove the cache of {r.target}: drain its {r.dirty} of dirty data "
-                    f"through lvm2's cleaner (with progress), then lvconvert --uncache: the "
-                    f"cache {obj.lvm.vg}/{obj.lvm.pool_name} is deleted, {r.target} goes on "
-                    "uncached with every byte on its origin. 'Keep the pool' splits it off "
-                    "instead (lvconvert --splitcache).")
-            buttons = [("go", "Remove the cache", "error"),
-                       ("keep", "Keep the pool (split)", "warning")]
-        elif isinstance(obj, DmCacheDevice):
-            body = (f"Remove dm-cache {obj.node}: flush every dirty block to {r.disk}, swap "
-                    "the table for a linear mapping of the origin, then remove the device. "
-                    "'Keep device' leaves it as that linear mapping so its users keep "
-                    "running.")
-            buttons = [("go", f"Remove {obj.name}", "error"),
-                       ("keep", "Keep device (linear)", "warning")]
-        else:
-            return
-
-        def go(b: str | None) -> None:
-            if not b:
-                return
-            keep = b == "keep"
-            self.start_op(f"remove {r.target}" + (" --keep-device" if keep else ""),
-                          lambda ctl: cache_ops.remove(self.sysfs, r.target, keep_device=keep,
-                                                 ctl=ctl),
-                          progress=r.kind != view.CSET,
-                          cancel_note="Cancel stops at the next progress report; a flush "
-                                      "puts the original table back.")
-
-        self.push_screen(ConfirmDialog(f"Remove {r.target}", body, buttons), go)
+        actions.remove(self)
 
     def action_create(self) -> None:
-        def kind(k: str | None) -> None:
-            if k == "bcache":
-                self.push_screen(FormDialog(
-                    "Create bcache (make-bcache, register, attach)",
-                    [("backing", "backing device(s), space-separated", "", "/dev/sdX"),
-                     ("cache", "cache device (SSD)", "", "/dev/sdY"),
-                     ("mode", "mode", "", "writethrough|writeback|writearound|none"),
-                     ("bucket", "bucket size", "", "e.g. 128k for small SSDs")],
-                    checks=[("force", "format even over an existing signature (wipes it)")],
-                    ok_label="Next"), self._confirm_create_bcache)
-            elif k == "dm-cache":
-                self.push_screen(FormDialog(
-                    "Create dm-cache (origin data kept)",
-                    [("name", "dm name", "", "vmcache"),
-                     ("origin", "origin (slow device, data kept)", "", "/dev/sdX"),
-                     ("cache", "cache device", "", "/dev/sdY"),
-                     ("metadata", "metadata device", "", "/dev/sdZ"),
-                     ("mode", "mode", "writeback", "writeback|writethrough|passthrough"),
-                     ("block_size", "block size", "", "multiple of 32k; default 64k")],
-                    checks=[("force", "overwrite even over an existing signature")],
-                    ok_label="Next"), self._confirm_create_dm)
-
-        self.push_screen(ChoiceDialog("Create a cache", [("bcache", "bcache"),
-                                                         ("dm-cache", "dm-cache")]), kind)
-
-    def _confirm_create_bcache(self, v: dict[str, str] | None) -> None:
-        if not v:
-            return
-        backings = v["backing"].split()
-        devs = " ".join(backings + ([v["cache"]] if v["cache"] else []))
-        body = (f"Format {devs or '(nothing)'} with make-bcache: whatever is on them is lost. "
-                "Busy devices are refused; devices with a signature are refused unless "
-                "'force' is ticked.")
-        self.push_screen(ConfirmDialog("Create bcache", body, [("go", "Format", "error")]),
-                         when(lambda b: self.start_op(
-                             f"create bcache {devs}",
-                             lambda ctl: cache_ops.create_bcache(
-                                 self.sysfs, backings=backings, cache=v["cache"] or None,
-                                 mode=v["mode"] or None, bucket=v["bucket"] or None,
-                                 force=bool(v["force"])))))
-
-    def _confirm_create_dm(self, v: dict[str, str] | None) -> None:
-        if not v:
-            return
-        body = (f"Create /dev/mapper/{v['name']} over {v['origin']} (its data is kept). The "
-                f"contents of {v['cache']} and {v['metadata']} are overwritten.")
-        self.push_screen(ConfirmDialog("Create dm-cache", body, [("go", "Create", "error")]),
-                         when(lambda b: self.start_op(
-                             f"create dm-cache {v['name']}",
-                             lambda ctl: cache_ops.create_dmcache(
-                                 self.sysfs, name=v["name"], origin=v["origin"],
-                                 cache=v["cache"], metadata=v["metadata"],
-                                 mode=v["mode"] or None, block_size=v["block_size"] or None,
-                                 force=bool(v["force"])))))
+        actions.create(self)
 
     def action_replace(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        _, obj = sel
-        uuid = obj.uuid if isinstance(obj, CacheSet) else \
-            obj.cset_uuid if isinstance(obj, BcacheBacking) else \
-            obj.lvm.full_name if obj.lvm is not None else \
-            obj.name if isinstance(obj, DmCacheDevice) else None
-        if not uuid:
-            return
-        from cachemgr.ops import replace as replace_ops
-        from tui.screens.replace import ReplaceScreen
-
-        self.push_screen(ReplaceScreen(uuid, replace_ops.kind_for(uuid, self.sysfs)))
+        actions.replace(self)
 
     def action_sizing(self) -> None:
         """Cache sizing from a trace file: reads a file, changes nothing (read-only too)."""
@@ -893,14 +602,7 @@ class CacheMgrApp(App[int]):
         self.push_screen(SizingScreen())
 
     def action_bench(self) -> None:
-        sel = self._target()
-        if sel is None:
-            return
-        r, obj = sel
-        from tui.screens.bench import BenchScreen
-
-        dev = obj.node if isinstance(obj, DmCacheDevice | DmWritecacheDevice) else r.target
-        self.push_screen(BenchScreen(dev, is_bcache=isinstance(obj, BcacheBacking)))
+        actions.bench(self)
 
     def on_unmount(self) -> None:
         """Quitting while operations run cancels them, as their Cancel button does (the

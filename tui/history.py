@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from cachemgr.core.model import DmCacheDevice, DmWritecacheDevice, Snapshot
+from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import cache as cache_ops
 from tui import view
 
 
@@ -40,19 +41,10 @@ def completed_ios(sysfs: Sysfs, name: str | None) -> int | None:
 
 
 def counters(obj: view.Obj) -> tuple[int, int] | None:
-    """(hits, misses) since the start, where the kernel counts them (not for writecache: it
-    caches writes, and its counters are no hit ratio)."""
-    if isinstance(obj, DmWritecacheDevice):
-        return None
-    if isinstance(obj, DmCacheDevice):
-        st = obj.status
-        if st is None:
-            return None
-        return st.read_hits + st.write_hits, st.read_misses + st.write_misses
-    s = obj.stats.get("total")
-    if s is None or s.hits is None or s.misses is None:
-        return None
-    return s.hits, s.misses
+    """(hits, misses) since the start, where the kernel counts them (its kind says: not for
+    a writecache, which caches writes: its counters are no hit ratio)."""
+    k = cache_ops.kind_of(obj)
+    return k.hit_counters() if k is not None else None
 
 
 def io_counts(sysfs: Sysfs, snap: Snapshot) -> dict[str, int]:

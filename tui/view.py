@@ -7,6 +7,7 @@ for dirty data on a missing cache set, the same kernel words for modes and state
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from cachemgr.core.model import (
@@ -15,9 +16,11 @@ from cachemgr.core.model import (
     CacheState,
     DmCacheDevice,
     DmWritecacheDevice,
+    Owner,
     Snapshot,
     Stats,
 )
+from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.render import dirty_text, short
 
 __all__ = ["Row", "dirty_text", "rows"]
@@ -50,10 +53,11 @@ class Row:
     target: str  # what the CLI takes as TARGET for this object
     dirty_bytes: int | None = None
     alert: bool = False  # failed, lost dirty data, IO errors
+    owner: str = ""  # HELD or OWNED: a procedure holds it (owner_mark)
 
     def cells(self) -> tuple[str, ...]:
         return (self.device, self.disk, self.mode, self.state, self.dirty, self.hit5m,
-                self.hit, self.wbrate, self.used, self.errors)
+                self.hit, self.wbrate, self.used, self.errors, self.owner)
 
 
 COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
@@ -69,7 +73,12 @@ COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
     ("wbrate", "WB/s", 6, True),
     ("used", "USED", 4, True),
     ("errors", "ERR", 3, True),
+    # a procedure holds it (HELD) or an interrupted one owns it (OWNED): 78 columns, and
+    # 80 with the scrollbar
+    ("owner", "⚑", 1, False),
 )
+# the owner column's marks: a run holds it now; an interrupted run's journal owns it
+HELD, OWNED = "⚑", "!"
 
 
 def pct(r: float | None) -> str:
@@ -184,9 +193,42 @@ def wc_row(d: DmWritecacheDevice) -> Row:
     )
 
 
+def owner_mark(o: Owner | None) -> str:
+    """The owner column: HELD (a run holds it now), OWNED (an interrupted run owns it)."""
+    if o is None:
+        return ""
+    return HELD if o.running else OWNED
+
+
+def owner_line(o: Owner) -> str:
+    """What the detail view says of the owner: who holds it since when, or the
+    interrupted run and what to do about it (the words of cachemgr status)."""
+    if o.running:
+        return f"held by {o.words()}"
+    return f"owned by {o.words()}; {o.next_step()}"
+
+
+def owner_short(o: Owner) -> str:
+    """The owner in a few words: "drain", "replace-ssd R", "drain (interrupted)"."""
+    return o.procedure + (f" {o.run}" if o.run else "") + (
+        "" if o.running else " (interrupted)")
+
+
 def rows(snap: Snapshot) -> list[Row]:
     """The device tree: each cache set with its backing devices under it, then backing
-    devices on no (registered) set, then dm-cache devices."""
+    devices on no (registered) set, then dm-cache devices; each marked with its owner."""
+    out = _rows(snap)
+    if not snap.owners:
+        return out
+    marked = []
+    for r in out:
+        obj = find(snap, r.key)
+        o = cache_ops.owner_of(snap, obj) if obj is not None else None
+        marked.append(dataclasses.replace(r, owner=owner_mark(o)) if o is not None else r)
+    return marked
+
+
+def _rows(snap: Snapshot) -> list[Row]:
     out: list[Row] = []
     seen: set[str] = set()
     for c in snap.cache_sets:
@@ -224,9 +266,6 @@ def most_dirty(snap: Snapshot) -> str | None:
 
 
 def block_name(obj: Obj) -> str | None:
-    """The kernel block device whose IO counters measure the device's IOPS."""
-    if isinstance(obj, BcacheBacking):
-        return obj.device_name
-    if isinstance(obj, DmCacheDevice | DmWritecacheDevice):
-        return obj.kernel_name
-    return None
+    """The kernel block device whose IO counters measure the device's IOPS (its kind's)."""
+    k = cache_ops.kind_of(obj)
+    return k.block_name if k is not None else None

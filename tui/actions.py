@@ -1,0 +1,255 @@
+"""The device actions of the dashboard and the detail view: each builds its dialogs from the
+selected object's cache kind (``cachemgr.ops.cache.kind_of``: its modes, tunables, words and
+buttons) and calls the command layer. Nothing here branches on a kind: a new kind's rows get
+the actions it offers, in its own words.
+
+The app keeps the bindings, the polling and the dispatch (``CacheMgrApp.action_*`` call these);
+the operations run through ``CacheMgrApp.start_op`` (thread workers, progress, the one error
+handler)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from cachemgr.core.model import CacheMode
+from cachemgr.ops import cache as cache_ops
+from tui import view
+from tui.dialogs import when
+from tui.dialogs.choose import ChoiceDialog
+from tui.dialogs.confirm import ConfirmDialog
+from tui.dialogs.form import FormDialog
+
+if TYPE_CHECKING:
+    from tui.app import CacheMgrApp
+
+# every action about the selected device (its kind says whether it offers it now)
+DEVICE_ACTIONS = frozenset({"mode", "drain", "detach", "attach", "tune", "remove", "replace",
+                            "bench", "detail"})
+
+
+def selected_kind(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
+    """The selected row and its object's kind (None: nothing selected, or no kind owns
+    it)."""
+    sel = app.selected()
+    if sel is None:
+        return None
+    k = cache_ops.kind_of(sel[1])
+    return (sel[0], k) if k is not None else None
+
+
+def offers(app: CacheMgrApp, action: str) -> bool:
+    """Whether the selection's kind offers ``action`` now."""
+    sel = selected_kind(app)
+    return sel is not None and sel[1].offers(action)
+
+
+def _target(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
+    sel = selected_kind(app)
+    if sel is None:
+        app.notify("select a device first", severity="warning")
+    return sel
+
+
+def mode(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    r, k = sel
+    current = r.mode
+    choices = [(m.value, m.value + ("  (current)" if m.value == current else ""))
+               for m in k.modes]
+
+    def explain(m: str) -> str:
+        return k.dirty_consequence(CacheMode(m))
+
+    def chosen(m: str | None) -> None:
+        if not m:
+            return
+        asked = k.mode_words(r.target, current, CacheMode(m))
+        app.push_screen(ConfirmDialog(f"Cache mode of {r.target}", asked.body,
+                                      list(asked.buttons)),
+                        lambda b: _do_mode(app, r.target, m, b, asked.cancel_note))
+
+    app.push_screen(ChoiceDialog(f"Cache mode of {r.target} (now {current})", choices,
+                                 explain=explain, current=current), chosen)
+
+
+def _do_mode(app: CacheMgrApp, target: str, mode_word: str, button: str | None,
+             cancel_note: str) -> None:
+    if button is None:
+        return
+    drain = button == "drain"
+    app.start_op(f"mode {target} {mode_word}" + (" --drain" if drain else ""),
+                 lambda ctl: cache_ops.mode(app.sysfs, target, mode_word, drain=drain, ctl=ctl),
+                 progress=drain, cancel_note=cancel_note)
+
+
+def drain(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    r, k = sel
+    asked = k.drain_words(r.target, r.dirty, r.disk)
+    app.push_screen(ConfirmDialog(f"Drain {r.target}", asked.body, list(asked.buttons)),
+                    when(lambda b: app.start_op(
+                        f"drain {r.target}",
+                        lambda ctl: cache_ops.drain(app.sysfs, r.target, ctl=ctl),
+                        progress=True, cancel_note=asked.cancel_note)))
+
+
+def detach(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    r, k = sel
+    asked = k.detach_words(r.target, r.dirty)
+    if asked is None:
+        return
+    app.push_screen(ConfirmDialog(f"Detach {r.target}", asked.body, list(asked.buttons)),
+                    when(lambda x: app.start_op(
+                        f"detach {r.target}",
+                        lambda ctl: cache_ops.detach(app.sysfs, r.target, ctl=ctl),
+                        progress=True, cancel_note=asked.cancel_note)))
+
+
+def attach(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None or app.snap is None:
+        return
+    _, k = sel
+    question, choices, empty = k.attach_choices(app.snap)
+
+    def go(choice: str) -> None:
+        dev, cache = k.attach_pair(choice)
+        app.start_op(f"attach {dev} {cache[:8]}",
+                     lambda ctl: cache_ops.attach(app.sysfs, dev, cache))
+
+    app.push_screen(ChoiceDialog(question, choices, empty=empty), when(go))
+
+
+def tune(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    r, k = sel
+    choices = [(n, f"{n} = {k.tunable(n)}  ({lo}..{hi})")
+               for n, (lo, hi) in k.tunables().items()]
+
+    def picked(name: str | None) -> None:
+        if not name:
+            return
+        now = k.tunable(name)
+        app.push_screen(
+            FormDialog(f"Tune {r.target}: {name}",
+                       [("value", f"{name} (now {now})", now, "an integer")]),
+            when(lambda v: app.start_op(
+                f"tune {r.target} {name}={v['value']}",
+                lambda ctl: cache_ops.tune(app.sysfs, r.target, [f"{name}={v['value']}"]))))
+
+    app.push_screen(ChoiceDialog(f"Tune {r.target}", choices), picked)
+
+
+def remove(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    r, k = sel
+    asked = k.remove_words(r.target, r.dirty, r.disk)
+    if asked is None:
+        return
+
+    def go(b: str | None) -> None:
+        if not b:
+            return
+        keep = b == "keep"
+        app.start_op(f"remove {r.target}" + (" --keep-device" if keep else ""),
+                     lambda ctl: cache_ops.remove(app.sysfs, r.target, keep_device=keep,
+                                                  ctl=ctl),
+                     progress=k.cached_device, cancel_note=asked.cancel_note)
+
+    app.push_screen(ConfirmDialog(f"Remove {r.target}", asked.body, list(asked.buttons)), go)
+
+
+def replace(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    cache = sel[1].cache_name
+    if not cache:
+        return
+    from cachemgr.ops import replace as replace_ops
+    from tui.screens.replace import ReplaceScreen
+
+    app.push_screen(ReplaceScreen(cache, replace_ops.kind_for(cache, app.sysfs)))
+
+
+def bench(app: CacheMgrApp) -> None:
+    sel = _target(app)
+    if sel is None:
+        return
+    k = sel[1]
+    from tui.screens.bench import BenchScreen
+
+    app.push_screen(BenchScreen(k.bench_target, is_bcache=k.bench_hygiene))
+
+
+def create(app: CacheMgrApp) -> None:
+    """Create a bcache or dm-cache device: a form per kind, then a confirmation."""
+
+    def kind(k: str | None) -> None:
+        if k == "bcache":
+            app.push_screen(FormDialog(
+                "Create bcache (make-bcache, register, attach)",
+                [("backing", "backing device(s), space-separated", "", "/dev/sdX"),
+                 ("cache", "cache device (SSD)", "", "/dev/sdY"),
+                 ("mode", "mode", "", "writethrough|writeback|writearound|none"),
+                 ("bucket", "bucket size", "", "e.g. 128k for small SSDs")],
+                checks=[("force", "format even over an existing signature (wipes it)")],
+                ok_label="Next"), partial(_confirm_create_bcache, app))
+        elif k == "dm-cache":
+            app.push_screen(FormDialog(
+                "Create dm-cache (origin data kept)",
+                [("name", "dm name", "", "vmcache"),
+                 ("origin", "origin (slow device, data kept)", "", "/dev/sdX"),
+                 ("cache", "cache device", "", "/dev/sdY"),
+                 ("metadata", "metadata device", "", "/dev/sdZ"),
+                 ("mode", "mode", "writeback", "writeback|writethrough|passthrough"),
+                 ("block_size", "block size", "", "multiple of 32k; default 64k")],
+                checks=[("force", "overwrite even over an existing signature")],
+                ok_label="Next"), partial(_confirm_create_dm, app))
+
+    app.push_screen(ChoiceDialog("Create a cache", [("bcache", "bcache"),
+                                                    ("dm-cache", "dm-cache")]), kind)
+
+
+def _confirm_create_bcache(app: CacheMgrApp, v: dict[str, str] | None) -> None:
+    if not v:
+        return
+    backings = v["backing"].split()
+    devs = " ".join(backings + ([v["cache"]] if v["cache"] else []))
+    body = (f"Format {devs or '(nothing)'} with make-bcache: whatever is on them is lost. "
+            "Busy devices are refused; devices with a signature are refused unless "
+            "'force' is ticked.")
+    app.push_screen(ConfirmDialog("Create bcache", body, [("go", "Format", "error")]),
+                    when(lambda b: app.start_op(
+                        f"create bcache {devs}",
+                        lambda ctl: cache_ops.create_bcache(
+                            app.sysfs, backings=backings, cache=v["cache"] or None,
+                            mode=v["mode"] or None, bucket=v["bucket"] or None,
+                            force=bool(v["force"])))))
+
+
+def _confirm_create_dm(app: CacheMgrApp, v: dict[str, str] | None) -> None:
+    if not v:
+        return
+    body = (f"Create /dev/mapper/{v['name']} over {v['origin']} (its data is kept). The "
+            f"contents of {v['cache']} and {v['metadata']} are overwritten.")
+    app.push_screen(ConfirmDialog("Create dm-cache", body, [("go", "Create", "error")]),
+                    when(lambda b: app.start_op(
+                        f"create dm-cache {v['name']}",
+                        lambda ctl: cache_ops.create_dmcache(
+                            app.sysfs, name=v["name"], origin=v["origin"],
+                            cache=v["cache"], metadata=v["metadata"],
+                            mode=v["mode"] or None, block_size=v["block_size"] or None,
+                            force=bool(v["force"])))))
