@@ -435,24 +435,25 @@ def update_holder(**fields: Any) -> None:
                 _write_holder(h.fd, h.holder)
 
 
-def _flocked_inodes() -> set[int] | None:
-    """The inode numbers of every file a process holds a flock on, from /proc/locks
-    (fs/locks.c lock_get_status: "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"); None
-    when it cannot be read. Read, not probed: taking the lock to test it would make a
-    concurrent run's LOCK_NB fail. Inodes only: overlayfs (the lab's root) reports another
-    device number through fstat than the one /proc/locks prints; the lock file's content,
-    emptied on every release, is the second half of the check."""
+def _flocks() -> dict[int, set[int]] | None:
+    """Every inode number a process holds a flock on, with the pids holding it, from
+    /proc/locks (fs/locks.c lock_get_status: "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0
+    EOF"); None when it cannot be read. Read, not probed: taking the lock to test it would
+    make a concurrent run's LOCK_NB fail. Inodes, not devices: overlayfs (the lab's root)
+    reports another device number through fstat than the one /proc/locks prints; so the
+    pid the lock file names must be one holding that inode (see :func:`lock_file_holder`)."""
     try:
         text = Path("/proc/locks").read_text()
     except OSError:
         return None
-    found = set()
+    found: dict[int, set[int]] = {}
     for line in text.splitlines():
         f = line.split()
         if len(f) >= 6 and f[1] == "FLOCK":
             m = re.fullmatch(r"[0-9a-f]+:[0-9a-f]+:(\d+)", f[5])
             if m:
-                found.add(int(m.group(1)))
+                pid = int(f[4]) if f[4].lstrip("-").isdigit() else 0
+                found.setdefault(int(m.group(1)), set()).add(pid)
     return found
 
 
@@ -462,9 +463,17 @@ def current_holder(key: str) -> dict[str, Any] | None:
     return lock_file_holder(state_dir(create=False) / "locks" / f"{_safe(key)}.lock")
 
 
-def lock_file_holder(path: Path, locks: set[int] | None = None) -> dict[str, Any] | None:
+def lock_file_holder(path: Path, locks: dict[int, set[int]] | None = None
+                     ) -> dict[str, Any] | None:
     """What the lock file ``path`` says of its holder while it is held (None otherwise).
-    ``locks``: :func:`_flocked_inodes` read once for many files."""
+    ``locks``: :func:`_flocks` read once for many files.
+
+    Held means: /proc/locks lists a flock on its inode number, by the pid the file names
+    (a holder writes its record right after it takes the lock, and a release empties the
+    file). The inode number alone is not enough: a SIGKILLed holder leaves its record
+    behind, and a flock another process holds on a file of another filesystem can have the
+    same number; that record, or an emptied file, is nobody's. Where /proc/locks cannot be
+    read, a record is taken at its word."""
     at = _at(path, create=False)
     if at is None:
         return None
@@ -479,11 +488,17 @@ def lock_file_holder(path: Path, locks: set[int] | None = None) -> dict[str, Any
     try:
         st = os.fstat(fd)
         if locks is None:
-            locks = _flocked_inodes()
-        if locks is not None and st.st_ino not in locks:
+            locks = _flocks()
+        pids = locks.get(st.st_ino) if locks is not None else None
+        if locks is not None and pids is None:
             return None
         holder = parse_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-        return holder or ({"raw": "locked"} if locks is not None else None)
+        if not holder:
+            return None  # released (emptied), or taken this instant and said so next
+        pid = holder.get("pid")
+        if pids and 0 not in pids and isinstance(pid, int) and pid not in pids:
+            return None  # a killed holder's record; the flock is another file's
+        return holder
     finally:
         os.close(fd)
 
@@ -495,6 +510,6 @@ def held_locks() -> list[dict[str, Any]]:
         names = sorted(p.name for p in d.iterdir() if p.name.endswith(".lock"))
     except OSError:
         return []
-    locks = _flocked_inodes()
+    locks = _flocks()
     found = [lock_file_holder(d / n, locks) for n in names]
     return [h for h in found if h is not None]
