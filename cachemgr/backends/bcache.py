@@ -302,8 +302,9 @@ def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
     for e in (e for e in entries if re.fullmatch(r"bdev\d+", e)):
         n = _link_device(sysfs, f"{d}/{e}")
         if n is None or (block is not None and n not in block):
-            warnings.append(f"cache set {uuid}: {e} names a backing device not found under "
-                            f"/sys/block ({sysfs.readlink(f'{d}/{e}') or 'unreadable link'}): "
+            warnings.append(f"cache set {uuid}: {e} names a backing device that is not a "
+                            "block device (disk or partition) here "
+                            f"({sysfs.readlink(f'{d}/{e}') or 'unreadable link'}): "
                             "it is not shown as a device; its state and dirty data are "
                             "unknown")
         bdev_names.append(n)
