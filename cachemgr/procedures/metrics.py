@@ -49,7 +49,7 @@ from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import kinds, owners
+from cachemgr.procedures import health, kinds, owners, protect
 
 BCACHE_MODES = ("writethrough", "writeback", "writearound", "none")
 DM_MODES = ("writeback", "writethrough", "passthrough")
@@ -226,10 +226,27 @@ def collect(snap: Snapshot, *, journals: bool = True) -> Iterator[Metric]:
                 wbp, errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
                 up, warn, *owned)
+    yield from _health_metrics(snap)
     if journals:
         yield from _journal_metrics(snap)
     if snap.vms is not None:
         yield from _vm_metrics(snap)
+
+
+def _health_metrics(snap: Snapshot) -> tuple[Metric, Metric]:
+    """The health model's verdict (procedures/health.py, what ``cachemgr check`` reports;
+    a scrape never probes a disk, so the devices bcache left unregistered are not in it:
+    ``check`` and ``status`` read those)."""
+    findings = health.assess(snap)
+    level = _g("health_status", "The worst finding of the health model: 0 OK, 1 WARNING, "
+               "2 CRITICAL (cachemgr check's exit codes).", [])
+    level.add_metric([], float(health.worst(findings)))
+    each = _g("health_finding", "1 for each finding of the health model: its level, a stable "
+              "code (failing-cache-dirty, dirty-without-cache, failed-cache, "
+              "interrupted-replace-ssd, ...) and the device.", ["level", "code", "device"])
+    for f in findings:
+        each.add_metric([f.level.name.lower(), f.code, f.device], 1.0)
+    return level, each
 
 
 OWNER_STATES = ("running", "interrupted")
@@ -266,7 +283,8 @@ def with_owners(sysfs: Sysfs, snap: Snapshot) -> Snapshot:
     beyond the built-in ones (``others``). Read from the state directory's lock files and
     journals, never created by a scrape (a read-only sandbox): no state directory, no owner."""
     found = owners.owners() if state_mod.state_dir(create=False).is_dir() else []
-    return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs))
+    return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs),
+                               protected=tuple(protect.protected()))
 
 
 def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:
@@ -285,10 +303,19 @@ def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:
                  "wrote its journal.", ["run", "kind", "cache", "status"])
     unreadable = _g("replace_unreadable_journals", "replace-ssd journals that cannot be read.",
                     [])
+    guarded = _g("protect_active", "1 for each cache SSD the protect policy acted on (its "
+                 "devices switched to writethrough and drained) that still caches.", ["ssd"])
+    guarded_since = _g("protect_since_timestamp_seconds", "When the protect policy first "
+                       "acted on the SSD.", ["ssd"])
     if not state_mod.state_dir(create=False).is_dir():  # no journal ever written here
         unreadable.add_metric([], 0)
-        yield from (draining, unfinished, updated, unreadable)
+        yield from (draining, unfinished, updated, unreadable, guarded, guarded_since)
         return
+    for entry in protect.load_state()["protected"].values():
+        ssd = _word(str(entry.get("ssd")))
+        guarded.add_metric([ssd], 1.0)
+        if isinstance(entry.get("since"), (int, float)):
+            guarded_since.add_metric([ssd], float(entry["since"]))
     for b in snap.backings:
         if drain._journal(b).exists():
             draining.add_metric(["bcache", b.device_name or b.identity.name,
@@ -307,7 +334,7 @@ def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:
             unfinished.add_metric(lab, 1.0)
             updated.add_metric(lab, j.updated)
     unreadable.add_metric([], len(bad))
-    yield from (draining, unfinished, updated, unreadable)
+    yield from (draining, unfinished, updated, unreadable, guarded, guarded_since)
 
 
 def _word(text: str | None) -> str:

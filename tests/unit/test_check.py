@@ -115,3 +115,18 @@ def test_status_shows_the_findings(tmp_path: Path) -> None:
     logging.root.handlers.clear()
     assert rc == 0
     assert "CRITICAL: /dev/mapper/" in out.getvalue()
+
+
+def test_the_metrics_carry_the_same_verdict(tmp_path: Path) -> None:
+    from cachemgr.procedures import metrics
+
+    snap = snapshot.take(Sysfs(str(copy_capture(tmp_path, "dmcache-failed"))))
+    fams = {f.name: f for f in metrics.collect(snap, journals=False)}
+    assert [s.value for s in fams["cachemgr_health_status"].samples] == [2.0]
+    (s,) = fams["cachemgr_health_finding"].samples
+    assert s.labels == {"level": "critical", "code": "failed-cache",
+                        "device": "/dev/mapper/failing"}
+    ok = snapshot.take(Sysfs(str(copy_capture(tmp_path, "bcache-writeback-dirty"))))
+    fams = {f.name: f for f in metrics.collect(ok, journals=False)}
+    assert [s.value for s in fams["cachemgr_health_status"].samples] == [0.0]
+    assert fams["cachemgr_health_finding"].samples == []
