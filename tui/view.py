@@ -30,7 +30,9 @@ BCACHE = "bcache"
 CSET = "cset"
 DM = "dm"  # dm-cache (LVM's lvmcache too)
 WC = "wc"  # dm-writecache (LVM's writecache too)
-KIND_WORDS = {BCACHE: "bcache", CSET: "cache set", DM: "dm-cache", WC: "dm-writecache"}
+OTHER = "other"  # a kind registered beyond the built-in ones (cachemgr/procedures/kinds)
+KIND_WORDS = {BCACHE: "bcache", CSET: "cache set", DM: "dm-cache", WC: "dm-writecache",
+              OTHER: "cache"}
 Obj = BcacheBacking | CacheSet | DmCacheDevice | DmWritecacheDevice
 
 
@@ -242,7 +244,21 @@ def _rows(snap: Snapshot) -> list[Row]:
             out.append(backing_row(b, ""))
     out.extend(dm_row(d) for d in snap.dmcaches)
     out.extend(wc_row(d) for d in snap.writecaches)
+    out.extend(other_row(k) for k in cache_ops.others(snap))
     return out
+
+
+def other_key(k: cache_ops.Kind) -> str:
+    return f"other:{k.name}:{k.node}"
+
+
+def other_row(k: cache_ops.Kind) -> Row:
+    """A device of a kind registered beyond the built-in ones: the columns every kind has
+    (Kind.status_row), as cachemgr status lists it."""
+    dev, backing, mode, state, dirty = k.status_row()
+    return Row(key=other_key(k), kind=OTHER, device=bare(dev), disk=bare(backing), mode=mode,
+               state=state, dirty=dirty, hit5m="-", hit="-", wbrate="-", used="-", errors="-",
+               target=k.target, dirty_bytes=k.dirty_bytes)
 
 
 def find(snap: Snapshot, key: str) -> Obj | None:
@@ -253,6 +269,8 @@ def find(snap: Snapshot, key: str) -> Obj | None:
         return next((d for d in snap.dmcaches if d.name == key[3:]), None)
     if key.startswith("wc:"):
         return next((d for d in snap.writecaches if d.name == key[3:]), None)
+    if key.startswith("other:"):
+        return next((k.obj for k in cache_ops.others(snap) if other_key(k) == key), None)
     return next((b for b in snap.backings if b.key == key), None)
 
 

@@ -76,6 +76,12 @@ def owner_of(snap: Snapshot, obj: object) -> Owner | None:
     return owners.owner_of(snap.owners, (key for key, _ in k.locks))
 
 
+def others(snap: Snapshot) -> list[kinds.Kind]:
+    """The objects of kinds registered beyond the built-in ones, as their kinds (the faces
+    list them with the columns every kind has)."""
+    return [k for k in (kinds.of(o) for o in snap.others) if k is not None]
+
+
 def kind_of(obj: object) -> kinds.Kind | None:
     """A snapshot object as its cache kind: what it is, can do and is called (the faces
     ask it; None: no registered kind owns it)."""

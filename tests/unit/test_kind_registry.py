@@ -111,7 +111,7 @@ def test_status_lists_a_registered_kind(toy: Path) -> None:
     rc, out, err = cli(toy, "status", "--no-vms")
     assert rc == 0, err
     line = next(x for x in out.splitlines() if x.startswith("/dev/toy0"))
-    assert "writeback" in line and "dirty" in line and "4.0K" in line.replace(" ", "")
+    assert "writeback" in line and "dirty" in line and "4.0K" in line
 
 
 def test_the_gate_switches_what_the_kind_can_and_refuses_the_rest(
@@ -164,3 +164,54 @@ def test_the_command_layer_and_the_cli_never_branch_on_a_kind_class() -> None:
     files = [*(REPO / "cachemgr" / "ops").glob("*.py"), *(REPO / "cachemgr" / "cli").glob("*.py")]
     found = [hit for f in files for hit in _isinstance_on_kinds(f)]
     assert not found, found
+
+
+def test_the_tui_lists_a_registered_kind_switches_it_and_offers_nothing_else(
+        toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard lists the test-only kind's device with the columns every kind has,
+    offers its one action (mode, through its kind's modes and the gate) and disables the
+    ones it cannot do."""
+    import asyncio
+
+    from textual.widgets import OptionList
+
+    from tests.unit.tui_helpers import app_on, settle, shown
+    from tui.dialogs.choose import ChoiceDialog
+    from tui.dialogs.confirm import ConfirmDialog
+    from tui.widgets.devices import DeviceTable
+
+    kernel_writes(monkeypatch)
+    key = "other:toy:/dev/toy0"
+
+    async def go() -> tuple[list[str], dict[str, bool | None], list[str]]:
+        app = app_on(toy)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot, lambda: app.polls > 0)
+            row = next(r for r in app.rows if r.key == key)
+            cells = list(row.cells())
+            app.query_one(DeviceTable).select_key(key)
+            await settle(pilot, lambda: app.selected_key == key)
+            offered = {a: app.check_action(a, ()) for a in
+                       ("mode", "drain", "detach", "remove", "tune", "attach")}
+            await pilot.press("m")
+            await settle(pilot, lambda: shown(app, ChoiceDialog))
+            screen = app.screen
+            assert isinstance(screen, ChoiceDialog)
+            choices = [c for c, _ in screen.choices]
+            ol = screen.query_one(OptionList)
+            await settle(pilot, lambda: ol.highlighted is not None)
+            assert ol.highlighted is not None
+            await pilot.press(*["down" if choices.index("writethrough") > ol.highlighted
+                                else "up"] * abs(choices.index("writethrough")
+                                                 - ol.highlighted), "enter")
+            await settle(pilot, lambda: shown(app, ConfirmDialog))
+            await pilot.click("#b-switch")
+            await settle(pilot, lambda: bool(SWITCHED))
+            return cells, offered, choices
+
+    cells, offered, choices = asyncio.run(go())
+    assert cells[:5] == ["toy0", "-", "writeback", "dirty", "4.0K"], cells
+    assert offered["mode"] is True
+    assert not any(offered[a] for a in ("drain", "detach", "remove", "tune", "attach")), offered
+    assert choices == ["writethrough", "writeback"]
+    assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from cachemgr.backends.bcache import Change
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheMode, Identity, Size, Snapshot, Stats, human
+from cachemgr.core.model import CacheMode, Identity, Size, Snapshot, Stats, human, short
 from cachemgr.core.sysfs import Sysfs
 
 ProgressFn = Callable[[Any], None]
@@ -206,9 +206,10 @@ class Kind:
                 "dirty_bytes": self.dirty_bytes, "cache": self.cache}
 
     def status_row(self) -> tuple[str, str, str, str, str]:
-        """Its status line's columns: device, what it caches, mode, state, dirty data."""
+        """Its status line's columns: device, what it caches, mode, state, dirty data (as
+        the table's other rows write sizes: 4.0K)."""
         return (self.node, "-", self.mode.value if self.mode else "?", self.state_word,
-                human(self.dirty_bytes))
+                short(self.dirty_bytes))
 
     def can(self, action: str) -> bool:
         """Whether the faces offer ``action`` on it now (declared, and its state allows)."""
