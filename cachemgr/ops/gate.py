@@ -147,7 +147,10 @@ def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] |
     if run:
         holder["run"] = run
     with contextlib.ExitStack() as stack:
-        for key, words in subject.locks:
+        # in one order for every command (the keys'): a device's command locks (device, set)
+        # and a set's (set, devices); in their own orders, two at once could each take one
+        # lock and, LOCK_NB, both be refused
+        for key, words in sorted(subject.locks):
             stack.enter_context(state.locked(key, words, holder=holder))
         for o in claims(subject):
             if not (takes_over and takes_over(o)):
