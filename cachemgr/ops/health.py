@@ -11,7 +11,7 @@ from cachemgr.core.errors import require_root
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.control import Result
-from cachemgr.procedures import health, kinds
+from cachemgr.procedures import health, kinds, owners
 
 
 def report(sysfs: Sysfs, *, refresh: bool = False) -> Result:
@@ -45,7 +45,7 @@ def check(sysfs: Sysfs) -> Result:
     rows = smart.ssd_health(sysfs, snap, refresh=False)
     soon = [(ssd.node, "; ".join(h.warnings) or "replace soon") for ssd, h in rows
             if h is not None and h.replace_soon]
-    findings = health.assess(snap, replace_soon=soon)
+    findings = health.assess(snap, replace_soon=soon, unreadable=owners.unreadable())
     level = health.worst(findings)
     devices = list(kinds.listed(snap))
     dirty = sum(k.dirty_bytes or 0 for k in devices)

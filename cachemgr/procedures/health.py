@@ -16,7 +16,8 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
 * WARNING: IO errors on a cache or backing device holding no dirty data; an interrupted
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
-  recorded writethrough or passthrough dm-cache device that is not assembled.
+  recorded writethrough or passthrough dm-cache device that is not assembled; a procedure
+  journal cachemgr cannot read.
 """
 
 from __future__ import annotations
@@ -53,12 +54,21 @@ class Finding:
                 "what": self.what, "next": self.next}
 
 
-def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = ()) -> list[Finding]:
+def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
+           unreadable: Sequence[tuple[str, str]] = ()) -> list[Finding]:
     """Every finding of ``snap``, worst first. ``replace_soon``: (SSD node, why) for each
-    cache SSD SMART says to replace (smart.ssd_health's cached answers)."""
+    cache SSD SMART says to replace (smart.ssd_health's cached answers); ``unreadable``:
+    (path, why) for each procedure journal that cannot be read (owners.unreadable)."""
     found = [*_bcache(snap), *_dm(snap), *_unassembled(snap), *_owners(snap)]
     found += [Finding(Level.WARNING, "ssd-wear", node, f"SMART: {why}",
                       f"cachemgr replace-ssd {node} --dry-run") for node, why in replace_soon]
+    # whether its procedure was interrupted is unknown, and the commands on its device
+    # refuse (exit 2) until it is dealt with: never OK
+    found += [Finding(Level.WARNING, "unreadable-journal", path,
+                      f"a cachemgr journal that cannot be read ({why}): whether a procedure "
+                      "was interrupted on its device is unknown",
+                      "look at it, check its device by hand, then move it away")
+              for path, why in unreadable]
     return sorted(found, key=lambda f: -f.level)
 
 

@@ -87,6 +87,27 @@ def interrupted() -> list[Owner]:
     return found
 
 
+def unreadable() -> list[tuple[str, str]]:
+    """(path, why) of every procedure journal that cannot be read: it claims nothing (never
+    by guesswork), but whether its procedure was interrupted is unknown (cachemgr check
+    warns). Never creates the state directory."""
+    if not state.state_dir(create=False).is_dir():
+        return []
+    from cachemgr.procedures import replace
+
+    out = [(str(e.path), e.reason) for e in replace.scan_runs()[1]]
+    for kind in ("drain", "dmcache-flush", "lvm-drain"):
+        d = state.state_dir(create=False) / kind
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.json")):
+            try:
+                state.read_json(p)
+            except state.StateFileError as exc:
+                out.append((str(p), exc.reason))
+    return out
+
+
 def replace_keys(kind: str, cset: str, backings: Iterable[dict[str, Any]]) -> frozenset[str]:
     """The objects a replace-ssd run owns for its whole run."""
     keys = {cache_key(cset)}

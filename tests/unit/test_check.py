@@ -130,3 +130,22 @@ def test_the_metrics_carry_the_same_verdict(tmp_path: Path) -> None:
     fams = {f.name: f for f in metrics.collect(ok, journals=False)}
     assert [s.value for s in fams["cachemgr_health_status"].samples] == [0.0]
     assert fams["cachemgr_health_finding"].samples == []
+
+
+@pytest.mark.parametrize("kind", ["replace", "drain"])
+def test_a_journal_that_cannot_be_read_is_not_ok(tmp_path: Path, state_dir: Path,
+                                                 kind: str) -> None:
+    """A procedure journal cachemgr cannot read (truncated, not JSON, written by a newer
+    cachemgr) claims nothing, so the gate lets changes through and the drain of its device
+    refuses (exit 2); check said OK. Now WARNING, naming the file and why."""
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    (state_dir / kind).mkdir(parents=True)
+    bad = state_dir / kind / "20261122-040812-fb5bd09d.json"
+    bad.write_text('{"schema": 1, "id": "20261122-040812-fb5bd09d", "cset": "fb5b')
+    rc, out = check(root, "--json")
+    assert rc == 1, out
+    doc = json.loads(out)
+    assert doc["status"] == "WARNING"
+    f = doc["findings"][0]
+    assert (f["code"], f["device"]) == ("unreadable-journal", str(bad))
+    assert "not valid JSON" in f["what"]
