@@ -17,9 +17,14 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from cachemgr.backends import inuse, signatures
+from cachemgr.backends import signatures
+from cachemgr.backends.blockdev import block_dirs as block_dirs
+from cachemgr.backends.blockdev import device_bytes as device_bytes
+from cachemgr.backends.blockdev import in_use as in_use
 from cachemgr.backends.scancache import ScanCache, once
 from cachemgr.core import drainloop, runner
+from cachemgr.core.change import Change as Change
+from cachemgr.core.change import wait_for as wait_for
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -76,25 +81,6 @@ def _bool(text: str) -> bool:
 
 def _int(text: str) -> int:
     return int(text.strip())
-
-
-def block_dirs(sysfs: Sysfs, cache: ScanCache | None = None) -> dict[str, str]:
-    """Kernel name -> device directory (relative to the sysfs root) of disks and partitions.
-    With a ``cache``: listed once while no uevent was sent (a disk or partition that comes or
-    goes sends one)."""
-    if cache is not None:
-        return cache.get("block_dirs", lambda: block_dirs(sysfs))
-    out: dict[str, str] = {}
-    for name in sysfs.block_names():
-        base = f"block/{name}"
-        out[name] = base
-        for child in sysfs.listdir(base):
-            # a partition's name extends its disk's (sda1, nvme0n1p1: disk_name() in
-            # block/partitions/core.c); skipping the ~20 other entries per disk saves
-            # hundreds of stat calls per scan (auto-attach profile in the UML lab)
-            if child.startswith(name) and sysfs.exists(f"{base}/{child}/partition"):
-                out[child] = f"{base}/{child}"
-    return out
 
 
 def identity(sysfs: Sysfs, name: str, rel: str) -> Identity:
@@ -382,17 +368,6 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
 
 # ---------------------------------------------------------------------------------------
 # operations
-
-
-@dataclass(frozen=True)
-class Change:
-    """What an operation did: ``changed`` False means it was already so."""
-
-    target: str
-    what: str
-    before: str | None
-    after: str | None
-    changed: bool = True
 
 
 def backing_rel(sysfs: Sysfs, name: str) -> str:
@@ -809,37 +784,6 @@ def force_run(sysfs: Sysfs, backing: BcacheBacking, accept: AcceptDataLoss) -> C
     return Change(_dev(backing), "running", "0", "1")
 
 
-def in_use(sysfs: Sysfs, node: str) -> str | None:
-    """Why a block device is busy (holders, registered with bcache, mounted, swap, or one of
-    its partitions so: :func:`cachemgr.backends.inuse.uses`), or None."""
-    name = sysfs.block_name_of(node)
-    rel = block_dirs(sysfs).get(name) if name else None
-    if name is None or rel is None:
-        raise UsageError(f"{node}: no such block device")
-    mountinfo, swaps = inuse.proc_texts(sysfs)
-    found = inuse.uses(sysfs, rel, mountinfo=mountinfo, swaps=swaps)
-    own = {u.kind for u in found if not u.partition}
-    holders = [u.by for u in found if u.kind == "held" and not u.partition]
-    if holders:
-        return f"it is in use by {', '.join(holders)}"
-    if "bcache" in own:
-        return "it is registered with bcache"
-    if "mounted" in own:
-        return "it is mounted"
-    if "swap" in own:
-        return "it is in use as swap"
-    part = next((u.member for u in found if u.partition), None)
-    return f"its partition {part} is in use" if part else None
-
-
-def device_bytes(sysfs: Sysfs, node: str) -> int | None:
-    """A block device's size in bytes (its sysfs ``size``), or None when unknown."""
-    name = sysfs.block_name_of(node)
-    rel = block_dirs(sysfs).get(name) if name else None
-    sectors = sysfs.read_int(f"{rel}/size") if rel else None
-    return sectors * 512 if sectors is not None else None
-
-
 def _distinct(sysfs: Sysfs, devs: list[str]) -> None:
     """Refuse (UsageError) two names of one device, or a disk and a partition of it, in one
     make-bcache: it would format the same blocks twice."""
@@ -934,11 +878,3 @@ def claimed(node: str) -> bool:
     return False
 
 
-def wait_for(pred: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)

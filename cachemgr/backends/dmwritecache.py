@@ -19,7 +19,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from cachemgr.backends.bcache import block_dirs
+from cachemgr.backends.blockdev import block_dirs
 from cachemgr.backends.dmcache import command
 from cachemgr.backends.dmcache.command import DmsetupSource
 from cachemgr.backends.dmcache.discover import dm_identity, find_targets

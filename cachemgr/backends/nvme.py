@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemgr.backends import inuse
-from cachemgr.backends.bcache import wait_for
 from cachemgr.backends.identity import AUTO, ProcText, id_words
+from cachemgr.core.change import wait_for
 from cachemgr.core.errors import TimeoutExpired, UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
 

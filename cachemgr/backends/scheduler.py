@@ -15,7 +15,7 @@ import errno
 import re
 from dataclasses import dataclass
 
-from cachemgr.backends.bcache import Change
+from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError, CacheMgrError, SysfsError, UsageError
 from cachemgr.core.model import parse_bracketed
 from cachemgr.core.sysfs import Sysfs

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cachemgr.backends import inuse
-from cachemgr.backends.bcache import wait_for
 from cachemgr.backends.identity import (
     AUTO,
     ProcText,
@@ -44,6 +43,7 @@ from cachemgr.backends.identity import (
     normalize_wwn,
 )
 from cachemgr.core import runner
+from cachemgr.core.change import wait_for
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachemgr.backends.bcache import Change
+from cachemgr.core.change import Change
 from cachemgr.core.errors import Cancelled
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.model import human

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends import virsh
 from cachemgr.backends import vms as vms_mod
-from cachemgr.backends.bcache import Change
+from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import VM_CACHE_MODES, Pressure, Snapshot, VmScan, human
 from cachemgr.core.sysfs import Sysfs

@@ -173,8 +173,15 @@ def test_status_malformed_lines_raise_naming_the_line(parts: tuple[str, dict[str
     line, _ = parts
     toks = line.split()
     kind = data.draw(st.sampled_from(["truncate", "extend", "number", "fraction", "tail"]))
-    if kind == "truncate":  # a strict prefix never parses: the parser needs what follows
-        cut = data.draw(st.integers(min_value=3, max_value=len(toks) - 1))
+    if kind == "truncate":  # a strict prefix never parses: the parser needs what follows,
+        # except the line without its trailing "rw|ro needs_check|-": the form of kernels
+        # before 4.2 (docs/kernel-notes.md, "dm-cache status by kernel version"), read with
+        # both fields unknown
+        old = " ".join(toks[:-2])
+        s = dmcache.parse_status(old)
+        assert s.metadata_mode is None and s.needs_check is None
+        cut = data.draw(st.integers(min_value=3, max_value=len(toks) - 1)
+                        .filter(lambda c: c != len(toks) - 2))
         bad = " ".join(toks[:cut])
     elif kind == "extend":
         bad = " ".join([*toks, data.draw(WORD | N.map(str))])

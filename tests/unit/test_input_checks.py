@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemgr.backends import bcache
+from cachemgr.backends import bcache, blockdev
 from cachemgr.cli import args as argtypes
 from cachemgr.cli.main import main
 from cachemgr.core import checks, drainloop, runner
@@ -375,8 +375,9 @@ def root_disks(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(os.path, "exists", lambda p: True)
     monkeypatch.setattr(bcache, "in_use", lambda sysfs, dev: None)
-    monkeypatch.setattr(bcache, "block_dirs",
-                        lambda sysfs: {"sda": "block/sda", "sdb": "block/sdb"})
+    disks = {"sda": "block/sda", "sdb": "block/sdb"}
+    monkeypatch.setattr(bcache, "block_dirs", lambda sysfs: disks)
+    monkeypatch.setattr(blockdev, "block_dirs", lambda sysfs: disks)  # device_bytes' own
     monkeypatch.setattr(bcache, "make_bcache", lambda **kw: made.append(
         [f"{k}={v}" for k, v in sorted(kw.items())]))
     return made

@@ -7,10 +7,11 @@ import os
 import re
 
 from cachemgr.backends import signatures
-from cachemgr.backends.bcache import Change, block_dirs, in_use
+from cachemgr.backends.blockdev import block_dirs, in_use
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.discover import dm_devices
 from cachemgr.backends.dmcache.refusals import bad_mode
+from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import DM_CACHE_MODES, CacheMode, DmCacheTable, human
 from cachemgr.core.model import parse_size as _parse_size

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from cachemgr.backends.bcache import block_dirs, cached_identity
+from cachemgr.backends.bcache import cached_identity
+from cachemgr.backends.blockdev import block_dirs
 from cachemgr.backends.dmcache.command import DmsetupSource, default_source
 from cachemgr.backends.dmcache.parse import (
     DmInfo,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from cachemgr.backends.bcache import Change
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.flushing import flush_locked, lock_key, recover
 from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core import state
+from cachemgr.core.change import Change
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,

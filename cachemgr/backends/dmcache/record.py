@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemgr.backends import identity as identity_mod
-from cachemgr.backends.bcache import block_dirs, in_use
+from cachemgr.backends.blockdev import block_dirs, in_use
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.build import CACHE_SUPERBLOCK_MAGIC
 from cachemgr.core import safefs

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.backends import dmwritecache
-from cachemgr.backends.bcache import Change
 from cachemgr.backends.dmcache import command as dm_command
 from cachemgr.backends.lvm import command
 from cachemgr.backends.lvm.report import field
 from cachemgr.core import drainloop, state
+from cachemgr.core.change import Change
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from cachemgr.backends.bcache import Change
+from cachemgr.core.change import Change
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheMode, Identity, Size, Snapshot, Stats, human, short
 from cachemgr.core.sysfs import Sysfs

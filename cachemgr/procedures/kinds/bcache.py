@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from cachemgr.backends import bcache
-from cachemgr.backends.bcache import BCACHE_MODES, Change
+from cachemgr.backends.bcache import BCACHE_MODES
+from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError
 from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, dirty_text, human
 from cachemgr.core.sysfs import Sysfs

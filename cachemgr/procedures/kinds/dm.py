@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from cachemgr.backends import dmcache
-from cachemgr.backends.bcache import Change
 from cachemgr.backends.dmcache import flushing
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.core import state
+from cachemgr.core.change import Change
 from cachemgr.core.errors import CacheMgrError, UnsafeError
 from cachemgr.core.model import (
     DM_CACHE_MODES,

@@ -32,11 +32,11 @@ from dataclasses import asdict
 from typing import Any
 
 from cachemgr.backends import hotplug, partitions, signatures
-from cachemgr.backends.bcache import wait_for
 from cachemgr.backends.dmcache import build, command, discover, flushing, manage
 from cachemgr.backends.dmcache.parse import parse_listing, parse_table
 from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
+from cachemgr.core.change import wait_for
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
