@@ -55,8 +55,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     try:
         res = health.check(Sysfs(args.sysfs_root))
-    except (CacheMgrError, OSError) as exc:
-        msg = getattr(exc, "message", None) or str(exc)
+    except Exception as exc:  # anything that kept it from looking is UNKNOWN, not 1 or 2
+        msg = (exc.message if isinstance(exc, CacheMgrError) else
+               f"{type(exc).__name__}: {exc}")
         if args.json:
             print(json.dumps({"schema": 1, "status": "UNKNOWN", "exit_code": 3,
                               "error": msg}))

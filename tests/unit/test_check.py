@@ -149,3 +149,16 @@ def test_a_journal_that_cannot_be_read_is_not_ok(tmp_path: Path, state_dir: Path
     f = doc["findings"][0]
     assert (f["code"], f["device"]) == ("unreadable-journal", str(bad))
     assert "not valid JSON" in f["what"]
+
+
+def test_an_unexpected_error_is_unknown_never_warning(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachemgr.ops import health as health_ops
+
+    def boom(sysfs: Sysfs) -> None:
+        raise RuntimeError("no /sys here")
+
+    monkeypatch.setattr(health_ops, "check", boom)
+    rc, out = check(copy_capture(tmp_path, "bcache-writeback-dirty"))
+    assert rc == 3
+    assert out == "CACHEMGR UNKNOWN - RuntimeError: no /sys here\n"
