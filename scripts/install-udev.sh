@@ -5,6 +5,7 @@
 #   scripts/install-udev.sh --policy /etc/x.toml # a policy somewhere else
 #   scripts/install-udev.sh --metrics --textfile # also the metrics units (systemd/README.md)
 #   scripts/install-udev.sh --smart              # also the SMART refresh timer
+#   scripts/install-udev.sh --protect            # also the protect pass every minute
 #   scripts/install-udev.sh --uninstall          # everything it installed
 #
 # Options: --python PATH (the interpreter with cachemgr; default: the one next to the
@@ -12,13 +13,14 @@
 # --unit-dir DIR (/etc/systemd/system), --no-systemd (rule only), --no-reload, --metrics
 # (enable cachemgr-metrics.service, /metrics on loopback :9563), --textfile (enable
 # cachemgr-textfile.timer), --smart (enable cachemgr-smart.timer: the cache SSDs' SMART
-# health read every 10 minutes). Units are enabled with systemctl also when systemd is not
+# health read every 10 minutes), --protect (enable cachemgr-protect.timer: the policy's
+# [protect] pass every minute). Units are enabled with systemctl also when systemd is not
 # running (an image or chroot being built); they are started only on a running systemd.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rules_dir=/etc/udev/rules.d
 unit_dir=/etc/systemd/system
-python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0
+python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0
 while [ $# -gt 0 ]; do
     case $1 in
     --python) python=$2; shift ;;
@@ -31,7 +33,8 @@ while [ $# -gt 0 ]; do
     --metrics) metrics=1 ;;
     --textfile) textfile=1 ;;
     --smart) smart=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --protect) protect=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "install-udev: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -43,7 +46,8 @@ case $policy in
 *) echo "install-udev: --policy needs an absolute path ($policy)" >&2; exit 2 ;;
 esac
 units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.service
-    cachemgr-textfile.timer cachemgr-smart.service cachemgr-smart.timer"
+    cachemgr-textfile.timer cachemgr-smart.service cachemgr-smart.timer
+    cachemgr-protect.service cachemgr-protect.timer"
 # sd_booted(3): systemd is PID 1 (else systemctl only edits unit files, offline)
 booted() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
 
@@ -116,6 +120,11 @@ if [ "$smart" = 1 ]; then
     install_unit cachemgr-smart.service
     install_unit cachemgr-smart.timer
     enable+=(cachemgr-smart.timer) start+=(cachemgr-smart.timer)
+fi
+if [ "$protect" = 1 ]; then
+    install_unit cachemgr-protect.service
+    install_unit cachemgr-protect.timer
+    enable+=(cachemgr-protect.timer) start+=(cachemgr-protect.timer)
 fi
 if [ ${#enable[@]} -gt 0 ] && command -v systemctl >/dev/null; then
     if booted; then

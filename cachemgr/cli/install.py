@@ -31,7 +31,8 @@ def argv_for(args: argparse.Namespace) -> list[str]:
     for opt in ("policy", "rules_dir", "unit_dir"):
         if getattr(args, opt):
             argv += [f"--{opt.replace('_', '-')}", getattr(args, opt)]
-    for flag in ("metrics", "textfile", "smart", "uninstall", "no_systemd", "no_reload"):
+    for flag in ("metrics", "textfile", "smart", "protect", "uninstall", "no_systemd",
+                 "no_reload"):
         if getattr(args, flag):
             argv.append(f"--{flag.replace('_', '-')}")
     return argv
@@ -61,6 +62,9 @@ def register(sub: Any) -> None:
     s.add_argument("--smart", action="store_true",
                    help="also cachemgr-smart.timer (the cache SSDs' SMART health read every "
                         "10 minutes), enabled")
+    s.add_argument("--protect", action="store_true",
+                   help="also cachemgr-protect.timer (the policy's [protect] pass every "
+                        "minute: a failing cache SSD's devices to writethrough), enabled")
     s.add_argument("--uninstall", action="store_true",
                    help="disable, stop and remove everything it installs")
     s.add_argument("--no-systemd", action="store_true", help="the udev rule only")

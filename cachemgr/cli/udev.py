@@ -91,6 +91,18 @@ def cmd_autoattach(args: argparse.Namespace) -> int:
                                                dry_run=args.dry_run))
 
 
+def cmd_protect(args: argparse.Namespace) -> int:
+    """One protect pass (the policy's [protect] table): ops/protect.py."""
+    from cachemgr.cli.render import emit
+    from cachemgr.core.sysfs import Sysfs
+    from cachemgr.ops import protect as protect_ops
+
+    udev_ops.setup_logging(stderr=False)
+    return emit(args, protect_ops.run(Sysfs(args.sysfs_root),
+                                      udev_ops.resolve_policy(args.policy),
+                                      dry_run=args.dry_run))
+
+
 def register(sub: Any) -> None:
     s = sub.add_parser("udev-event", help="queue a udev block event for auto-attach "
                                           "(called from udev/90-cachemgr.rules)")
@@ -106,6 +118,14 @@ def register(sub: Any) -> None:
     a.add_argument("--dry-run", action="store_true", help="say what would be done")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_autoattach)
+
+    pr = sub.add_parser("protect", help="the protect policy: a cache SSD failing (IO errors "
+                                        "rising, SMART critical, worn) has its devices "
+                                        "switched to writethrough and drained")
+    pr.add_argument("--policy", metavar="PATH", help=f"default {DEFAULT_POLICY}")
+    pr.add_argument("--dry-run", action="store_true", help="say what would be done")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_protect)
 
     p = sub.add_parser("policy", help="the auto-attach policy: policy check [--policy PATH]")
     psub = p.add_subparsers(dest="policy_cmd", metavar="SUBCOMMAND", required=True)

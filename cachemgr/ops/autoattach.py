@@ -145,10 +145,21 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
     if not res.outcomes:
         lines = ["nothing to do: everything the policy names is as it says (or absent), "
                  "every recorded dm-cache device assembled"]
-    return Result(lines=lines, failed=bool(res.failed), value=res, data={
+    data: dict[str, Any] = {
         "schema": 1, "rounds": res.rounds, "actions": [
             {**o.action.record(), "result": o.result, "error": o.error}
-            for o in res.outcomes]})
+            for o in res.outcomes]}
+    notes: list[str] = []
+    failed = bool(res.failed)
+    if pol.protect.enabled:  # then the protect pass (outside the run lock: drains take long)
+        from cachemgr.ops import protect as protect_ops
+
+        pr = protect_ops.run(sysfs, policy_path, dry_run=dry_run, pol=pol)
+        lines += pr.lines
+        notes += pr.notes
+        failed = failed or pr.failed
+        data["protect"] = pr.data
+    return Result(lines=lines, notes=notes, failed=failed, value=res, data=data)
 
 
 def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],

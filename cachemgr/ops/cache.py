@@ -46,7 +46,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import kinds, owners
+from cachemgr.procedures import kinds, owners, protect
 
 DRAIN_TIMEOUT = 24 * 3600.0
 DETACH_TIMEOUT = 3600.0
@@ -65,7 +65,8 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     return dataclasses.replace(snap, owners=tuple(owners.owners()),
                                others=kinds.scan_others(sysfs),
                                unassembled=tuple(dm_record.unassembled(
-                                   sysfs, (d.name for d in snap.dmcaches))))
+                                   sysfs, (d.name for d in snap.dmcaches))),
+                               protected=tuple(protect.protected()))
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:

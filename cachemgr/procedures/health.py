@@ -12,7 +12,9 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   ``Fail``, read-only metadata or ``needs_check``; a bcache cache device with IO errors);
   dirty data stranded on a cache set that is not registered; a backing device running
   without the set its dirty data is on; an interrupted replace-ssd run; a recorded
-  writeback dm-cache device that is not assembled (its origin is stale).
+  writeback dm-cache device that is not assembled (its origin is stale); a cache SSD the
+  protect policy acted on (``snap.protected``: its devices switched to writethrough and
+  drained; it is failing and wants replacing).
 * WARNING: IO errors on a cache or backing device holding no dirty data; an interrupted
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
@@ -59,7 +61,8 @@ def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
     """Every finding of ``snap``, worst first. ``replace_soon``: (SSD node, why) for each
     cache SSD SMART says to replace (smart.ssd_health's cached answers); ``unreadable``:
     (path, why) for each procedure journal that cannot be read (owners.unreadable)."""
-    found = [*_bcache(snap), *_dm(snap), *_unassembled(snap), *_owners(snap)]
+    found = [*_protected(snap), *_bcache(snap), *_dm(snap), *_unassembled(snap),
+             *_owners(snap)]
     found += [Finding(Level.WARNING, "ssd-wear", node, f"SMART: {why}",
                       f"cachemgr replace-ssd {node} --dry-run") for node, why in replace_soon]
     # whether its procedure was interrupted is unknown, and the commands on its device
@@ -74,6 +77,14 @@ def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
 
 def worst(findings: Iterable[Finding]) -> Level:
     return max((f.level for f in findings), default=Level.OK)
+
+
+def _protected(snap: Snapshot) -> Iterable[Finding]:
+    for ssd, why in snap.protected:
+        yield Finding(Level.CRITICAL, "protected", ssd,
+                      f"protected: SSD {ssd} failing ({why}); devices switched to "
+                      "writethrough and drained; replace it",
+                      f"cachemgr replace-ssd {ssd}")
 
 
 def _bcache(snap: Snapshot) -> Iterable[Finding]:

@@ -269,6 +269,20 @@ class SchedulerPolicy:
         return f"scheduler {self.name} ({self.device})"
 
 
+@dataclass(frozen=True)
+class ProtectPolicy:
+    """The ``[protect]`` table (procedures/protect.py): off by default. When on, a cache
+    SSD whose IO errors rose by ``io_errors`` since the last pass, whose SMART verdict failed
+    or has an NVMe critical warning (``smart_critical``), or whose wear reached
+    ``wear_percent`` has every device on it switched to writethrough and drained."""
+
+    enabled: bool = False
+    io_errors: int = 1
+    smart_critical: bool = True
+    wear_percent: int | None = 90  # None (wear_percent = 0): wear never triggers
+    line: int = field(default=0, compare=False)
+
+
 # the schedulers a policy may name: mainline's (an out-of-tree one fails at run time, not
 # in `policy check`: a typo must not wait for a disk to appear to be found)
 SCHEDULERS = sched.KNOWN
@@ -281,6 +295,7 @@ class Policy:
     path: str = field(default=DEFAULT_PATH, compare=False)
     lvms: tuple[LvmPolicy, ...] = ()
     schedulers: tuple[SchedulerPolicy, ...] = ()
+    protect: ProtectPolicy = ProtectPolicy()
 
     def cache(self, name: str) -> CachePolicy | None:
         return next((c for c in self.caches if c.name == name), None)
@@ -476,7 +491,8 @@ _CACHE_KEYS = {"device", "cset", "format_blank_ssd", "bucket_size"}
 _BACKING_KEYS = {"device", "cache", *_COMMON_KEYS}
 _LVM_KEYS = {"lv", "cache", "type", "mode", "erase_cachevol"}
 _SCHED_KEYS = {"device", "scheduler"}
-_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler"}
+_PROTECT_KEYS = {"enabled", "io_errors", "smart_critical", "wear_percent"}
+_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler", "protect"}
 
 
 def parse_size(value: object) -> int:
@@ -697,9 +713,43 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
                                           tuple(sorted(merged.items())), ck.lines.get(p, 0)))
     lvms = _lvms(ck, data)
     schedulers = _schedulers(ck, data)
+    protect = _protect(ck, data)
     if ck.problems:
         raise PolicyError(path, ck.problems)
-    return Policy(tuple(caches), tuple(backings), path, tuple(lvms), tuple(schedulers))
+    return Policy(tuple(caches), tuple(backings), path, tuple(lvms), tuple(schedulers),
+                  protect)
+
+
+def _protect(ck: _Checker, data: Mapping[str, object]) -> ProtectPolicy:
+    if "protect" not in data:
+        return ProtectPolicy()
+    p = ("protect",)
+    body = ck.table(data["protect"], p)
+    if body is None:
+        return ProtectPolicy()
+    ck.unknown(body, _PROTECT_KEYS, p)
+    out: dict[str, Any] = {}
+    for key in ("enabled", "smart_critical"):
+        if key in body:
+            if isinstance(body[key], bool):
+                out[key] = body[key]
+            else:
+                ck.bad((*p, key), f"{key} must be true or false")
+    if "io_errors" in body:
+        v = body["io_errors"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
+            ck.bad((*p, "io_errors"), f"io_errors must be an integer of at least 1 (a rise "
+                                      f"of that many IO errors), not {_toml(v)}")
+        else:
+            out["io_errors"] = v
+    if "wear_percent" in body:
+        v = body["wear_percent"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255:
+            ck.bad((*p, "wear_percent"), f"wear_percent must be an integer from 1 to 255 "
+                                         f"(0: wear never triggers), not {_toml(v)}")
+        else:
+            out["wear_percent"] = v or None
+    return ProtectPolicy(**out, line=ck.lines.get(p, 0))
 
 
 def _scheduler_name(value: object) -> str:
@@ -934,4 +984,10 @@ def dumps(policy: Policy) -> str:
         out.append(f"device = {_q(str(sp.device))}")
         out.append(f"scheduler = {_q(sp.scheduler)}")
         out.append("")
+    pr = policy.protect
+    if pr != ProtectPolicy():
+        out += ["[protect]", f"enabled = {'true' if pr.enabled else 'false'}",
+                f"io_errors = {pr.io_errors}",
+                f"smart_critical = {'true' if pr.smart_critical else 'false'}",
+                f"wear_percent = {pr.wear_percent or 0}", ""]
     return "\n".join(out)

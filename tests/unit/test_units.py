@@ -101,7 +101,8 @@ def test_units_verify_clean(units: Path) -> None:
 @pytest.mark.parametrize(("name", "most"), [("cachemgr-metrics.service", 5.0),
                                             ("cachemgr-textfile.service", 5.0),
                                             ("cachemgr-autoattach.service", 5.0),
-                                            ("cachemgr-smart.service", 5.0)])
+                                            ("cachemgr-smart.service", 5.0),
+                                            ("cachemgr-protect.service", 5.0)])
 def test_unit_exposure(units: Path, name: str, most: float) -> None:
     assert exposure(units / name) <= most
 
@@ -125,3 +126,22 @@ def test_smart_unit_runs_the_refresh_on_a_timer(units: Path) -> None:
     installer = (ROOT / "scripts" / "install-udev.sh").read_text()
     assert "install_unit cachemgr-smart.timer" in installer
     assert "cachemgr-smart.service cachemgr-smart.timer" in installer
+
+
+def test_protect_unit_runs_the_pass_every_minute(units: Path) -> None:
+    """cachemgr-protect.service runs a command the CLI has (protect), on its timer every
+    minute, only with a policy file; the installer knows both units."""
+    from cachemgr.cli.main import build_parser
+
+    unit = (UNITS / "cachemgr-protect.service").read_text()
+    exe = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    argv = exe.removeprefix("ExecStart=").replace("@ARGS@", "").split()
+    assert argv[0] == "@CACHEMGR@"
+    args = build_parser().parse_args(argv[1:])
+    assert args.cmd == "protect" and not args.dry_run
+    assert "ConditionPathExists=|/etc/cachemgr/cachemgr.toml\n" in unit
+    timer = (UNITS / "cachemgr-protect.timer").read_text()
+    assert "OnUnitActiveSec=1min\n" in timer and "WantedBy=timers.target" in timer
+    installer = (ROOT / "scripts" / "install-udev.sh").read_text()
+    assert "install_unit cachemgr-protect.timer" in installer
+    assert "cachemgr-protect.service cachemgr-protect.timer" in installer
