@@ -56,6 +56,12 @@ def test_register_brings_back_a_stopped_set_cache_first(lab_disks: list[str]) ->
     hdd_name = b.identity.name
     assert not sysfs.is_dir(f"block/{hdd_name}/bcache")
 
+    # cachemgr check, as a monitoring agent runs it: CRITICAL, naming the command
+    r = here("check")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.startswith("CACHEMGR CRITICAL - ") and "cachemgr register /dev/" \
+        in r.stdout, r.stdout
+
     # the backing device alone: its SSD is present, not named: refused, nothing registered
     r = here("register", "/dev/mapper/hdd")
     assert r.returncode == 3, r.stderr
@@ -80,3 +86,6 @@ def test_register_brings_back_a_stopped_set_cache_first(lab_disks: list[str]) ->
                 "--verify_only", "--verify_fatal=1", *FIO], timeout=300)
     r = here("register", "/dev/mapper/ssd", "/dev/mapper/hdd")
     assert r.returncode == 4, r.stderr
+    r = here("check")
+    assert r.returncode == 0 and r.stdout.startswith("CACHEMGR OK - 1 cached devices"), \
+        r.stdout
