@@ -536,7 +536,7 @@ class Snapshot:
     others: tuple[Any, ...] = ()
     # recorded dm-cache devices that are not assembled (ops.cache.status fills it)
     unassembled: tuple[UnassembledDmCache, ...] = ()
-    # (SSD, why) for each cache SSD the protect policy acted on and that still caches
+    # (SSD, words) for each cache SSD the protect policy acted on and that still caches
     # (procedures/protect.py's state; ops.cache.status fills it)
     protected: tuple[tuple[str, str], ...] = ()
 

@@ -14,7 +14,11 @@ autoattach``); ``--dry-run`` says what it would do.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+from collections.abc import Iterator
 from typing import Any
 
 from cachemgr.backends import smart
@@ -69,11 +73,37 @@ def run(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False,
                       data={"schema": 1, "enabled": False, "ssds": [], "actions": []})
     if not dry_run:
         require_root("protect")
+        with _pass_lock() as got:
+            if not got:  # the timer's pass while a long drain of the last one runs
+                return Result(lines=["another protect pass is running: nothing done"],
+                              data={"schema": 1, "enabled": True, "busy": True,
+                                    "ssds": [], "actions": []})
+            return _run(sysfs, pol, dry_run=False, ctl=ctl, stall_timeout=stall_timeout)
+    return _run(sysfs, pol, dry_run=True, ctl=ctl, stall_timeout=stall_timeout)
+
+
+@contextlib.contextmanager
+def _pass_lock() -> Iterator[bool]:
+    """One protect pass at a time on a host (True: this one holds it)."""
+    fd = state.open_lock(state.state_dir() / "locks" / "protect-run.lock")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None,
+         stall_timeout: float) -> Result:
     ctl = ctl if ctl is not None else Control(what="protect")
     snap = cache_ops.status(sysfs, probe_unregistered=False)
     groups = gather(sysfs, snap)
     old = protect.load_state()
-    d = protect.decide(groups, pol.protect, old["counts"])
+    d = protect.decide(groups, pol.protect, old["counts"], protect.earlier(old))
     lines: list[str] = []
     notes: list[str] = []
     for s, why in d.triggered:

@@ -80,10 +80,9 @@ def worst(findings: Iterable[Finding]) -> Level:
 
 
 def _protected(snap: Snapshot) -> Iterable[Finding]:
-    for ssd, why in snap.protected:
+    for ssd, words in snap.protected:
         yield Finding(Level.CRITICAL, "protected", ssd,
-                      f"protected: SSD {ssd} failing ({why}); devices switched to "
-                      "writethrough and drained; replace it",
+                      f"protected: SSD {ssd} failing {words}; replace it",
                       f"cachemgr replace-ssd {ssd}")
 
 

@@ -175,10 +175,15 @@ def _why(s: Ssd, p: ProtectPolicy, last: Mapping[str, int]) -> list[str]:
     return why
 
 
-def decide(groups: Iterable[Ssd], p: ProtectPolicy, last: Mapping[str, int]) -> Decision:
+def decide(groups: Iterable[Ssd], p: ProtectPolicy, last: Mapping[str, int],
+           before: Mapping[str, str] | None = None) -> Decision:
     """What protecting needs now (pure). ``last``: the IO error counts the previous pass
     recorded (a count never seen counts from 0; a count that fell, as bcache's decaying one
-    does, is recorded lower and a rise counts from there). Disabled: nothing, and no count."""
+    does, is recorded lower and a rise counts from there). ``before``: the SSDs an earlier
+    pass protected (key -> why): they stay protected while they cache anything, so a device
+    an earlier pass could not protect (the gate skipped it) or switched back to writeback
+    is protected again. Disabled: nothing, and no count."""
+    before = before or {}
     if not p.enabled:
         return Decision((), (), {}, ("protect is off (the policy's [protect] enabled = "
                                      "false, the default)",))
@@ -188,6 +193,8 @@ def decide(groups: Iterable[Ssd], p: ProtectPolicy, last: Mapping[str, int]) -> 
     for s in groups:
         counts.update(s.io_errors)
         why = _why(s, p, last)
+        if not why and s.key in before:
+            why = [f"{before[s.key]} (an earlier pass)"]
         if not why:
             continue
         words = "; ".join(why)
@@ -248,7 +255,27 @@ def next_state(old: Mapping[str, Any], d: Decision, groups: Sequence[Ssd],
     return {"counts": dict(d.counts), "protected": prot}
 
 
+DONE = ("done", "already", "protected")  # a device's result that leaves it protected
+
+
+def earlier(st: Mapping[str, Any]) -> dict[str, str]:
+    """The SSDs an earlier pass protected: key -> its first reason (for :func:`decide`)."""
+    return {k: str(v.get("why")) for k, v in st.get("protected", {}).items()}
+
+
 def protected(st: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
-    """(SSD node, why) for every SSD a pass protected (the health model's CRITICAL)."""
+    """(SSD node, words) for every SSD a pass protected, the words after "failing" in the
+    health model's CRITICAL finding: why, and what became of its devices."""
     st = load_state() if st is None else st
-    return [(str(v.get("ssd")), str(v.get("why"))) for v in st.get("protected", {}).values()]
+    out = []
+    for v in st.get("protected", {}).values():
+        devs = v.get("devices") if isinstance(v.get("devices"), dict) else {}
+        left = sorted(d for d, r in devs.items() if r not in DONE)
+        words = f"({v.get('why')}); "
+        if left:
+            words += ("not protected yet: " + ", ".join(f"{d} ({devs[d]})" for d in left)
+                      + "; the next pass tries again (cachemgr protect --dry-run)")
+        else:
+            words += "devices switched to writethrough and drained"
+        out.append((str(v.get("ssd")), words))
+    return out

@@ -87,6 +87,10 @@ def test_rising_io_errors_trigger_flat_ones_do_not() -> None:
     assert d.counts == {"bcache:c1": 6}
     # flat since the last pass: nothing, however many there are
     assert protect.decide([ssd(errors=6)], ON, d.counts).acts == ()
+    # unless an earlier pass protected the SSD: it stays protected while it caches
+    again = protect.decide([ssd(errors=6)], ON, d.counts, {"bcache:c1": "IO errors rose"})
+    assert [a.what for a in again.acts] == ["switch"]
+    assert again.triggered[0][1] == "IO errors rose (an earlier pass)"
     # a count never seen counts from 0 (the first error is enough with the default 1)
     assert len(protect.decide([ssd(errors=1)], ON, {}).acts) == 1
     assert protect.decide([ssd(errors=0)], ON, {}).acts == ()
@@ -138,7 +142,9 @@ def test_the_state_keeps_a_protected_ssd_until_it_caches_nothing() -> None:
     d2 = protect.decide([s], ON, st["counts"])
     st2 = protect.next_state(st, d2, [s], {}, now=70.0)
     assert st2["protected"] == st["protected"]
-    assert protect.protected(st2) == [("/dev/sdc", "IO errors rose from 0 to 1 (bcache)")]
+    assert protect.protected(st2) == [("/dev/sdc", "(IO errors rose from 0 to 1 (bcache)); "
+                                                   "devices switched to writethrough and "
+                                                   "drained")]
     # replaced (or pulled): no cache on it any more
     assert protect.next_state(st2, protect.decide([], ON, {}), [], {})["protected"] == {}
 
@@ -214,6 +220,9 @@ def test_a_device_a_replacement_owns_is_skipped_with_the_gates_words(
     assert [(e["kind"], e["result"]) for e in entries] == [("protect", "skipped")]
     st = protect.load_state()
     assert next(iter(st["protected"].values()))["devices"] == {"/dev/bcache0": "skipped"}
+    # check says it is not protected yet; the next pass tries again
+    rc, out, _ = cli("--sysfs-root", str(root), "check")
+    assert rc == 2 and "not protected yet: /dev/bcache0 (skipped)" in out, out
 
 
 def test_a_pass_switches_drains_records_and_check_says_critical(
@@ -239,9 +248,11 @@ def test_a_pass_switches_drains_records_and_check_says_critical(
     assert ("/dev/ubdb: protected: SSD /dev/ubdb failing (IO errors rose from 0 to 3 "
             "(bcache)); devices switched to writethrough and drained; replace it; next: "
             "cachemgr replace-ssd /dev/ubdb") in out
-    # a second pass: counts flat, the device in writethrough: nothing to do
+    # a second pass, counts flat: the SSD stays protected (the captured device still reads
+    # dirty, the drain being a stand-in here: drained again, never switched again)
     rc, out, _ = cli("--sysfs-root", str(root), "protect", "--policy", str(_policy(tmp_path)))
-    assert rc == 0 and "none failing" in out
+    assert rc == 0 and "(an earlier pass)" in out and drained == ["/dev/bcache0"] * 2
+    assert "mode writethrough" not in out
     from cachemgr.procedures import metrics
 
     fams = {f.name: f for f in metrics.collect(snapshot.take(Sysfs(str(root))))}
@@ -251,10 +262,13 @@ def test_a_pass_switches_drains_records_and_check_says_critical(
 
 def test_the_health_finding() -> None:
     snap = Snapshot(kernel=None, bcache_loaded=True, cache_sets=(), backings=(),
-                    protected=(("/dev/sdc", "wear 93 % (limit 90 %)"),))
+                    protected=(("/dev/sdc", "(wear 93 % (limit 90 %)); devices switched "
+                                            "to writethrough and drained"),))
     (f,) = health.assess(snap)
     assert (f.level, f.code, f.device) == (health.Level.CRITICAL, "protected", "/dev/sdc")
     assert f.next == "cachemgr replace-ssd /dev/sdc"
+    assert f.what == ("protected: SSD /dev/sdc failing (wear 93 % (limit 90 %)); devices "
+                      "switched to writethrough and drained; replace it")
 
 
 def test_the_state_file_is_the_state_directory_s(state_dir: Path) -> None:
