@@ -277,3 +277,30 @@ def test_the_state_file_is_the_state_directory_s(state_dir: Path) -> None:
     state.write_json(state_dir / "protect" / "state.json", {"counts": {"a": 1},
                                                            "protected": "junk"})
     assert protect.load_state() == {"counts": {"a": 1}, "protected": {}}
+
+
+def test_a_dm_cache_is_grouped_by_its_cache_device(tmp_path: Path) -> None:
+    snap = snapshot.take(Sysfs(str(copy_capture(tmp_path, "dmcache-writeback"))))
+    groups = protect.ssds(snap)
+    d = snap.dmcaches[0]
+    assert d.cache is not None
+    g = next(g for g in groups if g.node == d.cache.node)
+    assert g.key == f"dev:{d.cache.node}"
+    assert [(m.node, m.kind, m.can_writethrough) for m in g.members] == [
+        (d.node, "dm-cache", True)]
+    # an SSD failing by SMART (no error counter on it): the dm-cache switched, then drained
+    sick = dataclasses.replace(g, health=hl(passed=False))
+    dec = protect.decide([sick], ON, {})
+    assert [(a.device, a.what) for a in dec.acts] == [(d.node, "switch")]
+
+
+def test_status_says_it_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = sick(tmp_path)
+    kernel_writes(monkeypatch)
+    from cachemgr.ops import cache as cache_ops
+
+    monkeypatch.setattr(cache_ops, "drain", lambda sysfs, dev, **kw: None)
+    assert cli("--sysfs-root", str(root), "protect", "--policy", str(_policy(tmp_path)))[0] == 0
+    rc, out, _ = cli("--sysfs-root", str(root), "status", "--no-vms")
+    assert rc == 0
+    assert "CRITICAL: /dev/ubdb: protected: SSD /dev/ubdb failing" in out, out
