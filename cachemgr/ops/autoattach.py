@@ -151,10 +151,10 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
             for o in res.outcomes]}
     notes: list[str] = []
     failed = bool(res.failed)
-    if pol.protect.enabled:  # then the protect pass (outside the run lock: drains take long)
+    if pol.protect.enabled:  # then the protect pass's switches (its drains: the timer's)
         from cachemgr.ops import protect as protect_ops
 
-        pr = protect_ops.run(sysfs, policy_path, dry_run=dry_run, pol=pol)
+        pr = protect_ops.run(sysfs, policy_path, dry_run=dry_run, pol=pol, drains=False)
         lines += pr.lines
         notes += pr.notes
         failed = failed or pr.failed

@@ -63,9 +63,11 @@ def _load(policy_path: str) -> policy.Policy | None:
 
 def run(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False,
         pol: policy.Policy | None = None, ctl: Control | None = None,
-        stall_timeout: float = STALL_TIMEOUT) -> Result:
+        stall_timeout: float = STALL_TIMEOUT, drains: bool = True) -> Result:
     """One protect pass. A malformed policy is a usage error (nothing is done); no policy or
-    ``[protect]`` off: nothing is read or done. Root unless ``dry_run``."""
+    ``[protect]`` off: nothing is read or done. Root unless ``dry_run``. ``drains`` False
+    (the boot pass, which must not hold the boot for hours): the switches only, the drains
+    left to the next pass (cachemgr-protect.timer)."""
     pol = pol if pol is not None else _load(policy_path)
     if pol is None or not pol.protect.enabled:
         why = "no policy file" if pol is None else "[protect] enabled = false"
@@ -78,8 +80,9 @@ def run(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False,
                 return Result(lines=["another protect pass is running: nothing done"],
                               data={"schema": 1, "enabled": True, "busy": True,
                                     "ssds": [], "actions": []})
-            return _run(sysfs, pol, dry_run=False, ctl=ctl, stall_timeout=stall_timeout)
-    return _run(sysfs, pol, dry_run=True, ctl=ctl, stall_timeout=stall_timeout)
+            return _run(sysfs, pol, dry_run=False, ctl=ctl, stall_timeout=stall_timeout,
+                        drains=drains)
+    return _run(sysfs, pol, dry_run=True, ctl=ctl, stall_timeout=stall_timeout, drains=drains)
 
 
 @contextlib.contextmanager
@@ -98,7 +101,7 @@ def _pass_lock() -> Iterator[bool]:
 
 
 def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None,
-         stall_timeout: float) -> Result:
+         stall_timeout: float, drains: bool) -> Result:
     ctl = ctl if ctl is not None else Control(what="protect")
     snap = cache_ops.status(sysfs, probe_unregistered=False)
     groups = gather(sysfs, snap)
@@ -112,13 +115,21 @@ def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None
     outcomes: list[dict[str, Any]] = []
     results: dict[str, str] = {}
     for a in d.acts:
+        if a.what == "drain" and not drains and not dry_run:
+            results.setdefault(a.device, "deferred")
+            outcomes.append({**a.record(), "result": "deferred", "error": None})
+            continue
         result, error = _do(sysfs, a, dry_run=dry_run, ctl=ctl, stall_timeout=stall_timeout)
         if a.what == "switch" and result in ("done", "already") and not dry_run:
             # the drain after the switch (every switch first: see procedures/protect.decide)
             result, error = "switched", None
         results.setdefault(a.device, result)
         outcomes.append({**a.record(), "result": result, "error": error})
-    if not dry_run:  # the drains of the devices switched, after every switch
+    if not drains and not dry_run and any(o["result"] in ("switched", "deferred")
+                                          for o in outcomes):
+        notes.append("cachemgr: protect: the drains are left to the next cachemgr protect "
+                     "(cachemgr-protect.timer): the boot pass does not wait for them")
+    if not dry_run and drains:  # the drains of the devices switched, after every switch
         for o in outcomes:
             if o["what"] == "switch" and o["result"] == "switched":
                 drain = protect.Act(o["ssd"], o["device"], "drain", o["why"])

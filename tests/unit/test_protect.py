@@ -304,3 +304,24 @@ def test_status_says_it_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     rc, out, _ = cli("--sysfs-root", str(root), "status", "--no-vms")
     assert rc == 0
     assert "CRITICAL: /dev/ubdb: protected: SSD /dev/ubdb failing" in out, out
+
+
+def test_the_boot_pass_switches_and_leaves_the_drain_to_the_timer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachemgr.ops import cache as cache_ops
+
+    root = sick(tmp_path)
+    writes = kernel_writes(monkeypatch)
+    drained: list[str] = []
+    monkeypatch.setattr(cache_ops, "drain", lambda sysfs, dev, **kw: drained.append(dev))
+    pol = str(_policy(tmp_path))
+    rc, out, err = cli("--sysfs-root", str(root), "autoattach", "--policy", pol)
+    assert rc == 0, out + err
+    assert any(w[0].endswith("cache_mode") and w[1] == "writethrough" for w in writes)
+    assert drained == [] and "switched protect /dev/bcache0" in out
+    assert "the boot pass does not wait for them" in err
+    rc, out, _ = cli("--sysfs-root", str(root), "check")
+    assert "not protected yet: /dev/bcache0 (switched)" in out
+    # the timer's pass drains it
+    rc, out, _ = cli("--sysfs-root", str(root), "protect", "--policy", pol)
+    assert rc == 0 and drained == ["/dev/bcache0"] and "done     protect /dev/bcache0" in out
