@@ -114,9 +114,7 @@ def _bcache(snap: Snapshot) -> Iterable[Finding]:
                           "dirty data is on that set's SSD",
                           "cachemgr register SSD (its cache set's SSD: status lists the "
                           "unregistered ones)")
-        elif b.io_errors and b.cset_uuid not in sets:
-            pass
-        elif b.io_errors:
+        elif b.io_errors:  # with or without a cache set: its own disk fails IO
             yield Finding(Level.WARNING, "backing-io-errors", dev,
                           f"{b.io_errors} IO errors on its backing device {b.identity.node}")
     for u in snap.unregistered:
@@ -158,6 +156,13 @@ def _dm(snap: Snapshot) -> Iterable[Finding]:
                           "if any, are unknown", "dmsetup status " + d.name)
             continue
         dirty = d.dirty_bytes
+        error = getattr(st, "error", None)  # dm-writecache's own error (an errno), 0: none
+        if error:
+            yield Finding(Level.CRITICAL if dirty is None or dirty > 0 else Level.WARNING,
+                          "writecache-error", dev,
+                          f"the writecache reports error {error}; {human(dirty)} of data "
+                          "not yet written back", "dmsetup status " + d.name)
+            continue
         mode = getattr(st, "metadata_mode", None)
         needs = getattr(st, "needs_check", None)
         if mode == "ro" or needs:

@@ -162,3 +162,20 @@ def test_an_unexpected_error_is_unknown_never_warning(tmp_path: Path,
     rc, out = check(copy_capture(tmp_path, "bcache-writeback-dirty"))
     assert rc == 3
     assert out == "CACHEMGR UNKNOWN - RuntimeError: no /sys here\n"
+
+
+def test_a_writecache_error_and_a_setless_disk_s_errors_are_findings(tmp_path: Path) -> None:
+    """The review of the model: a dm-writecache whose status reports an error, and IO
+    errors on a backing device with no cache set, were silent (check said OK)."""
+    snap = snapshot.take(Sysfs(str(copy_capture(tmp_path, "lvm-caches"))))
+    wc = snap.writecaches[0]
+    assert wc.status is not None
+    sick = dataclasses.replace(wc, status=dataclasses.replace(wc.status, error=5))
+    found = health.assess(dataclasses.replace(snap, writecaches=(sick,)))
+    assert [f.code for f in found] == ["writecache-error"], found
+    assert found[0].device == wc.node and "error 5" in found[0].what
+    snap = snapshot.take(Sysfs(str(copy_capture(tmp_path, "bcache-unattached"))))
+    b = next(b for b in snap.backings if b.cset_uuid is None)
+    found = health.assess(dataclasses.replace(snap, backings=(
+        dataclasses.replace(b, io_errors=3),)))
+    assert [(f.level, f.code) for f in found] == [(health.Level.WARNING, "backing-io-errors")]
