@@ -173,32 +173,9 @@ def open_state_dir(*, create: bool) -> int | None:
     as root: it, every directory in it and every directory above it only root's to
     change); made (mode 0700) when missing if ``create``, else None then."""
     shown = configured()
-    parent, name = os.path.split(os.path.abspath(shown))
-    if not name:
-        parent, name = "/", "."
-    if create:
-        os.makedirs(parent, exist_ok=True)
-    real = os.path.realpath(parent)
-    try:
-        pfd = os.open(real, _DIR)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    try:
-        if os.geteuid() == 0:
-            bad = loose_parent(real)
-            pst, rst = os.fstat(pfd), os.lstat(real)
-            if bad is None and (pst.st_dev, pst.st_ino) != (rst.st_dev, rst.st_ino):
-                bad = real, "replaced while it was checked"
-            if bad is not None:
-                raise UnsafePathError(
-                    bad[0], f"{bad[1]}, and the state directory {shown} is in it",
-                    f"chown root:root {bad[0]} && chmod go-w {bad[0]} (or set "
-                    "CACHEMGR_STATE_DIR to a directory only root can change)")
-        fd = open_sub(pfd, name, shown, create=create)
-    finally:
-        os.close(pfd)
+    fd = open_trusted_dir(shown, create=create, what=f"the state directory {shown}",
+                          fix=" (or set CACHEMGR_STATE_DIR to a directory only root can "
+                              "change)")
     if fd is not None:
         try:
             check_entries(fd, shown)
@@ -360,11 +337,12 @@ def any_dmcache_record() -> bool:
         return False
 
 
-def open_trusted_dir(shown: str, *, create: bool) -> int | None:
-    """The directory ``shown`` (a path outside the state directory: /etc/cachemgr/dmcache),
-    opened as :func:`open_state_dir` opens the state directory: without following a link
-    at its last component, and, run as root, refused when it or a directory above it is
-    another user's to change; made (mode 0700, and its parents) when missing if
+def open_trusted_dir(shown: str, *, create: bool, what: str | None = None,
+                     fix: str = "") -> int | None:
+    """The directory ``shown`` (the state directory, /etc/cachemgr/dmcache) opened without
+    following a link at its last component and, run as root, refused when a directory
+    above it is another user's to change (or was replaced while it was checked); ``what``
+    and ``fix`` word the refusal. Made (mode 0700, and its parents) when missing if
     ``create``, else None then."""
     parent, name = os.path.split(os.path.abspath(shown))
     if not name:
@@ -381,9 +359,13 @@ def open_trusted_dir(shown: str, *, create: bool) -> int | None:
     try:
         if os.geteuid() == 0:
             bad = loose_parent(real)
+            pst, rst = os.fstat(pfd), os.lstat(real)
+            if bad is None and (pst.st_dev, pst.st_ino) != (rst.st_dev, rst.st_ino):
+                bad = real, "replaced while it was checked"
             if bad is not None:
-                raise UnsafePathError(bad[0], f"{bad[1]}, and {shown} is in it",
-                                      f"chown root:root {bad[0]} && chmod go-w {bad[0]}")
+                raise UnsafePathError(bad[0], f"{bad[1]}, and {what or shown} is in it",
+                                      f"chown root:root {bad[0]} && chmod go-w {bad[0]}"
+                                      + fix)
         return open_sub(pfd, name, shown, create=create)
     finally:
         os.close(pfd)
