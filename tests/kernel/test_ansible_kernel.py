@@ -115,7 +115,9 @@ def test_lab_play_changes_once_then_nothing(lab_disks: list[str]) -> None:
         "Drain bcache, named by a by-id link to its backing disk",
         "Writethrough on bcache, named by the same link",
         "Passthrough on the dm-cache device, named by its dm name",
-        "cachemgr.cachemgr.cachemgr : Create the policy's directory",
+        # no "Create the policy's directory": create dm-cache above made /etc/cachemgr (its
+        # record of the device goes to /etc/cachemgr/dmcache: docs/admin-guide.md, "After a
+        # reboot: the record and the boot pass"), with the mode the role asks for
         "cachemgr.cachemgr.cachemgr : Write the auto-attach policy (checked by cachemgr "
         "policy check first)",
         "cachemgr.cachemgr.cachemgr : Create the state directory",  # a fresh host's
