@@ -42,7 +42,7 @@ def _bench_subject(sysfs: Sysfs, targets: Sequence[str]) -> gate.Subject:
             continue
         k = kinds.find(snap, dev, sysfs)
         subject = subject + (gate.of_kind(k) if k is not None else gate.of_disks([dev]))
-    return gate.Subject(subject.what, subject.locks)
+    return subject
 
 
 def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
