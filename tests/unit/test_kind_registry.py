@@ -6,10 +6,7 @@ And no module of the command layer, the CLI or the TUI branches on a kind class.
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
 import json
-import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +15,12 @@ from typing import Any
 import pytest
 
 from cachemgr.backends.bcache import Change
-from cachemgr.cli.main import main
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import kinds
 from cachemgr.procedures.kinds import Kind
+from tests.unit.test_parity import cli as parity_cli
 from tests.unit.tui_helpers import copy_capture, kernel_writes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,15 +86,7 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def cli(root: Path, *argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    logging.root.handlers.clear()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(["--sysfs-root", str(root), *argv])
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 2
-    logging.root.handlers.clear()
-    return rc, out.getvalue(), err.getvalue()
+    return parity_cli(root, argv)
 
 
 def test_status_lists_a_registered_kind(toy: Path) -> None:
