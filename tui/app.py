@@ -47,11 +47,14 @@ from cachemgr.core.errors import (
 )
 from cachemgr.core.model import (
     Snapshot,
+    UnregisteredBcache,
     VmScan,
 )
 from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops import health as health_ops
 from cachemgr.ops.control import Control, Result, progress_line
+from cachemgr.ops.health import Finding
 from tui import actions, history, view
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import MessageDialog
@@ -173,6 +176,7 @@ class CacheMgrApp(App[int]):
         self._polling = False
         self._vms_at: float | None = None  # when libvirt was last asked (poll worker only)
         self._vms: VmScan | None = None
+        self._unregistered: tuple[UnregisteredBcache, ...] = ()
         self._poll_timer: Any = None
         # poll worker only: identities and the like kept until a uevent (ScanCache), the last
         # snapshot with every stats interval and when it was taken
@@ -181,6 +185,7 @@ class CacheMgrApp(App[int]):
         self._with_stats: Snapshot | None = None
         self.polls = 0
         self.poll_error: str | None = None
+        self.findings: list[Finding] = []  # the health model's, of the last snapshot
         self.log_history: list[str] = []
 
     # ------------------------------------------------------------------ screens & layout
@@ -250,19 +255,22 @@ class CacheMgrApp(App[int]):
         # keep the last answer
         now = self.clock()
         ask = self._vms_at is None or now - self._vms_at >= VM_EVERY
+        # the unregistered devices' superblocks (stranded dirty data: the health model's
+        # worst findings) are read at libvirt's pace too; the polls between keep them
         stats = (self._stats_at is None or now - self._stats_at >= STATS_EVERY
                  or any(isinstance(s, DetailScreen) for s in list(self.screen_stack)))
-        snap = cache_ops.status(self.sysfs, vms=ask, stats=stats, cache=self._scan_cache)
+        snap = cache_ops.status(self.sysfs, vms=ask, stats=stats, cache=self._scan_cache,
+                                probe_unregistered=ask)
         if stats:
             self._stats_at, self._with_stats = now, snap
         else:
             snap = cache_ops.carry_stats(snap, self._with_stats)
         if ask:
-            self._vms_at, self._vms = now, snap.vms
-        elif self._vms is not None:
-            snap = dataclasses.replace(snap, vms=self._vms)
+            self._vms_at, self._vms, self._unregistered = now, snap.vms, snap.unregistered
+        else:
+            snap = dataclasses.replace(snap, vms=self._vms, unregistered=self._unregistered)
         ios = history.io_counts(self.sysfs, snap)
-        self.post_message(SnapshotReady(snap, ios, self.clock()))
+        self.post_message(SnapshotReady(snap, ios, self.clock(), health_ops.findings(snap)))
 
     def _rearm(self) -> None:
         self._polling = False
@@ -275,7 +283,8 @@ class CacheMgrApp(App[int]):
         self.poll_error = None
         self.snap = msg.snap
         self.history.add(msg.t, msg.snap, msg.ios)
-        self.rows = view.rows(msg.snap)
+        self.findings = msg.findings
+        self.rows = view.rows(msg.snap, msg.findings)
         d = self.dashboard()
         # no table while the app quits (its screens' widgets go away; a poll can come late)
         table = next(iter(d.query(DeviceTable)), None) if d is not None else None
@@ -317,6 +326,11 @@ class CacheMgrApp(App[int]):
             if md:
                 r = next(r for r in self.rows if r.key == md)
                 bits.append(f"most dirty: {r.device.lstrip('├└ ')} {r.dirty} (g)")
+            if self.findings:  # the health model's, worst first (what cachemgr check says)
+                f, n = self.findings[0], len(self.findings)
+                bits.append(f"! {f.level.name} {f.device}: {f.what}"
+                            + (f" (+{n - 1})" if n > 1 else "") + " (enter on a red row: "
+                            "what to do)")
             bits += [f"! {w}" for w in snap.warnings]
             owned = [f"{r.owner} {r.device.lstrip('├└ ')} {view.owner_short(o)}"
                      for r in self.rows if r.owner

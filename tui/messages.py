@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.message import Message
 
 from cachemgr.core.model import Snapshot
+from cachemgr.ops.health import Finding
 
 
 class SnapshotReady(Message):
-    """A poll finished: the snapshot and the block layer's IO counters, read together."""
+    """A poll finished: the snapshot and the block layer's IO counters, read together, and
+    the health model's findings of that snapshot (worst first)."""
 
-    def __init__(self, snap: Snapshot, ios: dict[str, int], t: float) -> None:
+    def __init__(self, snap: Snapshot, ios: dict[str, int], t: float,
+                 findings: Sequence[Finding] = ()) -> None:
         super().__init__()
         self.snap = snap
         self.ios = ios
         self.t = t
+        self.findings = list(findings)
 
 
 class OpProgress(Message):

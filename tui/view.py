@@ -8,6 +8,7 @@ for dirty data on a missing cache set, the same kernel words for modes and state
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachemgr.core.model import (
@@ -21,6 +22,7 @@ from cachemgr.core.model import (
     Stats,
 )
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.health import Finding, Level
 from cachemgr.ops.render import dirty_text, short
 
 __all__ = ["Row", "dirty_text", "rows"]
@@ -216,18 +218,45 @@ def owner_short(o: Owner) -> str:
         "" if o.running else " (interrupted)")
 
 
-def rows(snap: Snapshot) -> list[Row]:
+def rows(snap: Snapshot, findings: Sequence[Finding] = ()) -> list[Row]:
     """The device tree: each cache set with its backing devices under it, then backing
-    devices on no (registered) set, then dm-cache devices; each marked with its owner."""
+    devices on no (registered) set, then dm-cache devices; each marked with its owner, and
+    in red (``alert``) when a finding of the health model (``findings``) is about it."""
     out = _rows(snap)
-    if not snap.owners:
+    if not snap.owners and not findings:
         return out
     marked = []
     for r in out:
         obj = find(snap, r.key)
         o = cache_ops.owner_of(snap, obj) if obj is not None else None
-        marked.append(dataclasses.replace(r, owner=owner_mark(o)) if o is not None else r)
+        if o is not None:
+            r = dataclasses.replace(r, owner=owner_mark(o))
+        if not r.alert and any(f.level >= Level.WARNING for f in about(snap, r, findings)):
+            r = dataclasses.replace(r, alert=True)
+        marked.append(r)
     return marked
+
+
+def names(snap: Snapshot, r: Row) -> set[str]:
+    """What a finding may call the row's device: its TARGET, its node, its disks (a cache
+    set's SSDs, a device's backing disk or origin) and a cache set's UUID."""
+    out = {r.target, *(f"/dev/{x}" for x in r.disk.split(",") if x and x != "?")}
+    obj = find(snap, r.key)
+    k = cache_ops.kind_of(obj) if obj is not None else None
+    return out | (k.names() if k is not None else set())
+
+
+def about(snap: Snapshot, r: Row, findings: Sequence[Finding]) -> list[Finding]:
+    """The findings about row ``r``'s device (an interrupted procedure's owner is shown by
+    its own mark and line, not here)."""
+    own = names(snap, r)
+    return [f for f in findings if not f.code.startswith("interrupted-")
+            and own.intersection(f.device.split(","))]
+
+
+def finding_line(f: Finding) -> str:
+    """One finding as the banner and the detail view say it."""
+    return f"{f.level.name} {f.line()}"
 
 
 def _rows(snap: Snapshot) -> list[Row]:

@@ -8,10 +8,14 @@ from __future__ import annotations
 from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.core.errors import require_root
+from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.control import Result
 from cachemgr.procedures import health, kinds, owners
+from cachemgr.procedures.health import Finding, Level
+
+__all__ = ["Finding", "Level", "check", "findings", "report"]
 
 
 def report(sysfs: Sysfs, *, refresh: bool = False) -> Result:
@@ -33,6 +37,13 @@ def report(sysfs: Sysfs, *, refresh: bool = False) -> Result:
     return Result(lines=lines, notes=notes,
                   data={"schema": 1, "ssd_health": cache_ops.ssd_health_json(rows)},
                   value=rows)
+
+
+def findings(snap: Snapshot) -> list[Finding]:
+    """The health model's findings of ``snap`` as a face shows them (status's, the TUI's):
+    with the journals that cannot be read, without SMART (``check`` adds its cached
+    answers)."""
+    return health.assess(snap, unreadable=owners.unreadable())
 
 
 def check(sysfs: Sysfs) -> Result:

@@ -1162,3 +1162,43 @@ def test_sizing_screen_draws_the_curve(tmp_path: Path) -> None:
             assert "not a cachemgr trace" in rendered(app.screen, ".dialog-body")
 
     asyncio.run(go())
+
+
+def test_health_findings_show_in_banner_rows_and_detail() -> None:
+    """The health model (what cachemgr check and status say) in the TUI: the worst finding
+    in the banner, the device's row in red, the finding with its next command first in the
+    device's detail. Captures: dmcache-failed-uml (the kernel reports the cache as Fail),
+    bcache-missing-cache-uml (a dirty backing device whose cache set is not registered);
+    bcache-writeback-dirty-uml is healthy."""
+    from rich.console import Console
+
+    from tui.screens import detail
+
+    async def go(name: str, key: str, code: str, next_words: str) -> None:
+        async with running(fx(name)) as (app, pilot):
+            assert app.snap is not None
+            assert [f.code for f in app.findings][:1] == [code], app.findings
+            banner = rendered(app, "#banner")
+            assert "! CRITICAL" in banner and app.findings[0].device in banner, banner
+            row = next(r for r in app.rows if r.key == key)
+            assert row.alert
+            await select(pilot, app, key)
+            await pilot.press("enter")
+            assert isinstance(app.screen, DetailScreen)
+            con = Console(width=200, record=True, file=io.StringIO())
+            con.print(detail.render(app.snap, key, None, app.findings))
+            text = con.export_text()
+            assert f"CRITICAL {app.findings[0].device}" in text and next_words in text, text
+
+    asyncio.run(go("dmcache-failed", "dm:failing", "failed-cache",
+                   "next: dmsetup status failing"))
+    asyncio.run(go("bcache-missing-cache", "b8fb95d5-dba6-45db-91dd-9809004583e7",
+                   "dirty-without-cache", "next: cachemgr register SSD"))
+
+    async def healthy() -> None:
+        async with running(fx("bcache-writeback-dirty")) as (app, _pilot):
+            assert app.findings == []
+            assert "CRITICAL" not in rendered(app, "#banner")
+            assert not any(r.alert for r in app.rows)
+
+    asyncio.run(healthy())

@@ -4,6 +4,7 @@ backing devices of a set. Re-rendered from each new snapshot while it is open.""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.console import Group, RenderableType
@@ -20,6 +21,7 @@ from cachemgr.core.model import Size, Snapshot, human
 from cachemgr.core.text import printable
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import vms as vm_ops
+from cachemgr.ops.health import Finding, Level
 from tui import view
 from tui.safe import literal
 
@@ -97,14 +99,25 @@ def owner_detail(snap: Snapshot, obj: object) -> list[RenderableType]:
     return [literal(view.owner_line(o), style="bold yellow" if o.running else "bold red")]
 
 
+def findings_detail(snap: Snapshot, key: str, findings: Sequence[Finding]
+                    ) -> list[RenderableType]:
+    """The health model's findings about this device (what cachemgr check and status say),
+    each with its next command: right under its owner."""
+    row = next((r for r in view.rows(snap) if r.key == key), None)
+    about = view.about(snap, row, findings) if row is not None else []
+    return [literal(view.finding_line(f), style="bold red" if f.level == Level.CRITICAL
+                    else "bold yellow") for f in about]
+
+
 def render(snap: Snapshot, key: str,
-           health: list[tuple[Any, Any]] | None = None) -> RenderableType:
+           health: list[tuple[Any, Any]] | None = None,
+           findings: Sequence[Finding] = ()) -> RenderableType:
     obj = view.find(snap, key)
     k = cache_ops.kind_of(obj) if obj is not None else None
     if obj is None or k is None:
         return literal(f"{key} is gone (removed or unplugged since it was selected)",
                        style="bold red")
-    parts = owner_detail(snap, obj)
+    parts = owner_detail(snap, obj) + findings_detail(snap, key, findings)
     parts += [section(sec) for sec in k.detail(snap)] + vm_detail(k.vm_node, snap)
     parts += health_detail(k.health_cache, health)
     spaced: list[RenderableType] = []
@@ -138,7 +151,7 @@ class DetailScreen(Screen[None]):
         shown = self.query("#detail")
         if not shown:  # pushed, not composed yet: on_mount shows the snapshot
             return
-        shown.first(Static).update(render(snap, self.key, self.health))
+        shown.first(Static).update(render(snap, self.key, self.health, self._findings()))
         if time.monotonic() - self._health_at >= 60:  # the lookup itself is cached
             self._health_at = time.monotonic()
             self.read_health(snap)
@@ -151,4 +164,8 @@ class DetailScreen(Screen[None]):
     def _got_health(self, snap: Snapshot, health: list[tuple[Any, Any]]) -> None:
         self.health = health
         if health:
-            self.query_one("#detail", Static).update(render(snap, self.key, health))
+            self.query_one("#detail", Static).update(render(snap, self.key, health,
+                                                            self._findings()))
+
+    def _findings(self) -> list[Finding]:
+        return list(getattr(self.app, "findings", []))
