@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from cachemgr.core import checks
+from cachemgr.core import checks, state
 from cachemgr.core.model import CacheState, DrainProgress
 
 T = TypeVar("T")
 RateKind = Literal["ewma", "mean"]
+SAY_PROGRESS_EVERY = 5.0  # seconds between two progress notes in the lock files
 
 
 @dataclass(frozen=True)
@@ -123,12 +124,20 @@ def wait_clean(
         best, best_at = first.dirty_bytes, t0
     clean_since: float | None = None
     zero_at: float | None = None
+    said_at: float | None = None  # when the lock files last heard of progress
     while True:
         now = clock()
         s = sample()
         dirty = s.dirty_bytes
         if dirty is not None and (best is None or dirty < best):
             best, best_at = dirty, now
+        if said_at is None or (best_at > said_at and now - said_at >= SAY_PROGRESS_EVERY):
+            # what status and check read of a drain under way (a stalled one is a WARNING):
+            # when it started or last lowered the dirty data, in the locks it holds (a new
+            # minimum is noted at most SAY_PROGRESS_EVERY seconds late)
+            said_at = now
+            state.update_holder(progress_at=round(time.time() - (now - best_at), 1),
+                                progress_dirty=best)
         p = meter.update(now, dirty, s.state, s.dirty_blocks)
         if progress:
             progress(p)

@@ -463,6 +463,10 @@ class Owner:
     resume: str | None = None  # the command that finishes or resumes it
     rollback: str | None = None  # the command that undoes it (None: only finishing is safe)
     journal: str | None = None  # its journal's path
+    # a drain or flush under way: when it last lowered the dirty data (epoch seconds, as its
+    # lock file says; core/drainloop.py writes it), and how much was dirty then
+    progress_at: float | None = None
+    progress_dirty: int | None = None
 
     def words(self) -> str:
         """"replace-ssd run R (since 10:42:07, step drain, pid 123)"."""

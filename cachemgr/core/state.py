@@ -274,6 +274,11 @@ def _me() -> object:
     return acting if acting is not None else threading.get_ident()
 
 
+def _owner_word(me: object) -> str:
+    """An owner (a thread's ident, or an _Acting block) as the lock files name it."""
+    return f"t{me:x}" if isinstance(me, int) else f"a{id(me):x}"
+
+
 @contextlib.contextmanager
 def acting_as(token: object) -> Iterator[None]:
     """Locks taken (or re-entered) inside act for this block, named ``token``: a
@@ -405,8 +410,10 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
         except BlockingIOError:
             raise BusyError(what, parse_holder(
                 os.pread(fd, 4096, 0).decode(errors="replace"))) from None
-        info = {"pid": os.getpid(), "since": round(time.time(), 3), "object": what, "key": key,
-                **(holder or {})}
+        # "owner": which run of this process (a thread, or a procedure's workers acting as
+        # one): the locks one run holds are one owner to status, however far apart taken
+        info = {"pid": os.getpid(), "owner": _owner_word(me), "since": round(time.time(), 3),
+                "object": what, "key": key, **(holder or {})}
         with _held_mutex:
             if key in _held:  # another thread of ours won the race for the same key
                 raise BusyError(what, {**_held[key].holder,

@@ -19,16 +19,23 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
   recorded writethrough or passthrough dm-cache device that is not assembled; a procedure
-  journal cachemgr cannot read.
+  journal cachemgr cannot read; a drain or flush under way that has not lowered the dirty
+  data for :data:`STALLED_AFTER` seconds (its lock files say when it last did).
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cachemgr.core.model import CacheMode, CacheState, Snapshot, human
+
+# a drain or flush under way that has not lowered the dirty data for this long is stalled
+# (cachemgr's own drains give up after their --stall-timeout, 60 s by default; a longer one
+# was asked for, or the drain is another tool's kill-resistant loop)
+STALLED_AFTER = 600.0
 
 
 class Level(enum.IntEnum):
@@ -57,12 +64,14 @@ class Finding:
 
 
 def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
-           unreadable: Sequence[tuple[str, str]] = ()) -> list[Finding]:
+           unreadable: Sequence[tuple[str, str]] = (),
+           now: float | None = None) -> list[Finding]:
     """Every finding of ``snap``, worst first. ``replace_soon``: (SSD node, why) for each
     cache SSD SMART says to replace (smart.ssd_health's cached answers); ``unreadable``:
-    (path, why) for each procedure journal that cannot be read (owners.unreadable)."""
+    (path, why) for each procedure journal that cannot be read (owners.unreadable);
+    ``now``: the epoch time a stall is counted to (default: the clock's)."""
     found = [*_protected(snap), *_bcache(snap), *_dm(snap), *_unassembled(snap),
-             *_owners(snap)]
+             *_owners(snap, time.time() if now is None else now)]
     found += [Finding(Level.WARNING, "ssd-wear", node, f"SMART: {why}",
                       f"cachemgr replace-ssd {node} --dry-run") for node, why in replace_soon]
     # whether its procedure was interrupted is unknown, and the commands on its device
@@ -195,9 +204,18 @@ def _unassembled(snap: Snapshot) -> Iterable[Finding]:
                       else "cachemgr autoattach")
 
 
-def _owners(snap: Snapshot) -> Iterable[Finding]:
+def _owners(snap: Snapshot, now: float) -> Iterable[Finding]:
     for o in snap.owners:
         if o.running:
+            if o.progress_at is not None and now - o.progress_at >= STALLED_AFTER:
+                yield Finding(Level.WARNING, "stalled-drain", o.device,
+                              f"{o.words()} has not lowered the dirty data for "
+                              f"{(now - o.progress_at) / 60:.0f} min (dirty "
+                              f"{human(o.progress_dirty)})",
+                              "find out why (writeback_running, the backing device's IO "
+                              "errors, a writer rewriting the same blocks)" + (
+                                  f"; to stop it: kill {o.pid} (it puts back what it "
+                                  "changed)" if o.pid else ""))
             continue
         lvl = Level.CRITICAL if o.procedure == "replace-ssd" else Level.WARNING
         yield Finding(lvl, "interrupted-" + o.procedure.replace(" ", "-"), o.device,

@@ -143,29 +143,33 @@ def owners(keys: Iterable[str] | None = None) -> list[Owner]:
     held, as a running drain's or replace-ssd run's is), and the runs holding locks of
     ``keys`` that no journal names (a mode switch, a tune). ``keys`` None: every lock file."""
     claims = interrupted()
-    if keys is None:
-        held = [o for o in (_from_holder(h) for h in state.held_locks()) if o is not None]
-    else:
-        held = [o for o in (running(k) for k in set(keys)) if o is not None]
+    holders = state.held_locks() if keys is None else [
+        {"key": k, **h} for k in set(keys) for h in [state.current_holder(k)] if h is not None]
+    pairs = [(h, o) for h in holders for o in [_from_holder(h)] if o is not None]
+    held = [o for _, o in pairs]
     out: list[Owner] = []
     for c in claims:
         live = next((h for h in held if h.keys & c.keys), None)
         if live is not None:
             c = Owner(c.procedure, c.keys, c.device, True, run=c.run,
                       step=live.step or c.step, since=c.since, pid=live.pid,
-                      resume=c.resume, rollback=c.rollback, journal=c.journal)
+                      resume=c.resume, rollback=c.rollback, journal=c.journal,
+                      progress_at=live.progress_at, progress_dirty=live.progress_dirty)
         out.append(c)
     claimed = set().union(*(c.keys for c in claims)) if claims else set()
     # one record per run: a run holds several locks (a device's and its cache's)
     runs: dict[tuple[Any, ...], Owner] = {}
-    for h in held:
+    for raw, h in pairs:
         if h.keys & claimed:
             continue
-        ident = (h.pid, h.since, h.procedure, h.run)
+        # one run: one process's owner (older lock files: the same start time)
+        ident = (h.pid, raw.get("owner") or h.since, h.procedure, h.run)
         had = runs.get(ident)
         runs[ident] = h if had is None else Owner(
             h.procedure, had.keys | h.keys, had.device, True, run=h.run, step=h.step,
-            since=h.since, pid=h.pid)
+            since=min((x for x in (h.since, had.since) if x is not None), default=None),
+            pid=h.pid, progress_at=h.progress_at or had.progress_at,
+            progress_dirty=h.progress_dirty if h.progress_at else had.progress_dirty)
     return out + list(runs.values())
 
 
@@ -177,7 +181,13 @@ def _from_holder(h: dict[str, Any]) -> Owner | None:
     return Owner(str(h.get("procedure") or ""), frozenset({key}),
                  str(h.get("object") or key), True, run=h.get("run") or None,
                  step=h.get("step") or None, since=_num(h.get("since")),
-                 pid=h.get("pid") if isinstance(h.get("pid"), int) else None)
+                 pid=h.get("pid") if isinstance(h.get("pid"), int) else None,
+                 progress_at=_num(h.get("progress_at")),
+                 progress_dirty=_int(h.get("progress_dirty")))
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def running(key: str) -> Owner | None:
@@ -201,4 +211,5 @@ def owner_json(o: Owner | None) -> dict[str, Any] | None:
         return None
     return {"procedure": o.procedure, "running": o.running, "run": o.run, "step": o.step,
             "since": o.since, "pid": o.pid, "resume": o.resume, "rollback": o.rollback,
-            "journal": o.journal, "device": o.device}
+            "journal": o.journal, "device": o.device, "progress_at": o.progress_at,
+            "progress_dirty_bytes": o.progress_dirty}

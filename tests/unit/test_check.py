@@ -179,3 +179,52 @@ def test_a_writecache_error_and_a_setless_disk_s_errors_are_findings(tmp_path: P
     found = health.assess(dataclasses.replace(snap, backings=(
         dataclasses.replace(b, io_errors=3),)))
     assert [(f.level, f.code) for f in found] == [(health.Level.WARNING, "backing-io-errors")]
+
+
+def test_a_drain_that_stopped_lowering_the_dirty_data_is_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain under way notes in the locks it holds when it last lowered the dirty data
+    (core/drainloop.py); status and check read it: a drain that has not for STALLED_AFTER
+    seconds is a WARNING naming its pid, one that just did is nothing."""
+    import itertools
+    import time
+    import types
+
+    from cachemgr.core import drainloop, state
+    from cachemgr.core.errors import StallError
+    from cachemgr.core.model import CacheState
+    from cachemgr.procedures import kinds
+
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    sysfs = Sysfs(str(root))
+    k = kinds.resolve(snapshot.take(sysfs), "/dev/bcache0", sysfs)
+    readings = itertools.chain([4096], itertools.repeat(2048))
+    now = [0.0]
+
+    def sample() -> drainloop.Sample[int]:
+        v = next(readings)
+        return drainloop.Sample(v, v, CacheState.DIRTY, False)
+
+    with contextlib.ExitStack() as held:
+        for key, what in k.locks:
+            held.enter_context(state.locked(key, what, holder={"procedure": "drain"}))
+        with pytest.raises(StallError):
+            drainloop.wait_clean(
+                sample, action="drain", device="/dev/bcache0", timeout=100, stall_timeout=8,
+                confirm=1, interval=1, progress=None,
+                stall_error=lambda raw, p: StallError("stalled"),
+                timeout_error=lambda raw: StallError("timeout"),
+                clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+        holders = [h for h in state.held_locks() if h.get("pid") == os.getpid()]
+        assert holders and all(h["progress_dirty"] == 2048 for h in holders), holders
+        rc, out = check(root, "--json")
+        assert "stalled-drain" not in out and rc == 0, out
+        t = holders[0]["progress_at"] + health.STALLED_AFTER + 60
+        monkeypatch.setattr(health, "time", types.SimpleNamespace(time=lambda: t))
+        rc, out = check(root, "--json")
+        assert rc == 1, out
+        (f,) = [f for f in json.loads(out)["findings"] if f["code"] == "stalled-drain"]
+        assert f["level"] == "WARNING" and f["device"] == "/dev/bcache0"
+        assert "has not lowered the dirty data for 11 min (dirty 2.0 KiB)" in f["what"], f
+        assert f"kill {os.getpid()}" in f["next"]
+    monkeypatch.setattr(health, "time", time)
