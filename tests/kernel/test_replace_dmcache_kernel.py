@@ -14,6 +14,7 @@ import pytest
 
 from cachemgr.backends import scsi
 from cachemgr.backends.dmcache import command, discover
+from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.core import runner
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
@@ -84,6 +85,12 @@ def end_state(sysfs: Sysfs, before: list[str], areas: tuple[str, str]) -> None:
     assert after[3:5] == [devno(n) for n in areas], after
     d = discover.find(sysfs, "vc")
     assert d.status is not None and d.failure is None
+    # the record (create dm-cache wrote it) names these areas: the boot pass finds them
+    rec = dm_record.load("vc")
+    assert rec is not None
+    res = dm_record.resolve(rec, dm_record.identities(sysfs))
+    assert res.ok, res.problems
+    assert [devno(res.nodes[r]) for r in ("metadata", "cache")] == after[3:5], res.nodes
 
 
 def kill_and_resume(sysfs: Sysfs, step: str, before: list[str], wwid: str | None) -> None:

@@ -172,6 +172,38 @@ def test_sys_path_of_the_lab_disks() -> None:
     sysfs = Sysfs(WB)
     assert record.sys_path(sysfs, "ubdb") == "devices/platform/uml-blkdev.1"
     assert record.sys_path(sysfs, "dm-0") is None  # virtual: no place of its own
+    # qemu lab's NVMe namespaces have no block/ directory: the controller's PCI place and
+    # the namespace id (nvme0/nvme0n1 are the kernel's probe order)
+    nvme = Sysfs(FX / "nvme-pair-qemu" / "sys")
+    assert record.sys_path(nvme, "nvme0n1") == "devices/pci0000:00/0000:00:02.0/0000:01:00.0:ns1"
+    assert record.sys_path(nvme, "nvme1n1") == "devices/pci0000:00/0000:00:03.0/0000:02:00.0:ns1"
+
+
+def test_a_partition_is_its_disks_wwn_and_serial_with_its_number() -> None:
+    """udev copies a disk's serial onto its partitions: a partition is recorded by its
+    disk's WWN and serial with -partN (the qemu lab's NVMe partitions had no other stable
+    key without udevd); the capture's virtio disk has none, given here."""
+    import dataclasses
+
+    from cachemgr.backends import identity
+
+    sysfs = Sysfs(FX / "schedulers-qemu" / "sys")
+    disk = identity.identify(sysfs, "vda", udev=None, probe=None)
+    part = identity.identify(sysfs, "vda1", udev=None, probe=None)
+    assert part.partition_of == "vda"
+    named = dataclasses.replace(disk, serial="QM00001", wwn="0x5000c500a1b2c3d4")
+    d = record.device_id(sysfs, dataclasses.replace(part, serial="QM00001"),
+                         "block/vda/vda1", {"vda": named})
+    w = identity.normalize_wwn("0x5000c500a1b2c3d4")  # the kernel's form: naa.5000...
+    assert (d.wwn, d.serial) == (f"{w}-part1", "QM00001-part1")
+    assert d.sys_path == "devices/pci0000:00/0000:00:02.0/virtio0:part1"
+    assert d.strongest() == ("wwn", f"{w}-part1")
+    whole = record.device_id(sysfs, named, "block/vda")
+    assert (whole.wwn, whole.serial) == (w, "QM00001")
+    # a disk without them: nothing made up
+    bare = record.device_id(sysfs, part, "block/vda/vda1",
+                            {"vda": dataclasses.replace(disk, serial=None, wwn=None)})
+    assert (bare.wwn, bare.serial) == (None, None)
 
 
 # --------------------------------------------------------------------------- create / remove

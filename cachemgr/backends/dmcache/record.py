@@ -11,12 +11,15 @@ and metadata devices, the block size, the policy and the mode. ``remove`` (with 
 devices are present and are the recorded ones (:func:`resolve`, :func:`assemble`); status
 and the health model list a record that is not assembled.
 
-The identity of a device is, strongest first: its WWN, its serial (whole disks only: udev
-copies a disk's onto its partitions), its first /dev/disk/by-id link, its by-path link, its
-place in sysfs (``sys_path``: the device's directory under /sys/devices without the kernel's
-name, plus the partition number: ``devices/platform/uml-blkdev.1`` for the UML lab's second
-ubd disk, ``devices/pci0000:00/0000:00:05.0/virtio3`` for a qemu virtio disk), or for a
-device-mapper device its dm UUID or name. The strongest key recorded decides which device
+The identity of a device is, strongest first: its WWN, its serial (a partition's: its
+disk's with ``-partN``, since udev copies a disk's onto its partitions), its first
+/dev/disk/by-id link, its by-path link, its place in sysfs (``sys_path``: the device's
+directory under /sys/devices without the kernel's name, plus the partition number:
+``devices/platform/uml-blkdev.1`` for the UML lab's second ubd disk,
+``devices/pci0000:00/0000:00:05.0/virtio3`` for a qemu virtio disk; for an NVMe namespace,
+which has no ``block/`` directory of its own, its controller's PCI place and namespace id,
+``devices/pci0000:00/0000:00:02.0/0000:01:00.0:ns1``), or for a device-mapper device its
+dm UUID or name. The strongest key recorded decides which device
 fills a role; its size must also be the recorded one; and the metadata device must carry a
 dm-cache superblock with the recorded block size (and, once committed, the cache's number
 of blocks): a blank or foreign metadata device would make the kernel format fresh metadata
@@ -38,7 +41,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cachemgr.backends import identity as identity_mod
@@ -180,6 +183,9 @@ class Record:
 # identities
 
 
+_NVME_PLACE = re.compile(r"(devices/(?!virtual/).+?)/nvme/nvme\d+/nvme\d+(?:c\d+)?n\d+(?:/|$)")
+
+
 def sys_path(sysfs: Sysfs, name: str, rel: str | None = None) -> str | None:
     """The device's place under /sys/devices without the kernel's name (module docstring);
     None for a virtual device (loop, dm, md: no place of their own)."""
@@ -191,23 +197,44 @@ def sys_path(sysfs: Sysfs, name: str, rel: str | None = None) -> str | None:
         return None
     head, sep, _ = real.rpartition("/block/")
     if not sep:
-        return None
+        # NVMe: devices/PCI.../nvme/nvmeX/nvmeXnY[/nvmeXnYpZ]; nvmeX and nvmeXnY are the
+        # kernel's probe order, the PCI place and the namespace id are not
+        m = _NVME_PLACE.match(real)
+        disk_rel = rel.rsplit("/", 1)[0] if rel.count("/") > 1 else rel
+        nsid = (sysfs.read_opt(f"{disk_rel}/nsid") or "").strip()
+        if m is None or not nsid.isdigit():
+            return None
+        head = f"{m.group(1)}:ns{nsid}"
     part = sysfs.read_opt(f"{rel}/partition")
     return f"{head}:part{part.strip()}" if part and "/" in rel.removeprefix("block/") \
         else head
 
 
-def device_id(sysfs: Sysfs, ident: Identity, rel: str | None = None) -> DeviceId:
-    """What a record keeps of a device (module docstring)."""
-    whole = ident.partition_of is None
+def device_id(sysfs: Sysfs, ident: Identity, rel: str | None = None,
+              parents: Mapping[str, Identity] | None = None) -> DeviceId:
+    """What a record keeps of a device (module docstring). A partition's WWN and serial are
+    its disk's with ``-partN`` (as udev's by-id links name it): NVMe namespaces under the
+    kernel's native multipath sit under /sys/devices/virtual (no sysfs place), and without
+    udevd they have no by-id link either. ``parents``: identities known already."""
+    wwn, serial = identity_mod.normalize_wwn(ident.wwn) if ident.wwn else None, ident.serial
+    if ident.partition_of is not None:
+        number = (sysfs.read_opt(f"{rel}/partition") or "").strip() if rel else ""
+        disk = (parents or {}).get(ident.partition_of)
+        if disk is None and number:
+            try:
+                disk = identity_mod.identify(sysfs, ident.partition_of, probe=None)
+            except CacheMgrError:
+                disk = None
+        wwn = f"{identity_mod.normalize_wwn(disk.wwn)}-part{number}" \
+            if disk is not None and disk.wwn and number else None
+        serial = f"{disk.serial}-part{number}" if disk is not None and disk.serial \
+            and number else None
     dm_uuid = dm_name = None
     if ident.name.startswith("dm-"):
         dm_uuid = (sysfs.read_opt(f"block/{ident.name}/dm/uuid") or "").strip() or None
         dm_name = (sysfs.read_opt(f"block/{ident.name}/dm/name") or "").strip() or None
     return DeviceId(
-        size_bytes=ident.size_bytes or 0, node=ident.node,
-        wwn=identity_mod.normalize_wwn(ident.wwn) if whole and ident.wwn else None,
-        serial=ident.serial if whole and ident.serial else None,
+        size_bytes=ident.size_bytes or 0, node=ident.node, wwn=wwn, serial=serial,
         by_id=ident.by_id[0] if ident.by_id else None, by_path=ident.by_path,
         sys_path=sys_path(sysfs, ident.name, rel), dm_uuid=dm_uuid, dm_name=dm_name)
 
@@ -332,7 +359,7 @@ def identities(sysfs: Sysfs, idents: Mapping[str, Identity] | None = None
     dirs = block_dirs(sysfs)
     if idents is None:
         idents = identity_mod.identify_all(sysfs, probe=None)
-    return {n: device_id(sysfs, i, dirs.get(n)) for n, i in idents.items()
+    return {n: device_id(sysfs, i, dirs.get(n), idents) for n, i in idents.items()
             if not n.startswith(("loop", "ram", "zram", "sr", "bcache"))}
 
 
@@ -446,6 +473,21 @@ def make(sysfs: Sysfs, name: str, nodes: Mapping[str, str], table: DmCacheTable,
         ids[role] = device_id(sysfs, ident, dirs[k])
     return Record(name, ids["origin"], ids["cache"], ids["metadata"], table.length,
                   table.block_sectors, table.policy, table.mode, round(now, 3))
+
+
+def moved(sysfs: Sysfs, rec: Record, nodes: Mapping[str, str]) -> Record:
+    """``rec`` with the roles in ``nodes`` (role -> /dev node) identified as the devices
+    there now: a replace-ssd run moved the cache and metadata onto another SSD, and the boot
+    pass must look for those, not the pulled ones."""
+    dirs = block_dirs(sysfs)
+    ids: dict[str, DeviceId] = {}
+    for role, node in nodes.items():
+        k = sysfs.block_name_of(node)
+        if k is None or k not in dirs:
+            raise RecordError(f"{node} ({role}): no such block device")
+        ids[role] = device_id(sysfs, identity_mod.identify(sysfs, k, probe=None), dirs[k])
+    return replace(rec, origin=ids.get("origin", rec.origin), cache=ids.get("cache", rec.cache),
+                   metadata=ids.get("metadata", rec.metadata))
 
 
 def assemble(sysfs: Sysfs, rec: Record,

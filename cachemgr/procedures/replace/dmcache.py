@@ -33,6 +33,7 @@ from typing import Any
 
 from cachemgr.backends import hotplug, partitions, signatures
 from cachemgr.backends.dmcache import build, command, discover, flushing, manage
+from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.backends.dmcache.parse import parse_listing, parse_table
 from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
@@ -333,6 +334,24 @@ def s_verify(c: Ctx) -> None:
         raise CacheMgrError(f"verification failed: {d.node}: " + "; ".join(problems))
     c.say(f"verified: {d.node} caches on {disk.node} ({d.table.mode.value}, "
           f"{d.table.policy})")
+    _record_moved(c, disk)
+
+
+def _record_moved(c: Ctx, disk: hotplug.Disk) -> None:
+    """The device's record (``create dm-cache`` wrote it; backends/dmcache/record.py) names
+    the new SSD's areas from now on, so that the boot pass assembles the device on them. A
+    record that cannot be written is said, not a failure: the device runs on its new SSD."""
+    try:
+        rec = dm_record.load(_name(c))
+        if rec is None:
+            return
+        new = dm_record.moved(c.sysfs, rec, {r: _node_of(c, r, disk) for r in ROLES})
+        if new != rec:
+            c.say(f"{dm_record.save(new)}: the record names the new SSD's areas now")
+    except CacheMgrError as exc:
+        c.say(f"cachemgr: the record of /dev/mapper/{_name(c)} ({dm_record.records_dir()}) "
+              f"still names the old SSD ({exc}): after a reboot the boot pass will not "
+              "assemble the device on the new one")
 
 
 def _rollback(c: Ctx) -> None:
