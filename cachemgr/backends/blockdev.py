@@ -58,3 +58,16 @@ def device_bytes(sysfs: Sysfs, node: str) -> int | None:
     rel = block_dirs(sysfs).get(name) if name else None
     sectors = sysfs.read_int(f"{rel}/size") if rel else None
     return sectors * 512 if sectors is not None else None
+
+
+def written_bytes(sysfs: Sysfs, name: str | None) -> int | None:
+    """Bytes written to block device ``name`` since boot: ``block/NAME/stat``'s write sectors
+    (the seventh field, in 512-byte sectors whatever the device's block size: the kernel's
+    Documentation/block/stat.rst). None when it cannot be read."""
+    if not name:
+        return None
+    f = (sysfs.read_opt(f"block/{name}/stat") or "").split()
+    try:
+        return int(f[6]) * 512
+    except (IndexError, ValueError):
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ class ProgressReporter:
         self.tty = sys.stderr.isatty()
         self.quiet = quiet
         self.last = 0.0
+        self.note: str | None = None
 
     def __call__(self, p: object) -> None:
         if self.quiet:
@@ -41,11 +43,18 @@ class ProgressReporter:
         if not self.tty and now - self.last < 5:
             return
         self.last = now
-        line = printable(progress_line(p))
         if self.tty:
+            # the words of why, once each time they change, on a line of their own above
+            # the line rewritten in place (which a long line would wrap and break)
+            note = getattr(p, "note", None)
+            shape = re.sub(r"\d+", "#", note) if note else None  # a countdown is one note
+            if note and shape != self.note:
+                print("\r" + printable(note).ljust(78), file=sys.stderr, flush=True)
+            self.note = shape
+            line = printable(progress_line(p, note=False))
             print("\r" + line.ljust(78), end="", file=sys.stderr, flush=True)
         else:
-            print(line, file=sys.stderr, flush=True)
+            print(printable(progress_line(p)), file=sys.stderr, flush=True)
 
     def done(self) -> None:
         if self.tty and not self.quiet:

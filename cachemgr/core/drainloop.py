@@ -14,6 +14,7 @@ reading for its own checks and messages); the loop does the rest the same way fo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,7 +77,10 @@ class Meter:
             start = self.start
             self.rate = (start - dirty) / elapsed if elapsed > 0 and start is not None \
                 and dirty is not None and start > dirty else None
-        eta = dirty / self.rate if self.rate and dirty is not None else None
+        # no ETA for a device that reads 0 B but is not clean: a writer keeps dirtying it
+        eta = dirty / self.rate if self.rate and dirty and dirty > 0 else None
+        if dirty == 0 and state in (CacheState.CLEAN, CacheState.NO_CACHE):
+            eta = 0.0
         return DrainProgress(self.action, self.device, dirty, self.start, self.rate, eta,
                              elapsed, state, dirty_blocks)
 
@@ -94,6 +98,7 @@ def wait_clean(
     stall_error: Callable[[T, bool], Exception],
     timeout_error: Callable[[T], Exception],
     check: Callable[[T], None] | None = None,
+    explain: Callable[[T, float, bool], str | None] | None = None,
     rate: RateKind = "ewma",
     first: Sample[T] | None = None,
     t0: float | None = None,
@@ -107,7 +112,9 @@ def wait_clean(
     is where elapsed time, the rate's mean and the timeout count from; the stall clock starts
     at ``t0`` with ``first``, else at the loop's start. Raises ``stall_error(raw, progressed)``
     (``progressed``: a new minimum was seen after ``t0``) and ``timeout_error(raw)``; whatever
-    ``sample`` or ``check`` raise goes through.
+    ``sample`` or ``check`` raise goes through. ``explain(raw, elapsed, progressed)``: the
+    kind's words for what the numbers alone do not say (a wait the kernel imposes, writes
+    arriving), put in the progress report's ``note``.
     """
     # the last guard: a nan timeout never expires, a nan or 0 interval busy-loops
     checks.seconds(timeout, "timeout")
@@ -139,6 +146,10 @@ def wait_clean(
             state.update_holder(progress_at=round(time.time() - (now - best_at), 1),
                                 progress_dirty=best)
         p = meter.update(now, dirty, s.state, s.dirty_blocks)
+        if explain is not None:
+            note = explain(s.raw, now - t0, best_at > t0)
+            if note:
+                p = dataclasses.replace(p, note=note)
         if progress:
             progress(p)
         if s.clean:

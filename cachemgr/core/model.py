@@ -896,12 +896,22 @@ class DrainProgress:
     elapsed_s: float
     state: CacheState
     dirty_blocks: int | None = None  # dm-cache's #dirty
+    # why it is where it is, in words, when the numbers alone mislead: a wait the kernel
+    # imposes (bcache's writeback_delay), writes arriving as fast as it drains
+    note: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.state in (CacheState.CLEAN, CacheState.NO_CACHE)
 
     @property
     def fraction(self) -> float | None:
+        """Done, 0..1; never 1 while the device is not clean (its dirty data rounds to 0 B
+        while a writer keeps dirtying it)."""
         if not self.start_bytes or self.dirty_bytes is None:
             return None
-        return max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))
+        f = max(0.0, min(1.0, 1 - self.dirty_bytes / self.start_bytes))
+        return f if self.clean else min(f, 0.999)
 
 
 # ---------------------------------------------------------------------------------------

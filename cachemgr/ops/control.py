@@ -91,8 +91,10 @@ def change_lines(changes: list[Change]) -> list[str]:
     return out
 
 
-def progress_line(p: object) -> str:
-    """One line for a progress report, the same in the CLI (stderr) and the TUI."""
+def progress_line(p: object, *, note: bool = True) -> str:
+    """One line for a progress report, the same in the CLI (stderr) and the TUI; ``note``
+    False leaves out the report's words of why (a terminal prints them on a line of their
+    own when they change)."""
     if isinstance(p, str):
         return p
     action = getattr(p, "action", "drain")
@@ -109,5 +111,6 @@ def progress_line(p: object) -> str:
     pct = f"{100 * frac:5.1f}%" if frac is not None else "   ?% "
     rate = f"{human(int(rate_bps))}/s" if rate_bps else "-"
     eta = f"{eta_s:.0f} s" if eta_s is not None else "-"
+    why = getattr(p, "note", None) if note else None
     return (f"drain {device}: {pct} dirty {human(dirty)} rate {rate} "
-            f"ETA {eta} ({getattr(p, 'elapsed_s', 0.0):.0f} s)")
+            f"ETA {eta} ({getattr(p, 'elapsed_s', 0.0):.0f} s)" + (f"; {why}" if why else ""))

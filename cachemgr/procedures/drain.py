@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachemgr.backends import bcache
+from cachemgr.backends import bcache, blockdev
 from cachemgr.core import drainloop, signals, state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, StallError, TimeoutExpired
-from cachemgr.core.model import BcacheBacking, CacheState, DrainProgress
+from cachemgr.core.model import BcacheBacking, CacheMode, CacheState, DrainProgress, human
 from cachemgr.core.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
@@ -239,12 +239,19 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
                              f"draining; {b.dirty} still dirty, kept safe in the cache",
                              hint="fix the backing device; the dirty data stays in the cache")
 
+    incoming = WriteMeter(sysfs, b.device_name)
+
+    def explain(b: BcacheBacking, elapsed: float, progressed: bool) -> str | None:
+        return drain_note(b, dev, original, incoming.rate(), elapsed, progressed)
+
     def stalled(b: BcacheBacking, progressed: bool) -> StallError:
+        why = arriving_words(b, dev, incoming.rate())
         return StallError(
             f"{dev}: no progress for {stall_timeout:g} s (dirty {b.dirty}, state "
-            f"{b.state}, writeback rate {b.writeback_rate}); the dirty data stays safe in "
-            "the cache",
-            hint=stall_hint(original, stall_timeout, progressed=progressed))
+            f"{b.state.value}" + (f"; {why}" if why else "") + "); the dirty data stays safe "
+            "in the cache",
+            hint=(f"cachemgr mode {dev} writethrough --drain" if why else
+                  stall_hint(original, stall_timeout, progressed=progressed)))
 
     def timed_out(b: BcacheBacking) -> TimeoutExpired:
         return TimeoutExpired(f"{dev}: still {b.dirty} dirty after {timeout:g} s of draining")
@@ -252,8 +259,58 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
     r = drainloop.wait_clean(sample, action="drain", device=dev, timeout=timeout,
                              stall_timeout=stall_timeout, confirm=confirm, interval=interval,
                              progress=progress, stall_error=stalled, timeout_error=timed_out,
-                             check=check, rate="ewma", first=_sample(b))
+                             check=check, explain=explain, rate="ewma", first=_sample(b))
     return DrainResult(dev, r.start_bytes, r.elapsed_s, original, r.zero_s)
+
+
+class WriteMeter:
+    """Bytes per second written to the bcache device (what the VMs write into it), over the
+    last few seconds, from its block layer counters (blockdev.written_bytes)."""
+
+    WINDOW = 3.0
+
+    def __init__(self, sysfs: Sysfs, name: str | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sysfs, self.name, self.clock = sysfs, name, clock
+        self.seen: list[tuple[float, int]] = []
+
+    def rate(self) -> float | None:
+        n = blockdev.written_bytes(self.sysfs, self.name)
+        if n is None:
+            return None
+        now = self.clock()
+        if not self.seen or now - self.seen[-1][0] >= 0.2:
+            self.seen.append((now, n))
+        while len(self.seen) > 2 and now - self.seen[1][0] >= self.WINDOW:
+            self.seen.pop(0)
+        (t0, n0), (t1, n1) = self.seen[0], self.seen[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 and n1 >= n0 else None
+
+
+def arriving_words(b: BcacheBacking, dev: str, rate: float | None) -> str | None:
+    """Writes arriving into a writeback cache: each is cached dirty, so a drain (which keeps
+    the mode) cannot get ahead of them. Said when they come at 4 KiB/s or more."""
+    if rate is None or rate < 4096 or b.mode != CacheMode.WRITEBACK:
+        return None
+    return (f"writes are arriving at {human(int(rate))}/s (the VMs): in writeback each is "
+            "cached dirty, so the drain cannot finish under them; switch to writethrough "
+            f"first: cachemgr mode {dev} writethrough --drain")
+
+
+def drain_note(b: BcacheBacking, dev: str, original: dict[str, int], rate: float | None,
+               elapsed: float, progressed: bool) -> str | None:
+    """What a drain's numbers alone do not say: writes arriving (:func:`arriving_words`), or
+    bcache's writeback thread still in its ``writeback_delay`` pause (module docstring)."""
+    why = arriving_words(b, dev, rate)
+    if why:
+        return why
+    pause = original.get("writeback_delay", 0)
+    if not progressed and pause and elapsed < pause:
+        return (f"waiting for bcache: its writeback thread sleeps writeback_delay ({pause} s) "
+                "between passes and nothing cuts that short; write-back starts by "
+                f"{time.strftime('%H:%M:%S', time.localtime(time.time() + pause - elapsed))} "
+                f"(at most {pause - elapsed:.0f} s)")
+    return None
 
 
 def _sample(b: BcacheBacking) -> drainloop.Sample[BcacheBacking]:

@@ -207,3 +207,38 @@ def test_drain_refusals(lab_disks: list[str]) -> None:
     with state.locked(b.uuid or "", "test"):
         rc, _out, err = run_cm("drain", "/dev/bcache0")
     assert rc == 3 and "another cachemgr run" in err
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=400)
+def test_drain_beside_a_writer_in_writeback_says_so_and_the_way_out_works(
+        lab_disks: list[str]) -> None:
+    """A drain (which keeps the mode) of a writeback cache under a VM that keeps writing:
+    each write is cached dirty, so the drain cannot finish (issue #32: it sat at "100 % ETA
+    1 s", then stalled with "dirty 0 B"). Its progress says writes are arriving and names
+    the command that gets out; its stall says so too; that command then drains it clean
+    under the same writer, and the writes all verify."""
+    sysfs = setup_dirty(lab_disks)
+    load = subprocess.Popen(
+        ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+         "--size=256M", "--direct=1", "--time_based", "--runtime=600", "--rate=2m",
+         "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=64",
+         "--verify_state_save=0", "--trigger-file=/run/stop-load", "--output-format=json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    writeback_on(sysfs)
+    way_out = "cachemgr mode /dev/bcache0 writethrough --drain"
+    try:
+        rc, _out, err = run_cm("drain", "/dev/bcache0", "--stall-timeout", "15",
+                              "--timeout", "120")
+        assert rc != 0 and "writes are arriving at" in err and way_out in err, (rc, err)
+        assert tunables(sysfs) == ("10", "30", "1")  # restored after the stall
+        assert snapshot.take(sysfs).backings[0].mode == CacheMode.WRITEBACK
+        rc, _out, err = run_cm(*way_out.split()[1:], "--json")
+        assert rc == 0, err
+        b = snapshot.take(sysfs).backings[0]
+        assert b.mode == CacheMode.WRITETHROUGH and b.dirty is not None \
+            and b.dirty.is_zero(512)
+    finally:
+        Path("/run/stop-load").touch()
+        lout, lerr = load.communicate(timeout=60)
+    job = json.loads(lout[lout.index("{"):])["jobs"][0]
+    assert job["error"] == 0 and job.get("total_err", 0) == 0, lerr

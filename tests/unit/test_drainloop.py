@@ -13,7 +13,7 @@ import pytest
 from cachemgr.backends import bcache, snapshot
 from cachemgr.core import drainloop
 from cachemgr.core.errors import StallError, TimeoutExpired
-from cachemgr.core.model import CacheState, DrainProgress, Size
+from cachemgr.core.model import CacheMode, CacheState, DrainProgress, Size
 from cachemgr.core.sysfs import Sysfs
 
 
@@ -198,3 +198,64 @@ def test_detach_waits_for_the_link_to_the_set_to_go(monkeypatch: pytest.MonkeyPa
 
     bcache.detach(FakeSysfs(), b0, interval=0.0)  # type: ignore[arg-type]
     assert seq == []  # read until the link was gone
+
+
+def test_never_100_percent_or_eta_0_while_not_clean() -> None:
+    """A writer that keeps dirtying the device makes it read 0 B while its state stays
+    dirty (issue #32: "100 % ETA 1 s" for a minute, then a stall): not done, no ETA."""
+    m = drainloop.Meter("drain", "/dev/x", 0.0)
+    m.update(0.0, 4096, CacheState.DIRTY)
+    p = m.update(1.0, 0, CacheState.DIRTY)
+    assert p.fraction == 0.999 and p.eta_s is None
+    p = m.update(2.0, 0, CacheState.CLEAN)
+    assert p.fraction == 1.0 and p.eta_s == 0.0
+
+
+def test_explain_puts_the_kinds_words_in_the_report() -> None:
+    f = Fake([3000, 3000, 1000, 0, 0, 0, 0])
+    seen: list[tuple[int | None, float, bool]] = []
+
+    def explain(raw: int | None, elapsed: float, progressed: bool) -> str | None:
+        seen.append((raw, elapsed, progressed))
+        return None if progressed else f"waiting ({elapsed:g} s)"
+
+    f.run(explain=explain)
+    assert [p.note for p in f.seen[:3]] == ["waiting (0 s)", "waiting (1 s)", None]
+    assert seen[2] == (1000, 2.0, True)
+
+
+def test_drain_notes_the_writeback_delay_pause_and_arriving_writes(tmp_path: Path) -> None:
+    """Capture bcache-writeback-dirty-uml: bcache0 in writeback with dirty data. The notes
+    a drain's progress carries: the writeback_delay pause before any progress; writes
+    arriving into a writeback cache (from its block layer counters), with the way out."""
+    from cachemgr.procedures import drain
+    from tests.unit.tui_helpers import copy_capture
+
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    sysfs = Sysfs(str(root))
+    b = snapshot.take(sysfs).backings[0]
+    assert b.mode == CacheMode.WRITEBACK and b.device_name == "bcache0"
+    note = drain.drain_note(b, "/dev/bcache0", {"writeback_delay": 30}, None, 7.0, False)
+    assert note is not None and "writeback_delay (30 s)" in note and "at most 23 s" in note
+    assert drain.drain_note(b, "/dev/bcache0", {"writeback_delay": 30}, None, 7.0, True) is None
+    assert drain.drain_note(b, "/dev/bcache0", {"writeback_delay": 30}, None, 31.0,
+                            False) is None
+    # the block layer's write sectors (field 7) grow 8192 sectors (4 MiB) a second
+    stat = root / "block" / "bcache0" / "stat"
+    fields = stat.read_text().split()
+    now = [0.0]
+    meter = drain.WriteMeter(sysfs, "bcache0", clock=lambda: now[0])
+    rates = []
+    for i in range(4):
+        fields[6] = str(int(fields[6]) + 8192 * (i > 0))
+        stat.write_text(" ".join(fields) + "\n")
+        rates.append(meter.rate())
+        now[0] += 1.0
+    assert rates[0] is None and rates[1:] == [4 << 20] * 3, rates
+    words = drain.drain_note(b, "/dev/bcache0", {"writeback_delay": 30}, rates[-1], 1.0, False)
+    assert words is not None and words.startswith("writes are arriving at 4.0 MiB/s")
+    assert "cachemgr mode /dev/bcache0 writethrough --drain" in words
+    # in writethrough arriving writes are not cached dirty: nothing to say of them
+    wt = dataclasses.replace(b, mode=CacheMode.WRITETHROUGH)
+    assert drain.arriving_words(wt, "/dev/bcache0", 4 << 20) is None
+    assert drain.arriving_words(b, "/dev/bcache0", 1000) is None  # under 4 KiB/s: noise
