@@ -90,7 +90,7 @@ def drain(app: CacheMgrApp) -> None:
     if sel is None:
         return
     r, k = sel
-    asked = k.drain_words(r.target, r.dirty, r.disk)
+    asked = k.drain_words(r.target, r.dirty, view.disk_words(r))
     app.push_screen(ConfirmDialog(f"Drain {r.target}", asked.body, list(asked.buttons)),
                     when(lambda b: app.start_op(
                         f"drain {r.target}",
@@ -155,7 +155,7 @@ def remove(app: CacheMgrApp) -> None:
     if sel is None:
         return
     r, k = sel
-    asked = k.remove_words(r.target, r.dirty, r.disk)
+    asked = k.remove_words(r.target, r.dirty, view.disk_words(r))
     if asked is None:
         return
 

@@ -346,9 +346,10 @@ class CacheMgrApp(App[int]):
                                 + (f" (+{len(warned) - 3})" if len(warned) > 3 else "")
                                 + " (enter on their cache)")
         running = [o for o in self.ops.values() if o.last_line]
-        bits += [f"» {o.last_line}" for o in running]
-        bits.append(f"refresh {self.interval:g}s (+/-)  q quit")
-        return "  ".join(bits)
+        # the keys first: the banner is two lines at most, and what does not fit is cut at
+        # its end, never "q quit" (a running drain's line is long)
+        keys = f"refresh {self.interval:g}s (+/-)  q quit"
+        return "  ".join([keys, *(f"» {o.last_line}" for o in running), *bits])
 
     def _summary(self) -> str:
         r = self.selected_row()

@@ -22,6 +22,7 @@ from cachemgr.core.model import (
     Stats,
 )
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops import vms as vm_ops
 from cachemgr.ops.health import Finding, Level
 from cachemgr.ops.render import dirty_text, short
 
@@ -58,29 +59,55 @@ class Row:
     dirty_bytes: int | None = None
     alert: bool = False  # failed, lost dirty data, IO errors
     owner: str = ""  # HELD or OWNED: a procedure holds it (owner_mark)
+    vms: str = ""  # the libvirt domains whose disks are on it: "vm1 vda, vm2 vdb"
+    disk_nodes: tuple[str, ...] = ()  # ``disk`` as device nodes (prose and findings)
 
     def cells(self) -> tuple[str, ...]:
         return (self.device, self.disk, self.mode, self.state, self.dirty, self.hit5m,
-                self.hit, self.wbrate, self.used, self.errors, self.owner)
+                self.hit, self.used, self.errors, self.owner, self.vms)
 
 
 COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
-    # (key, label, width, right-aligned): 76 columns with the separators, so the table
-    # fits 80 with its scrollbar
+    # (key, label, width at 80 columns, right-aligned): 78 columns with the separators, so
+    # the table fits 80 with its scrollbar; a wider terminal widens DEVICE, DISK and VMS
+    # (:func:`widths`). No WB/s: bcache's writeback_rate is a controller's setting, not
+    # traffic (the detail view shows it)
     ("device", "DEVICE", 10, False),
     ("disk", "DISK", 8, False),
     ("mode", "MODE", 12, False),
     ("state", "STATE", 8, False),
     ("dirty", "DIRTY", 6, True),
     ("hit5m", "HIT5m", 5, True),
-    ("hit", "HIT", 4, True),
-    ("wbrate", "WB/s", 6, True),
+    ("hit", "RHIT", 4, True),  # read hits, since the start
     ("used", "USED", 4, True),
     ("errors", "ERR", 3, True),
-    # a procedure holds it (HELD) or an interrupted one owns it (OWNED): 78 columns, and
-    # 80 with the scrollbar
+    # a procedure holds it (HELD) or an interrupted one owns it (OWNED)
     ("owner", "⚑", 1, False),
+    ("vms", "VMS", 6, False),
 )
+# the columns a wider terminal gives its extra width to, and their shares of it
+GROW = {"device": 2, "disk": 2, "vms": 3}
+
+
+def widths(rows: Sequence[Row], total: int) -> list[int]:
+    """Each column's width for a table ``total`` columns wide (the separators and the
+    scrollbar's 2 included): at 80 the base widths; beyond, DEVICE, DISK and VMS grow by
+    their shares, never wider than their longest cell, the rest going to VMS."""
+    base = [w for _, _, w, _ in COLUMNS]
+    extra = total - (sum(base) + len(base) + 2)
+    if extra <= 0:
+        return base
+    keys = [k for k, *_ in COLUMNS]
+    need = {k: max([len(getattr(r, k)) for r in rows] + [base[keys.index(k)]]) for k in GROW}
+    out = list(base)
+    left = extra
+    for k in ("device", "disk"):
+        i = keys.index(k)
+        add = min(extra * GROW[k] // sum(GROW.values()), need[k] - base[i])
+        out[i] += add
+        left -= add
+    out[keys.index("vms")] += left
+    return out
 # the owner column's marks: a run holds it now; an interrupted run's journal owns it
 HELD, OWNED = "⚑", "!"
 
@@ -95,7 +122,9 @@ def ratio(stats: dict[str, Stats], interval: str) -> float | None:
 
 
 def bare(node: str | None) -> str:
-    return (node or "?").removeprefix("/dev/")
+    """A device as the table names it: sdb, nvme0n1, and a device-mapper device by its
+    name (slowhdd for /dev/mapper/slowhdd)."""
+    return (node or "?").removeprefix("/dev/mapper/").removeprefix("/dev/")
 
 
 def backing_dirty_bytes(b: BcacheBacking) -> int | None:
@@ -114,6 +143,7 @@ def backing_row(b: BcacheBacking, prefix: str) -> Row:
         key=b.key, kind=BCACHE,
         device=prefix + (b.device_name or "(stopped)"),
         disk=bare(b.identity.node),
+        disk_nodes=(b.identity.node,) if b.identity.node else (),
         mode=b.mode.value if b.mode else "?",
         state=b.state.value,
         dirty=dirty_text(b),
@@ -136,6 +166,7 @@ def cset_row(c: CacheSet, members: list[BcacheBacking]) -> Row:
         key=f"cset:{c.uuid}", kind=CSET,
         device=f"cset {c.uuid[:5]}",
         disk=",".join(bare(x.identity.node) for x in c.caches) or "?",
+        disk_nodes=tuple(x.identity.node for x in c.caches if x.identity.node),
         mode="",
         state="errors" if c.errors and c.errors not in ("0", "none") and errs else "",
         dirty=short(dirty) if members else "",
@@ -156,17 +187,41 @@ def dm_name(d: DmCacheDevice | DmWritecacheDevice) -> str:
     return d.lvm.full_name if d.lvm is not None else d.name
 
 
+def origin_nodes(d: DmCacheDevice | DmWritecacheDevice) -> tuple[str, ...]:
+    """Where a dm device's data lives, as an admin knows it: an LVM cache's origin PVs (its
+    origin is a hidden sub-LV, ``*_corig``), else the origin device."""
+    if d.lvm is not None and d.lvm.origin_pvs:
+        return tuple(d.lvm.origin_pvs)
+    return (d.origin.node,) if d.origin and d.origin.node else ()
+
+
+def origin_words(d: DmCacheDevice | DmWritecacheDevice) -> str:
+    nodes = origin_nodes(d)
+    return ",".join(bare(n) for n in nodes) if nodes else bare(d.table.origin_dev)
+
+
+def read_hits(st: object) -> float | None:
+    """dm-cache's read hit ratio: what HIT means for every kind (bcache counts hits on
+    reads only); its write hits are mostly writes the cache absorbed (issue #32: an LVM
+    cache at 99 % HIT while lvs reported 0/0 read hits)."""
+    rh, rm = getattr(st, "read_hits", None), getattr(st, "read_misses", None)
+    if rh is None or rm is None or rh + rm == 0:
+        return None
+    return float(rh / (rh + rm))
+
+
 def dm_row(d: DmCacheDevice) -> Row:
     st = d.status
     return Row(
         key=f"dm:{d.name}", kind=DM,
         device=dm_name(d),
-        disk=bare(d.origin.node if d.origin else d.table.origin_dev),
+        disk=origin_words(d),
+        disk_nodes=origin_nodes(d),
         mode=d.mode.value,
         state=d.state.value,
         dirty=short(d.dirty_bytes) if st else "?",
         hit5m="-",
-        hit=pct(st.hit_ratio if st else None),
+        hit=pct(read_hits(st)),
         wbrate="-",
         used=f"{100 * st.used // st.total}%" if st and st.total else "?",
         errors=d.failure or ("ro" if st and st.metadata_mode == "ro" else "0"),
@@ -182,7 +237,8 @@ def wc_row(d: DmWritecacheDevice) -> Row:
     return Row(
         key=f"wc:{d.name}", kind=WC,
         device=dm_name(d),
-        disk=bare(d.origin.node if d.origin else d.table.origin_dev),
+        disk=origin_words(d),
+        disk_nodes=origin_nodes(d),
         mode=d.mode.value,
         state=d.state.value,
         dirty=short(dirty) if st else "?",
@@ -223,6 +279,8 @@ def rows(snap: Snapshot, findings: Sequence[Finding] = ()) -> list[Row]:
     devices on no (registered) set, then dm-cache devices; each marked with its owner, and
     in red (``alert``) when a finding of the health model (``findings``) is about it."""
     out = _rows(snap)
+    if snap.vms is not None:
+        out = [dataclasses.replace(r, vms=vms_text(snap, r)) for r in out]
     if not snap.owners and not findings:
         return out
     marked = []
@@ -240,7 +298,7 @@ def rows(snap: Snapshot, findings: Sequence[Finding] = ()) -> list[Row]:
 def names(snap: Snapshot, r: Row) -> set[str]:
     """What a finding may call the row's device: its TARGET, its node, its disks (a cache
     set's SSDs, a device's backing disk or origin) and a cache set's UUID."""
-    out = {r.target, *(f"/dev/{x}" for x in r.disk.split(",") if x and x != "?")}
+    out = {r.target, *r.disk_nodes}
     obj = find(snap, r.key)
     k = cache_ops.kind_of(obj) if obj is not None else None
     return out | (k.names() if k is not None else set())
@@ -252,6 +310,26 @@ def about(snap: Snapshot, r: Row, findings: Sequence[Finding]) -> list[Finding]:
     own = names(snap, r)
     return [f for f in findings if not f.code.startswith("interrupted-")
             and own.intersection(f.device.split(","))]
+
+
+def vms_text(snap: Snapshot, r: Row) -> str:
+    """The VM disks on the row's device ("vm1 vda, vm2 vdb"); for a cache set, those on its
+    devices."""
+    if snap.vms is None:
+        return ""
+    if r.kind == CSET:
+        nodes = [b.device for b in snap.backings if b.cset_uuid == r.target and b.device]
+    else:
+        obj = find(snap, r.key)
+        k = cache_ops.kind_of(obj) if obj is not None else None
+        nodes = [r.target, *sorted(k.names() if k is not None else ())]
+    seen: list[str] = []
+    for node in dict.fromkeys(nodes):
+        for v, d in vm_ops.serving(snap.vms, node):
+            word = f"{v.name} {d.target}"
+            if word not in seen:
+                seen.append(word)
+    return ", ".join(seen)
 
 
 def finding_line(f: Finding) -> str:
@@ -285,7 +363,8 @@ def other_row(k: cache_ops.Kind) -> Row:
     """A device of a kind registered beyond the built-in ones: the columns every kind has
     (Kind.status_row), as cachemgr status lists it."""
     dev, backing, mode, state, dirty = k.status_row()
-    return Row(key=other_key(k), kind=OTHER, device=bare(dev), disk=bare(backing), mode=mode,
+    return Row(key=other_key(k), kind=OTHER, device=bare(dev), disk=bare(backing),
+               disk_nodes=(backing,) if backing.startswith("/dev/") else (), mode=mode,
                state=state, dirty=dirty, hit5m="-", hit="-", wbrate="-", used="-", errors="-",
                target=k.target, dirty_bytes=k.dirty_bytes)
 
@@ -316,3 +395,8 @@ def block_name(obj: Obj) -> str | None:
     """The kernel block device whose IO counters measure the device's IOPS (its kind's)."""
     k = cache_ops.kind_of(obj)
     return k.block_name if k is not None else None
+
+
+def disk_words(r: Row) -> str:
+    """The row's disk(s) as prose names them: device nodes."""
+    return ", ".join(r.disk_nodes) or r.disk

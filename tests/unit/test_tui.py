@@ -113,7 +113,7 @@ def test_rows_tree_and_most_dirty() -> None:
     assert missing[0].dirty == "lost?" and missing[0].alert and missing[0].dirty_bytes is None
     dm = view.rows(snapshot.take(Sysfs(fx("dmcache-writeback"))))
     assert [(r.device, r.disk, r.mode, r.state, r.dirty) for r in dm] == \
-        [("vmcache", "mapper/slow", "writeback", "dirty", "4.5M")]
+        [("vmcache", "slow", "writeback", "dirty", "4.5M")]
     failed = view.rows(snapshot.take(Sysfs(fx("dmcache-failed"))))
     assert failed[0].state == "failed" and failed[0].errors == "Fail" and failed[0].alert
 
@@ -851,13 +851,13 @@ def test_dmcache_drain_and_remove_confirmations() -> None:
         async with running(fx("dmcache-writeback"), at="dm:vmcache") as (app, pilot):
             await pilot.press("d")
             body = rendered(app.screen, ".dialog-body")
-            assert "Drain vmcache: write its 4.5M of dirty data back to mapper/slow" in body
+            assert "Drain vmcache: write its 4.5M of dirty data back to /dev/mapper/slow" in body
             assert "cleaner policy" in body
             await pilot.press("escape")
             await pilot.press("delete")
             assert isinstance(app.screen, ConfirmDialog)
             body = rendered(app.screen, ".dialog-body")
-            assert "flush every dirty block to mapper/slow" in body
+            assert "flush every dirty block to /dev/mapper/slow" in body
             assert [b for b, *_ in app.screen.buttons] == ["go", "keep"]
             await pilot.press("escape")
             assert app.check_action("detach", ()) is None  # bcache only
@@ -1202,3 +1202,35 @@ def test_health_findings_show_in_banner_rows_and_detail() -> None:
             assert not any(r.alert for r in app.rows)
 
     asyncio.run(healthy())
+
+
+def test_columns_widen_with_the_terminal_to_their_content() -> None:
+    """At 80 columns the base widths (78 with the separators, 80 with the scrollbar); a
+    wider table widens DEVICE and DISK no further than their longest cell, VMS takes the
+    rest. Capture lvm-caches-uml: LVM rows name the origin's PV, never a *_corig sub-LV."""
+    from cachemgr.backends import snapshot
+
+    rows = view.rows(snapshot.take(Sysfs(fx("lvm-caches"))))
+    assert all("_corig" not in r.disk and "_cdata" not in r.disk for r in rows), rows
+    base = [w for _, _, w, _ in view.COLUMNS]
+    assert view.widths(rows, 80) == base and sum(base) + len(base) + 2 == 80
+    assert view.widths(rows, 60) == base  # narrower: the table scrolls sideways
+    wide = view.widths(rows, 200)
+    keys = [k for k, *_ in view.COLUMNS]
+    assert sum(wide) + len(wide) + 2 == 200
+    longest = max(len(r.device) for r in rows)
+    assert wide[keys.index("device")] == max(base[keys.index("device")], longest)
+    assert wide[keys.index("vms")] > 100
+    assert [w for k, w in zip(keys, wide, strict=True) if k not in view.GROW] == \
+        [w for k, w in zip(keys, base, strict=True) if k not in view.GROW]
+
+
+def test_the_first_device_is_selected_at_start() -> None:
+    async def go() -> None:
+        async with running(fx("bcache-writeback-dirty")) as (app, pilot):
+            assert app.rows[0].kind == view.CSET
+            await pilot.pause()  # the table's highlight messages, row 0's first
+            assert app.selected_key == app.rows[1].key  # bcache0, not its cache set
+            assert app.query_one(DeviceTable).selected_key == app.rows[1].key
+
+    asyncio.run(go())

@@ -1,5 +1,6 @@
-"""Snapshot tests of the main screens at 80x24 (pytest-textual-snapshot), deterministic:
-captured sysfs trees as input, a fixed wall clock (UTC), one poll (interval 1 h)."""
+"""Snapshot tests of the main screens at 80x24 and 200x50 (pytest-textual-snapshot),
+deterministic: captured sysfs trees as input, a fixed wall clock (UTC), one poll (interval
+1 h)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tui.app import CacheMgrApp
 from tui.widgets.devices import DeviceTable
 
 SIZE = (80, 24)
+WIDE = (200, 50)
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +79,14 @@ def test_mode_dialog(snap_compare: Any) -> None:
 def test_help(snap_compare: Any) -> None:
     assert snap_compare(app_on(fx("bcache-writeback-dirty")), terminal_size=SIZE,
                         run_before=ready(keys=("question_mark",)))
+
+
+@pytest.mark.parametrize("size", [SIZE, WIDE], ids=["80x24", "200x50"])
+def test_dashboard_vms(snap_compare: Any, size: tuple[int, int]) -> None:
+    """Capture vms-uml (libvirt domains on bcache0 and on dm-cache vc): the VMs in the table,
+    the keys first in the banner; at 200x50 the columns and the action log take the room."""
+    assert snap_compare(app_on(fx("vms")), terminal_size=size, run_before=ready())
+
+
+def test_dashboard_lvm_wide(snap_compare: Any) -> None:
+    assert snap_compare(app_on(fx("lvm-caches")), terminal_size=WIDE, run_before=ready())

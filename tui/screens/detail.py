@@ -117,8 +117,9 @@ def render(snap: Snapshot, key: str,
     if obj is None or k is None:
         return literal(f"{key} is gone (removed or unplugged since it was selected)",
                        style="bold red")
+    # who owns it, what is wrong, which VMs it serves: first, where a glance finds them
     parts = owner_detail(snap, obj) + findings_detail(snap, key, findings)
-    parts += [section(sec) for sec in k.detail(snap)] + vm_detail(k.vm_node, snap)
+    parts += vm_detail(k.vm_node, snap) + [section(sec) for sec in k.detail(snap)]
     parts += health_detail(k.health_cache, health)
     spaced: list[RenderableType] = []
     for p in parts:

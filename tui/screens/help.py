@@ -26,10 +26,12 @@ Keys (also in the footer, and in Ctrl+P):"""
 WORDS = """\
 Columns: MODE and STATE are the kernel's words.  DIRTY is data that lives only on the
 cache device until it is written back; "lost?" means the device says dirty but its cache
-set is not registered (its dirty data is on a missing SSD).  HIT5m / HIT: hit ratio over
-five minutes / since the start.  WB/s: bcache's writeback rate.  USED: cache in use.
-ERR: IO errors (dm-cache: Fail, or ro metadata).  ⚑: a cachemgr run holds it now (a
-drain, a replace-ssd run...); !: an interrupted run owns it (Enter: resume or roll back).
+set is not registered (its dirty data is on a missing SSD).  HIT5m / RHIT: read hit ratio
+over five minutes (bcache) / since the start.  USED: cache in use.  ERR: IO errors
+(dm-cache: Fail, or ro metadata).  ⚑: a cachemgr run holds it now (a drain, a
+replace-ssd run...); !: an interrupted run owns it (Enter: resume or roll back).  VMS:
+the libvirt domains' disks on it.  A red row: the health model has a finding about it
+(Enter shows it and the next command).
 
 Modes:  writeback   writes go to the SSD first; dirty data is lost if the SSD dies
         writethrough  writes go to SSD and backing device; no dirty data
