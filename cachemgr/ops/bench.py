@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr.core import signals, undo
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate
@@ -60,7 +61,13 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
     opts.validate()
     # the gate, for the whole comparison: its hygiene switches modes, thresholds and
     # schedulers of the targets, and puts them back at the end
-    with gate.gate(_bench_subject(sysfs, targets), "bench", check_kind=False):
+    subject = _bench_subject(sysfs, targets)
+    # what its hygiene changes is journaled before each change (core/undo.py): a session
+    # lost mid-run leaves nothing changed that status does not show and the next command
+    # on the device does not put back; SIGTERM and SIGHUP (a closed terminal) put it back
+    # as Ctrl-C does
+    with signals.terminate_as_interrupt(), gate.gate(subject, "bench", check_kind=False), \
+            undo.recording("bench", ", ".join(targets), subject.keys, sysfs):
         c = bench.compare(sysfs, spec, list(targets), opts, progress=ctl.report,
                           argv=list(argv))
     doc = bench.to_json(c)

@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from cachemgr.core import state
+from cachemgr.core import state, undo
 from cachemgr.core.errors import UnsafeError
 from cachemgr.core.model import BcacheBacking, CacheSet, Owner, Snapshot
 from cachemgr.procedures import kinds
@@ -105,6 +107,8 @@ def refusal(subject: Subject, o: Owner) -> UnsafeError:
 def check(subject: Subject, *, takes_over: Callable[[Owner], bool] | None = None) -> None:
     """The gate's refusal without its locks: for a plan shown before it runs."""
     for o in owners_mod.owners(subject.keys):
+        if not o.running and owners_mod.undo_journal(o):
+            continue  # the gate puts its settings back first
         if o.keys & subject.keys and not (takes_over and takes_over(o)):
             if o.running:  # the words the lock's own refusal has
                 raise state.BusyError(subject.what, {
@@ -126,12 +130,14 @@ def resumes(*procedures: str, run: str | None = None) -> Callable[[Owner], bool]
 @contextlib.contextmanager
 def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] | None = None,
          run: str | None = None, detail: dict[str, Any] | None = None,
-         needs: str | None = None, check_kind: bool = True) -> Iterator[None]:
+         needs: str | None = None, check_kind: bool = True,
+         said: list[str] | None = None) -> Iterator[None]:
     """Refuse (exit 3, nothing changed) what the subject's kind cannot do (``needs``: the
     capability, by default the action's first word); hold every lock of ``subject`` for
     ``action`` and refuse while another run holds one, or an interrupted procedure owns
     one that ``takes_over`` does not accept. ``run``: a procedure's run ID, recorded in the
-    lock files."""
+    lock files. Settings an interrupted procedure left changed for a while (its undo
+    journal, core/undo.py) are put back first; ``said`` gets the words."""
     cap = needs or action.split()[0]
     if check_kind and subject.kind is not None and cap in kinds.ACTIONS:
         err = subject.kind.refusal(cap)
@@ -153,11 +159,32 @@ def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] |
         for key, words in sorted(subject.locks):
             stack.enter_context(state.locked(key, words, holder=holder))
         for o in claims(subject):
-            if not (takes_over and takes_over(o)):
+            if owners_mod.undo_journal(o):
+                # every object it claims locked by us before anything is written: its
+                # process is gone then, and no other command is on them
+                for key in sorted(o.keys - subject.keys):
+                    stack.enter_context(state.locked(key, o.device, holder=holder))
+                back = put_back(o)
+                if said is not None:
+                    said.extend(back)
+            elif not (takes_over and takes_over(o)):
                 raise refusal(subject, o)
         log.info("%s on %s (user %s, pid %d)%s", action, subject.what, _user(), os.getpid(),
                  f" {detail}" if detail else "")
         yield
+
+
+def put_back(o: Owner) -> list[str]:
+    """Put back what an interrupted procedure changed for a while (its undo journal,
+    core/undo.py), saying so on the log (stderr, and the system journal); the words."""
+    j = undo.load(Path(o.journal or ""))
+    if j is None:
+        return []
+    said = undo.put_back(j)
+    log.warning("%s: put back what an interrupted %s (since %s) left changed: %s", j.device,
+                j.procedure, time.strftime("%H:%M:%S", time.localtime(j.started)),
+                "; ".join(said) or "nothing")
+    return said
 
 
 def _user() -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core import state
+from cachemgr.core import state, undo
 from cachemgr.core.model import Owner
 
 
@@ -83,8 +83,17 @@ def interrupted() -> list[Owner]:
             found.append(Owner("lvm drain", frozenset({lvm_key(lv)}), lv, False,
                                since=_num(d.get("started")), journal=str(p),
                                resume=f"cachemgr drain {lv} --resume"))
+    for j in undo.journals():
+        found.append(Owner(j.procedure, j.keys, j.device, False, since=j.started,
+                           journal=str(j.path), resume="cachemgr restore"))
     found.extend(_replace_runs())
     return found
+
+
+def undo_journal(o: Owner) -> bool:
+    """``o`` is an interrupted procedure's undo journal (core/undo.py): settings it changed
+    for a while, which the gate puts back for the next command on its devices."""
+    return o.journal is not None and Path(o.journal).parent.name == undo.KIND
 
 
 def unreadable() -> list[tuple[str, str]]:
@@ -95,7 +104,7 @@ def unreadable() -> list[tuple[str, str]]:
         return []
     from cachemgr.procedures import replace
 
-    out = [(str(e.path), e.reason) for e in replace.scan_runs()[1]]
+    out = [(str(e.path), e.reason) for e in replace.scan_runs()[1]] + undo.unreadable()
     for kind in ("drain", "dmcache-flush", "lvm-drain"):
         d = state.state_dir(create=False) / kind
         if not d.is_dir():

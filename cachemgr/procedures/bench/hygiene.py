@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from cachemgr.backends import bcache, signatures, snapshot
 from cachemgr.backends import scheduler as sched
+from cachemgr.core import undo
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -43,6 +44,9 @@ class Hygiene:
             before = str(Size.parse_hprint(before).low)
         if before == value:
             return
+        j = undo.current()
+        if j is not None:  # on disk before the change: a session lost now still undoes it
+            j.remember(what, path, before)
         self.sysfs.write(path, value)
         if not any(p == path for _, p, _ in self._restore):
             self._restore.append((what, path, before))
@@ -59,18 +63,31 @@ class Hygiene:
         first = not any(p == path for _, p, _ in self._restore)
         if first and q.current is not None:
             # recorded before the write: a Ctrl-C or an error after it still restores it
+            j = undo.current()
+            if j is not None:
+                j.remember(f"/dev/{disk} IO scheduler", path, q.current)
             self._restore.append((f"/dev/{disk} IO scheduler", path, q.current))
             self.notes.append(f"/dev/{disk} IO scheduler: {q.current}, set per target for "
                               f"its runs (restored afterwards)")
         sched.set_scheduler(self.sysfs, disk, name)
 
     def restore(self) -> None:
+        """Put every changed setting back, newest first; the undo journal (core/undo.py)
+        keeps only what could not be put back."""
+        j = undo.current()
+        failed = False
         for what, path, value in reversed(self._restore):
             try:
                 self.sysfs.write(path, value)
             except CacheMgrError as exc:
+                failed = True
                 log.error("could not restore %s to %s: %s", what, value, exc)
+            else:
+                if j is not None:
+                    j.forget(path)
         self._restore.clear()
+        if j is not None and not failed:
+            j.done()  # the entries put back earlier in the run (sequential_cutoff) too
 
 
 def _backing_rel(sysfs: Sysfs, name: str) -> str:
