@@ -16,8 +16,11 @@ Structure (after harlequin, frogmouth, toolong and posting):
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import threading
 import time
@@ -186,6 +189,9 @@ class CacheMgrApp(App[int]):
         self.polls = 0
         self.poll_error: str | None = None
         self.findings: list[Finding] = []  # the health model's, of the last snapshot
+        self._signals: list[int] = []  # the signals the event loop handles (hang_up)
+        self._quitting = False  # quit asked while operations ran: exit when they end
+        self._quit_code = 0
         self.log_history: list[str] = []
 
     # ------------------------------------------------------------------ screens & layout
@@ -195,6 +201,41 @@ class CacheMgrApp(App[int]):
 
     def on_mount(self) -> None:
         self.sub_title = self._subtitle()
+        # a closed terminal (SIGHUP) or a kill (SIGTERM) quits as "q" does: the running
+        # operations are cancelled and put back what they changed before the process ends
+        # (Python's default for both is to die at once, leaving a bench's mode switched)
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.hang_up, sig)
+                self._signals.append(sig)
+
+    def hang_up(self, sig: int) -> None:
+        """SIGHUP or SIGTERM: quit, putting back first what the running operations changed
+        (their own restores, which the process waits for)."""
+        name = signal.Signals(sig).name
+        self.log_line(f"{name}: quitting; running operations put back what they changed")
+        self.quit_putting_back(128 + sig)
+
+    def quit_putting_back(self, code: int = 0) -> None:
+        """Quit; the running operations first cancelled, with a word of what is being put
+        back while they do (no blank wait), the app ending when the last one has."""
+        running = list(self.ops.values())
+        if not running:
+            self.exit(return_code=code)
+            return
+        self._quit_code = code
+        for op in running:
+            op.ctl.cancel.set()
+        body = "\n".join(f"{op.title}: cancelled; putting back what it changed"
+                         for op in running)
+        if not self._quitting:
+            self._quitting = True
+            self.push_screen(MessageDialog("Quitting", body + "\n\ncachemgr quits when they "
+                                           "are done."))
+
+    async def action_quit(self) -> None:
+        self.quit_putting_back()
 
     def dashboard_mounted(self) -> None:
         """Called by the dashboard once its widgets exist: the first poll starts then."""
@@ -523,6 +564,9 @@ class CacheMgrApp(App[int]):
         if op.dialog is not None and op.dialog.is_attached and self.screen is op.dialog:
             op.dialog.dismiss(None)
         op.dialog = None
+        if self._quitting and not self.ops:
+            self.exit(return_code=self._quit_code)
+            return
         self.start_poll()
 
     def op_done(self, op: Op, outcome: Result) -> None:
@@ -620,6 +664,10 @@ class CacheMgrApp(App[int]):
         actions.bench(self)
 
     def on_unmount(self) -> None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in self._signals:
+                loop.remove_signal_handler(sig)
         """Quitting while operations run cancels them, as their Cancel button does (the
         library puts back what it changed at its next progress report; a prompt waiting for
         the operator gives up): otherwise the process could not end until they finished, or

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -826,3 +827,97 @@ def test_tui_lvm_cache_mode_detach_and_writecache_uncache(
     assert "fast" not in lvs and "fast_cvol" not in lvs, lvs
     for lv, want in sums.items():
         assert _sha(f"/dev/vg0/{lv}") == want, lv
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=500)
+def test_tui_killed_by_a_closed_terminal_puts_back_bench_and_drain(
+        lab_disks: list[str], tmp_path: Path) -> None:
+    """The real app in tmux; the terminal closed (tmux kill-server: SIGHUP) while a bench
+    has switched bcache0 to writethrough and the congestion thresholds to 0 (issue #32: 55 s
+    later they were still so, and nothing said it), then while a drain has its tunables
+    set: each is put back within seconds, the process ends, no journal is left."""
+    hdd, ssd = lab_disks
+    sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
+    runner.run(["dmsetup", "create", "hdd", "--table", f"0 {sectors} delay {hdd} 0 20"])
+    sysfs = make_dirty(["/dev/mapper/hdd", ssd])
+    cset = snapshot.take(sysfs).backings[0].cset_uuid
+    rel, crel = "block/bcache0/bcache", f"fs/bcache/{cset}"
+    state_dir = tmp_path / "state"
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "TERM": "xterm-256color",
+           "CACHEMGR_STATE_DIR": str(state_dir), "CACHEMGR_BENCH_DIR": str(tmp_path / "b")}
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(["tmux", *args], env=env, capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+
+    def wait_for(what: str, cond: Callable[[], bool], timeout: float) -> float:
+        t0 = time.monotonic()
+        while not cond():
+            if time.monotonic() - t0 > timeout:
+                screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", "t"], env=env,
+                                        capture_output=True, text=True).stdout
+                raise AssertionError(f"{what}: not within {timeout} s\n{screen}")
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def tui_pid() -> int | None:
+        r = subprocess.run(["pgrep", "-f", "-n", "cachemgr tui"], capture_output=True,
+                           text=True)
+        return int(r.stdout.split()[0]) if r.stdout.strip() else None
+
+    def start() -> None:
+        cmd = (f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} "
+               "-m cachemgr tui")
+        tmux("new-session", "-d", "-s", "t", "-x", "100", "-y", "30", cmd)
+        wait_for("bcache0 listed", lambda: "bcache0" in tmux("capture-pane", "-p", "-t", "t"),
+                 60)
+
+    def hang_up() -> dict[str, float]:
+        pid = tui_pid()
+        assert pid is not None
+        t0 = time.monotonic()
+        subprocess.run(["tmux", "kill-server"], env=env, timeout=30, check=False)
+        return {"pid": pid, "t0": t0}
+
+    modes = lambda: sysfs.read(f"{rel}/cache_mode")  # noqa: E731
+    thresholds = lambda: (sysfs.read(f"{crel}/congested_read_threshold_us").strip(),  # noqa
+                          sysfs.read(f"{crel}/congested_write_threshold_us").strip())
+    before = (modes(), thresholds())
+    assert "[writeback]" in before[0] and before[1] != ("0", "0")
+    # a bench of writeback against writethrough: killed once it has switched the mode
+    start()
+    try:
+        tmux("send-keys", "-t", "t", "b")
+        wait_for("bench screen", lambda: "wb=/dev/bcache0:writeback" in tmux(
+            "capture-pane", "-p", "-t", "t"), 30)
+        tmux("send-keys", "-t", "t", "C-r")
+        wait_for("bench switched to writethrough",
+                 lambda: "[writethrough]" in modes() and thresholds() == ("0", "0"), 240)
+        assert list((state_dir / "undo").glob("*.json")), "no undo journal while it runs"
+        k = hang_up()
+        took = wait_for("mode and thresholds back",
+                        lambda: (modes(), thresholds()) == before, 30)
+        wait_for("the TUI gone", lambda: not Path(f"/proc/{k['pid']}").exists(), 60)
+        print(f"bench: put back {took:.1f} s after the terminal closed")
+        assert not list((state_dir / "undo").glob("*.json"))
+        assert subprocess.run(["pgrep", "-x", "fio"], capture_output=True).returncode != 0
+        # a drain (tunables changed while it runs), killed the same way
+        tun = lambda: tuple(sysfs.read(f"{rel}/{t}").strip()  # noqa: E731
+                            for t in ("writeback_percent", "writeback_delay"))
+        tun0 = tun()
+        assert snapshot.take(sysfs).backings[0].dirty.bytes > 1 << 20  # type: ignore[union-attr]
+        start()
+        tmux("send-keys", "-t", "t", "Down")  # from the cache set to bcache0
+        time.sleep(0.5)
+        tmux("send-keys", "-t", "t", "d")
+        wait_for("drain confirmation", lambda: "Drain /dev/bcache0" in tmux(
+            "capture-pane", "-p", "-t", "t"), 30)
+        tmux("send-keys", "-t", "t", "BTab", "Enter")
+        wait_for("drain tunables set", lambda: tun() != tun0, 60)
+        k = hang_up()
+        took = wait_for("drain tunables back", lambda: tun() == tun0, 30)
+        wait_for("the TUI gone", lambda: not Path(f"/proc/{k['pid']}").exists(), 60)
+        print(f"drain: put back {took:.1f} s after the terminal closed")
+        assert not list((state_dir / "drain").glob("*.json"))
+    finally:
+        subprocess.run(["tmux", "kill-server"], env=env, timeout=30, check=False)
