@@ -8,16 +8,20 @@ the next, so no column runs into another. No cell says "None", shows a negative 
 rate (bcache's ``writeback_rate`` is a controller setting, not traffic: issue #34 measures
 traffic), and no LVM-internal sub-LV (``*_cdata``, ``*_cmeta``, ``*_cpool``, ``*_cvol``) is
 named anywhere in the text. Cache sets come first, each with its backing devices under it
-(``├``/``└``), then the device-mapper caches.
+(``├``/``└``), then the device-mapper caches. ``status --json`` names every block device one
+way only (``/dev/mapper/NAME``, never also ``/dev/dm-N``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from cachemgr.backends import bcache
+from cachemgr.backends.dmcache.refusals import lvm_name
 from cachemgr.cli.main import main
 from cachemgr.core.model import BcacheBacking, DmCacheDevice, DmWritecacheDevice, Snapshot
 from cachemgr.core.sysfs import Sysfs
@@ -258,3 +262,51 @@ def test_wide_characters_keep_the_grid(width: int | None, tmp_path: Path,
     dev = rows[0][0].replace("\0", "")
     assert dev == f"/dev/mapper/{name}".replace("\u0301", "") if width is None else \
         dev.startswith("…") and f"/dev/mapper/{name}".replace("\u0301", "").endswith(dev[1:])
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def node_names(root: Path) -> dict[str, str]:
+    """Every spelling /dev/... of a block device of the tree -> its kernel name."""
+    sysfs = Sysfs(root)
+    out = {}
+    for name, rel in bcache.block_dirs(sysfs).items():
+        out[f"/dev/{name}"] = name
+        dm = sysfs.read_opt(f"{rel}/dm/name")
+        if dm:
+            out[f"/dev/mapper/{dm.strip()}"] = name
+            lv = lvm_name(dm.strip())
+            if "/" in lv:
+                out[f"/dev/{lv}"] = name
+    return out
+
+
+def strings(doc: object, key: str = "") -> list[tuple[str, str]]:
+    if isinstance(doc, dict):
+        return [x for k, v in doc.items() for x in strings(v, k)]
+    if isinstance(doc, list):
+        return [x for v in doc for x in strings(v, key)]
+    return [(key, doc)] if isinstance(doc, str) else []
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_json_names_each_device_once(name: str, packed: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    root = root_of(name, packed)
+    doc = json.loads(run(capsys, root, "--json", "--stats"))
+    spelling = node_names(root)
+    seen: dict[str, set[str]] = {}
+    for key, value in strings(doc):
+        if value in spelling and key != "by_uuid":
+            seen.setdefault(spelling[value], set()).add(value)
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    assert not twice, f"named more than one way: {twice}"
+    for key, value in strings(doc):  # a named dm device is never /dev/dm-N
+        if re.fullmatch(r"/dev/dm-\d+", value):
+            dm = Sysfs(root).read_opt(f"block/{value[5:]}/dm/name")
+            assert not dm, f"{key}: {value} is /dev/mapper/{dm}"
+    for c in doc["caches"]:  # the kernel's names kept, in their own field
+        assert len(c["backing_kernel_names"]) == len(c["backing_devices"])
+        for node, kname in zip(c["backing_devices"], c["backing_kernel_names"], strict=True):
+            assert spelling.get(node) == kname
