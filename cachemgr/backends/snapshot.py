@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -308,12 +309,17 @@ def writecache_json(w: DmWritecacheDevice) -> dict[str, Any]:
     }
 
 
-def cache_set_json(c: CacheSet) -> dict[str, Any]:
+def cache_set_json(c: CacheSet, nodes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A cache set. ``nodes``: kernel name -> node of the backing devices (the snapshot's),
+    so a backing device is named as in ``devices`` (``/dev/mapper/NAME``, not ``/dev/dm-N``);
+    its kernel name stays in ``backing_kernel_names``."""
+    nodes = nodes or {}
     return {
         "kind": "bcache-cache-set",
         "uuid": c.uuid,
         "cache_devices": [x.identity.node for x in c.caches],
-        "backing_devices": [f"/dev/{n}" for n in c.backing_names],
+        "backing_devices": [nodes.get(n, f"/dev/{n}") for n in c.backing_names],
+        "backing_kernel_names": list(c.backing_names),
         "flash_volumes": c.flash_volumes,
         "cache_available_percent": c.cache_available_percent,
         "io_errors": sum(x.io_errors or 0 for x in c.caches),
@@ -325,6 +331,9 @@ def cache_set_json(c: CacheSet) -> dict[str, Any]:
 
 
 def to_json(snap: Snapshot) -> dict[str, Any]:
+    """Schema 1 (docs/json.md): every device named once, as an admin names it (a dm device
+    by ``/dev/mapper/NAME``); kernel names only in fields that say so."""
+    nodes = {b.identity.name: b.identity.node for b in snap.backings}
     devices = ([backing_json(b) for b in snap.backings]
                + [dmcache_json(d) for d in snap.dmcaches]
                + [writecache_json(w) for w in snap.writecaches])
@@ -333,7 +342,7 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
         "kernel": snap.kernel,
         "bcache_loaded": snap.bcache_loaded,
         "devices": devices,
-        "caches": [cache_set_json(c) for c in snap.cache_sets],
+        "caches": [cache_set_json(c, nodes) for c in snap.cache_sets],
         "unregistered": [unregistered_json(u, snap) for u in snap.unregistered],
         "warnings": list(snap.warnings),
     }

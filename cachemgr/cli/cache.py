@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import sys
 import time
 from typing import Any
 
@@ -25,6 +28,17 @@ def _sysfs(args: argparse.Namespace) -> Sysfs:
 # ----------------------------------------------------------------------------- status
 
 
+def table_width() -> int | None:
+    """The columns a table may fill: $COLUMNS when set (watch(1) sets it), else the
+    terminal's; None (no limit: nothing is cut) when stdout is a pipe or a file."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size(fallback=(0, 0)).columns or None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cache = cache_ops.ScanCache()  # --watch: identities and the like read again only after a uevent
     while True:
@@ -37,7 +51,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             if args.watch:
                 print(time.strftime("%H:%M:%S"))
-            print(status_table(snap, intervals=args.stats), flush=True)
+            print(status_table(snap, intervals=args.stats, width=table_width()), flush=True)
         if not args.watch:
             return ExitCode.OK
         time.sleep(args.watch)
@@ -127,7 +141,7 @@ def register(sub: Any) -> None:
                    help="libvirt connection whose VMs are shown (default qemu:///system)")
     s.add_argument("--no-vms", action="store_true", help="do not ask libvirt for the VMs")
     s.add_argument("--stats", action="store_true",
-                   help="also bcache's five-minute, hour and day stats (the HIT5m column; "
+                   help="also bcache's five-minute, hour and day stats (the RHIT5m column; "
                    "JSON: stats.five_minute/hour/day) and the detail tunables")
     s.set_defaults(func=cmd_status)
 

@@ -228,7 +228,7 @@ def test_unreadable_status_in_status_text_and_json(tmp_path: Path,
     fx = _unreadable_dmcache(tmp_path)
     assert main(["--sysfs-root", str(fx / "sys"), "status"]) == 0
     out = capsys.readouterr().out
-    row = next(x for x in out.splitlines() if x.startswith("vmcache"))
+    row = next(x for x in out.splitlines() if x.startswith("/dev/mapper/vmcache "))
     assert "unknown" in row
     assert main(["--sysfs-root", str(fx / "sys"), "status", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
