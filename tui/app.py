@@ -39,7 +39,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
-from cachemgr.core import checks
+from cachemgr.core import checks, runner
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -535,7 +535,10 @@ class CacheMgrApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="ops")
     def _run_op(self, op: Op, fn: Callable[[Control], Result]) -> Result:
-        return fn(op.ctl)
+        # a cancel stops the programs it runs that may be stopped (fio), not only its next
+        # progress report: quitting does not wait out a benchmark's run
+        with runner.cancel_on(op.ctl.cancel):
+            return fn(op.ctl)
 
     def _progress_closed(self, op: Op, result: str | None) -> None:
         op.dialog = None

@@ -7,13 +7,17 @@ call, output captured as text, and a typed error carrying argv, exit code and st
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from cachemgr.core.errors import CommandError, CommandNotFound, CommandTimeout
+from cachemgr.core.errors import Cancelled, CommandError, CommandNotFound, CommandTimeout
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,24 @@ def command_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# the cancel event of the operation running in this context (a TUI worker's): a
+# ``cancellable`` command is stopped when it is set (:func:`cancel_on`)
+_cancel: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "runner_cancel", default=None)
+
+
+@contextlib.contextmanager
+def cancel_on(event: threading.Event) -> Iterator[None]:
+    """Within the block, a ``cancellable`` :func:`run` stops its program (SIGTERM, then
+    SIGKILL after 5 s) and raises Cancelled as soon as ``event`` is set. The CLI needs none:
+    Ctrl-C, SIGTERM and SIGHUP interrupt its main thread, and that kills the program."""
+    token = _cancel.set(event)
+    try:
+        yield
+    finally:
+        _cancel.reset(token)
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -45,15 +67,22 @@ def run(
     input: str | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    cancellable: bool = False,
 ) -> Completed:
     """Run ``argv`` and return its output.
 
     Raises :class:`CommandNotFound` if the program is missing, :class:`CommandTimeout` when it
     runs past ``timeout`` (it is killed), and :class:`CommandError` on a non-zero exit when
-    ``check`` is true.
+    ``check`` is true. ``cancellable``: a program that may be stopped half-way without harm
+    (fio on a benchmark's device, never a tool that changes metadata) is stopped when the
+    operation is cancelled (:func:`cancel_on`).
     """
     args = [str(a) for a in argv]
     log.debug("run: %s", args)
+    event = _cancel.get() if cancellable else None
+    if event is not None:
+        return _run_cancellable(args, event, timeout=timeout, check=check, input=input,
+                                env=env, cwd=cwd)
     try:
         proc = subprocess.run(
             args,
@@ -75,4 +104,44 @@ def run(
     log.debug("run: %s -> %d", args[0], proc.returncode)
     if check and proc.returncode != 0:
         raise CommandError(args, proc.returncode, proc.stderr)
+    return done
+
+
+def _run_cancellable(args: list[str], event: threading.Event, *, timeout: float, check: bool,
+                     input: str | None, env: Mapping[str, str] | None,
+                     cwd: str | None) -> Completed:
+    try:
+        proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+            env=command_env(env), cwd=cwd)
+    except FileNotFoundError as exc:
+        raise CommandNotFound(args) from exc
+    deadline = time.monotonic() + timeout
+    first = True
+    while True:
+        try:
+            out, err = proc.communicate(input=input if first else None, timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:
+            first = False
+            if event.is_set() or time.monotonic() > deadline:
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+                if event.is_set():
+                    raise Cancelled(f"{os.path.basename(args[0])} stopped: the operation "
+                                    "was cancelled") from None
+                raise CommandTimeout(args, timeout, "") from None
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+    done = Completed(tuple(args), proc.returncode, out, err)
+    log.debug("run: %s -> %d", args[0], proc.returncode)
+    if check and proc.returncode != 0:
+        raise CommandError(args, proc.returncode, err)
     return done

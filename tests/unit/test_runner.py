@@ -32,3 +32,28 @@ def test_timeout_kills() -> None:
     with pytest.raises(CommandTimeout) as exc:
         runner.run(["sleep", "10"], timeout=0.3)
     assert exc.value.timeout == 0.3
+
+
+def test_a_cancellable_program_stops_when_its_operation_is_cancelled() -> None:
+    """A TUI operation cancelled (Cancel, q, a closed terminal) stops the fio it runs at
+    once instead of waiting out its run; a program not marked cancellable is left alone."""
+    import threading
+    import time
+
+    from cachemgr.core.errors import Cancelled
+
+    ev = threading.Event()
+    threading.Timer(0.3, ev.set).start()
+    t0 = time.monotonic()
+    with runner.cancel_on(ev), pytest.raises(Cancelled, match="sleep stopped"):
+        runner.run(["sleep", "30"], cancellable=True)
+    assert time.monotonic() - t0 < 6
+    # not cancellable: it runs to its end even with the event set
+    with runner.cancel_on(ev):
+        assert runner.run(["sh", "-c", "sleep 0.5; echo done"]).stdout == "done\n"
+    # the output and exit code of one that finishes, its input passed
+    with runner.cancel_on(threading.Event()):
+        r = runner.run(["cat"], input="abc", cancellable=True)
+        assert (r.stdout, r.returncode) == ("abc", 0)
+        with pytest.raises(Exception, match="exit"):
+            runner.run(["sh", "-c", "exit 3"], cancellable=True)
