@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -39,7 +40,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
-from cachemgr.core import checks, runner
+from cachemgr.core import cancel, checks
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -191,6 +192,7 @@ class CacheMgrApp(App[int]):
         self.findings: list[Finding] = []  # the health model's, of the last snapshot
         self._signals: list[int] = []  # the signals the event loop handles (hang_up)
         self._quitting = False  # quit asked while operations ran: exit when they end
+        self._terminal_gone = False  # SIGHUP: no terminal to restore at the end
         self._quit_code = 0
         self.log_history: list[str] = []
 
@@ -210,11 +212,36 @@ class CacheMgrApp(App[int]):
                 loop.add_signal_handler(sig, self.hang_up, sig)
                 self._signals.append(sig)
 
+    def panic(self, *renderables: Any) -> None:
+        """Textual panics when its input thread's read fails; on a hung-up terminal that is
+        EIO, which can come before the SIGHUP: a hang-up then, not a crash (its shutdown
+        would block writing to the dead terminal, with operations still running)."""
+        for r in renderables:
+            stacks = getattr(getattr(r, "trace", None), "stacks", None) or []
+            if any(st.exc_type == "OSError" and "Input/output error" in st.exc_value
+                   for st in stacks):
+                self.hang_up(signal.SIGHUP)
+                return
+        super().panic(*renderables)
+
     def hang_up(self, sig: int) -> None:
         """SIGHUP or SIGTERM: quit, putting back first what the running operations changed
         (their own restores, which the process waits for)."""
+        if self._terminal_gone:
+            return  # the input thread's EIO came first, then the SIGHUP itself
         name = signal.Signals(sig).name
         self.log_line(f"{name}: quitting; running operations put back what they changed")
+        # the terminal is gone: Textual's own shutdown would block writing its reset
+        # sequences to it (seen in the lab: the process stayed on after tmux kill-server)
+        self._terminal_gone = sig == signal.SIGHUP
+        if self._terminal_gone:
+            # and whatever still writes to it (Textual's writer thread, the log) writes to
+            # /dev/null, never blocking or failing on a hung-up terminal
+            with contextlib.suppress(OSError):
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.close(null)
         self.quit_putting_back(128 + sig)
 
     def quit_putting_back(self, code: int = 0) -> None:
@@ -222,7 +249,7 @@ class CacheMgrApp(App[int]):
         back while they do (no blank wait), the app ending when the last one has."""
         running = list(self.ops.values())
         if not running:
-            self.exit(return_code=code)
+            self._end(code)
             return
         self._quit_code = code
         for op in running:
@@ -233,6 +260,15 @@ class CacheMgrApp(App[int]):
             self._quitting = True
             self.push_screen(MessageDialog("Quitting", body + "\n\ncachemgr quits when they "
                                            "are done."))
+
+    def _end(self, code: int) -> None:
+        """End the app; with its terminal gone (SIGHUP), end the process at once: every
+        operation has put back what it changed by now (their workers ended), the locks go
+        with the process, and there is no screen to restore."""
+        if self._terminal_gone:
+            logging.shutdown()
+            os._exit(code)
+        self.exit(return_code=code)
 
     async def action_quit(self) -> None:
         self.quit_putting_back()
@@ -535,9 +571,9 @@ class CacheMgrApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="ops")
     def _run_op(self, op: Op, fn: Callable[[Control], Result]) -> Result:
-        # a cancel stops the programs it runs that may be stopped (fio), not only its next
-        # progress report: quitting does not wait out a benchmark's run
-        with runner.cancel_on(op.ctl.cancel):
+        # a cancel stops the programs it runs that may be stopped (fio) and its waits, not
+        # only its next progress report: quitting does not wait out a benchmark's run
+        with cancel.scope(op.ctl.cancel):
             return fn(op.ctl)
 
     def _progress_closed(self, op: Op, result: str | None) -> None:
@@ -568,7 +604,7 @@ class CacheMgrApp(App[int]):
             op.dialog.dismiss(None)
         op.dialog = None
         if self._quitting and not self.ops:
-            self.exit(return_code=self._quit_code)
+            self._end(self._quit_code)
             return
         self.start_poll()
 

@@ -7,16 +7,15 @@ call, output captured as text, and a typed error carrying argv, exit code and st
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cachemgr.core import cancel
 from cachemgr.core.errors import Cancelled, CommandError, CommandNotFound, CommandTimeout
 
 log = logging.getLogger(__name__)
@@ -41,24 +40,6 @@ def command_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# the cancel event of the operation running in this context (a TUI worker's): a
-# ``cancellable`` command is stopped when it is set (:func:`cancel_on`)
-_cancel: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "runner_cancel", default=None)
-
-
-@contextlib.contextmanager
-def cancel_on(event: threading.Event) -> Iterator[None]:
-    """Within the block, a ``cancellable`` :func:`run` stops its program (SIGTERM, then
-    SIGKILL after 5 s) and raises Cancelled as soon as ``event`` is set. The CLI needs none:
-    Ctrl-C, SIGTERM and SIGHUP interrupt its main thread, and that kills the program."""
-    token = _cancel.set(event)
-    try:
-        yield
-    finally:
-        _cancel.reset(token)
-
-
 def run(
     argv: Sequence[str],
     *,
@@ -75,11 +56,11 @@ def run(
     runs past ``timeout`` (it is killed), and :class:`CommandError` on a non-zero exit when
     ``check`` is true. ``cancellable``: a program that may be stopped half-way without harm
     (fio on a benchmark's device, never a tool that changes metadata) is stopped when the
-    operation is cancelled (:func:`cancel_on`).
+    operation is cancelled (core/cancel.py's scope).
     """
     args = [str(a) for a in argv]
     log.debug("run: %s", args)
-    event = _cancel.get() if cancellable else None
+    event = cancel.current() if cancellable else None
     if event is not None:
         return _run_cancellable(args, event, timeout=timeout, check=check, input=input,
                                 env=env, cwd=cwd)

@@ -861,9 +861,9 @@ def test_tui_killed_by_a_closed_terminal_puts_back_bench_and_drain(
         return time.monotonic() - t0
 
     def tui_pid() -> int | None:
-        r = subprocess.run(["pgrep", "-f", "-n", "cachemgr tui"], capture_output=True,
-                           text=True)
-        return int(r.stdout.split()[0]) if r.stdout.strip() else None
+        # the pane's process: the shell exec'd the TUI
+        out = tmux("display-message", "-p", "-t", "t", "#{pane_pid}").strip()
+        return int(out) if out.isdigit() else None
 
     def start() -> None:
         cmd = (f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} "

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachemgr.core import runner
+from cachemgr.core import cancel, runner
 from cachemgr.core.errors import CommandError, CommandNotFound, CommandTimeout
 
 
@@ -45,14 +45,14 @@ def test_a_cancellable_program_stops_when_its_operation_is_cancelled() -> None:
     ev = threading.Event()
     threading.Timer(0.3, ev.set).start()
     t0 = time.monotonic()
-    with runner.cancel_on(ev), pytest.raises(Cancelled, match="sleep stopped"):
+    with cancel.scope(ev), pytest.raises(Cancelled, match="sleep stopped"):
         runner.run(["sleep", "30"], cancellable=True)
     assert time.monotonic() - t0 < 6
     # not cancellable: it runs to its end even with the event set
-    with runner.cancel_on(ev):
+    with cancel.scope(ev):
         assert runner.run(["sh", "-c", "sleep 0.5; echo done"]).stdout == "done\n"
     # the output and exit code of one that finishes, its input passed
-    with runner.cancel_on(threading.Event()):
+    with cancel.scope(threading.Event()):
         r = runner.run(["cat"], input="abc", cancellable=True)
         assert (r.stdout, r.returncode) == ("abc", 0)
         with pytest.raises(Exception, match="exit"):
