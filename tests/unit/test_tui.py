@@ -1234,3 +1234,32 @@ def test_the_first_device_is_selected_at_start() -> None:
             assert app.query_one(DeviceTable).selected_key == app.rows[1].key
 
     asyncio.run(go())
+
+
+def test_quit_while_an_operation_runs_says_what_it_puts_back_then_quits() -> None:
+    """q with an operation running: cancelled, a word of what it is putting back (issue
+    #32: 10-20 s of a blank screen), the app ends when the operation has."""
+    from cachemgr.core.errors import Cancelled
+
+    put_back = threading.Event()
+
+    def op(ctl: Control) -> Result:
+        while not ctl.cancel.wait(0.05):
+            pass
+        time.sleep(0.3)  # what a drain does to put its tunables back
+        put_back.set()
+        raise Cancelled("drain cancelled")
+
+    async def go() -> None:
+        async with running(fx("bcache-writeback-dirty")) as (app, pilot):
+            app.start_op("drain /dev/bcache0", op)
+            await pilot.pause(0.1)
+            await pilot.press("q")
+            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            assert "drain /dev/bcache0: cancelled; putting back what it changed" in \
+                rendered(app.screen, ".dialog-body")
+            assert app.is_running and not put_back.is_set()
+            await settle(pilot, lambda: not app.is_running, tries=200)
+            assert put_back.is_set() and app.return_code == 0
+
+    asyncio.run(go())
