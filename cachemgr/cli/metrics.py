@@ -19,12 +19,23 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from cachemgr.procedures.metrics import SnapshotCollector, bound, parse_listen, serve
 
     listen = parse_listen(args.listen) if args.listen is not None else None
+    web = None
+    if args.web_config is not None:
+        from cachemgr.procedures import webconfig
+
+        if listen is None:
+            from cachemgr.core.errors import UsageError
+
+            raise UsageError("--web-config is for the listener: give --listen too")
+        web = webconfig.load(args.web_config)
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(Sysfs(args.sysfs_root), vms=not args.no_vms,
                                         uri=args.connect))
     if listen is not None:
-        servers = serve(listen, registry)
-        print(f"cachemgr: serving /metrics on {bound(servers)}", file=sys.stderr, flush=True)
+        servers = serve(listen, registry, web)
+        print(f"cachemgr: serving /metrics on {bound(servers)}"
+              + (f" ({web.words()}, {args.web_config})" if web is not None else ""),
+              file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
     text = generate_latest(registry)
@@ -83,6 +94,11 @@ def register(sub: Any) -> None:
                         "explicit address: HOST:PORT, [IPV6]:PORT, or 0.0.0.0:PORT / [::]:PORT "
                         "for every address. Exit 2 for a malformed value or an address not on "
                         "this host, 1 when the port is in use")
+    s.add_argument("--web-config", metavar="FILE",
+                   help="TLS and basic auth for --listen, from a web-config file in the "
+                        "format of Prometheus's exporters (exporter-toolkit: "
+                        "tls_server_config, basic_auth_users with bcrypt hashes); what "
+                        "cachemgr does not implement is refused by name (exit 2)")
     s.add_argument("--connect", metavar="URI",
                    help="libvirt connection whose VMs are measured (default qemu:///system)")
     s.add_argument("--no-vms", action="store_true", help="no VM metrics (libvirt not asked)")

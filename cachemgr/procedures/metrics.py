@@ -31,8 +31,10 @@ from __future__ import annotations
 import dataclasses
 import errno
 import ipaddress
+import logging
 import socket
 import socketserver
+import ssl
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -49,7 +51,9 @@ from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import health, kinds, owners, protect
+from cachemgr.procedures import health, kinds, owners, protect, webconfig
+
+log = logging.getLogger(__name__)
 
 BCACHE_MODES = ("writethrough", "writeback", "writearound", "none")
 DM_MODES = ("writeback", "writethrough", "passthrough")
@@ -505,6 +509,14 @@ def parse_listen(text: str) -> Listen:
 
 
 class _Handler(WSGIRequestHandler):
+    def setup(self) -> None:
+        # TLS (--web-config): the handshake here, in the scrape's own thread, with a timeout
+        # (in the accept loop one client that never finishes it would stall every other)
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(webconfig.HANDSHAKE_TIMEOUT)
+            self.request.do_handshake()
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per scrape on stderr would flood the journal
 
@@ -513,6 +525,10 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     """A threaded WSGI server (one thread per scrape)."""
 
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that fails its TLS handshake or hangs up: nothing to print per scrape
+        log.debug("metrics: request from %s failed", client_address, exc_info=True)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind looks the address up in DNS (socket.getfqdn): skip it
@@ -556,14 +572,18 @@ def _bind_error(addr: str, port: int, exc: OSError) -> CacheMgrError:
     return CacheMgrError(f"cannot listen on {where}: {exc.strerror or exc}")
 
 
-def serve(listen: Listen, registry: Collector) -> list[_Server]:
+def serve(listen: Listen, registry: Collector,
+          web: webconfig.WebConfig | None = None) -> list[_Server]:
     """Bind every address of ``listen`` and serve /metrics from ``registry`` on each, in
     daemon threads; returns the servers (``shutdown()`` + ``server_close()`` to stop).
 
     Nothing is served unless every address binds: a port in use or an address not on this host
     raises CacheMgrError (exit 1) or UsageError (exit 2). For ``:PORT`` a host without IPv6
-    serves on 127.0.0.1 alone."""
+    serves on 127.0.0.1 alone. ``web``: TLS and basic auth from a web-config file
+    (procedures/webconfig.py)."""
     app = make_wsgi_app(registry)
+    if web is not None:
+        app = webconfig.wrap_app(web, app)
     servers: list[_Server] = []
     try:
         for addr in listen.addrs:
@@ -574,6 +594,9 @@ def serve(listen: Listen, registry: Collector) -> list[_Server]:
                         and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)):
                     continue  # no IPv6 here: 127.0.0.1 alone is loopback enough
                 raise _bind_error(addr, listen.port, exc) from None
+            if web is not None and web.tls is not None:
+                srv.socket = web.tls.wrap_socket(srv.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
             srv.set_app(app)
             servers.append(srv)
     except BaseException:
