@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cachemgr.core.sysfs import Sysfs
+from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.core.text import printable
 
 # what --complete lists
@@ -171,7 +171,7 @@ class CompleteAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: str | Sequence[Any] | None, option_string: str | None = None
                  ) -> NoReturn:
-        root = getattr(namespace, "sysfs_root", None) or "/sys"
+        root = getattr(namespace, "sysfs_root", None) or DEFAULT_ROOT
         try:
             words = candidates(str(values), Sysfs(root))
         except Exception:  # completion must never show a traceback in the middle of a line
