@@ -22,11 +22,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from cachemgr.cli.completion import KINDS, CompleteAction
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.signals import Terminated
 from cachemgr.core.sysfs import DEFAULT_ROOT
 from cachemgr.core.text import printable
+from cachemgr.core.version import version
 
 log = logging.getLogger("cachemgr")
 
@@ -47,7 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                "141 stdout closed early (a pipe's reader left).",
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log on stderr")
+    p.add_argument("--version", action="version", version=f"cachemgr {version()}",
+                   help="print cachemgr's version and exit")
     p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT),
+                   help=argparse.SUPPRESS)
+    # the shell completion's helper (cachemgr/cli/completion.py): hidden, read-only
+    p.add_argument("--complete", action=CompleteAction, choices=sorted(KINDS),
                    help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     sub.required = True
