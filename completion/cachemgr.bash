@@ -27,7 +27,7 @@ _cachemgr_node() {
     'lab demo') subs=(); opts=('-h' '--help' '--backend' '--disks' '--disk-image' '--udev' '--libvirt' '--monitor' '--timeout' '--mem' '--keep' '--rw'); vopts=('--backend' '--disks' '--disk-image' '--timeout' '--mem' '--rw') ;;
     'lab setup') subs=(); opts=('-h' '--help' '--force' '--uml-only'); vopts=() ;;
     'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout') ;;
-    'metrics') subs=(); opts=('-h' '--help' '--textfile' '--listen' '--connect' '--no-vms'); vopts=('--textfile' '--listen' '--connect') ;;
+    'metrics') subs=(); opts=('-h' '--help' '--textfile' '--listen' '--web-config' '--connect' '--no-vms'); vopts=('--textfile' '--listen' '--web-config' '--connect') ;;
     'ssd-health') subs=(); opts=('-h' '--help' '--refresh' '--json'); vopts=() ;;
     'check') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'bench') subs=('run' 'compare' 'replay' 'plot' 'demo'); opts=('-h' '--help'); vopts=() ;;
@@ -144,6 +144,7 @@ _cachemgr_optval() {
         case $2 in
         '--textfile') spec=files ;;
         '--listen') spec=none ;;
+        '--web-config') spec=files ;;
         '--connect') spec=none ;;
         esac ;;
     'bench run')

@@ -55,6 +55,7 @@ from cachemgr.core.model import (
     VmScan,
 )
 from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
+from cachemgr.core.version import version
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import health as health_ops
 from cachemgr.ops.control import Control, Result, progress_line
@@ -736,6 +737,7 @@ class CacheMgrApp(App[int]):
 def main(argv: list[str] | None = None) -> int:
     """``cachemgr-tui``: the same as ``cachemgr tui``."""
     p = argparse.ArgumentParser(prog="cachemgr-tui", description="cachemgr's dashboard")
+    p.add_argument("--version", action="version", version=f"cachemgr {version()}")
     p.add_argument("--interval", type=checks.argtype("seconds", above=0), default=1.0,
                    metavar="S", help="refresh interval in seconds (default 1)")
     p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT),

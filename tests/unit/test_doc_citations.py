@@ -39,7 +39,8 @@ NOT_PATHS = {
         "the schema's $id, an identifier (JSON Schema), not a file",
     **{("pyproject.toml", "cachemgr/" f"data/{p}"): "where the wheel carries it (force-include)"
        for p in ("udev/90-cachemgr.rules", "udev/README.md", "systemd",
-                 "scripts/install-udev.sh")},
+                 "scripts/install-udev.sh", "monitoring", "man", "completion",
+                 "docs/admin-guide.md")},
 }
 # Captured kernel trees: kernel text, not ours.
 NOT_SCANNED = ("tests/fixtures/",)

@@ -26,7 +26,11 @@ def test_wheel_builds_and_installs(tmp_path: Path) -> None:
     for need in ("cachemgr/py.typed", "tui/py.typed", f"{data}udev/90-cachemgr.rules",
                  f"{data}scripts/install-udev.sh",
                  *(f"{data}systemd/{u.name}" for u in (ROOT / "systemd").iterdir()
-                   if u.suffix in (".service", ".timer"))):
+                   if u.suffix in (".service", ".timer")),
+                 # the alert rules, dashboard, man pages, completion and admin guide
+                 f"{data}monitoring/prometheus/cachemgr.rules.yml",
+                 f"{data}monitoring/grafana/cachemgr.json", f"{data}man/cachemgr.8",
+                 f"{data}completion/cachemgr.bash", f"{data}docs/admin-guide.md"):
         assert need in names, need
     meta = next(n for n in names if n.endswith("entry_points.txt"))
     assert "cachemgr = cachemgr.cli.main:main" in zipfile.ZipFile(wheel).read(meta).decode()
