@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import errno
 import importlib
+import json
 import logging
 import os
 import select
@@ -22,13 +23,15 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from cachemgr.cli.completion import KINDS, CompleteAction
+from cachemgr.cli.completion import KINDS as COMPLETE_KINDS
+from cachemgr.cli.completion import CompleteAction
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.signals import Terminated
 from cachemgr.core.sysfs import DEFAULT_ROOT
 from cachemgr.core.text import printable
 from cachemgr.core.version import version
+from cachemgr.ops import trail
 
 log = logging.getLogger("cachemgr")
 
@@ -54,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT),
                    help=argparse.SUPPRESS)
     # the shell completion's helper (cachemgr/cli/completion.py): hidden, read-only
-    p.add_argument("--complete", action=CompleteAction, choices=sorted(KINDS),
+    p.add_argument("--complete", action=CompleteAction, choices=sorted(COMPLETE_KINDS),
                    help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     sub.required = True
@@ -71,25 +74,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="cachemgr: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    # the journal trail of what the command changed (cachemgr/ops/trail.py): written when
+    # the command ends, with its exit code and its error
+    with trail.command(args.cmd, target=_target_words(args),
+                       plan=bool(getattr(args, "dry_run", False))) as frame:
+        frame.exit = _run(args, frame)
+        return frame.exit
+
+
+def _run(args: argparse.Namespace, frame: trail.Frame) -> int:
+    """The command, its errors mapped to exit codes (and, with --json, to a JSON document on
+    stdout: docs/json.md, "Errors and already so"); ``frame`` gets the error."""
     try:
         rc = int(args.func(args))
         sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
         return rc
     except CacheMgrError as exc:
+        frame.error = exc
         # the message names devices by what they say of themselves: control characters in
         # a dm name or a label are shown as escapes, not sent to the terminal
         print(f"cachemgr: {_error_text(exc)}", file=sys.stderr)
+        _json_error(args, int(exc.exit_code), exc.message, exc.hint)
         return int(exc.exit_code)
     except Terminated as exc:  # SIGTERM/SIGHUP in a drain or a flush (core/signals.py)
+        frame.error = exc
         # the procedure's finally blocks have put back what it changed (tunables, tables),
         # as for Ctrl-C; 128 + the signal's number, as a shell reports a killed process
         print(f"cachemgr: terminated by {exc.name}", file=sys.stderr)
+        _json_error(args, exc.exit_code, f"terminated by {exc.name}", None)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        frame.error = exc
         print("cachemgr: interrupted", file=sys.stderr)
+        _json_error(args, 130, "interrupted", None)
         return 130
     except BrokenPipeError as exc:
         if not _stdout_closed():
+            frame.error = exc
             return _os_error(exc, args)
         # the reader of stdout went away (`status --json | head -c1`): stop quietly as a C
         # tool killed by SIGPIPE would, and with its status, 128 + SIGPIPE = 141, so a
@@ -101,7 +122,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.close(devnull)
         return BROKEN_PIPE
     except OSError as exc:
+        frame.error = exc
         return _os_error(exc, args)
+
+
+# the words of each exit code in a JSON error document's "kind"
+ERROR_KINDS: dict[int, str] = {
+    ExitCode.FAILED: "failed", ExitCode.USAGE: "usage", ExitCode.UNSAFE: "unsafe",
+    ExitCode.ALREADY: "already", ExitCode.TIMEOUT: "timeout", 129: "terminated",
+    130: "interrupted", 143: "terminated"}
+
+
+def _json_error(args: argparse.Namespace, code: int, message: str, hint: str | None) -> None:
+    """With --json, the error as a JSON document on stdout (the words stay on stderr): "already
+    so" (exit 4) as ``{"schema": 1, "already": true, "message": ...}``, any other as
+    ``{"schema": 1, "error": {"code", "kind", "message", "hint"}}``. The text is exact (JSON
+    escapes control characters itself)."""
+    if not getattr(args, "json", False):
+        return
+    if code == ExitCode.ALREADY:
+        doc: dict[str, object] = {"schema": 1, "already": True, "message": message}
+    else:
+        doc = {"schema": 1, "error": {"code": code, "kind": ERROR_KINDS.get(code, "failed"),
+                                      "message": message, "hint": hint}}
+    with contextlib.suppress(OSError, ValueError):  # a closed stdout: the code still says it
+        print(json.dumps(doc), flush=True)
+
+
+def _target_words(args: argparse.Namespace) -> str | None:
+    """What the command line names as the object acted on (the journal trail's target of a
+    refusal that came before the gate)."""
+    for name in ("target", "backing", "cache", "device", "devices", "domain"):
+        v = getattr(args, name, None)
+        if isinstance(v, list):
+            v = ", ".join(str(x) for x in v)
+        if isinstance(v, str) and v:
+            return v
+    return None
 
 
 BROKEN_PIPE = 128 + signal.SIGPIPE  # 141
@@ -173,12 +230,15 @@ def _os_error(exc: OSError, args: argparse.Namespace) -> int:
     strerror = exc.strerror or str(exc)
     print(f"cachemgr: {what}: {strerror}", file=sys.stderr)
     hint = _HINTS.get(exc.errno or 0)
-    if hint and path:
-        print(f"  hint: {hint.format(path=path)}", file=sys.stderr)
+    hint = hint.format(path=path) if hint and path else None
+    if hint:
+        print(f"  hint: {hint}", file=sys.stderr)
     denied = exc.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0
     named = path is not None and exc.errno in _PATH_ERRNOS \
         and os.path.abspath(path) in _user_paths(args)
-    return int(ExitCode.USAGE if denied or named else ExitCode.FAILED)
+    code = int(ExitCode.USAGE if denied or named else ExitCode.FAILED)
+    _json_error(args, code, f"{what}: {strerror}", hint)
+    return code
 
 
 if __name__ == "__main__":

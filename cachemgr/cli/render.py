@@ -11,12 +11,15 @@ import time
 from collections.abc import Callable
 
 from cachemgr.core.text import printable
+from cachemgr.ops import trail
 from cachemgr.ops.control import Control, Result, progress_line
 
 
 def emit(args: argparse.Namespace, res: Result) -> int:
     """Print a command's result (stdout: data; stderr: remarks) and return its exit code.
-    Text is shown with control characters escaped (device names); JSON stays exact."""
+    Text is shown with control characters escaped (device names); JSON stays exact. The
+    result is the command's outcome for the journal trail (cachemgr/ops/trail.py)."""
+    trail.saw(res)
     for line in res.notes:
         print(printable(line, newlines=True), file=sys.stderr)
     if getattr(args, "json", False):

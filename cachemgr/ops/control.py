@@ -19,6 +19,7 @@ from cachemgr.core.change import Change
 from cachemgr.core.errors import Cancelled
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.model import human
+from cachemgr.ops import trail
 
 
 def _no_progress(_p: object) -> None:
@@ -65,6 +66,9 @@ class Result:
     data: dict[str, Any] | None = None
     value: Any = None  # the typed result for callers that want more than words
 
+    def __post_init__(self) -> None:
+        trail.saw(self)  # the journal trail's outcome: the last Result a command built
+
     @property
     def exit_code(self) -> ExitCode:
         if self.failed:
@@ -77,9 +81,13 @@ class Result:
     def json(self) -> dict[str, Any]:
         if self.data is not None:
             return self.data
-        return {"schema": 1, "changes": [
+        doc: dict[str, Any] = {"schema": 1, "changes": [
             {"target": c.target, "what": c.what, "before": c.before, "after": c.after}
             for c in self.changes]}
+        if self.already:  # docs/json.md, "Errors and already so"
+            doc.update(already=True, message="; ".join(
+                n.removeprefix("cachemgr: ") for n in self.notes))
+        return doc
 
 
 def change_lines(changes: list[Change]) -> list[str]:

@@ -12,7 +12,9 @@ set) enters :func:`gate` with the objects it acts on (a :class:`Subject`). The g
    journal is there: an interrupted drain left tunables changed, a replace-ssd run left its
    devices in mode none): the message names it and the command that resumes (or rolls back)
    it; only that procedure's own resume passes (``takes_over``);
-3. logs the change (who, what, on what) at INFO on the ``cachemgr.gate`` logger.
+3. logs the change (who, what, on what) at INFO on the ``cachemgr.gate`` logger, and
+   records it for the system journal's trail (cachemgr/ops/trail.py: the command's changes,
+   refusals and failures, written when the command ends).
 
 Procedures that run for a while own their objects for the whole run: a replace-ssd run enters
 the gate once, for every device of its cache, and its steps (and the drains it runs in worker
@@ -33,6 +35,7 @@ from typing import Any
 from cachemgr.core import state, undo
 from cachemgr.core.errors import UnsafeError
 from cachemgr.core.model import BcacheBacking, CacheSet, Owner, Snapshot
+from cachemgr.ops import trail
 from cachemgr.procedures import kinds
 from cachemgr.procedures import owners as owners_mod
 from cachemgr.procedures.kinds import Kind
@@ -132,6 +135,18 @@ def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] |
          run: str | None = None, detail: dict[str, Any] | None = None,
          needs: str | None = None, check_kind: bool = True,
          said: list[str] | None = None) -> Iterator[None]:
+    """:func:`_gate`, its entry and its outcome recorded for the journal trail."""
+    with trail.gated(action, subject.what, run=run, detail=detail), _gate(
+            subject, action, takes_over=takes_over, run=run, detail=detail, needs=needs,
+            check_kind=check_kind, said=said):
+        yield
+
+
+@contextlib.contextmanager
+def _gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] | None = None,
+          run: str | None = None, detail: dict[str, Any] | None = None,
+          needs: str | None = None, check_kind: bool = True,
+          said: list[str] | None = None) -> Iterator[None]:
     """Refuse (exit 3, nothing changed) what the subject's kind cannot do (``needs``: the
     capability, by default the action's first word); hold every lock of ``subject`` for
     ``action`` and refuse while another run holds one, or an interrupted procedure owns
@@ -184,17 +199,8 @@ def put_back(o: Owner) -> list[str]:
     log.warning("%s: put back what an interrupted %s (since %s) left changed: %s", j.device,
                 j.procedure, time.strftime("%H:%M:%S", time.localtime(j.started)),
                 "; ".join(said) or "nothing")
+    trail.put_back(j.device, j.procedure, said)
     return said
 
 
-def _user() -> str:
-    """Who asked: the sudo user when there is one, else the process's user."""
-    sudo = os.environ.get("SUDO_USER")
-    if sudo:
-        return sudo
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (KeyError, ImportError):
-        return str(os.geteuid())
+_user = trail.user  # who asked: the sudo user when there is one, else the process's user
