@@ -254,8 +254,9 @@ def run_fio(spec: JobSpec, target: Target, *, seed: int, runtime: float | None =
         path = Path(tmp) / "job.fio"
         path.write_text(jf)
         # cwd: fio may leave state files (verify, zipf tables) in its working directory
-        done = runner.run(["fio", "--output-format=json", str(path)], check=False,
-                          timeout=rt + timeout_extra, cwd=tmp)
+        done = runner.run(["fio", "--output-format=json",
+                           *(["--readonly"] if spec.readonly else []), str(path)],
+                          check=False, timeout=rt + timeout_extra, cwd=tmp)
     if "{" not in done.stdout:
         raise CommandError(done.argv, done.returncode, done.stderr or done.stdout)
     res = parse_fio(done.stdout)
