@@ -273,3 +273,39 @@ def test_io_errors_reading_the_reference_fail_the_result(tmp_path: Path,
     res = bench_ops.compare(Sysfs(fx("bcache-writeback-dirty")), bench.JobSpec(),
                             [NONE, WB], bench.CompareOptions(), save=False)
     assert res.failed and not any(r["error"] for r in doc["runs"])
+
+
+@pytest.mark.parametrize("mode,warmed", [(CacheMode.NONE, False), (CacheMode.WRITEBACK, True)])
+def test_no_warm_up_in_mode_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 mode: CacheMode, warmed: bool) -> None:
+    """The bare disk under a bcache device (/dev/bcache0:none, the usual baseline) caches
+    nothing: its runs get no warm-up (it only cost time: 3x Che's time of reads), the cache's
+    do."""
+    from types import SimpleNamespace
+
+    sysfs = Sysfs(copy_capture(tmp_path, "bcache-writeback-dirty"))
+    kernel_writes(monkeypatch)
+    warmups: list[str] = []
+    monkeypatch.setattr(comparison, "run_fio",
+                        lambda spec, t, **kw: warmups.append(t.label) or (None, ""))
+    monkeypatch.setattr(comparison, "_run_sampled",
+                        lambda *a, **k: (fio_of(SLOW_SSD), "jobfile", None))
+    monkeypatch.setattr(comparison, "_sample_result", lambda *a: SimpleNamespace(
+        kernel_counters_consistent=True, bypassed_bytes=4096, cache_available_percent_min=90,
+        reads=0))
+    hyg = bench.Hygiene(sysfs)
+    t = _target(f"/dev/bcache0:{mode.value}", mode)
+    opts = bench.CompareOptions(repeat=2, warmup=30, settle=False)
+    runs = [comparison.run_one(sysfs, bench.JobSpec(rw="randread"), t, rep, opts, hyg)
+            for rep in (1, 2)]
+    hyg.restore()
+    assert warmups == ([t.label] * 2 if warmed else [])
+    assert any("no warm-up in mode none" in n for n in hyg.notes) is not warmed
+    # each hygiene note once, though the warm-up's cutoff is set again for each run
+    assert len(hyg.notes) == len(set(hyg.notes))
+    assert sum("sequential_cutoff" in n and "->" in n for n in hyg.notes) == int(warmed)
+    # what bcache bypassed is a flag of a cache; in mode none everything bypasses it
+    assert all(any("bypassed 4096 bytes" in f for f in r.flags) is warmed for r in runs)
+    # nor an expected hit ratio
+    predicted = bench.predict_for(bench.JobSpec(rw="randread", size="64M"), sysfs, t)
+    assert (predicted is not None) is warmed

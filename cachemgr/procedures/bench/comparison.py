@@ -16,6 +16,7 @@ from typing import Any
 from cachemgr.backends import bcache, snapshot
 from cachemgr.core import checks
 from cachemgr.core.errors import UnsafeError, UsageError
+from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import che
 from cachemgr.procedures.bench import reference
@@ -260,7 +261,14 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
         for k in ("congested_read_threshold_us", "congested_write_threshold_us"):
             hyg.set(f"cache set {cs.uuid[:8]} {k}", f"fs/bcache/{cs.uuid}/{k}", "0")
     ios = warmup_requests(opts, prediction)
-    if opts.warmup > 0 or ios:
+    caching = (target.mode or b.mode) != CacheMode.NONE
+    if not caching and (opts.warmup > 0 or ios):
+        # mode none caches nothing: a warm-up would only cost its time (the bare disk under
+        # a bcache device, /dev/bcache0:none, is the usual baseline)
+        note = f"{target.label}: no warm-up in mode none (it caches nothing)"
+        if note not in hyg.notes:
+            hyg.notes.append(note)
+    elif opts.warmup > 0 or ios:
         hyg.set(f"{b.device} sequential_cutoff", f"{rel}/sequential_cutoff", "0")
         what = f"{ios:,} requests" if ios else f"{opts.warmup:g} s"
         if progress:
@@ -296,7 +304,8 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
     if sample.kernel_counters_consistent is False:
         flags.append("bcache's own read counters disagree with the block layer (they wrap "
                      "above 65,535 events per ~13.6 s): hit ratio from block-layer counts")
-    if sample.bypassed_bytes and sample.bypassed_bytes > 0:
+    if caching and sample.bypassed_bytes and sample.bypassed_bytes > 0:
+        # (in mode none every request bypasses the cache: that is the mode, not a flag)
         flags.append(f"bcache bypassed {sample.bypassed_bytes} bytes")
     if sample.cache_available_percent_min is not None and \
             sample.cache_available_percent_min < 50:
@@ -399,7 +408,7 @@ def predict_for(spec: JobSpec, sysfs: Sysfs, target: Target) -> che.Prediction |
     cache item; the capacity is the whole cache device, shared by all its backing devices."""
     theta = spec.zipf_theta
     if theta is None or target.backing_name is None or not spec.rw.startswith("rand") \
-            or not spec.reads:
+            or not spec.reads or target.mode == CacheMode.NONE:
         return None
     b = _backing(sysfs, target.backing_name)
     cs = _cache_set(sysfs, b)
