@@ -321,8 +321,8 @@ def register(sub: Any) -> None:
                                     "ratios against the first. The bare disk and its cache: "
                                     "cachemgr bench compare /dev/bcache0:none "
                                     "/dev/bcache0:writeback --reference cache-ssd (writes: a "
-                                    "scratch device; --rw randread --warmup auto reads "
-                                    "only).")
+                                    "scratch device; --rw randread --size 1G --warmup 30 "
+                                    "reads only).")
     s.add_argument("targets", nargs="+", metavar="TARGET",
                    help="[LABEL=]DEVICE[:MODE][@SCHEDULER]; the first is the baseline of the "
                         "ratios (the bare disk under a bcache device: /dev/bcache0:none; its "
