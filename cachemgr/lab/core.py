@@ -267,6 +267,11 @@ def run(
     if spec.monitor and spec.backend != "qemu":
         raise UsageError("the machine monitor needs the qemu backend",
                          hint="cachemgr lab run --backend qemu --monitor -- CMD")
+    for p in spec.rw_paths:
+        # a guest cannot mount what the host does not have (it died at boot: exit 125)
+        if not Path(p).is_dir():
+            raise UsageError(f"--rw {p}: no such directory on the host",
+                             hint=f"create it first: mkdir -p {p}")
     manifest = kernels.load_manifest()
     info = manifest.get(spec.backend)
     if info is None or not Path(info.kernel).exists():

@@ -250,3 +250,11 @@ def test_no_mirror_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_this_machine_has_a_mirror() -> None:
     assert kernels.debian_mirror().startswith(("http://", "https://", "file:"))
+
+
+def test_a_read_write_directory_the_host_lacks_is_refused(tmp_path: Path) -> None:
+    """`lab run --rw DIR` with no DIR on the host: a clear refusal, no guest booted (it died
+    in its first stage with exit 125 and the console's tail)."""
+    with pytest.raises(UsageError, match="no such directory on the host") as e:
+        core.run(["true"], core.LabSpec(rw_paths=(str(tmp_path / "nope"),)))
+    assert e.value.hint == f"create it first: mkdir -p {tmp_path / 'nope'}"
