@@ -182,7 +182,9 @@ def pytest_runtest_logreport(report: TestReport) -> None:
 
 @pytest.fixture
 def lab_disks() -> list[str]:
-    """The guest's scratch disks (/dev/ubda... or /dev/vda...), checked to be block devices."""
+    """The guest's scratch disks, checked to be block devices: the plain ones (/dev/ubda...
+    or /dev/vda...), then the NVMe namespaces of a qemu guest (/dev/nvme0n1..., controller by
+    controller in the order of the marker's disks: cachemgr/lab/lab-disks.sh)."""
     import stat
 
     disks = os.environ.get("LAB_DISKS", "").split()

@@ -15,13 +15,15 @@ Stopping: SIGINT makes blktrace stop the kernel trace, flush what it holds and e
 from __future__ import annotations
 
 import os
+import platform
 import select
 import signal
 import struct
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from cachemgr.backends.identity import AUTO, ProcText
 from cachemgr.core.errors import (
     CacheMgrError,
     CommandError,
@@ -105,13 +107,59 @@ class Parser:
         self.buf = buf[off:]
 
 
-def preflight(sysfs: Sysfs, names: Sequence[str]) -> None:
-    """Refuse what blktrace cannot do or must not be asked: debugfs not mounted (the kernel's
-    trace files live there), or a device whose trace is already set up (its ``trace0`` relay
-    file exists). A second blktrace on a traced device did not fail in the lab: it hung in
-    the kernel, with the guest's shell unable to kill it (docs/kernel-notes.md, "Block
-    traces"); so cachemgr never starts one."""
+PROC_FILESYSTEMS = "/proc/filesystems"
+# the qemu lab runs Debian's own kernel, which can trace: what to run there instead
+QEMU_LAB_TRACE = ("cachemgr lab run --backend qemu --disks 1G -- cachemgr trace /dev/vda "
+                  "--seconds 30 -o t.trace")
+
+
+def _filesystems(sysfs: Sysfs, text: ProcText) -> str | None:
+    if text is AUTO:
+        if not sysfs.live:
+            return None
+        try:
+            with open(PROC_FILESYSTEMS) as f:
+                return f.read()
+        except OSError:
+            return None
+    return text
+
+
+def kernel_has_debugfs(filesystems: str | None) -> bool | None:
+    """Whether the kernel knows debugfs, from /proc/filesystems (``nodev\tdebugfs``);
+    None when that text is unknown."""
+    if filesystems is None:
+        return None
+    return any(line.split()[-1:] == ["debugfs"] for line in filesystems.splitlines())
+
+
+def no_debugfs_hint(env: Mapping[str, str] | None = None) -> str:
+    """What does work on a kernel without debugfs (so without block tracing): in the UML lab,
+    the qemu lab (Debian's kernel); elsewhere, a kernel built with both."""
+    env = os.environ if env is None else env
+    if env.get("CACHEMGR_IN_LAB") == "1" and env.get("LAB_BACKEND") == "uml":
+        return ("the UML lab kernel is built without debugfs and block tracing; record in "
+                f"the qemu lab, on Debian's kernel: {QEMU_LAB_TRACE}")
+    return ("boot a kernel built with CONFIG_DEBUG_FS and CONFIG_BLK_DEV_IO_TRACE (Debian's "
+            "own kernels have both)")
+
+
+def preflight(sysfs: Sysfs, names: Sequence[str], *, filesystems: ProcText = AUTO,
+              env: Mapping[str, str] | None = None) -> None:
+    """Refuse what blktrace cannot do or must not be asked: a kernel without debugfs (the
+    UML lab's: no hint to mount what it does not have, but where tracing works), debugfs not
+    mounted (the kernel's trace files live there), or a device whose trace is already set up
+    (its ``trace0`` relay file exists). A second blktrace on a traced device did not fail in
+    the lab: it hung in the kernel, with the guest's shell unable to kill it
+    (docs/kernel-notes.md, "Block traces"); so cachemgr never starts one.
+
+    ``filesystems``: the text of /proc/filesystems (AUTO: read on the live system);
+    ``env``: the environment that says whether this is the UML lab (default: os.environ)."""
     if not sysfs.is_dir("kernel/debug/block"):
+        if kernel_has_debugfs(_filesystems(sysfs, filesystems)) is False:
+            raise UsageError(f"this kernel ({platform.release()}) has no debugfs, so no block "
+                             "tracing: cachemgr trace cannot record here",
+                             hint=no_debugfs_hint(env))
         raise UsageError("debugfs is not mounted (block traces are read from it)",
                          hint="mount -t debugfs none /sys/kernel/debug")
     busy = [n for n in names if sysfs.exists(f"kernel/debug/block/{n}/trace0")]

@@ -9,7 +9,10 @@
 TARGET is ``[LABEL=]DEVICE[:MODE][@SCHEDULER]``: ``/dev/mapper/hdd``, ``/dev/bcache0``,
 ``wb=/dev/bcache0:writeback`` (the mode is switched for those runs and restored after),
 ``/dev/sdb@bfq`` (the disk's IO scheduler for those runs; a bio-based device's @SCHEDULER is
-set on the disks under it; restored after). Results
+set on the disks under it; restored after). The bare disk under a bcache device is
+``/dev/bcache0:none`` (its backing device itself is refused for writes: they would overwrite
+its bcache superblock). ``--reference cache-ssd`` measures each cache's own SSD apart, read
+only, so that a cache no faster than the bare disk is explained. Results
 are saved as JSON under the results directory (``/var/lib/cachemgr/bench``, or
 ``$CACHEMGR_BENCH_DIR``, or ``--out``) with the plots next to them; ``--json`` prints the same
 document (``{"schema": 1, "results": [...], ...}``) on stdout. Progress goes to stderr.
@@ -81,9 +84,14 @@ def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: in
                    metavar="S", help="seconds between samples of the cache while fio runs "
                    "(dirty data, free space, progress; 0: none; default 1)")
     c.add_argument("--reference", action="append", default=[], metavar="[CACHE=]REF",
-                   help="target REF is a bare reference device (a disk like the cache's "
-                        "SSD): report each cache target's (or CACHE's) IOPS as a fraction of "
-                        "REF's; repeat for caches on different SSDs")
+                   help="report each cache target's (or CACHE's) IOPS as a fraction of "
+                        "REF's, and when a cache is no faster than the first target, whether "
+                        f"its SSD is. REF: {bench.CACHE_SSD} (each cache's own SSD) or a "
+                        "device path, measured apart with reads only (fio --readonly, the "
+                        "job's block size and queue depth, up to 5 s a repetition: never a "
+                        "write to a device that holds a cache); or the label of a target "
+                        "(a bare scratch disk like the cache's SSD, run with the job itself). "
+                        "Repeat for caches on different SSDs")
     o = s.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result document (schema 1)")
     o.add_argument("--out", metavar="DIR", help="results directory")
@@ -308,10 +316,18 @@ def register(sub: Any) -> None:
     s.set_defaults(func=cmd_run)
 
     s = bsub.add_parser("compare", help="the same job on several targets, modes or IO "
-                                        "schedulers, interleaved")
+                                        "schedulers, interleaved",
+                        description="The same fio job on every TARGET, interleaved, with the "
+                                    "ratios against the first. The bare disk and its cache: "
+                                    "cachemgr bench compare /dev/bcache0:none "
+                                    "/dev/bcache0:writeback --reference cache-ssd (writes: a "
+                                    "scratch device; --rw randread --size 1G --warmup 30 "
+                                    "reads only).")
     s.add_argument("targets", nargs="+", metavar="TARGET",
                    help="[LABEL=]DEVICE[:MODE][@SCHEDULER]; the first is the baseline of the "
-                        "ratios. @SCHEDULER (mq-deadline, bfq, kyber, none) puts the device's "
+                        "ratios (the bare disk under a bcache device: /dev/bcache0:none; its "
+                        "backing device itself is refused for writes). @SCHEDULER "
+                        "(mq-deadline, bfq, kyber, none) puts the device's "
                         "disk on that IO scheduler for its runs (a bcache or dm device: the "
                         "disks under it); the schedulers are restored afterwards")
     job_options(s)

@@ -102,7 +102,10 @@ def register(sub: Any) -> None:
                         default=os.environ.get("CACHEMGR_LAB_BACKEND", "uml"))
         sp.add_argument("--disks", metavar="SIZES",
                         help="scratch disks, e.g. 1G,256M; nvme:512M: an NVMe controller "
-                             "(qemu); nvme:160M+32M: one controller with two namespaces")
+                             "(qemu); nvme:160M+32M: one controller with two namespaces. "
+                             "$LAB_DISKS names them in the guest: the plain disks first "
+                             "(/dev/ubda... on UML, /dev/vda... on qemu), then the NVMe "
+                             "namespaces (/dev/nvme0n1...)")
         sp.add_argument("--disk-image", action="append", metavar="PATH",
                         help="an existing disk image, used as it is after the --disks (never "
                              "removed): boot again on what an earlier run wrote")

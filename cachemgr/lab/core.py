@@ -168,7 +168,8 @@ class LabSpec:
 
     @property
     def n_disks(self) -> int:
-        """The plain disks (fresh ones, then the images): ``$LAB_DISKS``."""
+        """The plain disks (fresh ones, then the images): the head of ``$LAB_DISKS``, which
+        names the NVMe namespaces after them (lab-disks.sh)."""
         return len(self.disks) + len(self.disk_images)
 
 
@@ -266,6 +267,11 @@ def run(
     if spec.monitor and spec.backend != "qemu":
         raise UsageError("the machine monitor needs the qemu backend",
                          hint="cachemgr lab run --backend qemu --monitor -- CMD")
+    for p in spec.rw_paths:
+        # a guest cannot mount what the host does not have (it died at boot: exit 125)
+        if not Path(p).is_dir():
+            raise UsageError(f"--rw {p}: no such directory on the host",
+                             hint=f"create it first: mkdir -p {p}")
     manifest = kernels.load_manifest()
     info = manifest.get(spec.backend)
     if info is None or not Path(info.kernel).exists():
@@ -315,9 +321,12 @@ def run(
         "LAB_MODULES": info.modules,
         "LAB_MODULES_LOAD": " ".join(spec.modules + (("nvme",) if spec.nvme else ())
                                      + (("virtio_console",) if spec.monitor else ())),
+        # the plain disks; the guest adds the NVMe namespaces after them (lab-disks.sh)
         "LAB_DISKS": " ".join(_disk_names(spec.backend, spec.n_disks)),
         # NVMe namespaces by controller serial (their kernel names follow the probe order)
+        # and how many namespaces each controller has
         "LAB_NVME_SERIALS": " ".join(nvme_serial(i) for i in range(len(spec.nvme))),
+        "LAB_NVME_NAMESPACES": " ".join(str(len(sizes)) for sizes in spec.nvme),
         "LAB_RW_PATHS": " ".join(rw_paths),
         "LAB_STAGE2": str(HERE / "stage2.sh"),
         "LAB_UPPER_SIZE": "2g",
@@ -326,7 +335,7 @@ def run(
     }
     for k, v in settings.items():
         if " " in v and k not in ("LAB_MODULES_LOAD", "LAB_DISKS", "LAB_RW_PATHS",
-                                  "LAB_NVME_SERIALS"):
+                                  "LAB_NVME_SERIALS", "LAB_NVME_NAMESPACES"):
             raise UsageError(f"lab: {k} may not contain spaces: {v!r}")
     (rundir / "lab.env").write_text(
         "".join(f"{k}={_shq(v)}\n" for k, v in settings.items())
@@ -424,7 +433,7 @@ def supervise(
             release = m.split(None, 1)[1]
         elif m.startswith("timeout"):
             timed_out = True
-        elif m.startswith("modprobe-failed"):
+        elif m.startswith(("modprobe-failed", "nvme-missing")):
             print(f"lab: {m}", file=sys.stderr)
     if killed:
         print(f"lab: the guest ran past its timeout ({spec.timeout:g} s + "

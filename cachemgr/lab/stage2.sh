@@ -12,6 +12,8 @@
 set -u
 labrun=${labrun:?labrun= missing from the kernel command line}
 . "$labrun/lab.env"
+# lab_disks: $LAB_DISKS with the NVMe namespaces (qemu) after the plain disks
+. "${LAB_STAGE2%/*}/lab-disks.sh"
 
 ctl() { printf '%s\n' "$*" >"$LAB_TTY_CTL"; }
 poweroff_now() {
@@ -31,6 +33,7 @@ run_argv() {
     (
         # the command's environment: what the host passed, plus the lab's own variables
         while IFS= read -r -d '' kv; do export "$kv"; done <"$labrun/env"
+        LAB_DISKS=$(lab_disks) || ctl "nvme-missing (the console log names it)"
         export CACHEMGR_IN_LAB=1 LAB_BACKEND LAB_DISKS LAB_NVME_SERIALS LAB_RUNDIR="$labrun" HOME=${HOME:-/root}
         cd "$LAB_CWD" || exit 127
         if [ "$LAB_INTERACTIVE" = 1 ]; then

@@ -18,6 +18,7 @@ from cachemgr.procedures import bench
 
 JobSpec = bench.JobSpec
 CompareOptions = bench.CompareOptions
+CACHE_SSD = bench.CACHE_SSD  # --reference's word for each cache's own SSD (read apart)
 parse_warmup = bench.parse_warmup  # "SECONDS | NUMBERios | auto", for every face
 
 
@@ -84,7 +85,8 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
                 saved += [str(p) for p in plot.write_plots(doc, path.parent, stem=path.stem)]
         doc["saved"] = saved
     res.lines = [bench.table(doc), *(f"saved: {p}" for p in doc.get("saved", []))]
-    res.failed = any(r.get("error") or r.get("total_err") for r in doc["runs"])
+    res.failed = any(r.get("error") or r.get("total_err")
+                     for r in [*doc["runs"], *doc.get("reference_runs", [])])
     return res
 
 
@@ -94,12 +96,13 @@ def table(doc: Mapping[str, Any]) -> str:
 
 
 def latest(out: str | None = None) -> tuple[dict[str, Any], Path] | None:
-    """The newest saved result under the results directory, or None."""
+    """The newest saved result under the results directory, or None; explained as a new
+    one is (a result saved before the explanation existed gets it)."""
     d = Path(results_dir(out))
     files = sorted(d.glob("**/*.json"), key=lambda p: p.stat().st_mtime) if d.is_dir() else []
     if not files:
         return None
-    return bench.load(files[-1]), files[-1]
+    return bench.with_explanations(bench.load(files[-1])), files[-1]
 
 
 def replay(sysfs: Sysfs, target: str, trace_path: str, *, device: str | None = None,

@@ -116,3 +116,53 @@ def test_read_hit_ratio_matches_che(lab_disks: list[str], tmp_path: Path) -> Non
     # stays 0.01-0.02 below it)
     assert abs(res["hit_ratio"] - res["expected_hit_ratio"]) <= 0.05
     assert run["cache"]["reads"] > 10_000 and run["cache"]["bypass_misses"] in (0, None)
+
+
+@pytest.mark.kernel(disks="1G,512M", timeout=400)
+def test_a_cache_on_an_ssd_as_slow_as_the_disk_is_explained(lab_disks: list[str],
+                                                            tmp_path: Path) -> None:
+    """Issue #32: bcache over an 8 ms dm-delay HDD whose cache "SSD" is an 8 ms dm-delay
+    too gains nothing; with --reference cache-ssd the bench reads that SSD itself (fio
+    --readonly, between the cache's runs) and says it is no faster than the backing disk.
+    The cache keeps its mode and thresholds afterwards."""
+    from cachemgr.core import runner
+    from cachemgr.core.model import CacheMode
+
+    def delayed(name: str, disk: str) -> str:
+        sectors = runner.run(["blockdev", "--getsz", disk]).stdout.strip()
+        runner.run(["dmsetup", "create", name, "--table", f"0 {sectors} delay {disk} 0 8"])
+        return f"/dev/mapper/{name}"
+
+    hdd, ssd = delayed("hdd", lab_disks[0]), delayed("slowssd", lab_disks[1])
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="128k", mode=CacheMode.WRITEBACK)
+    bc = next(b.device for b in bcache.scan(sysfs).backings if b.device)
+    assert bc is not None
+    rc, stdout, err = cm("bench", "compare", f"{bc}:none", f"{bc}:writeback",
+                         "--reference", "cache-ssd", "--size", "256M", "--runtime", "3",
+                         "--repeat", "1", "--json", "--out", str(tmp_path), "--no-plot")
+    assert rc == 0, err
+    doc: dict[str, Any] = json.loads(stdout)
+    base, wb = doc["results"]
+    why = wb["explanation"]
+    print(json.dumps({"speedup": why["speedup"], "ssd": why["ssd"], "text": why["text"]}))
+    assert base["explanation"] is None
+    assert why["verdict"] == "ssd-no-faster", why
+    assert why["speedup"] < 1.25 and why["ssd"]["iops_over_baseline"] < 1.25
+    assert os.path.realpath(why["ssd"]["device"]) == os.path.realpath(ssd)
+    assert "a cache cannot beat its SSD" in why["text"]
+    (ref_run,) = doc["reference_runs"]
+    assert ref_run["jobfile"].startswith("; run with fio --readonly")
+    assert "rw=randread" in ref_run["jobfile"].splitlines()
+    assert ref_run["error"] == 0 and ref_run["iops"] > 0
+    assert [r["label"] for r in doc["runs"]] == [f"{bc}:none", f"{bc}:writeback"]
+    # the cache as it was: writeback, its thresholds back, no IO errors on its SSD
+    b = bcache.scan(sysfs).backings[0]
+    assert b.mode == CacheMode.WRITEBACK
+    assert bcache.scan(sysfs).cache_sets[0].congested_write_threshold_us == 20000
+    # the table says it too
+    rc, text, err = cm("bench", "compare", f"{bc}:none", f"{bc}:writeback", "--reference",
+                       "cache-ssd", "--size", "256M", "--runtime", "2", "--repeat", "1",
+                       "--no-save")
+    assert rc == 0, err
+    assert f"{bc}:writeback: why no faster: " in text and "a cache cannot beat its SSD" in text

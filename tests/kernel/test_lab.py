@@ -115,3 +115,27 @@ def test_cli_lab_run_passes_exit_code(backend: str) -> None:
         pytest.skip("the CLI plumbing is tested on UML; qemu's exit code by the basics run")
 
     assert main(["lab", "run", "--backend", backend, "--", "bash", "-c", "exit 3"]) == 3
+
+
+def test_lab_disks_names_the_nvme_namespaces(backend: str) -> None:
+    """$LAB_DISKS holds the NVMe namespaces after the plain disks (issue #32 item 8): each
+    controller's in nsid order, in the order --disks gives the controllers, whatever names
+    the driver's asynchronous probe gave them."""
+    if backend != "qemu":
+        pytest.skip("NVMe disks are qemu only")
+    disks, nvme = core.parse_disk_specs("64M,nvme:32M+16M,nvme:8M")
+    script = ('for d in $LAB_DISKS; do b=${d#/dev/}; echo "$d $(blockdev --getsize64 $d) '
+              '$(cat /sys/block/$b/nsid 2>/dev/null) '
+              '$(tr -d " " </sys/block/$b/device/serial 2>/dev/null)"; done')
+    r = core.run(["bash", "-c", script], core.LabSpec(backend=backend, disks=disks, nvme=nvme),
+                 capture=True)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in (r.stdout or b"").decode().splitlines()]
+    assert [(row[0], int(row[1])) for row in rows] == [
+        ("/dev/vda", 64 << 20), (rows[1][0], 32 << 20), (rows[2][0], 16 << 20),
+        (rows[3][0], 8 << 20)]
+    assert [row[2:] for row in rows[1:]] == [["1", core.nvme_serial(0)],
+                                             ["2", core.nvme_serial(0)],
+                                             ["1", core.nvme_serial(1)]]
+    assert all(row[0].startswith("/dev/nvme") for row in rows[1:])
+    assert "nvme-missing" not in " ".join(r.messages)

@@ -268,8 +268,9 @@ async def _pick(pilot: object, app: object, option_id: str) -> None:
 @pytest.mark.kernel(disks="512M,128M", timeout=400)
 def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """From an empty host: create a bcache (form, confirmation, make-bcache), run a
-    writeback-vs-writethrough bench on it (progress, charts, PNG/SVG plots written, mode
+    """From an empty host: create a bcache (form, confirmation, make-bcache), run the bench
+    form's default comparison on it, the bare disk (mode none) vs writeback with the cache SSD
+    read for reference (progress, charts labelled apart, PNG/SVG plots written, mode
     restored), then remove the backing device and unregister the cache set."""
     from tests.unit.tui_helpers import settle
     from tui import view
@@ -313,15 +314,17 @@ def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path
             assert b.cset_uuid == snap.cache_sets[0].uuid and b.mode == CacheMode.WRITEBACK
             assert b.identity.node == hdd and snap.cache_sets[0].caches[0].identity.node == ssd
             assert "✗" not in log(app)
-            # bench: writeback vs writethrough on bcache0, a short run
+            # bench: the bare disk (none) vs writeback on bcache0, a short run, the cache SSD
+            # read apart for reference
             app.query_one(DeviceTable).select_key(b.key)
             await settle(pilot, lambda: app.selected_key == b.key)
             await pilot.press("b")
             assert isinstance(app.screen, BenchScreen)
-            from textual.widgets import Input, RichLog, Static
+            from textual.widgets import Checkbox, Input, RichLog, Static
 
             for k, v in {"runtime": "2", "repeat": "1", "zipf": "1.2"}.items():
                 app.screen.query_one(f"#{k}", Input).value = v
+            app.screen.query_one("#reference", Checkbox).value = True
             bench = app.screen
             await pilot.press("ctrl+r")
             await settle(pilot, lambda: len(bench.query_one("#oplog", RichLog).lines) > 0,
@@ -329,8 +332,11 @@ def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path
             await settle(pilot, lambda: ": saved " in log(app) or "✗" in log(app), tries=3000)
             assert "✗" not in log(app), log(app)
             assert bench.doc is not None
-            assert [r["label"] for r in bench.doc["results"]] == ["wb", "wt"]
+            assert [r["label"] for r in bench.doc["results"]] == [
+                "/dev/bcache0:none", "/dev/bcache0:writeback"]
             assert all(r["iops"] > 0 for r in bench.doc["results"])
+            (ref,) = bench.doc["references"]
+            assert ref["device"] == ssd and ref["role"] == "cache SSD" and ref["iops"] > 0
             from rich.console import Console
 
             con = Console(width=100, record=True, file=io.StringIO())
@@ -338,6 +344,11 @@ def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path
             shown = con.export_text()
             assert "IOPS (median)" in shown and "completion latency" in shown
             assert "saved:" in shown
+            # every bar labelled apart (both read "/dev/bcache0" when cut to 12 characters)
+            for label in ("/dev/bcache0 (none)", "/dev/bcache0 (writeback)",
+                          f"{ssd} (cache SSD, reads)"):
+                assert any(line.startswith(label + " ") and "█" in line
+                           for line in shown.splitlines()), (label, shown)
             # the mode the bench switched is back
             assert snapshot.take(sysfs).backings[0].mode == CacheMode.WRITEBACK
             await pilot.press("escape")

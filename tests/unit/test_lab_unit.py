@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from cachemgr.core.errors import LabError, UsageError
 from cachemgr.lab import core, kernels
 from cachemgr.lab.core import parse_disk_specs, parse_disks, parse_size
+from tests.unit.tui_helpers import fx
 
 
 def test_sizes() -> None:
@@ -137,6 +139,48 @@ def test_lab_run_makes_an_image_per_namespace(tmp_path: Path,
                              ("nvme0n2.img", 4 << 20), ("nvme1n1.img", 5 << 20)]
     assert (f"LAB_NVME_SERIALS='{core.nvme_serial(0)} {core.nvme_serial(1)}'"
             in str(seen["env"]))
+    # the guest adds the namespaces to $LAB_DISKS after the plain disks (lab-disks.sh):
+    # it needs how many each controller has
+    assert "LAB_NVME_NAMESPACES='2 1'" in str(seen["env"])
+    assert "LAB_DISKS='/dev/vda'\n" in str(seen["env"])
+
+
+def _lab_disks(sysfs: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    script = Path(core.HERE) / "lab-disks.sh"
+    return subprocess.run(["bash", "-c", f'. "{script}"; lab_disks'], capture_output=True,
+                          text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "LAB_SYSFS": str(sysfs), **env})
+
+
+def test_lab_disks_names_the_nvme_namespaces_after_the_plain_disks() -> None:
+    """$LAB_DISKS in the guest (stage2.sh sources lab-disks.sh), on the qemu capture of two
+    NVMe controllers: the plain disks, then each controller's namespace found by its serial
+    and nsid, in the order of the serials (the order of --disks), whatever the kernel's
+    names."""
+    sysfs = fx("nvme-pair")
+    a, b = core.nvme_serial(0), core.nvme_serial(1)
+    r = _lab_disks(sysfs, LAB_DISKS="/dev/vda", LAB_NVME_SERIALS=f"{a} {b}",
+                   LAB_NVME_NAMESPACES="1 1")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "/dev/vda /dev/nvme0n1 /dev/nvme1n1\n", "")
+    r = _lab_disks(sysfs, LAB_DISKS="/dev/vda /dev/vdb", LAB_NVME_SERIALS=f"{b} {a}",
+                   LAB_NVME_NAMESPACES="1 1")
+    assert r.stdout == "/dev/vda /dev/vdb /dev/nvme1n1 /dev/nvme0n1\n"
+    # no NVMe: the plain disks as they were
+    assert _lab_disks(sysfs, LAB_DISKS="/dev/vda").stdout == "/dev/vda\n"
+    # only NVMe
+    assert _lab_disks(sysfs, LAB_NVME_SERIALS=b).stdout == "/dev/nvme1n1\n"
+
+
+def test_lab_disks_leaves_out_and_names_a_namespace_that_never_came() -> None:
+    sysfs = fx("nvme-pair")
+    a = core.nvme_serial(0)
+    # the capture's controller has one namespace; a second one never appears
+    r = _lab_disks(sysfs, LAB_DISKS="/dev/vda", LAB_NVME_SERIALS=f"{a} CMLABNVME77",
+                   LAB_NVME_NAMESPACES="2 1", LAB_NVME_WAIT="0")
+    assert r.returncode == 1
+    assert r.stdout == "/dev/vda /dev/nvme0n1\n"
+    assert f"namespace 2 of NVMe controller {a} did not appear" in r.stderr
+    assert "namespace 1 of NVMe controller CMLABNVME77 did not appear" in r.stderr
 
 
 def test_qemu_monitor_reaches_the_guest_through_a_port_on_its_own_socket() -> None:
@@ -206,3 +250,11 @@ def test_no_mirror_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_this_machine_has_a_mirror() -> None:
     assert kernels.debian_mirror().startswith(("http://", "https://", "file:"))
+
+
+def test_a_read_write_directory_the_host_lacks_is_refused(tmp_path: Path) -> None:
+    """`lab run --rw DIR` with no DIR on the host: a clear refusal, no guest booted (it died
+    in its first stage with exit 125 and the console's tail)."""
+    with pytest.raises(UsageError, match="no such directory on the host") as e:
+        core.run(["true"], core.LabSpec(rw_paths=(str(tmp_path / "nope"),)))
+    assert e.value.hint == f"create it first: mkdir -p {tmp_path / 'nope'}"

@@ -617,7 +617,7 @@ def test_bench_screen_refusal_and_charts(monkeypatch: pytest.MonkeyPatch) -> Non
             await pilot.press("b")
             assert isinstance(app.screen, BenchScreen)
             assert app.screen.query_one("#targets", Input).value == \
-                "wb=/dev/bcache0:writeback wt=/dev/bcache0:writethrough"
+                "/dev/bcache0:none /dev/bcache0:writeback"
             app.screen.query_one("#targets", Input).value = "/dev/cachemgr-no-such-disk"
             await pilot.press("ctrl+r")
             await settle(pilot, lambda: shown(app, MessageDialog))

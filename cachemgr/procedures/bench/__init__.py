@@ -45,6 +45,10 @@ The package, along its seams (each name below is also available here, as ``bench
 * :mod:`~cachemgr.procedures.bench.stats`: medians, spreads, ratios over repetitions;
 * :mod:`~cachemgr.procedures.bench.comparison`: one measured run, the summaries, the
   interleaved :func:`compare`;
+* :mod:`~cachemgr.procedures.bench.reference`: references measured apart, read-only
+  (``--reference cache-ssd``: a cache's own SSD; a device path);
+* :mod:`~cachemgr.procedures.bench.explain`: why a cache is no faster than the bare disk
+  (its SSD is no faster, its mode, its hit ratio, bcache's bypass);
 * :mod:`~cachemgr.procedures.bench.report`: the result document, save/load, the table.
 """
 
@@ -67,6 +71,7 @@ from cachemgr.procedures.bench.comparison import (
     summarize,
     warmup_requests,
 )
+from cachemgr.procedures.bench.explain import NO_GAIN, explanation
 from cachemgr.procedures.bench.fio import (
     DirStats,
     FioFormatError,
@@ -88,6 +93,7 @@ from cachemgr.procedures.bench.job import (
     fio_size,
     parse_size,
 )
+from cachemgr.procedures.bench.reference import CACHE_SSD, reference_spec
 from cachemgr.procedures.bench.report import (
     DEFAULT_RESULTS_DIR,
     SCHEMA,
@@ -97,6 +103,7 @@ from cachemgr.procedures.bench.report import (
     summary_json,
     table,
     to_json,
+    with_explanations,
 )
 from cachemgr.procedures.bench.sampling import (
     BlockStat,
@@ -122,8 +129,10 @@ from cachemgr.procedures.bench.targets import (
 )
 
 __all__ = [
+    "CACHE_SSD",
     "DEFAULT_RESULTS_DIR",
     "DEFAULT_TOLERANCE",
+    "NO_GAIN",
     "PERCENTILES",
     "RW_MODES",
     "SCHEMA",
@@ -147,6 +156,7 @@ __all__ = [
     "compare",
     "counted_served",
     "disagreeing",
+    "explanation",
     "fio_size",
     "fio_version",
     "fresh_cache",
@@ -159,6 +169,7 @@ __all__ = [
     "predict_for",
     "ratio",
     "read_block_stat",
+    "reference_spec",
     "region_items",
     "resolve_target",
     "run_fio",
@@ -175,5 +186,6 @@ __all__ = [
     "to_json",
     "wait_accounting_tick",
     "warmup_requests",
+    "with_explanations",
     "write_refusal",
 ]

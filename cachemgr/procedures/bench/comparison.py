@@ -10,14 +10,16 @@ import platform
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cachemgr.backends import bcache, snapshot
 from cachemgr.core import checks
 from cachemgr.core.errors import UnsafeError, UsageError
+from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import che
+from cachemgr.procedures.bench import reference
 from cachemgr.procedures.bench.fio import FioResult, fio_version, run_fio
 from cachemgr.procedures.bench.hygiene import Hygiene, _backing_rel, fresh_cache
 from cachemgr.procedures.bench.job import JobSpec, parse_size
@@ -81,6 +83,10 @@ class TargetSummary:
     speedup_ceiling: float | None = None
     # the bare reference device (a cache's own kind of SSD) measured in the same comparison
     reference: TargetSummary | None = None
+    # a reference measured apart (reference.py): what it is ("cache SSD") and the job it ran
+    # ("randread"); None for targets
+    role: str | None = None
+    rw: str | None = None
 
 
 def summarize(label: str, device: str, runs: Sequence[RunResult], *,
@@ -145,8 +151,9 @@ class CompareOptions:
     # seconds between two samples of the cache while fio runs (dirty data, free space,
     # progress); 0: none
     sample_interval: float = 1.0
-    # (cache target label or "*" for every other target, label of the bare reference
-    # device): each cache's IOPS and latency as a fraction of that device's
+    # (cache target label or "*" for every other target, REF): each cache's IOPS and latency
+    # as a fraction of REF's. REF is a target's label (it runs the job), or "cache-ssd" (each
+    # cache target's own SSD) or a device path: measured apart, read-only (reference.py)
     reference: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> None:
@@ -254,7 +261,14 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
         for k in ("congested_read_threshold_us", "congested_write_threshold_us"):
             hyg.set(f"cache set {cs.uuid[:8]} {k}", f"fs/bcache/{cs.uuid}/{k}", "0")
     ios = warmup_requests(opts, prediction)
-    if opts.warmup > 0 or ios:
+    caching = (target.mode or b.mode) != CacheMode.NONE
+    if not caching and (opts.warmup > 0 or ios):
+        # mode none caches nothing: a warm-up would only cost its time (the bare disk under
+        # a bcache device, /dev/bcache0:none, is the usual baseline)
+        note = f"{target.label}: no warm-up in mode none (it caches nothing)"
+        if note not in hyg.notes:
+            hyg.notes.append(note)
+    elif opts.warmup > 0 or ios:
         hyg.set(f"{b.device} sequential_cutoff", f"{rel}/sequential_cutoff", "0")
         what = f"{ios:,} requests" if ios else f"{opts.warmup:g} s"
         if progress:
@@ -290,7 +304,8 @@ def run_one(sysfs: Sysfs, spec: JobSpec, target: Target, rep: int, opts: Compare
     if sample.kernel_counters_consistent is False:
         flags.append("bcache's own read counters disagree with the block layer (they wrap "
                      "above 65,535 events per ~13.6 s): hit ratio from block-layer counts")
-    if sample.bypassed_bytes and sample.bypassed_bytes > 0:
+    if caching and sample.bypassed_bytes and sample.bypassed_bytes > 0:
+        # (in mode none every request bypasses the cache: that is the mode, not a flag)
         flags.append(f"bcache bypassed {sample.bypassed_bytes} bytes")
     if sample.cache_available_percent_min is not None and \
             sample.cache_available_percent_min < 50:
@@ -340,6 +355,11 @@ class Comparison:
     identities: Mapping[str, Any]
     created: float
     argv: tuple[str, ...] = ()
+    # the references measured apart (``--reference cache-ssd`` or a path), read-only, and
+    # their runs (one per repetition); ``of`` their targets' labels
+    references: tuple[TargetSummary, ...] = ()
+    reference_runs: tuple[RunResult, ...] = ()
+    reference_of: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _identities(sysfs: Sysfs, targets: Sequence[Target]) -> dict[str, Any]:
@@ -388,7 +408,7 @@ def predict_for(spec: JobSpec, sysfs: Sysfs, target: Target) -> che.Prediction |
     cache item; the capacity is the whole cache device, shared by all its backing devices."""
     theta = spec.zipf_theta
     if theta is None or target.backing_name is None or not spec.rw.startswith("rand") \
-            or not spec.reads:
+            or not spec.reads or target.mode == CacheMode.NONE:
         return None
     b = _backing(sysfs, target.backing_name)
     cs = _cache_set(sysfs, b)
@@ -414,6 +434,8 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
     if len(set(labels)) != len(labels):
         raise UsageError("two targets have the same label", hint="name them: LABEL=DEVICE")
     check_references(opts.reference, labels)
+    apart = reference.plan(sysfs, snapshot.take(sysfs), targets, opts.reference)
+    ref_spec = reference.reference_spec(spec) if apart else None
     if spec.writes:
         snap = snapshot.take(sysfs)
         for t in targets:
@@ -432,6 +454,7 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
             if note and note not in hyg.notes:
                 hyg.notes.append(note)
     runs: list[RunResult] = []
+    ref_runs: list[RunResult] = []
     version = fio_version()
     try:
         # every target's scheduler once before the first run: a name the kernel cannot load
@@ -449,6 +472,12 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
                     progress(f"run {rep}/{opts.repeat} {t.label}: {spec.describe()}")
                 runs.append(run_one(sysfs, spec, t, rep, opts, hyg, progress=progress,
                                     prediction=predictions.get(t.label)))
+            for a in apart:
+                assert ref_spec is not None
+                if progress:
+                    progress(f"run {rep}/{opts.repeat} {a.role} {a.target.device} (reads "
+                             f"only, for reference): {ref_spec.describe()}")
+                ref_runs.append(run_reference(ref_spec, a.target, rep, opts))
     finally:
         hyg.restore()
     summaries = []
@@ -460,10 +489,37 @@ def compare(sysfs: Sysfs, spec: JobSpec, target_specs: Sequence[str],
             s = replace(s, prediction=p, expected_hit_ratio=p.hit_ratio)
         summaries.append(s)
     summaries = with_references(_speedups(spec, summaries), opts.reference)
+    refs = [replace(summarize(a.target.label, a.target.device,
+                              [r for r in ref_runs if r.label == a.target.label],
+                              tolerance=opts.tolerance), role=a.role, rw=ref_spec.rw)
+            for a in apart if ref_spec is not None]
+    of = {a.target.label: a.of for a in apart}
+    summaries = with_apart_references(summaries, refs, of)
     return Comparison(spec=spec, targets=tuple(targets), runs=tuple(runs),
                       summaries=tuple(summaries), options=opts, fio_version=version,
                       kernel=platform.release(), hygiene=tuple(hyg.notes),
-                      identities=identities, created=time.time(), argv=tuple(argv))
+                      identities=identities, created=time.time(), argv=tuple(argv),
+                      references=tuple(refs), reference_runs=tuple(ref_runs),
+                      reference_of=of)
+
+
+def run_reference(spec: JobSpec, target: Target, rep: int, opts: CompareOptions) -> RunResult:
+    """One read-only run of a reference measured apart (``spec`` from
+    :func:`~cachemgr.procedures.bench.reference.reference_spec`: fio --readonly)."""
+    assert not spec.writes and spec.readonly
+    seed = opts.seed * 1000 + rep * 10 + zlib.crc32(target.label.encode()) % 10
+    started = time.time()
+    res, jf = run_fio(spec, target, seed=seed)
+    return RunResult(target.label, rep, seed, started, res, None, jf)
+
+
+def with_apart_references(summaries: list[TargetSummary], refs: Sequence[TargetSummary],
+                          of: Mapping[str, tuple[str, ...]]) -> list[TargetSummary]:
+    """Each target named by a reference measured apart gets its summary (a reference that is
+    a target, given by label, is kept where both name one)."""
+    by_target = {label: r for r in refs for label in of.get(r.label, ())}
+    return [replace(s, reference=by_target[s.label])
+            if s.reference is None and s.label in by_target else s for s in summaries]
 
 
 def parse_reference(text: str) -> tuple[str, str]:
@@ -478,12 +534,16 @@ def parse_reference(text: str) -> tuple[str, str]:
 
 
 def check_references(refs: Sequence[tuple[str, str]], labels: Sequence[str]) -> None:
-    """Refuse (UsageError, exit 2) a reference naming no target, or a target its own."""
+    """Refuse (UsageError, exit 2) a reference naming no target (nor ``cache-ssd`` nor a
+    device path), or a target its own."""
     for cache, ref in refs:
-        for what in (ref, *([] if cache == "*" else [cache])):
+        for what in (*([] if ref in labels or reference.is_apart(ref) else [ref]),
+                     *([] if cache == "*" else [cache])):
             if what not in labels:
                 raise UsageError(f"--reference names {what!r}, which is no target label",
-                                 hint="labels: " + ", ".join(labels))
+                                 hint="labels: " + ", ".join(labels) + f"; or {reference.CACHE_SSD}"
+                                      " (each cache's own SSD) or a device path, measured "
+                                      "apart, read-only")
         if cache == ref:
             raise UsageError(f"--reference {cache}={ref}: a target is not its own reference")
 

@@ -256,8 +256,9 @@ def run_fio(spec: JobSpec, target: Target, *, seed: int, runtime: float | None =
         # cwd: fio may leave state files (verify, zipf tables) in its working directory
         # cancellable: an operation cancelled (the TUI's Cancel, q, a closed terminal) stops
         # fio at once, and the hygiene puts the cache's settings back without waiting
-        done = runner.run(["fio", "--output-format=json", str(path)], check=False,
-                          timeout=rt + timeout_extra, cwd=tmp, cancellable=True)
+        done = runner.run(["fio", "--output-format=json",
+                           *(["--readonly"] if spec.readonly else []), str(path)],
+                          check=False, timeout=rt + timeout_extra, cwd=tmp, cancellable=True)
     if "{" not in done.stdout:
         raise CommandError(done.argv, done.returncode, done.stderr or done.stdout)
     res = parse_fio(done.stdout)

@@ -50,7 +50,9 @@ class Hygiene:
         self.sysfs.write(path, value)
         if not any(p == path for _, p, _ in self._restore):
             self._restore.append((what, path, before))
-            self.notes.append(f"{what}: {before} -> {value} (restored afterwards)")
+            note = f"{what}: {before} -> {value} (restored afterwards)"
+            if note not in self.notes:  # set again for each run (the warm-up's cutoff)
+                self.notes.append(note)
 
     def scheduler(self, disk: str, name: str) -> None:
         """Put whole disk ``disk`` on IO scheduler ``name`` for the next run, read back from

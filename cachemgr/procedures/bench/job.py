@@ -64,6 +64,9 @@ class JobSpec:
     # replay: a fio iolog (version 2) of recorded requests instead of a pattern; every
     # request goes to the target (replay_redirect); rw says only whether it reads/writes
     iolog: str | None = None
+    # run fio with --readonly (its own guard: it refuses to issue a write or a trim; a
+    # command-line option, not a job option): references measured apart, e.g. a cache's SSD
+    readonly: bool = False
 
     def validate(self) -> None:
         """Refuse (UsageError, exit 2) what fio would misread or what would add lines to the
@@ -78,6 +81,8 @@ class JobSpec:
                 checks.plain_text(text, what)
         if self.rw not in RW_MODES:
             raise UsageError(f"unknown --rw {self.rw!r}", hint="one of " + ", ".join(RW_MODES))
+        if self.readonly and self.writes:
+            raise UsageError(f"a read-only job cannot be {self.rw}")
         if parse_size(self.bs) == 0:
             raise UsageError("bad --bs '0': a block size is at least one byte",
                              hint="e.g. --bs 4k")
@@ -196,6 +201,8 @@ class JobSpec:
         """The job as a fio job file (what is run, and saved with the results)."""
         self.validate()
         lines = [f"[{_jobname(name)}]"]
+        if self.readonly:
+            lines.insert(0, "; run with fio --readonly: no write or trim can be issued")
         for k, v in self.options(filename, seed=seed, runtime=runtime, iodepth=iodepth, ss=ss,
                                  ios=ios):
             # the last guard: one option per line, whatever it came from (the device too)

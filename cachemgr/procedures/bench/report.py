@@ -85,7 +85,10 @@ def reference_json(s: TargetSummary) -> dict[str, Any]:
     return {
         "reference": {"label": r.label, "device": r.device, "iops": _med(r.iops, 1),
                       "lat_mean_us": _med(r.lat_mean_us), "lat_p50_us": _med(r.lat_p50_us),
-                      "lat_p99_us": _med(r.lat_p99_us)},
+                      "lat_p99_us": _med(r.lat_p99_us),
+                      # measured apart (cache-ssd, a path): what it is and the job it ran
+                      # (reads only); null for a reference that is a target (the same job)
+                      "role": r.role, "rw": r.rw},
         "reference_iops_fraction": _r(ratio(s.iops.median, r.iops.median), 3),
         "reference_p99_ratio": _r(ratio(s.lat_p99_us.median if s.lat_p99_us else None,
                                         r.lat_p99_us.median if r.lat_p99_us else None), 3),
@@ -132,7 +135,7 @@ def to_json(c: Comparison) -> dict[str, Any]:
     """
     base = c.summaries[0] if len(c.summaries) > 1 else None
     jobfile = c.runs[0].jobfile if c.runs else c.spec.jobfile("job", "DEVICE", seed=0)
-    return {
+    doc = {
         "schema": SCHEMA,
         "kind": "bench",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(c.created)),
@@ -152,7 +155,24 @@ def to_json(c: Comparison) -> dict[str, Any]:
         "hygiene": list(c.hygiene),
         "results": [summary_json(s, base) for s in c.summaries],
         "runs": [run_json(r) for r in c.runs],
+        # measured apart, read-only (--reference cache-ssd or a path), with their targets
+        "references": [{**summary_json(r, None), "role": r.role, "rw": r.rw,
+                        "of": list(c.reference_of.get(r.label, ()))} for r in c.references],
+        "reference_runs": [run_json(r) for r in c.reference_runs],
     }
+    with_explanations(doc)
+    return doc
+
+
+def with_explanations(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each result's ``explanation`` (explain.py: why a cache is no faster than the bare
+    disk; null when it is faster, or is no cache), on a new document or a saved one."""
+    from cachemgr.procedures.bench.explain import explanation
+
+    for i, r in enumerate(doc.get("results") or []):
+        if isinstance(r, dict):
+            r["explanation"] = explanation(doc, i)
+    return doc
 
 
 def save(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> Path:
@@ -214,8 +234,10 @@ def table(doc: Mapping[str, Any]) -> str:
         ref = r.get("reference")
         if ref and r.get("reference_iops_fraction") is not None:
             p99 = r.get("reference_p99_ratio")
-            out.append(f"{r['label']}: {100 * r['reference_iops_fraction']:.0f}% of "
-                       f"{ref['label']}'s IOPS ({_fmt(ref['iops'], 0)}, the bare reference)"
+            what = (f"the {ref['role']} {ref['device']}'s IOPS ({_fmt(ref['iops'], 0)}, "
+                    f"{ref.get('rw') or 'the same job'}, measured apart)" if ref.get("role")
+                    else f"{ref['label']}'s IOPS ({_fmt(ref['iops'], 0)}, the bare reference)")
+            out.append(f"{r['label']}: {100 * r['reference_iops_fraction']:.0f}% of {what}"
                        + (f", p99 {p99:.2f}x its p99" if p99 is not None else ""))
         if r.get("qd1_speedup") is not None:
             ceil = r.get("qd1_speedup_ceiling")
@@ -230,6 +252,12 @@ def table(doc: Mapping[str, Any]) -> str:
                        f"{steady})")
         for f in r.get("flags", []):
             out.append(f"{r['label']}: ! {f}")
+        why = r.get("explanation")
+        if isinstance(why, dict) and why.get("text"):
+            out.append(f"{r['label']}: why no faster: {why['text']}")
+    for ref in doc.get("references", []):
+        for f in ref.get("flags", []):
+            out.append(f"{ref['device']} ({ref.get('role') or 'reference'}): ! {f}")
     for h in doc.get("hygiene", []):
         out.append(f"hygiene: {h}")
     return "\n".join(out)
