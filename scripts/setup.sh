@@ -33,7 +33,8 @@ pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       lvm2 thin-provisioning-tools fdisk
       prometheus smartmontools
       libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
-      blktrace groff-base man-db zsh)
+      blktrace groff-base man-db zsh
+      debhelper lintian)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
