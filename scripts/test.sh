@@ -4,9 +4,10 @@
 #   scripts/test.sh
 #
 # Makes sure the set-up is in place (scripts/setup.sh --no-demo), then runs: ruff, mypy,
-# the unit tests and, beside them, the kernel smoke set on qemu with Debian 12's own kernel,
-# then the kernel tests on User-Mode Linux (each boots its own guest). Fails if any of them
-# fails.
+# the unit tests and, beside them, the Debian package's build (scripts/build-deb.sh) and the
+# kernel smoke set on qemu with Debian 12's own kernel (the package installed and purged
+# there), then the kernel tests on User-Mode Linux (each boots its own guest). Fails if any
+# of them fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --no-demo
@@ -31,8 +32,9 @@ step "mypy"
 # 2026-11-23; it takes ~13 now.) docs/benchmarks.md, "Test suite time".
 step "unit tests, with the kernel smoke set on qemu (Debian 12 kernel) beside them"
 qemu_log=$(mktemp /tmp/cachemgr-qemu-smoke.XXXXXX)
-"$py" -m pytest -p no:cacheprovider tests -m qemu_smoke --lab-backend=qemu --durations=15 \
-    >"$qemu_log" 2>&1 &
+# the Debian package first (about a minute), which the qemu set installs and purges
+{ scripts/build-deb.sh && "$py" -m pytest -p no:cacheprovider tests -m qemu_smoke \
+      --lab-backend=qemu --durations=15; } >"$qemu_log" 2>&1 &
 qemu_pid=$!
 trap 'kill "$qemu_pid" 2>/dev/null || true; rm -f "$qemu_log"' EXIT
 unit_rc=0

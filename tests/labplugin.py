@@ -67,6 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(
                 reason="kernel test not run: its NVMe disks need the qemu lab "
                        "(--lab-backend=qemu); UML has no PCI"))
+        elif backend != "qemu" and m.kwargs.get("qemu_only"):
+            item.add_marker(pytest.mark.skip(
+                reason=f"kernel test not run: {m.kwargs['qemu_only']} (--lab-backend=qemu)"))
         elif backend != "qemu" and m.kwargs.get("monitor"):
             item.add_marker(pytest.mark.skip(
                 reason="kernel test not run: it needs qemu's machine monitor "

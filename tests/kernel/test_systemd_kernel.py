@@ -395,3 +395,54 @@ def test_smart_timer_reads_the_cache_ssd_in_its_sandbox(lab_disks: list[str]) ->
     finally:
         dropin.unlink()
         sh("systemctl", "daemon-reload")
+
+
+@pytest.mark.kernel(systemd=True, disks="256M,64M", timeout=240)
+def test_a_change_leaves_a_journal_entry_read_ones_none(lab_disks: list[str]) -> None:
+    """The journal trail (cachemgr/ops/trail.py) into the real systemd-journald: a mode
+    change by SUDO_USER alice is one entry with its structured fields, read back with
+    journalctl; a read-only status adds none; a refusal is an entry of its own."""
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="64k")
+
+    def entries() -> list[dict[str, str]]:
+        out = runner.run(["journalctl", "-o", "json", "--no-pager", "SYSLOG_IDENTIFIER=cachemgr"],
+                         check=False, timeout=60).stdout
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    def cm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cachemgr", *args], capture_output=True,
+                              text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "SUDO_USER": "alice"})
+
+    before = len(entries())
+    r = cm("mode", "/dev/bcache0", "writeback")
+    assert r.returncode == 0, r.stderr
+    wait_for = time.monotonic() + 20
+    while len(entries()) == before and time.monotonic() < wait_for:
+        time.sleep(0.2)
+    new = entries()[before:]
+    (e,) = [x for x in new if x.get("CACHEMGR_ATTRIBUTE") == "cache_mode"]
+    assert (e["CACHEMGR_COMMAND"], e["CACHEMGR_TARGET"], e["CACHEMGR_FROM"], e["CACHEMGR_TO"],
+            e["CACHEMGR_USER"], e["CACHEMGR_EXIT"], e["CACHEMGR_OUTCOME"]) == (
+        "mode", "/dev/bcache0", "writethrough", "writeback", "alice", "0", "changed"), e
+    assert e["PRIORITY"] == "5" and "alice" in e["MESSAGE"]
+    n = len(entries())
+    assert cm("status").returncode == 0
+    time.sleep(1)
+    assert len(entries()) == n  # read-only: nothing
+    # another run holds the device: refused (exit 3), and that is an entry too
+    from cachemgr.backends import snapshot
+    from cachemgr.core import state
+    from cachemgr.procedures import kinds
+
+    k = kinds.resolve(snapshot.take(sysfs), "/dev/bcache0", sysfs)
+    with state.locked(k.locks[0][0], "/dev/bcache0", holder={"procedure": "drain"}):
+        r = cm("mode", "/dev/bcache0", "writethrough")
+    assert r.returncode == 3, r.stderr
+    wait_for = time.monotonic() + 20
+    while len(entries()) == n and time.monotonic() < wait_for:
+        time.sleep(0.2)
+    (e,) = entries()[n:]
+    assert (e["CACHEMGR_OUTCOME"], e["CACHEMGR_EXIT"], e["PRIORITY"]) == ("refused", "3", "6"), e
+    assert "drain" in e["CACHEMGR_REASON"], e
