@@ -395,7 +395,8 @@ def set_mode(sysfs: Sysfs, backing: BcacheBacking, mode: CacheMode) -> Change:
     now, _ = parse_bracketed(sysfs.read(f"{rel}/cache_mode"))
     if now != mode.value:
         raise CacheMgrError(f"{name}: wrote cache_mode {mode.value} but the kernel reports {now}")
-    return Change(backing.device or name, "cache_mode", str(backing.mode), now)
+    return Change(backing.device or name, "cache_mode",
+                  backing.mode.value if backing.mode else None, now)
 
 
 def register(sysfs: Sysfs, node: str) -> Change:

@@ -82,13 +82,43 @@ class Result:
             for c in self.changes]}
 
 
+# a change that is an act rather than a value that changed, in the words of what was done:
+# (when there was nothing before, when nothing is left); None: not said that way
+ACTS: dict[str, tuple[str | None, str | None]] = {
+    "register": ("{after}", None),
+    "unregister": (None, "unregistered (was {before})"),
+    "stop": (None, "stopped (was {before})"),
+    "format": ("formatted as {after}", None),
+    "create": ("created: {after}", None),
+    "attach": ("attached to cache set {after}", None),
+    "detach": (None, "detached from cache set {before}"),
+    "remove": (None, "removed (was {before})"),
+}
+# what None stands for in a value that changed: an LV's cache (lvm2) is "none" before an
+# attach and after an uncache; anything else None is a value the kernel did not say
+NONE_WORDS = {"cache": "none"}
+
+
+def change_words(c: Change) -> str:
+    """One change after it was made, in words: ``TARGET: what before -> after``, or what was
+    done (``/dev/ubdb: registered``, ``/dev/bcache0: detached from cache set X``). Never
+    Python's ``None``: JSON keeps the null (Result.json)."""
+    if c.before is None and c.after is None:
+        return f"{c.target}: {c.what} done"
+    on_after, on_before = ACTS.get(c.what, (None, None))
+    if c.before is None and on_after is not None:
+        return f"{c.target}: " + on_after.format(after=c.after)
+    if c.after is None and on_before is not None:
+        return f"{c.target}: " + on_before.format(before=c.before)
+    none = NONE_WORDS.get(c.what, "unknown")
+    before = none if c.before is None else c.before
+    after = none if c.after is None else c.after
+    return f"{c.target}: {c.what} {before} -> {after}"
+
+
 def change_lines(changes: list[Change]) -> list[str]:
-    """``TARGET: what before -> after`` (or ``done``), one line per change."""
-    out = []
-    for c in changes:
-        arrow = f"{c.before} -> {c.after}" if c.before or c.after else "done"
-        out.append(f"{c.target}: {c.what} {arrow}")
-    return out
+    """One line per change (:func:`change_words`)."""
+    return [change_words(c) for c in changes]
 
 
 def progress_line(p: object) -> str:

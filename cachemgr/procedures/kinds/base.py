@@ -49,7 +49,8 @@ class Drained:
         if "cleaner" in self.restored:  # lvm writecache: its cleaner setting
             return f"writecache cleaner={self.restored['cleaner']} restored"
         if "policy" in self.restored:  # dm-cache: its table; lvmcache: its policy
-            return (f"mode {self.restored.get('mode')} and policy {self.restored.get('policy')} "
+            mode, policy = self.restored.get("mode"), self.restored.get("policy")
+            return (f"mode {mode or 'as it was'} and policy {policy or 'as it was'} "
                     "restored")
         return "tunables restored"
 
@@ -72,9 +73,13 @@ REMOVE_CANCEL_NOTE = ("Cancel stops at the next progress report; a flush puts th
                       "table back.")
 
 
-def size_words(x: Size) -> str:
-    """A size the kernel printed lossily: exact, or its bounds (58.5 MiB (<= 58.6 MiB))."""
-    return human(x.low) if x.is_exact else f"{human(x.low)} (≤ {human(x.high)})"
+def size_words(x: Size, unit: str = "") -> str:
+    """A size the kernel printed lossily, in words: exact ("512 B"), or the range it stands
+    for, said as one ("58.5 MiB to 58.6 MiB, as bcache rounds it"). ``unit``: after each
+    figure ("/s" for a rate)."""
+    if x.is_exact:
+        return f"{human(x.low)}{unit}"
+    return f"{human(x.low)}{unit} to {human(x.high)}{unit}, as bcache rounds it"
 
 
 @dataclass(frozen=True)
@@ -250,8 +255,9 @@ class Kind:
         return {}
 
     def restored_note(self, restored: dict[str, Any]) -> str:
-        """What ``drain --resume`` says it put back."""
-        return f"{self.node}: restored tunables {restored}"
+        """What ``drain --resume`` says it put back (``writeback_percent=10, ...``)."""
+        return f"{self.node}: restored tunables " + ", ".join(
+            f"{k}={v}" for k, v in restored.items())
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return self

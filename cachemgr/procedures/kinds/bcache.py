@@ -232,7 +232,7 @@ class Bcache(Kind):
                 ("writeback_delay", b.writeback_delay),
                 ("writeback_running", b.writeback_running),
                 ("writeback_rate_minimum", b.writeback_rate_minimum),
-                ("writeback_rate", f"{size_words(b.writeback_rate)}/s"
+                ("writeback_rate", size_words(b.writeback_rate, "/s")
                  if b.writeback_rate else None),
                 ("sequential_cutoff", b.sequential_cutoff),
                 ("stop_when_cache_set_failed", b.stop_when_cache_set_failed),
