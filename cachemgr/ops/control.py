@@ -16,13 +16,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemgr.core.change import Change
-from cachemgr.core.errors import Cancelled
+from cachemgr.core.errors import Cancelled, UnsafeError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.model import human
 
 
 def _no_progress(_p: object) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A change a command is about to make and has not made: what a face shows before it
+    asks (docs/cli.md, "Confirmations"). ``command``: the command as typed, in words
+    ("remove /dev/bcache0"); ``lines``: what it would do, each in the conditional ("would
+    stop /dev/bcache0: ...") or as a plan step, never as done."""
+
+    command: str
+    lines: tuple[str, ...]
+
+
+def not_confirmed(plan: Plan, why: str = "not confirmed", hint: str | None = None
+                  ) -> UnsafeError:
+    """The refusal of a change nobody confirmed (exit 3, refused as unsafe)."""
+    return UnsafeError(f"{plan.command}: {why}; nothing was changed", hint=hint)
 
 
 @dataclass
@@ -37,6 +54,11 @@ class Control:
     prompt: Callable[[str], bool] | None = None
     # free-text step reports (replace-ssd's step log); default: to progress
     say: Callable[[str], None] | None = None
+    # the question before a change that can lose data or disrupt a VM (remove, detach, a
+    # mode that drops the cache, stop-set, force-run, create over a signature): shown the
+    # plan, True to go ahead; False refuses (exit 3, nothing changed). None: no question
+    # here (the TUI asked in its own dialog before it called; the CLI with --yes)
+    confirm: Callable[[Plan], bool] | None = None
 
     def check(self) -> None:
         if self.cancel.is_set():
@@ -50,6 +72,21 @@ class Control:
     def note(self, line: str) -> None:
         self.check()
         (self.say or self.progress)(line)
+
+    @property
+    def asks(self) -> bool:
+        """Whether :meth:`ask` puts a question (the plan is worth computing)."""
+        return self.confirm is not None
+
+    def ask(self, plan: Plan) -> bool:
+        """Ask the face to confirm ``plan``; raises :func:`not_confirmed` when it says no.
+        True when a question was put and answered yes (the command reads its device again
+        before it acts: the answer may have taken a while), False when there is none."""
+        if self.confirm is None:
+            return False
+        if not self.confirm(plan):
+            raise not_confirmed(plan)
+        return True
 
 
 @dataclass

@@ -150,11 +150,11 @@ FREE_CSET = "3a85497b-f234-4651-a39a-c547edabc679"  # bcache-unattached's (nothi
 
 
 @pytest.mark.parametrize("capture,argv,says", [
-    ("bcache-writeback-dirty", ("mode", "/dev/bcache0", "none"),
+    ("bcache-writeback-dirty", ("mode", "/dev/bcache0", "none", "--yes"),
      "/dev/bcache0: cache_mode writeback -> none"),
     ("bcache-writeback-dirty", ("mode", "/dev/bcache0", "writearound"),
      "/dev/bcache0: cache_mode writeback -> writearound"),
-    ("bcache-writeback-dirty", ("detach", "/dev/bcache0"),
+    ("bcache-writeback-dirty", ("detach", "/dev/bcache0", "--yes"),
      f"/dev/bcache0: detached from cache set {DIRTY_CSET}"),
     ("bcache-unattached", ("attach", "/dev/bcache0", FREE_CSET),
      f"/dev/bcache0: attached to cache set {FREE_CSET}"),

@@ -82,6 +82,15 @@ def size_words(x: Size, unit: str = "") -> str:
     return f"{human(x.low)}{unit} to {human(x.high)}{unit}, as bcache rounds it"
 
 
+def dirty_words(n: int | None) -> str:
+    """A device's dirty data in a sentence: "its 1.2 MiB of dirty data", "its dirty data
+    (none now)", or "its dirty data (how much is not known)" when the kernel's figure
+    cannot be trusted."""
+    if n is None:
+        return "its dirty data (how much is not known)"
+    return "its dirty data (none now)" if n == 0 else f"its {human(n)} of dirty data"
+
+
 @dataclass(frozen=True)
 class Asked:
     """A confirmation a face shows before an action: its body, its buttons (id, label,
@@ -371,6 +380,22 @@ class Kind:
     def detach_words(self, target: str, dirty: str) -> Asked | None:
         """The detach's confirmation (None: it has no detach)."""
         return None
+
+    def preflight(self, sysfs: Sysfs, action: str, *, mode: CacheMode | None = None,
+                  drain: bool = False, keep_device: bool = False) -> None:
+        """Raise now, changing nothing, the refusals its backend would raise when it starts
+        ``action`` as the device stands (a face's question comes after them); the backend
+        raises them again when it acts. Default: none known."""
+
+    def would(self, action: str, *, keep_device: bool = False) -> list[str]:
+        """What ``action`` (detach, remove) would do to it, before it is done: the plan a
+        face shows with its question (the CLI's: docs/cli.md, "Confirmations"), each line in
+        the conditional. ``keep_device``: remove --keep-device."""
+        dirty = dirty_words(self.dirty_bytes)
+        if action == "detach":
+            return [f"would write {dirty} back, then detach the cache from {self.node}, "
+                    "which runs on uncached"]
+        return [f"would write {dirty} back, then remove the {self.title} {self.node}"]
 
     def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
         """The removal's confirmation (None: it has no removal); a "keep" button keeps the
