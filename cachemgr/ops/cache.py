@@ -31,7 +31,7 @@ from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.scancache import ScanCache as ScanCache
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
-from cachemgr.core import checks
+from cachemgr.core import checks, state
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -144,14 +144,24 @@ UNCACHED = (CacheMode.NONE, CacheMode.PASSTHROUGH)
 
 def _checked(subject: gate_mod.Subject, action: str, *,
              takes_over: Callable[[Owner], bool] | None = None) -> None:
-    """The gate's refusals, before the question: what the kind cannot do, a run holding a
-    lock, an interrupted procedure owning one (gate.check)."""
+    """The gate's refusals, before the question, in its order and words, taking no lock:
+    what the kind cannot do; a run holding one of the locks (as root: the gate takes none
+    for another user, whose command is refused for want of root); an interrupted procedure
+    owning one."""
     cap = action.split()[0]
     if subject.kind is not None and cap in kinds.ACTIONS:
         err = subject.kind.refusal(cap)
         if err is not None:
             raise err
-    gate_mod.check(subject, takes_over=takes_over)
+    if os.geteuid() != 0:
+        return
+    for key, words in sorted(subject.locks):
+        holder = state.current_holder(key)
+        if holder is not None:
+            raise state.BusyError(words, holder)
+    for o in gate_mod.claims(subject):
+        if not (takes_over and takes_over(o)):
+            raise gate_mod.refusal(subject, o)
 
 
 def _ask(ctl: Control, sysfs: Sysfs, snap: Snapshot | None, command: str,

@@ -25,7 +25,7 @@ from cachemgr.cli.main import build_parser
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from tests.unit.guards import held_elsewhere, mutations_refused
-from tests.unit.test_parity import lock_key
+from tests.unit.test_parity import lock_key, plant
 from tests.unit.test_state_files import cli
 from tests.unit.tui_helpers import FIXTURES, copy_capture, kernel_writes
 
@@ -234,14 +234,40 @@ def test_what_it_can_check_without_acting_comes_before_the_question(
     assert writes == [] and commands == []
 
 
+@pytest.mark.parametrize("lock,holder,says", [
+    ("/dev/bcache0", "{}", "another cachemgr run is acting on /dev/bcache0"),
+    (f"cset:{DIRTY_CSET}", '{"procedure": "replace-ssd", "run": "r1", "step": "drain"}',
+     f"cache set {DIRTY_CSET} is held by replace-ssd run r1"),
+])
+@pytest.mark.parametrize("argv", [("remove", "/dev/bcache0"), ("detach", "/dev/bcache0"),
+                                  ("mode", "/dev/bcache0", "none"),
+                                  ("stop-set", DIRTY_CSET, "--i-accept-data-loss")])
 def test_a_run_holding_the_device_is_refused_before_the_question(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> None:
+        lock: str, holder: str, says: str, argv: tuple[str, ...], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> None:
+    """In the gate's words: the lock it would meet first (the keys' order), its holder."""
     root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    writes = kernel_writes(monkeypatch)
     monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
-    with held_elsewhere(lock_key(root, "/dev/bcache0"), state_dir):
-        rc, _, err = cli(root, ["remove", "/dev/bcache0"])
-    assert rc == 3 and "another cachemgr run is acting on /dev/bcache0" in err, err
-    assert "Go ahead" not in err
+    with held_elsewhere(lock_key(root, lock), state_dir, holder):
+        rc, _, err = cli(root, argv)
+    assert rc == 3 and says in err, err
+    assert "Go ahead" not in err and writes == []
+
+
+def test_an_interrupted_procedure_is_refused_before_the_question(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    writes = kernel_writes(monkeypatch)
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    plant(root, "drain:/dev/bcache0")
+    rc, _, err = cli(root, ["remove", "/dev/bcache0"])
+    assert rc == 3 and "owned by drain" in err and "--resume" in err, err
+    assert "Go ahead" not in err and writes == []
+    # a drain takes an interrupted drain over: mode --drain is asked (here: no), not refused
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    rc, _, err = cli(root, ["mode", "/dev/bcache0", "none", "--drain"])
+    assert rc == 3 and "Go ahead" in err and "owned by" not in err, err
 
 
 def test_not_root_is_told_so_without_a_question(tmp_path: Path,
