@@ -28,10 +28,10 @@ YES_HELP = "confirm without asking (needed when stdin is not a terminal: docs/cl
            "\"Confirmations\")"
 
 # what the commands' --help and docs/cli.md say of the rule (the main parser's epilog)
-RULE = ("Confirmations: remove, detach, stop-set, force-run, mode to none or passthrough, "
-        "create --force over a signature, vm-cache and replace-ssd show what they would do "
-        "and ask on a terminal (Go ahead? [y/N]); without a terminal they refuse (exit 3, "
-        "nothing changed) unless given --yes.")
+RULE = ("Confirmations: remove, detach, stop-set, force-run, vm-cache, replace-ssd, a mode "
+        "that caches nothing (none, passthrough) and create --force over a signature show "
+        "what they would do and ask on a terminal (Go ahead? [y/N]); without a terminal "
+        "they refuse (exit 3, nothing changed) unless given --yes.")
 
 
 def add_yes(p: argparse.ArgumentParser) -> None:
