@@ -24,8 +24,8 @@ from collections.abc import Callable
 from cachemgr.core.text import printable
 from cachemgr.ops.control import Plan, not_confirmed
 
-YES_HELP = "confirm without asking (needed when stdin is not a terminal: docs/cli.md, " \
-           "\"Confirmations\")"
+YES_HELP = ('confirm without asking (needed when stdin is not a terminal: '
+            'docs/cli.md, "Confirmations")')
 
 # what the commands' --help and docs/cli.md say of the rule (the main parser's epilog)
 RULE = ("Confirmations: remove, detach, stop-set, force-run, vm-cache, replace-ssd, a mode "

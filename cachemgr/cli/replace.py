@@ -70,8 +70,8 @@ def register(sub: Any) -> None:
                    help="do not wipe the old SSD's bcache signature")
     s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     s.add_argument("-y", "--yes", action="store_true",
-                   help="confirm without asking (needed when stdin is not a terminal: "
-                        "docs/cli.md, \"Confirmations\"); no operator prompts either")
+                   help='confirm without asking, and no operator prompts (needed when '
+                        'stdin is not a terminal: docs/cli.md, "Confirmations")')
     s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
     s.add_argument("--rollback", metavar="ID",
                    help="undo an interrupted run that has not passed its point of no return ("
