@@ -395,7 +395,8 @@ def set_mode(sysfs: Sysfs, backing: BcacheBacking, mode: CacheMode) -> Change:
     now, _ = parse_bracketed(sysfs.read(f"{rel}/cache_mode"))
     if now != mode.value:
         raise CacheMgrError(f"{name}: wrote cache_mode {mode.value} but the kernel reports {now}")
-    return Change(backing.device or name, "cache_mode", str(backing.mode), now)
+    return Change(backing.device or name, "cache_mode",
+                  backing.mode.value if backing.mode else None, now)
 
 
 def register(sysfs: Sysfs, node: str) -> Change:
@@ -734,17 +735,9 @@ def stop_backing(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 30) -
     Refused while the bcache device is in use (holders such as dm or md on top, a mount) or
     while it holds dirty data in its cache (detach first, which flushes).
     """
-    if backing.state == CacheState.DIRTY or (
-        backing.dirty is not None and not backing.dirty.is_zero(512)
-    ):
-        raise UnsafeError(f"{_dev(backing)} has dirty data in its cache",
-                          hint=f"detach it first (flushes): cachemgr detach {_dev(backing)}")
-    if backing.device_name:
-        holders = sysfs.listdir(f"block/{backing.device_name}/holders")
-        if holders:
-            raise UnsafeError(f"{backing.device} is in use by {', '.join(holders)}")
-        if _mounted(backing.device or ""):
-            raise UnsafeError(f"{backing.device} is mounted")
+    err = stop_refusal(sysfs, backing)
+    if err is not None:
+        raise err
     rel = backing_rel(sysfs, backing.identity.name)
     sysfs.write(f"{rel}/stop", "1")
     name = backing.identity.name
@@ -752,6 +745,22 @@ def stop_backing(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 30) -
                     timeout):
         raise TimeoutExpired(f"{_dev(backing)} is still registered {timeout:g} s after stop")
     return Change(_dev(backing), "stop", "running", None)
+
+
+def stop_refusal(sysfs: Sysfs, backing: BcacheBacking) -> UnsafeError | None:
+    """Why :func:`stop_backing` refuses ``backing`` as it is (None: it does not)."""
+    if backing.state == CacheState.DIRTY or (
+        backing.dirty is not None and not backing.dirty.is_zero(512)
+    ):
+        return UnsafeError(f"{_dev(backing)} has dirty data in its cache",
+                           hint=f"detach it first (flushes): cachemgr detach {_dev(backing)}")
+    if backing.device_name:
+        holders = sysfs.listdir(f"block/{backing.device_name}/holders")
+        if holders:
+            return UnsafeError(f"{backing.device} is in use by {', '.join(holders)}")
+        if _mounted(backing.device or ""):
+            return UnsafeError(f"{backing.device} is mounted")
+    return None
 
 
 def _mounted(node: str) -> bool:

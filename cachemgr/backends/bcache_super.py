@@ -34,8 +34,14 @@ log = logging.getLogger(__name__)
 _BRACKET = re.compile(r"\[([^\]]+)\]")
 
 
+# the cset.uuid of a backing device attached to no cache set: bcache's "no cache set"
+NO_CACHE_SET = "00000000-0000-0000-0000-000000000000"
+
+
 def parse_super_show(text: str) -> dict[str, str]:
-    """``key -> value`` of bcache-super-show's output; bracketed words replace codes."""
+    """``key -> value`` of bcache-super-show's output; bracketed words replace codes. A
+    ``cset.uuid`` of all zeros (a backing device detached from its set, or never attached)
+    means no cache set: it is left out, as for a superblock that names none."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -46,6 +52,8 @@ def parse_super_show(text: str) -> dict[str, str]:
         key, value = parts[0], parts[1].strip()
         m = _BRACKET.search(value)
         out[key] = m.group(1) if m and key != "sb.first_sector" else value
+    if out.get("cset.uuid", "").lower() == NO_CACHE_SET:
+        del out["cset.uuid"]
     return out
 
 

@@ -13,11 +13,13 @@ import time
 from typing import Any
 
 from cachemgr.cli import args as argtypes
+from cachemgr.cli.confirm import add_yes, confirmer
 from cachemgr.cli.render import emit, with_progress
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.control import Control
 from cachemgr.ops.render import status_table
 
 
@@ -90,12 +92,12 @@ def cmd_create(args: argparse.Namespace) -> int:
         return emit(args, cache_ops.create_dmcache(
             _sysfs(args), name=args.name, origin=args.origin, cache=args.cache,
             metadata=args.metadata, mode=args.mode, block_size=args.block_size,
-            force=args.force))
+            force=args.force, ctl=_asking(args)))
     if args.name or args.origin or args.metadata or args.block_size:
         raise UsageError("NAME, --origin, --metadata and --block-size are for create dm-cache")
     return emit(args, cache_ops.create_bcache(
         _sysfs(args), backings=args.backing or [], cache=args.cache, mode=args.mode,
-        bucket=args.bucket, force=args.force))
+        bucket=args.bucket, force=args.force, ctl=_asking(args)))
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
@@ -109,9 +111,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return emit(args, cache_ops.tune(_sysfs(args), args.target, args.settings))
 
 
+def _asking(args: argparse.Namespace) -> Control:
+    """The Control of a short command that may ask first (docs/cli.md, "Confirmations")."""
+    return Control(what=args.cmd, confirm=confirmer(args))
+
+
 def cmd_force_run(args: argparse.Namespace) -> int:
     return emit(args, cache_ops.force_run(_sysfs(args), args.backing,
-                                          accept_data_loss=args.i_accept_data_loss))
+                                          accept_data_loss=args.i_accept_data_loss,
+                                          ctl=_asking(args)))
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -120,7 +128,8 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 def cmd_stop_set(args: argparse.Namespace) -> int:
     return emit(args, cache_ops.stop_set(_sysfs(args), args.cache,
-                                         accept_data_loss=args.i_accept_data_loss))
+                                         accept_data_loss=args.i_accept_data_loss,
+                                         ctl=_asking(args)))
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
@@ -152,6 +161,7 @@ def register(sub: Any) -> None:
     s.add_argument("--drain", action="store_true", help="then drain until clean")
     s.add_argument("--timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
     s.add_argument("--stall-timeout", type=argtypes.seconds, default=60.0, metavar="S")
+    add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
 
@@ -180,6 +190,7 @@ def register(sub: Any) -> None:
     s = sub.add_parser("detach", help="detach a backing device (flushes dirty data first)")
     s.add_argument("backing", metavar="BACKING")
     s.add_argument("--timeout", type=argtypes.seconds, default=3600.0, metavar="S")
+    add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_detach)
 
@@ -197,7 +208,8 @@ def register(sub: Any) -> None:
     s.add_argument("--mode", metavar="MODE")
     s.add_argument("--bucket", metavar="SIZE", help="bucket size, e.g. 128k for small SSDs")
     s.add_argument("--force", action="store_true",
-                   help="format even over an existing signature (wipes it)")
+                   help="format even over an existing signature (wipes it; asks first)")
+    add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_create)
 
@@ -209,6 +221,7 @@ def register(sub: Any) -> None:
     s.add_argument("--keep-device", action="store_true",
                    help="dm-cache: keep the device (as a linear mapping of the origin) so "
                         "that its users keep running")
+    add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_remove)
 
@@ -227,13 +240,17 @@ def register(sub: Any) -> None:
 
     s = sub.add_parser("force-run", help="start a backing device without its cache (DANGER)")
     s.add_argument("backing", metavar="BACKING")
-    s.add_argument("--i-accept-data-loss", action="store_true")
+    s.add_argument("--i-accept-data-loss", action="store_true",
+                   help="needed: what the missing cache held dirty is lost")
+    add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_force_run)
 
     s = sub.add_parser("stop-set", help="stop a cache set without flushing (DANGER)")
     s.add_argument("cache", metavar="CACHE")
-    s.add_argument("--i-accept-data-loss", action="store_true")
+    s.add_argument("--i-accept-data-loss", action="store_true",
+                   help="needed: the dirty data stays on the SSD, unwritten")
+    add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_stop_set)
 

@@ -23,6 +23,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from cachemgr.cli import confirm
 from cachemgr.cli.completion import KINDS as COMPLETE_KINDS
 from cachemgr.cli.completion import CompleteAction
 from cachemgr.core.errors import CacheMgrError
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 done, 1 failed, 2 bad usage/input, 3 refused as unsafe, "
                "4 already so, 5 timed out; stopped by a signal: 130 SIGINT (Ctrl-C), "
                "143 SIGTERM, 129 SIGHUP (what a drain or flush changed is put back); "
-               "141 stdout closed early (a pipe's reader left).",
+               "141 stdout closed early (a pipe's reader left). " + confirm.RULE,
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log on stderr")
     p.add_argument("--version", action="version", version=f"cachemgr {version()}",

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from cachemgr.cli import confirm
 from cachemgr.core.text import printable
 from cachemgr.ops import trail
 from cachemgr.ops.control import Control, Result, progress_line
@@ -66,10 +67,13 @@ class ProgressReporter:
 
 def with_progress(args: argparse.Namespace, what: str,
                   fn: Callable[[Control], Result]) -> int:
-    """Run a long command with progress on stderr (none with --json) and print its result."""
+    """Run a long command with progress on stderr (none with --json) and print its result.
+    A command that asks first (``args.yes`` exists) gets the CLI's question
+    (cachemgr/cli/confirm.py)."""
     rep = ProgressReporter(quiet=getattr(args, "json", False))
     try:
-        res = fn(Control(progress=rep, what=what))
+        res = fn(Control(progress=rep, what=what, confirm=confirm.confirmer(args)
+                         if hasattr(args, "yes") else None))
     finally:
         rep.done()
     return emit(args, res)

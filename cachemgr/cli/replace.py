@@ -7,13 +7,13 @@ import sys
 from typing import Any
 
 from cachemgr.cli import args as argtypes
+from cachemgr.cli import confirm
 from cachemgr.cli.render import emit
 from cachemgr.core.errors import UsageError
-from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.core.text import printable
 from cachemgr.ops import replace as ops
-from cachemgr.ops.control import Control
+from cachemgr.ops.control import Control, Plan
 
 
 def _say(msg: str) -> None:
@@ -48,12 +48,9 @@ def cmd_replace(args: argparse.Namespace) -> int:
     if args.dry_run:
         return emit(args, ops.dry_run(sysfs, args.cache, opts))
     j = ops.plan(sysfs, args.cache, opts, for_run=True)
-    if not args.yes and sys.stdin.isatty():
-        print(printable("\n".join(ops.plan_lines(sysfs, j)), newlines=True), file=sys.stderr)
-        ans = input("Go ahead? [y/N] ").strip().lower()
-        if ans not in ("y", "yes"):
-            print("replace-ssd: nothing done", file=sys.stderr)
-            return ExitCode.UNSAFE
+    if not args.yes:  # the plan, then the question (docs/cli.md, "Confirmations")
+        confirm.require(args, Plan(f"replace-ssd {args.cache}",
+                                   tuple(ops.plan_lines(sysfs, j))))
     _say(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
     return emit(args, ops.run(sysfs, j, ctl=ctl))
 
@@ -72,7 +69,9 @@ def register(sub: Any) -> None:
     s.add_argument("--keep-old-signature", action="store_true",
                    help="do not wipe the old SSD's bcache signature")
     s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    s.add_argument("--yes", action="store_true", help="no confirmation, no operator prompts")
+    s.add_argument("-y", "--yes", action="store_true",
+                   help='confirm without asking, and no operator prompts (needed when '
+                        'stdin is not a terminal: docs/cli.md, "Confirmations")')
     s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
     s.add_argument("--rollback", metavar="ID",
                    help="undo an interrupted run that has not passed its point of no return ("

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
 from cachemgr.cli import args as argtypes
+from cachemgr.cli import confirm
 from cachemgr.cli.render import emit
-from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.model import VM_CACHE_MODES
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.core.text import printable
 from cachemgr.ops import vms as ops
+from cachemgr.ops.control import Plan
 
 
 def cmd_vms(args: argparse.Namespace) -> int:
@@ -38,16 +38,8 @@ def cmd_vms(args: argparse.Namespace) -> int:
 def cmd_vm_cache(args: argparse.Namespace) -> int:
     plan = ops.plan_cache(Sysfs(args.sysfs_root), args.domain, args.disk, args.mode,
                           uri=args.connect, next_boot=args.next_boot)
-    text = "\n".join(ops.describe_cache(plan))
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(printable(text, newlines=True), file=sys.stderr)
-            print("vm-cache: not confirmed (no terminal); pass --yes", file=sys.stderr)
-            return ExitCode.UNSAFE
-        print(printable(text, newlines=True), file=sys.stderr)
-        if input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("vm-cache: nothing done", file=sys.stderr)
-            return ExitCode.UNSAFE
+    confirm.require(args, Plan(f"vm-cache {args.domain} {args.disk} {args.mode}",
+                               tuple(ops.describe_cache(plan))))
     return emit(args, ops.vm_cache(plan))
 
 
@@ -68,7 +60,7 @@ def register(sub: Any) -> None:
                    help="|".join(VM_CACHE_MODES))
     s.add_argument("--next-boot", action="store_true",
                    help="change a running domain's definition; it applies at its next boot")
-    s.add_argument("--yes", action="store_true", help="no confirmation")
+    confirm.add_yes(s)
     s.add_argument("--connect", metavar="URI", help="libvirt connection (default qemu:///system)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
     s.set_defaults(func=cmd_vm_cache)

@@ -5,28 +5,33 @@ CLI) only parse, call and render.
 Each command takes the target as an admin types it and its options, and does every check
 itself, in this order: the words (mode names, option combinations: usage errors, exit 2), the
 target (resolved on a fresh snapshot: exit 2 when it names nothing), root (exit 2), the
-per-object lock (exit 3 while another run acts on it), the safety refusals (exit 3), then the
-change. "Already so" is :class:`~cachemgr.core.errors.AlreadyError` (exit 4) or ``Result.already``.
-Progress goes to ``ctl.report`` (which also raises ``Cancelled`` when the operator cancels).
+per-object lock (exit 3 while another run acts on it), the safety refusals (exit 3), the
+face's question where the change can lose data or disrupt a VM (``ctl.confirm``: see
+"questions" below), then the change. "Already so" is
+:class:`~cachemgr.core.errors.AlreadyError` (exit 4) or ``Result.already``. Progress goes to
+``ctl.report`` (which also raises ``Cancelled`` when the operator cancels).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from cachemgr.backends import bcache, dmcache, smart
+from cachemgr.backends import bcache, dmcache, signatures, smart
 from cachemgr.backends import snapshot as snapshot_mod
+from cachemgr.backends import vms as vms_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
+from cachemgr.backends.dmcache import build as dm_build
 from cachemgr.backends.dmcache import discover as dm_discover
 from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.scancache import ScanCache as ScanCache
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
-from cachemgr.core import checks
+from cachemgr.core import checks, state
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -41,12 +46,15 @@ from cachemgr.core.model import (
     Snapshot,
     UnassembledDmCache,
     UnregisteredBcache,
+    human,
 )
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
-from cachemgr.ops.control import Control, Result
+from cachemgr.ops.control import Control, Plan, Result
 from cachemgr.procedures import kinds, owners, protect
+from cachemgr.procedures.kinds.base import dirty_words
+from cachemgr.procedures.kinds.base import size_words as size_words
 
 DRAIN_TIMEOUT = 24 * 3600.0
 DETACH_TIMEOUT = 3600.0
@@ -121,6 +129,77 @@ def _root(dev: kinds.Kind, doing: str) -> None:
         require_root(doing)
 
 
+# ----------------------------------------------------------------------------- questions
+# The commands that can lose data or disrupt a VM ask before they change anything (docs/
+# cli.md, "Confirmations"): the face's question is ``ctl.confirm`` (the CLI's prompt; the TUI
+# asks in its own dialog and passes none). It is put after every check the command can make
+# without acting (the words, the target, root, what the kind can do, the locks and the
+# journals: the same refusals, exit 3, as before), and before the first change; a refusal the
+# command only meets while acting (a backend's: dirty data on a device it would stop) comes
+# after it. After an answer the device is read again: the question may have waited.
+
+# the modes in which a device no longer caches: its VMs run at the speed of the disk under it
+UNCACHED = (CacheMode.NONE, CacheMode.PASSTHROUGH)
+
+
+def _checked(subject: gate_mod.Subject, action: str, *,
+             takes_over: Callable[[Owner], bool] | None = None) -> None:
+    """The gate's refusals, before the question, in its order and words, taking no lock:
+    what the kind cannot do; a run holding one of the locks (as root: the gate takes none
+    for another user, whose command is refused for want of root); an interrupted procedure
+    owning one."""
+    cap = action.split()[0]
+    if subject.kind is not None and cap in kinds.ACTIONS:
+        err = subject.kind.refusal(cap)
+        if err is not None:
+            raise err
+    if os.geteuid() != 0:
+        return
+    for key, words in sorted(subject.locks):
+        holder = state.current_holder(key)
+        if holder is not None:
+            raise state.BusyError(words, holder)
+    for o in gate_mod.claims(subject):
+        if not (takes_over and takes_over(o)):
+            raise gate_mod.refusal(subject, o)
+
+
+def _ask(ctl: Control, sysfs: Sysfs, snap: Snapshot | None, command: str,
+         lines: Sequence[str], vm_nodes: Sequence[str | None] = ()) -> bool:
+    """Put the question (``ctl.ask``) with the plan ``lines`` and the VMs that use
+    ``vm_nodes``. No question without a face that asks, nor for a user who is not root: the
+    command changes nothing then, and its own refusal says why. True when it was answered
+    yes (read the device again)."""
+    if not ctl.asks or os.geteuid() != 0:
+        return False
+    vms = vm_lines(sysfs, snap, vm_nodes) if snap is not None else []
+    return ctl.ask(Plan(command, (*lines, *vms)))
+
+
+def vm_lines(sysfs: Sysfs, snap: Snapshot, nodes: Sequence[str | None]) -> list[str]:
+    """The libvirt domains whose disks are on ``nodes``, for a plan: "/dev/bcache0 is a disk
+    of VM vm1 (vda, running)"; or that it is not known (libvirt not reachable)."""
+    wanted = [n for n in nodes if n]
+    if not wanted:
+        return []
+    scan = vms_mod.scan(sysfs, snap)
+    out = []
+    for node in wanted:
+        served = vms_mod.serving(scan, node)
+        if served:
+            out.append(f"{node} is a disk of " + ", ".join(
+                f"VM {v.name} ({d.target}, {v.state})" for v, d in served))
+    if not scan.vms and scan.warnings:
+        out.append(f"whether a VM uses {', '.join(wanted)} is not known ({scan.warnings[0]})")
+    return out
+
+
+def _again(sysfs: Sysfs, target: str, *, caches: bool = False) -> tuple[Snapshot, kinds.Kind]:
+    """The target read again after the question (it may have waited a while)."""
+    snap = status(sysfs, probe_unregistered=False)
+    return snap, kinds.resolve(snap, target, sysfs, caches=caches)
+
+
 # ----------------------------------------------------------------------------- mode / drain
 
 
@@ -144,6 +223,12 @@ def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
     snap = status(sysfs, probe_unregistered=False)
     dev = kinds.resolve(snap, target, sysfs)
     _root(dev, "changing a cache mode")
+    if ctl.asks and new in UNCACHED and new in dev.modes and dev.mode != new:
+        _checked(gate_mod.of_kind(dev), "mode", takes_over=DRAINS if drain else None)
+        dev.preflight(sysfs, "mode", mode=new, drain=drain)
+        if _ask(ctl, sysfs, snap, f"mode {target} {new.value}" + (" --drain" if drain else ""),
+                mode_plan(dev, new, drain=drain), [dev.vm_node]):
+            snap, dev = _again(sysfs, target)
     with gate_mod.gate(gate_mod.of_kind(dev), "mode --drain" if drain else "mode",
                        takes_over=DRAINS if drain else None, detail={"to": new.value}):
         sw = dev.switch_mode(sysfs, new, drain=drain, timeout=timeout,
@@ -151,6 +236,22 @@ def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
         if sw.as_drain:
             return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=False)
         return Result(changes=sw.changes, notes=sw.notes)
+
+
+def mode_plan(dev: kinds.Kind, new: CacheMode, *, drain: bool = False) -> list[str]:
+    """What ``mode`` to ``new`` would do to ``dev``, for the question before it."""
+    cur = dev.mode.value if dev.mode else "an unknown mode"
+    dirty = dev.dirty_bytes
+    out = []
+    if dev.mode != new:
+        out.append(f"would switch {dev.node} from {cur} to {new.value}: it then caches "
+                   "nothing, and every read and write goes to the disk under it")
+    if drain:
+        out.append(f"would write {dirty_words(dirty)} back now (a drain, with progress)")
+    elif dirty != 0:
+        out.append(f"{dev.node}: {dirty_words(dirty)} stays on the cache and keeps being "
+                   "written back (mode --drain writes it back now)")
+    return out
 
 
 def _drained(sysfs: Sysfs, dev: kinds.Kind, ctl: Control, timeout: float,
@@ -240,6 +341,10 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
     snap = status(sysfs, probe_unregistered=False)
     dev = kinds.resolve(snap, backing, sysfs)
     _root(dev, "detaching")
+    if ctl.asks and dev.can("detach"):
+        _checked(gate_mod.of_kind(dev), "detach")
+        if _ask(ctl, sysfs, snap, f"detach {backing}", dev.would("detach"), [dev.vm_node]):
+            snap, dev = _again(sysfs, backing)
     with gate_mod.gate(gate_mod.of_kind(dev), "detach"):
         return Result(changes=dev.detach(sysfs, timeout=timeout, stall_timeout=STALL_TIMEOUT,
                                          progress=ctl.report))
@@ -326,12 +431,36 @@ def _wait_registered(sysfs: Sysfs, name: str) -> None:
 # ----------------------------------------------------------------------------- create/remove
 
 
+def _signatures(nodes: Sequence[str]) -> dict[str, str]:
+    """The on-disk signatures (wipefs) of the devices of ``nodes`` that exist: what a
+    ``--force`` would wipe."""
+    out = {}
+    for n in nodes:
+        if n and os.path.exists(n):
+            sig = ", ".join(signatures.found(n))
+            if sig:
+                out[n] = sig
+    return out
+
+
 def create_bcache(sysfs: Sysfs, *, backings: Sequence[str], cache: str | None,
                   mode: str | None = None, bucket: str | None = None,
-                  force: bool = False) -> Result:
-    """make-bcache, register, attach (and the mode)."""
+                  force: bool = False, ctl: Control | None = None) -> Result:
+    """make-bcache, register, attach (and the mode). With ``force`` over a device that
+    carries a signature, ``ctl``'s question first (a format over a signature loses what
+    is on it; without ``force`` it is refused)."""
     m = parse_mode(mode, hint="writethrough, writeback, writearound or none") if mode else None
     disks = [*backings, *([cache] if cache else [])]
+    ctl = _ctl(ctl, "create bcache")
+    if force and ctl.asks:
+        sigs = _signatures(disks)
+        if sigs:
+            roles = [*((d, "backing") for d in backings), *([(cache, "cache")] if cache else [])]
+            _checked(gate_mod.of_disks(disks), "create bcache")
+            _ask(ctl, sysfs, None, "create bcache --force", [
+                f"would format {d} as a bcache {role} device"
+                + (f", wiping its {sigs[d]} signature: whatever is on it is lost"
+                   if d in sigs else "") for d, role in roles])
     with gate_mod.gate(gate_mod.of_disks(disks), "create bcache"):
         return Result(changes=bcache.create(sysfs, backings=list(backings),
                                             cache=cache or None, mode=m,
@@ -340,8 +469,10 @@ def create_bcache(sysfs: Sysfs, *, backings: Sequence[str], cache: str | None,
 
 def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata: str,
                    mode: str | None = None, block_size: str | None = None,
-                   force: bool = False) -> Result:
-    """A dm-cache device over ``origin`` (its data kept)."""
+                   force: bool = False, ctl: Control | None = None) -> Result:
+    """A dm-cache device over ``origin`` (its data kept). With ``force`` over a cache or
+    metadata device that carries a signature or dm-cache metadata, ``ctl``'s question
+    first."""
     if not (name and origin and cache and metadata):
         raise UsageError("create dm-cache needs NAME, --origin DEV, --cache DEV and "
                          "--metadata DEV")
@@ -349,6 +480,19 @@ def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata
     block = dmcache.parse_size(block_size) if block_size else None
     subject = gate_mod.of_names(f"/dev/mapper/{name}", [owners.dmcache_key(name),
                                                         owners.cache_key(name)])
+    ctl = _ctl(ctl, f"create dm-cache {name}")
+    if force and ctl.asks:
+        sigs = _signatures([cache, metadata])
+        lines = [f"would overwrite {n} (the {role} device), wiping its {sigs[n]} signature: "
+                 "whatever is on it is lost" for n, role in ((cache, "cache"),
+                                                             (metadata, "metadata"))
+                 if n in sigs]
+        if os.path.exists(metadata) and dm_build.has_cache_metadata(metadata):
+            lines.append(f"would zero the dm-cache metadata on {metadata}: if it belongs to "
+                         "another cache, that cache's dirty blocks are lost")
+        if lines:
+            _checked(subject + gate_mod.of_disks([origin, cache, metadata]), "create")
+            _ask(ctl, sysfs, None, f"create dm-cache {name} --force", lines)
     with gate_mod.gate(subject + gate_mod.of_disks([origin, cache, metadata]),
                        "create dm-cache"):
         out = Result(changes=dmcache.create(sysfs, name, origin=origin, cache=cache,
@@ -391,7 +535,20 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     dev = kinds.resolve(snap, target, sysfs, caches=True)
     _root(dev, "removing")
     if not dev.cached_device:  # a cache set: its own refusals (remove_cache_set)
+        # no question while devices are attached to it: that is refused as it stands
+        if ctl.asks and not getattr(dev.obj, "backing_names", ()):
+            _checked(gate_mod.of_cache_set(dev.obj, snap), "remove")
+            if os.geteuid() == 0:
+                _cache_set_refusals(sysfs, dev.obj)
+            if _ask(ctl, sysfs, snap, f"remove {target}", dev.would("remove")):
+                snap, dev = _again(sysfs, target, caches=True)
         return remove_cache_set(sysfs, dev.obj, snap)
+    if ctl.asks:
+        _checked(gate_mod.of_kind(dev), "remove")
+        dev.preflight(sysfs, "remove", keep_device=keep_device)
+        if _ask(ctl, sysfs, snap, f"remove {target}" + (" --keep-device" if keep_device else ""),
+                dev.would("remove", keep_device=keep_device), [dev.vm_node]):
+            snap, dev = _again(sysfs, target, caches=True)
     with gate_mod.gate(gate_mod.of_kind(dev), "remove"):
         out = Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
                                         stall_timeout=stall_timeout, progress=ctl.report))
@@ -408,12 +565,20 @@ def remove_cache_set(sysfs: Sysfs, c: CacheSet, snap: Snapshot | None = None) ->
     backing device that bcache stopped still has its dirty data on this SSD (it is no longer
     listed in the set; only its superblock says so)."""
     with gate_mod.gate(gate_mod.of_cache_set(c, snap), "remove"):
-        full = status(sysfs, probe_unregistered=True)
-        refuse_orphaned_dirt(full, c.uuid, doing="unregistering the cache set",
-                             then="run remove again")
-        refuse_unreadable(sysfs, c.uuid, "unregistering the cache set")
+        full = _cache_set_refusals(sysfs, c)
         cur = full.cache_set(c.uuid) or c
         return Result(changes=[bcache.unregister_cache_set(sysfs, cur, full.backings)])
+
+
+def _cache_set_refusals(sysfs: Sysfs, c: CacheSet) -> Snapshot:
+    """The refusals of unregistering ``c`` that only the superblocks tell (a backing device
+    bcache stopped with its dirty data on this SSD, or one that cannot be read); the
+    snapshot that has them (probe_unregistered)."""
+    full = status(sysfs, probe_unregistered=True)
+    refuse_orphaned_dirt(full, c.uuid, doing="unregistering the cache set",
+                         then="run remove again")
+    refuse_unreadable(sysfs, c.uuid, "unregistering the cache set")
+    return full
 
 
 # ----------------------------------------------------------------------------- tune
@@ -436,9 +601,10 @@ def tune(sysfs: Sysfs, target: str, settings: Sequence[str]) -> Result:
 # ----------------------------------------------------------------------------- dangerous
 
 
-def force_run(sysfs: Sysfs, backing: str, *, accept_data_loss: bool = False) -> Result:
+def force_run(sysfs: Sysfs, backing: str, *, accept_data_loss: bool = False,
+              ctl: Control | None = None) -> Result:
     """Start a backing device without its cache: refused unless the caller accepts the
-    data loss in so many words."""
+    data loss in so many words; then ``ctl``'s question."""
     if not accept_data_loss:
         raise UnsafeError(
             "starting a backing device without its cache can corrupt its filesystem when its "
@@ -446,15 +612,29 @@ def force_run(sysfs: Sysfs, backing: str, *, accept_data_loss: bool = False) -> 
             hint="bring the cache back instead; if it is gone for good, repeat with "
                  "--i-accept-data-loss",
         )
-    b = resolve_backing(status(sysfs, probe_unregistered=False), backing, sysfs)
+    snap = status(sysfs, probe_unregistered=False)
+    b = resolve_backing(snap, backing, sysfs)
     require_root("force-run")
+    ctl = _ctl(ctl, f"force-run {backing}")
+    if ctl.asks and not b.running:
+        _checked(gate_mod.of_backing(b), "force-run")
+        node = b.identity.node
+        dirty = b.state.value == "dirty"
+        if _ask(ctl, sysfs, snap, f"force-run {backing}", [
+                f"would start {b.device or node} without its cache: it runs on what {node} "
+                f"holds alone; bcache says {b.state.value}"
+                + (": what its cache held dirty is lost, and the filesystem on it can be "
+                   "corrupt" if dirty else "")], [b.device]):
+            b = resolve_backing(status(sysfs, probe_unregistered=False), backing, sysfs)
     with gate_mod.gate(gate_mod.of_backing(b), "force-run"):
         return Result(changes=[bcache.force_run(sysfs, b,
                                                 bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
 
-def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False) -> Result:
-    """Stop a cache set without flushing: refused unless the data loss is accepted."""
+def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False,
+             ctl: Control | None = None) -> Result:
+    """Stop a cache set without flushing: refused unless the data loss is accepted; then
+    ``ctl``'s question."""
     if not accept_data_loss:
         raise UnsafeError(
             "stopping a cache set stops every backing device on it (the VMs' disks vanish) "
@@ -465,6 +645,25 @@ def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False) -> Res
     snap = status(sysfs, probe_unregistered=False)
     c = resolve_cache_set(snap, cache, sysfs)
     require_root("stop-set")
+    ctl = _ctl(ctl, f"stop-set {cache}")
+    if ctl.asks:
+        _checked(gate_mod.of_cache_set(c, snap), "stop-set")
+        members = [b for b in snap.backings if b.cset_uuid == c.uuid]
+        names = [b.device or b.identity.node for b in members]
+        dirty = [b.dirty_bytes for b in members]
+        total = None if None in dirty else sum(d or 0 for d in dirty)
+        ssd = ", ".join(x.identity.node for x in c.caches) or "its SSD"
+        if _ask(ctl, sysfs, snap, f"stop-set {cache}", [
+                f"would stop cache set {c.uuid} without writing its dirty data back",
+                *([f"would stop {', '.join(names)} with it: whatever uses "
+                   + ("them" if len(names) > 1 else "it")
+                   + " (a VM's disk, a mount) loses the disk",
+                   ("the dirty data (how much is not known)" if total is None
+                    else f"{human(total)} of dirty data") + f" would stay on {ssd}, never "
+                   "written to the disks under them"] if names else [])],
+                [b.device for b in members]):
+            snap = status(sysfs, probe_unregistered=False)
+            c = resolve_cache_set(snap, cache, sysfs)
     with gate_mod.gate(gate_mod.of_cache_set(c, snap), "stop-set"):
         return Result(changes=[bcache.stop_cache_set(
             sysfs, c, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemgr.core.change import Change
-from cachemgr.core.errors import Cancelled
+from cachemgr.core.errors import Cancelled, UnsafeError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.model import human
 from cachemgr.ops import trail
@@ -24,6 +24,23 @@ from cachemgr.ops import trail
 
 def _no_progress(_p: object) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A change a command is about to make and has not made: what a face shows before it
+    asks (docs/cli.md, "Confirmations"). ``command``: the command as typed, in words
+    ("remove /dev/bcache0"); ``lines``: what it would do, each in the conditional ("would
+    stop /dev/bcache0: ...") or as a plan step, never as done."""
+
+    command: str
+    lines: tuple[str, ...]
+
+
+def not_confirmed(plan: Plan, why: str = "not confirmed", hint: str | None = None
+                  ) -> UnsafeError:
+    """The refusal of a change nobody confirmed (exit 3, refused as unsafe)."""
+    return UnsafeError(f"{plan.command}: {why}; nothing was changed", hint=hint)
 
 
 @dataclass
@@ -38,6 +55,11 @@ class Control:
     prompt: Callable[[str], bool] | None = None
     # free-text step reports (replace-ssd's step log); default: to progress
     say: Callable[[str], None] | None = None
+    # the question before a change that can lose data or disrupt a VM (remove, detach, a
+    # mode that drops the cache, stop-set, force-run, create over a signature): shown the
+    # plan, True to go ahead; False refuses (exit 3, nothing changed). None: no question
+    # here (the TUI asked in its own dialog before it called; the CLI with --yes)
+    confirm: Callable[[Plan], bool] | None = None
 
     def check(self) -> None:
         if self.cancel.is_set():
@@ -51,6 +73,21 @@ class Control:
     def note(self, line: str) -> None:
         self.check()
         (self.say or self.progress)(line)
+
+    @property
+    def asks(self) -> bool:
+        """Whether :meth:`ask` puts a question (the plan is worth computing)."""
+        return self.confirm is not None
+
+    def ask(self, plan: Plan) -> bool:
+        """Ask the face to confirm ``plan``; raises :func:`not_confirmed` when it says no.
+        True when a question was put and answered yes (the command reads its device again
+        before it acts: the answer may have taken a while), False when there is none."""
+        if self.confirm is None:
+            return False
+        if not self.confirm(plan):
+            raise not_confirmed(plan)
+        return True
 
 
 @dataclass
@@ -90,13 +127,43 @@ class Result:
         return doc
 
 
+# a change that is an act rather than a value that changed, in the words of what was done:
+# (when there was nothing before, when nothing is left); None: not said that way
+ACTS: dict[str, tuple[str | None, str | None]] = {
+    "register": ("{after}", None),
+    "unregister": (None, "unregistered (was {before})"),
+    "stop": (None, "stopped (was {before})"),
+    "format": ("formatted as {after}", None),
+    "create": ("created: {after}", None),
+    "attach": ("attached to cache set {after}", None),
+    "detach": (None, "detached from cache set {before}"),
+    "remove": (None, "removed (was {before})"),
+}
+# what None stands for in a value that changed: an LV's cache (lvm2) is "none" before an
+# attach and after an uncache; anything else None is a value the kernel did not say
+NONE_WORDS = {"cache": "none"}
+
+
+def change_words(c: Change) -> str:
+    """One change after it was made, in words: ``TARGET: what before -> after``, or what was
+    done (``/dev/ubdb: registered``, ``/dev/bcache0: detached from cache set X``). Never
+    Python's ``None``: JSON keeps the null (Result.json)."""
+    if c.before is None and c.after is None:
+        return f"{c.target}: {c.what} done"
+    on_after, on_before = ACTS.get(c.what, (None, None))
+    if c.before is None and on_after is not None:
+        return f"{c.target}: " + on_after.format(after=c.after)
+    if c.after is None and on_before is not None:
+        return f"{c.target}: " + on_before.format(before=c.before)
+    none = NONE_WORDS.get(c.what, "unknown")
+    before = none if c.before is None else c.before
+    after = none if c.after is None else c.after
+    return f"{c.target}: {c.what} {before} -> {after}"
+
+
 def change_lines(changes: list[Change]) -> list[str]:
-    """``TARGET: what before -> after`` (or ``done``), one line per change."""
-    out = []
-    for c in changes:
-        arrow = f"{c.before} -> {c.after}" if c.before or c.after else "done"
-        out.append(f"{c.target}: {c.what} {arrow}")
-    return out
+    """One line per change (:func:`change_words`)."""
+    return [change_words(c) for c in changes]
 
 
 def progress_line(p: object, *, note: bool = True) -> str:

@@ -164,9 +164,11 @@ def plan_cache(sysfs: Sysfs, domain: str, disk: str, mode: str, *, uri: str | No
 
 
 def describe_cache(p: CachePlan) -> list[str]:
-    lines = [f"{p.domain} {p.disk}: cache {p.before} -> {p.after} in the persistent definition"
-             + (" (the domain runs: from its next boot)" if p.running else "")]
-    return lines + [f"! {w}" for w in p.warnings]
+    """The plan of ``vm-cache``, before it is done (the question's text)."""
+    lines = [f"would set the cache mode of {p.domain}'s disk {p.disk} from {p.before} to "
+             f"{p.after} in its persistent definition"
+             + (" (the domain runs: it applies from its next boot)" if p.running else "")]
+    return lines + [f"warning: {w}" for w in p.warnings]
 
 
 def vm_cache(p: CachePlan) -> Result:

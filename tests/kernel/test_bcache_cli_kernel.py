@@ -66,7 +66,7 @@ def test_cli_lifecycle(lab_disks: list[str]) -> None:
 
     # all four modes, each read back; the same mode twice is "already so" (exit 4)
     for mode in ("writethrough", "writearound", "none", "writeback"):
-        r = cm("mode", "/dev/bcache0", mode)
+        r = cm("mode", "/dev/bcache0", mode, "--yes")  # none asks (docs/cli.md)
         assert r.returncode == 0, r.stderr
         assert device(status(), hdd)["mode"] == mode
     r = cm("mode", hdd, "writeback")
@@ -85,7 +85,7 @@ def test_cli_lifecycle(lab_disks: list[str]) -> None:
     assert device(status(), hdd)["cache"] == cset
     r = cm("tune", "/dev/bcache0", "writeback_running=1")
     assert r.returncode == 0
-    r = cm("detach", "/dev/bcache0", "--timeout", "120")
+    r = cm("detach", "/dev/bcache0", "--timeout", "120", "--yes")
     assert r.returncode == 0, r.stderr
     d = device(status(), hdd)
     assert d["state"] == "no cache" and d["cache"] is None and d["dirty_bytes"] == 0
@@ -108,11 +108,11 @@ def test_cli_lifecycle(lab_disks: list[str]) -> None:
 
     # remove: each backing device is detached (flushed) and stopped, then the set goes
     for node in (hdd, hdd2):
-        r = cm("remove", node)
+        r = cm("remove", node, "--yes")
         assert r.returncode == 0, r.stderr
     data = status()
     assert data["devices"] == []
-    r = cm("remove", cset)
+    r = cm("remove", cset, "--yes")
     assert r.returncode == 0, r.stderr
     assert status()["caches"] == []
 
@@ -166,7 +166,7 @@ def test_mode_switches_under_fio_load(lab_disks: list[str]) -> None:
     t.start()
     seen = []
     for mode in ("writethrough", "writearound", "none", "writeback", "writethrough"):
-        r = cm("mode", "/dev/bcache0", mode)
+        r = cm("mode", "/dev/bcache0", mode, "--yes")
         assert r.returncode == 0, r.stderr
         seen.append(device(status(), hdd)["mode"])
     t.join()

@@ -206,7 +206,7 @@ def test_mode_switches_under_load_and_passthrough_refusal(lab_disks: list[str]) 
         time.sleep(1)
         assert dirty() > 0  # writes under load dirty blocks again
         t0 = time.monotonic()
-        rc, out, err = run_cm("mode", "vc", "passthrough", "--drain", "--json")
+        rc, out, err = run_cm("mode", "vc", "passthrough", "--drain", "--json", "--yes")
         took = time.monotonic() - t0
         assert rc == 0, err
         assert json.loads(out)["changes"][0]["after"] == "passthrough"
@@ -224,7 +224,7 @@ def test_mode_switches_under_load_and_passthrough_refusal(lab_disks: list[str]) 
     while dirty() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert dirty() == 0
-    rc, _, err = run_cm("mode", "vc", "passthrough")
+    rc, _, err = run_cm("mode", "vc", "passthrough", "--yes")
     assert rc == 0, err
     assert table().split()[7:9] == ["1", "passthrough"] and not suspended()
     assert run_cm("mode", "vc", "writeback")[0] == 0
@@ -334,10 +334,10 @@ def test_remove_leaves_every_byte_on_the_origin(lab_disks: list[str]) -> None:
     through_cache = sha256("/dev/mapper/vc")
     assert origin_before != through_cache
     t0 = time.monotonic()
-    rc, out, err = run_cm("remove", "vc")
+    rc, out, err = run_cm("remove", "vc", "--yes")
     assert rc == 0, err
     print(f"remove: {time.monotonic() - t0:.1f} s\n{out}")
-    assert "vc: table cache -> linear" in out and "vc: remove linear" in out
+    assert "vc: table cache -> linear" in out and "vc: removed (was linear)" in out
     assert not os.path.exists("/dev/mapper/vc") and "vc" not in dm("ls")
     assert sha256(raw) == through_cache
     # and fio's own check of every block it wrote, on the origin's disk
@@ -350,7 +350,7 @@ def test_remove_leaves_every_byte_on_the_origin(lab_disks: list[str]) -> None:
                         "--cache", ssd, "--metadata", meta)
     assert rc == 3 and "holds dm-cache metadata" in err
     rc, _, err = run_cm("create", "dm-cache", "vc", "--origin", "/dev/mapper/hdd",
-                        "--cache", ssd, "--metadata", meta, "--force")
+                        "--cache", ssd, "--metadata", meta, "--force", "--yes")
     assert rc == 0, err
     assert fields()[6].startswith("0/")  # fresh metadata: no stale mappings
     assert sha256("/dev/mapper/vc") == through_cache
@@ -368,7 +368,7 @@ def test_remove_refused_in_use_then_keep_device(lab_disks: list[str]) -> None:
         assert rc == 3 and "in use" in err and "--keep-device" in err, err
         assert out == "" and table() == before and dirty() > 0
         through_cache = sha256("/dev/mapper/vc")
-        rc, out, err = run_cm("remove", "vc", "--keep-device")
+        rc, out, err = run_cm("remove", "vc", "--keep-device", "--yes")
         assert rc == 0, err
         origin = dm("info", "-c", "--noheadings", "-o", "major,minor", "hdd").split(":")
         assert table().split() == ["0", before.split()[1], "linear",

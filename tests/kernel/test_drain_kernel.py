@@ -75,7 +75,7 @@ def tunables(sysfs: Sysfs) -> tuple[str, str, str]:
 @pytest.mark.kernel(disks="1G,256M", timeout=400)
 def test_drain_under_write_load_restores_tunables(lab_disks: list[str]) -> None:
     sysfs = setup_dirty(lab_disks)
-    assert run_cm("mode", "/dev/bcache0", "none")[0] == 0
+    assert run_cm("mode", "/dev/bcache0", "none", "--yes")[0] == 0
     # VM-like load during the whole drain: QD1 random writes with verification
     load = subprocess.Popen(
         ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",

@@ -112,7 +112,7 @@ def test_an_interrupted_drain_owns_its_device_until_resumed(lab_disks: list[str]
         r = here("drain", "/dev/bcache0", "--resume")
         assert r.returncode == 0, r.stderr
         assert tunables(sysfs) == ("10", "30", "1")
-        r = here("mode", "/dev/bcache0", "none")
+        r = here("mode", "/dev/bcache0", "none", "--yes")
         assert r.returncode == 0, r.stderr
     finally:
         stop_light(reader)

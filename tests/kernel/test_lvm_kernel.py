@@ -185,7 +185,7 @@ def test_lvmcache_mode_switches_under_verify_load(lab_disks: list[str]) -> None:
     trig = "/tmp/stop-modes"
     load = start_load(trig)
     time.sleep(2)
-    r = cm("mode", LV, "passthrough", "--drain")
+    r = cm("mode", LV, "passthrough", "--drain", "--yes")
     assert r.returncode == 0, r.stderr
     got = lvs(LV, "cache_mode,cache_policy")
     assert got == {"cache_mode": "passthrough", "cache_policy": "smq"}, got
@@ -206,7 +206,7 @@ def test_split_attach_uncache_keep_every_byte(lab_disks: list[str]) -> None:
     fill("24M")
     assert dirty_blocks() > 0
     want = sha256(f"/dev/{LV}")
-    r = cm("detach", LV)
+    r = cm("detach", LV, "--yes")
     assert r.returncode == 0, r.stderr
     assert lvs(LV, "segtype")["segtype"] == "linear"
     pool = lvs(f"{VG}/pool", "lv_layout,cache_policy")
@@ -241,7 +241,7 @@ def test_split_attach_uncache_keep_every_byte(lab_disks: list[str]) -> None:
     assert r.returncode == 0, r.stderr
     fill("24M")
     want = sha256(f"/dev/{LV}")
-    r = cm("remove", LV)
+    r = cm("remove", LV, "--yes")
     assert r.returncode == 0, r.stderr
     assert lvs(LV, "segtype")["segtype"] == "linear"
     assert "pool" not in lvm("lvs", "--noheadings", "-o", "lv_name", VG)
@@ -292,7 +292,7 @@ def test_writecache_status_tune_drain_and_split(lab_disks: list[str]) -> None:
     sh(*FIO, "--name=again", f"--filename=/dev/{LV}", "--rw=randwrite", "--io_size=16M",
        "--size=64M", timeout=600)
     want_sum = sha256(f"/dev/{LV}")
-    r = cm("detach", LV)
+    r = cm("detach", LV, "--yes")
     assert r.returncode == 0, r.stderr
     assert lvs(LV, "segtype")["segtype"] == "linear"
     assert sha256(f"/dev/{LV}") == want_sum

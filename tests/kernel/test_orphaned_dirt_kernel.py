@@ -188,13 +188,13 @@ def test_orphaned_dirty_data_refused_by_cli_and_tui_then_recovered(
     b = snapshot.take(sysfs).backings[0]
     assert b.state == CacheState.CLEAN and b.dirty is not None and b.dirty.is_zero(512)
     assert hashlib.sha256(read_direct("/dev/bcache0", OFFSET, LENGTH)).hexdigest() == digest
-    r = clirun.in_process("detach", "/dev/bcache0")
+    r = clirun.in_process("detach", "/dev/bcache0", "--yes")
     assert r.returncode == 0, (r.stdout, r.stderr)
     data_start = int((bcache_super.super_show(NODE) or {})["dev.data.first_sector"]) * 512
     on_disk = read_direct(NODE, data_start + OFFSET, LENGTH)
     assert hashlib.sha256(on_disk).hexdigest() == digest
     # the data safe on the disk, the set can go now
-    r = clirun.in_process("remove", cset)
+    r = clirun.in_process("remove", cset, "--yes")
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert not sysfs.is_dir(f"fs/bcache/{cset}")
     print("\n".join(dmesg_bcache()[-6:]))

@@ -98,13 +98,14 @@ def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
             await settle(pilot, lambda: app.check_action("attach", ()) is True, tries=200)
             await pilot.press("a")
             await pilot.press("enter")
-            await settle(pilot, lambda: "/dev/bcache0: attach None -> " in log(app), tries=400)
+            await settle(pilot, lambda: "/dev/bcache0: attached to cache set " in log(app),
+                         tries=400)
             assert b0().cset_uuid is not None
             # remove: detach (flush) then stop; /dev/bcache0 goes away
             await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
             await pilot.press("delete")
             await pilot.click("#b-go")
-            await settle(pilot, lambda: "/dev/bcache0: stop running -> None" in log(app),
+            await settle(pilot, lambda: "/dev/bcache0: stopped (was running)" in log(app),
                          tries=2400)
             await settle(pilot, lambda: not any(r.kind == "bcache" for r in app.rows),
                          tries=200)
@@ -357,7 +358,7 @@ def test_tui_create_bench_and_remove_bcache(lab_disks: list[str], tmp_path: Path
             await pilot.press("delete")
             assert "Decommission /dev/bcache0" in _text(app, ".dialog-body")
             await pilot.click("#b-go")
-            await settle(pilot, lambda: "/dev/bcache0: stop running -> None" in log(app),
+            await settle(pilot, lambda: "/dev/bcache0: stopped (was running)" in log(app),
                          tries=2400)
             await settle(pilot, lambda: [r.kind for r in app.rows] == [view.CSET], tries=200)
             app.query_one(DeviceTable).select_key(app.rows[0].key)

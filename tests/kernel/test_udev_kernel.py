@@ -500,7 +500,7 @@ def test_lvm_cache_reattached_when_its_pv_returns(lab_disks: list[str]) -> None:
                timeout=300)
     before = _sha("/dev/vg0/vm1", 128)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "cachemgr", "detach", "vg0/vm1"],
+    r = subprocess.run([sys.executable, "-m", "cachemgr", "detach", "vg0/vm1", "--yes"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _lvs("vg0/vm1", "segtype")["segtype"] == "linear"

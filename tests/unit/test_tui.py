@@ -493,7 +493,8 @@ def test_detach_then_attach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             await pilot.press("a")
             assert isinstance(app.screen, ChoiceDialog)
             await pilot.press("enter")
-            await settle(pilot, lambda: "/dev/bcache0: attach None -> fb5bd09d" in log_text(app))
+            await settle(pilot, lambda: "/dev/bcache0: attached to cache set fb5bd09d"
+                         in log_text(app))
 
     asyncio.run(go())
     assert [w[0].rsplit("/", 1)[1] for w in writes] == ["detach", "attach"]
@@ -779,7 +780,8 @@ def test_attach_from_the_cache_set(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             assert app.screen.title_text == "Attach which backing device to 3a85497b?"
             assert [c for c, _ in app.screen.choices] == ["/dev/bcache0"]
             await pilot.press("enter")
-            await settle(pilot, lambda: "/dev/bcache0: attach None -> 3a85497b" in log_text(app))
+            await settle(pilot, lambda: "/dev/bcache0: attached to cache set 3a85497b"
+                         in log_text(app))
 
     asyncio.run(go())
     assert writes == [("block/ubda/bcache/attach", "3a85497b-f234-4651-a39a-c547edabc679")]

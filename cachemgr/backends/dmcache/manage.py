@@ -45,7 +45,7 @@ def set_mode(sysfs: Sysfs, d: DmCacheDevice, mode: CacheMode) -> Change:
         live = d.table.line()
         via_wt = False
         if mode == CacheMode.PASSTHROUGH:
-            _refuse_dirty(d)
+            refuse_dirty(d)
             if d.table.mode == CacheMode.WRITEBACK:
                 # no write can dirty a clean block in writethrough: the check below holds
                 wt = with_threshold(d.table.with_mode(CacheMode.WRITETHROUGH), thr).line()
@@ -78,7 +78,8 @@ def _dirty_refusal(d: DmCacheDevice, detail: str = "") -> UnsafeError:
     return UnsafeError(msg, hint=f"flush first: cachemgr mode {d.name} passthrough --drain")
 
 
-def _refuse_dirty(d: DmCacheDevice) -> None:
+def refuse_dirty(d: DmCacheDevice) -> None:
+    """passthrough's refusal while a block is dirty (exit 3)."""
     if d.status is None or d.status.dirty:
         raise _dirty_refusal(d)
 
@@ -88,6 +89,18 @@ def in_use_reason(d: DmCacheDevice) -> str | None:
         return f"held by {', '.join(d.holders)}"
     if d.open_count:
         return f"open {d.open_count} time(s) (a VM, a mount or another program uses it)"
+    return None
+
+
+def in_use_refusal(d: DmCacheDevice, keep_device: bool) -> UnsafeError | None:
+    """remove's refusal of a device in use (None: not in use, or kept as a linear one)."""
+    why = in_use_reason(d)
+    if why and not keep_device:
+        return UnsafeError(
+            f"{d.node} is in use ({why}); removing it would pull the disk from under its "
+            "users; nothing was changed",
+            hint=f"stop its users first, or keep the device as a plain mapping of the "
+                 f"origin: cachemgr remove {d.name} --keep-device")
     return None
 
 
@@ -102,13 +115,9 @@ def remove(sysfs: Sysfs, d: DmCacheDevice, *, keep_device: bool = False,
     if d.table.start != 0:
         raise UsageError(f"{d.node}: the cache target starts at sector {d.table.start}; "
                          "cachemgr removes whole-device caches only")
-    why = in_use_reason(d)
-    if why and not keep_device:
-        raise UnsafeError(
-            f"{d.node} is in use ({why}); removing it would pull the disk from under its "
-            "users; nothing was changed",
-            hint=f"stop its users first, or keep the device as a plain mapping of the "
-                 f"origin: cachemgr remove {d.name} --keep-device")
+    err = in_use_refusal(d, keep_device)
+    if err is not None:
+        raise err
     require_root("removing a dm-cache device")
     linear = f"0 {d.table.length} linear {d.table.origin_dev} 0"
     changes: list[Change] = []

@@ -176,14 +176,20 @@ def set_mode(d: LvmDevice, mode: CacheMode) -> Change:
             raise AlreadyError(f"{v.full_name} is already in {mode.value} mode")
         blocks, nbytes = _dirty(d)
         if mode != CacheMode.WRITEBACK and blocks:
-            raise UnsafeError(
-                f"{v.full_name} holds {human(nbytes)} of dirty data ({blocks} blocks); "
-                f"lvm2 would flush it inside lvchange with no progress, and with no end while "
-                "writes keep coming; nothing was changed",
-                hint=f"cachemgr mode {v.full_name} {mode.value} --drain (drains with progress, "
-                     "then switches)")
+            raise dirty_mode_refusal(v, mode, blocks, nbytes)
         command.lvchange(v.full_name, "--cachemode", mode.value)
         return Change(v.full_name, "cache_mode", old, mode.value)
+
+
+def dirty_mode_refusal(v: LvmCachedLv, mode: CacheMode, blocks: int,
+                       nbytes: int | None) -> UnsafeError:
+    """set_mode's refusal of a mode other than writeback while blocks are dirty."""
+    return UnsafeError(
+        f"{v.full_name} holds {human(nbytes)} of dirty data ({blocks} blocks); "
+        f"lvm2 would flush it inside lvchange with no progress, and with no end while "
+        "writes keep coming; nothing was changed",
+        hint=f"cachemgr mode {v.full_name} {mode.value} --drain (drains with progress, "
+             "then switches)")
 
 
 # ----------------------------------------------------------------------------- drain

@@ -49,7 +49,8 @@ class Drained:
         if "cleaner" in self.restored:  # lvm writecache: its cleaner setting
             return f"writecache cleaner={self.restored['cleaner']} restored"
         if "policy" in self.restored:  # dm-cache: its table; lvmcache: its policy
-            return (f"mode {self.restored.get('mode')} and policy {self.restored.get('policy')} "
+            mode, policy = self.restored.get("mode"), self.restored.get("policy")
+            return (f"mode {mode or 'as it was'} and policy {policy or 'as it was'} "
                     "restored")
         return "tunables restored"
 
@@ -72,9 +73,22 @@ REMOVE_CANCEL_NOTE = ("Cancel stops at the next progress report; a flush puts th
                       "table back.")
 
 
-def size_words(x: Size) -> str:
-    """A size the kernel printed lossily: exact, or its bounds (58.5 MiB (<= 58.6 MiB))."""
-    return human(x.low) if x.is_exact else f"{human(x.low)} (≤ {human(x.high)})"
+def size_words(x: Size, unit: str = "") -> str:
+    """A size the kernel printed lossily, in words: exact ("512 B"), or the range it stands
+    for, said as one ("58.5 MiB to 58.6 MiB, as bcache rounds it"). ``unit``: after each
+    figure ("/s" for a rate)."""
+    if x.is_exact:
+        return f"{human(x.low)}{unit}"
+    return f"{human(x.low)}{unit} to {human(x.high)}{unit}, as bcache rounds it"
+
+
+def dirty_words(n: int | None) -> str:
+    """A device's dirty data in a sentence: "its 1.2 MiB of dirty data", "its dirty data
+    (none now)", or "its dirty data (how much is not known)" when the kernel's figure
+    cannot be trusted."""
+    if n is None:
+        return "its dirty data (how much is not known)"
+    return "its dirty data (none now)" if n == 0 else f"its {human(n)} of dirty data"
 
 
 @dataclass(frozen=True)
@@ -250,8 +264,9 @@ class Kind:
         return {}
 
     def restored_note(self, restored: dict[str, Any]) -> str:
-        """What ``drain --resume`` says it put back."""
-        return f"{self.node}: restored tunables {restored}"
+        """What ``drain --resume`` says it put back (``writeback_percent=10, ...``)."""
+        return f"{self.node}: restored tunables " + ", ".join(
+            f"{k}={v}" for k, v in restored.items())
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return self
@@ -365,6 +380,22 @@ class Kind:
     def detach_words(self, target: str, dirty: str) -> Asked | None:
         """The detach's confirmation (None: it has no detach)."""
         return None
+
+    def preflight(self, sysfs: Sysfs, action: str, *, mode: CacheMode | None = None,
+                  drain: bool = False, keep_device: bool = False) -> None:
+        """Raise now, changing nothing, the refusals its backend would raise when it starts
+        ``action`` as the device stands (a face's question comes after them); the backend
+        raises them again when it acts. Default: none known."""
+
+    def would(self, action: str, *, keep_device: bool = False) -> list[str]:
+        """What ``action`` (detach, remove) would do to it, before it is done: the plan a
+        face shows with its question (the CLI's: docs/cli.md, "Confirmations"), each line in
+        the conditional. ``keep_device``: remove --keep-device."""
+        dirty = dirty_words(self.dirty_bytes)
+        if action == "detach":
+            return [f"would write {dirty} back, then detach the cache from {self.node}, "
+                    "which runs on uncached"]
+        return [f"would write {dirty} back, then remove the {self.title} {self.node}"]
 
     def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
         """The removal's confirmation (None: it has no removal); a "keep" button keeps the

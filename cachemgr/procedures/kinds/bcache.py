@@ -22,6 +22,7 @@ from cachemgr.procedures.kinds.base import (
     ProgressFn,
     Section,
     Switched,
+    dirty_words,
     identity_section,
     size_words,
     stats_section,
@@ -198,6 +199,31 @@ class Bcache(Kind):
                      (("go", "Detach", "warning"),),
                      "Cancel stops waiting; the kernel finishes the detach by itself.")
 
+    def preflight(self, sysfs: Sysfs, action: str, *, mode: CacheMode | None = None,
+                  drain: bool = False, keep_device: bool = False) -> None:
+        # remove stops a device on no cache set at once (attached: it detaches first)
+        if action == "remove" and self.obj.cset_uuid is None:
+            err = bcache.stop_refusal(sysfs, self.obj)
+            if err is not None:
+                raise err
+
+    def would(self, action: str, *, keep_device: bool = False) -> list[str]:
+        b = self.obj
+        disk = b.identity.node
+        out = []
+        if b.cset_uuid is not None:
+            out.append(f"would detach {self.node} from cache set {b.cset_uuid}: bcache first "
+                       f"writes {dirty_words(self.dirty_bytes)} back to {disk}"
+                       + (f", then {self.node} runs on uncached" if action == "detach"
+                          else ""))
+        if action == "remove" and b.device is None:
+            out.append(f"would unregister {disk} from bcache (no bcache device of it runs); "
+                       "its data stays on it")
+        elif action == "remove":
+            out.append(f"would stop {self.node}: it disappears, and whatever uses it (a VM's "
+                       f"disk, a mount) loses it; the data stays on {disk}")
+        return out
+
     def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
         return Asked(f"Decommission {target}: detach it from its cache set (bcache flushes "
                      f"its {dirty} of dirty data first), then stop it. {target} disappears: "
@@ -232,7 +258,7 @@ class Bcache(Kind):
                 ("writeback_delay", b.writeback_delay),
                 ("writeback_running", b.writeback_running),
                 ("writeback_rate_minimum", b.writeback_rate_minimum),
-                ("writeback_rate", f"{size_words(b.writeback_rate)}/s"
+                ("writeback_rate", size_words(b.writeback_rate, "/s")
                  if b.writeback_rate else None),
                 ("sequential_cutoff", b.sequential_cutoff),
                 ("stop_when_cache_set_failed", b.stop_when_cache_set_failed),
@@ -320,6 +346,12 @@ class BcacheSet(Kind):
     @property
     def health_cache(self) -> str | None:
         return self.obj.uuid
+
+    def would(self, action: str, *, keep_device: bool = False) -> list[str]:
+        c = self.obj
+        ssd = ", ".join(x.identity.node for x in c.caches) or "its SSD"
+        return [f"would unregister cache set {c.uuid}: bcache lets go of {ssd}, which then "
+                "caches nothing until it is made a cache again"]
 
     def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
         return Asked(f"Unregister cache set {self.obj.uuid} (SSD {disk}). Refused while "

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 from cachemgr.backends import dmcache
 from cachemgr.backends.dmcache import flushing
+from cachemgr.backends.dmcache import manage as dm_manage
+from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.core import state
 from cachemgr.core.change import Change
@@ -32,6 +34,7 @@ from cachemgr.procedures.kinds.base import (
     ProgressFn,
     Section,
     Switched,
+    dirty_words,
     identity_section,
 )
 
@@ -288,6 +291,32 @@ class DmCache(_Dm):
     def hit_counters(self) -> tuple[int, int] | None:
         return _dm_counters(self.obj)
 
+    def preflight(self, sysfs: Sysfs, action: str, *, mode: CacheMode | None = None,
+                  drain: bool = False, keep_device: bool = False) -> None:
+        d = self.obj
+        if action == "mode" and mode is not None:
+            check_changeable(d, "mode", f"lvchange --cachemode {mode.value} VG/LV")
+            if mode == CacheMode.PASSTHROUGH and not drain and d.mode != mode:
+                dm_manage.refuse_dirty(d)
+        elif action == "remove":
+            check_changeable(d, "cache", "lvconvert --uncache VG/LV")
+            err = dm_manage.in_use_refusal(d, keep_device)
+            if err is not None:
+                raise err
+
+    def would(self, action: str, *, keep_device: bool = False) -> list[str]:
+        d = self.obj
+        origin = d.origin.node if d.origin else d.table.origin_dev
+        out = [f"would write {dirty_words(self.dirty_bytes)} back to its origin {origin}, "
+               "then load a linear mapping of the origin in place of the cache"]
+        if keep_device:
+            out.append(f"{self.node} would stay, as that linear mapping: whatever uses it "
+                       "keeps running, uncached")
+        else:
+            out.append(f"would then remove {self.node}: whatever uses it (a VM's disk, a "
+                       f"mount) loses it; the data stays on {origin}")
+        return out
+
     def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
         return Asked(f"Remove dm-cache {self.obj.node}: flush every dirty block to {disk}, "
                      "swap the table for a linear mapping of the origin, then remove the "
@@ -412,6 +441,27 @@ class _Lvm(_Dm):
     @property
     def cache_name(self) -> str | None:
         return self.lv.full_name
+
+    def preflight(self, sysfs: Sysfs, action: str, *, mode: CacheMode | None = None,
+                  drain: bool = False, keep_device: bool = False) -> None:
+        if action == "mode" and mode is not None:
+            lvm_manage.check_mode(self.obj, mode)
+            lvm_manage.refuse_unhealthy(self.obj, "mode")
+            st = self.obj.status
+            blocks = st.dirty if st is not None else None
+            if not drain and mode != CacheMode.WRITEBACK and blocks:
+                raise lvm_manage.dirty_mode_refusal(self.lv, mode, blocks,
+                                                    self.obj.dirty_bytes)
+
+    def would(self, action: str, *, keep_device: bool = False) -> list[str]:
+        lv, pool = self.lv.full_name, f"{self.lv.vg}/{self.lv.pool_name}"
+        drain = (f"would drain {dirty_words(self.dirty_bytes)} through lvm2's cleaner (with "
+                 "progress), then ")
+        if action == "detach" or keep_device:
+            return [drain + f"split its cache {pool} off (lvconvert --splitcache): {lv} runs "
+                            "on uncached, the cache is kept for a later attach"]
+        return [drain + f"delete its cache {pool} (lvconvert --uncache): {lv} runs on "
+                        "uncached, every byte on its origin"]
 
     def detach_words(self, target: str, dirty: str) -> Asked | None:
         return Asked(f"Detach the cache {self.lv.vg}/{self.lv.pool_name} from {target}.\n\n"

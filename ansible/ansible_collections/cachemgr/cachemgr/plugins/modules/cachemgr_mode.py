@@ -124,7 +124,10 @@ def main() -> None:
                         {"mode": p["mode"], "dirty_bytes": 0 if p["drain"] else dirty})
     if module.check_mode:
         module.exit_json(changed=True, **dict(result, **changed_diff))
-    args = ["mode", cli_target(dev), p["mode"], "--json"] + (["--drain"] if p["drain"] else [])
+    # --yes: the task is the admin's decision; the CLI asks on a terminal only and refuses
+    # without one (a mode that caches nothing: docs/cli.md, "Confirmations")
+    args = ["mode", cli_target(dev), p["mode"], "--yes", "--json"] + (
+        ["--drain"] if p["drain"] else [])
     rc, doc = run_json(module, args)
     if rc == ALREADY:
         module.exit_json(changed=False, **result)
