@@ -90,8 +90,22 @@ def test_deb_installs_runs_and_purges_clean() -> None:
 
     h = run("cachemgr", "--help")
     assert "status" in h.stdout
-    if "--version" in h.stdout:
-        assert run("cachemgr", "--version").stdout.strip()
+    version = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version and run("cachemgr", "--version").stdout.strip() == \
+        f"cachemgr {version.group(1)}"
+    # the man pages and the completion, where man and bash look for them
+    assert "/usr/share/man/man8/cachemgr.8.gz" in files
+    assert "/usr/share/man/man8/cachemgr-drain.8.gz" in files
+    if Path("/usr/bin/man").exists():
+        assert run("man", "-w", "cachemgr").stdout.strip() == "/usr/share/man/man8/cachemgr.8.gz"
+        page = run("man", "-P", "cat", "cachemgr-drain", timeout=120).stdout
+        assert "drain" in page and "SYNOPSIS" in page.upper()
+    comp = Path("/usr/share/bash-completion/completions/cachemgr")
+    assert comp in {Path(f) for f in files}
+    words = run("bash", "-c", f"source {comp}; COMP_WORDS=(cachemgr sta); COMP_CWORD=1; "
+                "_cachemgr 2>/dev/null || true; printf '%s\\n' \"${COMPREPLY[@]}\"").stdout
+    assert "status" in words.split(), words
+    assert "/usr/share/zsh/vendor-completions/_cachemgr" in files
     s = run("cachemgr", "status", check=False)
     assert s.returncode == 0, f"cachemgr status: exit {s.returncode}\n{s.stdout}\n{s.stderr}"
     assert "Traceback" not in s.stderr, s.stderr
@@ -111,6 +125,11 @@ def test_deb_installs_runs_and_purges_clean() -> None:
         assert "@CACHEMGR@" not in text and "@ARGS@" not in text, u
         if u.endswith(".service"):
             assert "ExecStart=/usr/bin/cachemgr " in text, u
+    # the boot unit's command, as systemd would run it (no policy here: nothing to do)
+    boot = (unitdir / "cachemgr-autoattach.service").read_text()
+    cmd = next(ln.split("=", 1)[1] for ln in boot.splitlines() if ln.startswith("ExecStart="))
+    r = run(*cmd.split(), check=False)
+    assert r.returncode in (0, 4) and "Traceback" not in r.stderr, (cmd, r.returncode, r.stderr)
     for u in UNITS_WITH_INSTALL:
         r = run("systemctl", "is-enabled", u, check=False)
         assert r.stdout.strip() == "disabled", (u, r.stdout, r.stderr)
