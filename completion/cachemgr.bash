@@ -9,16 +9,16 @@ _cachemgr_node() {
     case $1 in
     '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'create' 'remove' 'tune' 'register' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
-    'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '--json'); vopts=('--timeout' '--stall-timeout') ;;
+    'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'attach') subs=(); opts=('-h' '--help' '--writecache' '--mode' '--json'); vopts=('--mode') ;;
-    'detach') subs=(); opts=('-h' '--help' '--timeout' '--json'); vopts=('--timeout') ;;
-    'create') subs=(); opts=('-h' '--help' '--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket' '--force' '--json'); vopts=('--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket') ;;
-    'remove') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--keep-device' '--json'); vopts=('--timeout' '--stall-timeout') ;;
+    'detach') subs=(); opts=('-h' '--help' '--timeout' '-y' '--yes' '--json'); vopts=('--timeout') ;;
+    'create') subs=(); opts=('-h' '--help' '--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket' '--force' '-y' '--yes' '--json'); vopts=('--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket') ;;
+    'remove') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--keep-device' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'tune') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'register') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
-    'force-run') subs=(); opts=('-h' '--help' '--i-accept-data-loss' '--json'); vopts=() ;;
-    'stop-set') subs=(); opts=('-h' '--help' '--i-accept-data-loss' '--json'); vopts=() ;;
+    'force-run') subs=(); opts=('-h' '--help' '--i-accept-data-loss' '-y' '--yes' '--json'); vopts=() ;;
+    'stop-set') subs=(); opts=('-h' '--help' '--i-accept-data-loss' '-y' '--yes' '--json'); vopts=() ;;
     'tui') subs=(); opts=('-h' '--help' '--interval'); vopts=('--interval') ;;
     'capture') subs=(); opts=('-h' '--help' '--out' '--description'); vopts=('--out' '--description') ;;
     'lab') subs=('run' 'shell' 'demo' 'setup'); opts=('-h' '--help'); vopts=() ;;
@@ -26,7 +26,7 @@ _cachemgr_node() {
     'lab shell') subs=(); opts=('-h' '--help' '--backend' '--disks' '--disk-image' '--udev' '--libvirt' '--monitor' '--timeout' '--mem' '--keep' '--rw'); vopts=('--backend' '--disks' '--disk-image' '--timeout' '--mem' '--rw') ;;
     'lab demo') subs=(); opts=('-h' '--help' '--backend' '--disks' '--disk-image' '--udev' '--libvirt' '--monitor' '--timeout' '--mem' '--keep' '--rw'); vopts=('--backend' '--disks' '--disk-image' '--timeout' '--mem' '--rw') ;;
     'lab setup') subs=(); opts=('-h' '--help' '--force' '--uml-only'); vopts=() ;;
-    'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout') ;;
+    'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '-y' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout') ;;
     'metrics') subs=(); opts=('-h' '--help' '--textfile' '--listen' '--web-config' '--connect' '--no-vms'); vopts=('--textfile' '--listen' '--web-config' '--connect') ;;
     'ssd-health') subs=(); opts=('-h' '--help' '--refresh' '--json'); vopts=() ;;
     'check') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
@@ -43,7 +43,7 @@ _cachemgr_node() {
     'policy check') subs=(); opts=('-h' '--help' '--policy' '--json'); vopts=('--policy') ;;
     'scheduler') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'vms') subs=(); opts=('-h' '--help' '--connect' '--json' '--watch'); vopts=('--connect' '--watch') ;;
-    'vm-cache') subs=(); opts=('-h' '--help' '--next-boot' '--yes' '--connect' '--json'); vopts=('--connect') ;;
+    'vm-cache') subs=(); opts=('-h' '--help' '--next-boot' '-y' '--yes' '--connect' '--json'); vopts=('--connect') ;;
     'trace') subs=(); opts=('-h' '--help' '-o' '--output' '--seconds' '--rate' '--block' '--force' '--json'); vopts=('-o' '--output' '--seconds' '--rate' '--block') ;;
     'size') subs=(); opts=('-h' '--help' '--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot' '--json'); vopts=('--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot') ;;
     'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir') ;;

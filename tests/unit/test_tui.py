@@ -1243,12 +1243,12 @@ def test_quit_while_an_operation_runs_says_what_it_puts_back_then_quits() -> Non
     #32: 10-20 s of a blank screen), the app ends when the operation has."""
     from cachemgr.core.errors import Cancelled
 
-    put_back = threading.Event()
+    put_back, release = threading.Event(), threading.Event()
 
     def op(ctl: Control) -> Result:
         while not ctl.cancel.wait(0.05):
             pass
-        time.sleep(0.3)  # what a drain does to put its tunables back
+        release.wait(30)  # putting its tunables back, until the test has looked
         put_back.set()
         raise Cancelled("drain cancelled")
 
@@ -1257,10 +1257,13 @@ def test_quit_while_an_operation_runs_says_what_it_puts_back_then_quits() -> Non
             app.start_op("drain /dev/bcache0", op)
             await pilot.pause(0.1)
             await pilot.press("q")
-            await settle(pilot, lambda: isinstance(app.screen, MessageDialog))
+            # the dialog pushed, then composed (under load a frame or two later)
+            await settle(pilot, lambda: isinstance(app.screen, MessageDialog)
+                         and bool(app.screen.query(".dialog-body")))
             assert "drain /dev/bcache0: cancelled; putting back what it changed" in \
                 rendered(app.screen, ".dialog-body")
             assert app.is_running and not put_back.is_set()
+            release.set()
             await settle(pilot, lambda: not app.is_running, tries=200)
             assert put_back.is_set() and app.return_code == 0
 
