@@ -160,7 +160,10 @@ def test_drain_stopped_by_signal_restores_tunables(lab_disks: list[str], sig: in
         Path("/run/stop-writes").touch()
         load.wait(timeout=60)
     assert p.returncode == 128 + sig, err
-    assert (out, err) == ("", f"cachemgr: terminated by {signal.Signals(sig).name}\n")
+    assert err == f"cachemgr: terminated by {signal.Signals(sig).name}\n"
+    # --json answers in JSON even so (docs/json.md, "Errors and already so")
+    doc = json.loads(out)
+    assert doc["error"]["code"] == 128 + sig and doc["error"]["kind"] == "terminated", doc
     assert tunables(sysfs) == before
     assert not list(Path(state.state_dir()).rglob("*.json"))
     assert not list(Path(state.state_dir()).rglob("*.tmp"))

@@ -16,6 +16,7 @@ Runs with ``--lab-backend=qemu`` only (UML has no PCI, so no NVMe)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -123,7 +124,9 @@ def test_shared_and_root_holding_controller_refused_changing_nothing(
     r = cm("replace-ssd", a.node, "--yes", "--json")
     assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
     assert shared in r.stderr and "removing it takes them away too" in r.stderr, r.stderr
-    assert r.stdout == ""
+    # --json answers in JSON, the refusal too (docs/json.md, "Errors and already so")
+    err = json.loads(r.stdout)["error"]
+    assert err["code"] == 3 and err["kind"] == "unsafe" and shared in err["message"], err
     assert state_of(sysfs) == before
     # by its cache set's UUID too
     r = cm("replace-ssd", before["sets"][0][0], "--yes")

@@ -59,12 +59,29 @@ def code_lines(path: Path) -> list[DocLine]:
     out: list[DocLine] = []
     inside = False
     pending: tuple[int, str] | None = None
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_text().splitlines()
+    # a transcript (a block with "$ " prompts): its prompted lines are the commands, the
+    # rest is what they printed
+    transcript: set[int] = set()
+    for n, line in enumerate(lines, 1):
+        if FENCE.match(line):
+            inside = not inside
+            if inside:
+                block = []
+                for m, ln in enumerate(lines[n:], n + 1):
+                    if FENCE.match(ln):
+                        break
+                    block.append((m, ln))
+                if any(ln.startswith("$ ") for _, ln in block):
+                    transcript |= {m for m, ln in block if not ln.startswith("$ ")}
+    inside = False
+    for n, line in enumerate(lines, 1):
         if FENCE.match(line):
             inside, pending = not inside, None
             continue
-        if not inside:
+        if not inside or n in transcript:
             continue
+        line = line.removeprefix("$ ")
         if pending is not None:
             start, text = pending[0], pending[1] + " " + line.strip()
         else:
