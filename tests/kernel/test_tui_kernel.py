@@ -845,7 +845,7 @@ def test_tui_lvm_cache_mode_detach_and_writecache_uncache(
 def test_tui_killed_by_a_closed_terminal_puts_back_bench_and_drain(
         lab_disks: list[str], tmp_path: Path) -> None:
     """The real app in tmux; the terminal closed (tmux kill-server: SIGHUP) while a bench
-    has switched bcache0 to writethrough and the congestion thresholds to 0 (issue #32: 55 s
+    has switched bcache0 to none and the congestion thresholds to 0 (issue #32: 55 s
     later they were still so, and nothing said it), then while a drain has its tunables
     set: each is put back within seconds, the process ends, no journal is left."""
     hdd, ssd = lab_disks
@@ -900,11 +900,12 @@ def test_tui_killed_by_a_closed_terminal_puts_back_bench_and_drain(
     start()
     try:
         tmux("send-keys", "-t", "t", "b")
-        wait_for("bench screen", lambda: "wb=/dev/bcache0:writeback" in tmux(
+        wait_for("bench screen", lambda: "Ctrl+R runs the benchmark" in tmux(
             "capture-pane", "-p", "-t", "t"), 30)
         tmux("send-keys", "-t", "t", "C-r")
-        wait_for("bench switched to writethrough",
-                 lambda: "[writethrough]" in modes() and thresholds() == ("0", "0"), 240)
+        # its default targets: the bare disk (mode none) against writeback
+        wait_for("bench switched to none",
+                 lambda: "[none]" in modes() and thresholds() == ("0", "0"), 240)
         assert list((state_dir / "undo").glob("*.json")), "no undo journal while it runs"
         k = hang_up()
         took = wait_for("mode and thresholds back",
