@@ -125,10 +125,21 @@ def test_deb_installs_runs_and_purges_clean() -> None:
         assert "@CACHEMGR@" not in text and "@ARGS@" not in text, u
         if u.endswith(".service"):
             assert "ExecStart=/usr/bin/cachemgr " in text, u
-    # the boot unit's command, as systemd would run it (no policy here: nothing to do)
+    # the boot unit's command, as systemd would run it: only with a policy (its condition),
+    # here an empty one (nothing to do); the file goes again before the purge checks
     boot = (unitdir / "cachemgr-autoattach.service").read_text()
+    assert "ConditionPathExists=|/etc/cachemgr/cachemgr.toml" in boot
     cmd = next(ln.split("=", 1)[1] for ln in boot.splitlines() if ln.startswith("ExecStart="))
-    r = run(*cmd.split(), check=False)
+    policy = Path("/etc/cachemgr/cachemgr.toml")
+    had = policy.exists()
+    if not had:
+        policy.parent.mkdir(exist_ok=True)
+        policy.write_text("")
+    try:
+        r = run(*cmd.split(), check=False)
+    finally:
+        if not had:
+            policy.unlink()
     assert r.returncode in (0, 4) and "Traceback" not in r.stderr, (cmd, r.returncode, r.stderr)
     for u in UNITS_WITH_INSTALL:
         r = run("systemctl", "is-enabled", u, check=False)
