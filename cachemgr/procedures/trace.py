@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.backends import blktrace
+from cachemgr.backends.blockdev import BlockStat
 from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.bench.sampling import BlockStat
 
 MAGIC_LINE = b"cachemgr-trace 1\n"
 RECORD = struct.Struct("<dQIBB")  # time (s from start), offset, length (bytes), device, op

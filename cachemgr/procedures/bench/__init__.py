@@ -54,6 +54,7 @@ The package, along its seams (each name below is also available here, as ``bench
 
 from __future__ import annotations
 
+from cachemgr.backends.blockdev import BlockStat
 from cachemgr.procedures.bench.comparison import (
     DEFAULT_TOLERANCE,
     CompareOptions,
@@ -106,7 +107,6 @@ from cachemgr.procedures.bench.report import (
     with_explanations,
 )
 from cachemgr.procedures.bench.sampling import (
-    BlockStat,
     CacheSample,
     cache_capacity_bytes,
     counted_served,

@@ -13,9 +13,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from cachemgr.backends import bcache, snapshot
+from cachemgr.backends.blockdev import BlockStat
 from cachemgr.core import cancel
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import BcacheBacking, CacheSet, Size
@@ -27,38 +28,6 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- block stats
-
-
-@dataclass(frozen=True)
-class BlockStat:
-    """``/sys/block/<dev>/stat`` (Documentation/block/stat.rst), the fields used here: IOs and
-    sectors (bench), and milliseconds spent (the sizing trace's latency model; fields 4, 8 and
-    11, time_in_queue: every request's time in flight summed).
-
-    Sample: ``3 0 24 30 92534 0 740272 8060 0 8090 8090 0 0 0 0 0 0``.
-    """
-
-    reads: int
-    read_sectors: int
-    writes: int
-    write_sectors: int
-    read_ms: int = 0
-    write_ms: int = 0
-    queue_ms: int = 0
-
-    @classmethod
-    def parse(cls, text: str) -> BlockStat:
-        f = text.split()
-        if len(f) < 8 or not all(x.isdigit() for x in f[:8]):
-            from cachemgr.core.errors import KernelFormatError
-
-            raise KernelFormatError("block device stat", text)
-        ms = (int(f[3]), int(f[7]), int(f[10])) if len(f) >= 11 and f[10].isdigit() else ()
-        return cls(int(f[0]), int(f[2]), int(f[4]), int(f[6]), *ms)
-
-    def minus(self, other: BlockStat) -> BlockStat:
-        return BlockStat(*(getattr(self, k.name) - getattr(other, k.name)
-                           for k in fields(self)))
 
 
 def read_block_stat(sysfs: Sysfs, name: str) -> BlockStat | None:
