@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -53,9 +52,7 @@ def test_remove_then_rescan_brings_the_disk_back_under_another_name() -> None:
     # then the whole host: a comes back as sdb; found by its WWN, not its old name
     assert scsi.rescan(sysfs, host).scan == "- - -"
     seen: list[WaitProgress] = []
-    t0 = time.monotonic()
     na = scsi.wait_for_disk(sysfs, ra.disk.wwid or "", 10, progress=seen.append)
-    assert time.monotonic() - t0 < 10
     assert na.name == "sdb" != a.name
     assert (na.hctl, na.wwid, na.serial, na.size_bytes) == (a.hctl, a.wwid, a.serial,
                                                            a.size_bytes)

@@ -248,7 +248,8 @@ def test_hot_add_in_either_order(order: str) -> None:
            worker_latency_s=[p["latency_s"] for p in passes],
            events=sum(int(p["events"]) for p in passes), passes=len(passes),
            actions=[(r["kind"], r["result"]) for r in records() if r["kind"] != "pass"])
-    assert latency < 10, f"{latency:.2f} s from the last rescan to the end state"
+    # the latency is measured and reported (benchmarks/attach_latency_bench.py), never asserted:
+    # the wait above fails only if the end state never comes
     # each backing device attached once, its mode set at most once (make-bcache's default
     # mode is writethrough), never a failure
     assert len(acts("attach")) <= len(backs)
