@@ -593,9 +593,7 @@ def tunables_of(obj: object) -> dict[str, tuple[int, int]]:
 def tune(sysfs: Sysfs, target: str, settings: Sequence[str]) -> Result:
     """NAME=VALUE settings; every one is checked before the first write; "already so" for
     each unchanged one (a note), and exit 4 when none changed."""
-    snap = status(sysfs, probe_unregistered=False)
-    changes, already = tuning.tune(sysfs, snap, target, settings)
-    return Result(changes=changes, notes=list(already), already=not changes and bool(already))
+    return tuning.tune(sysfs, status(sysfs, probe_unregistered=False), target, settings)
 
 
 # ----------------------------------------------------------------------------- dangerous

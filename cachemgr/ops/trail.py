@@ -9,8 +9,9 @@ ended by an exception). A command's outcome is known to whoever ran it:
   tells it the exit code and the error; the Result it prints is the last one built;
 * anything else (the TUI, which runs ops functions in worker threads; the udev worker) has
   no frame of its own: the outermost gate of a thread opens one and writes it when the
-  gate's block ends (the Result built inside the block is the one written: a command that
-  builds its Result after the gate, as tune does, is written with the gate's words).
+  gate's block ends (the Result built inside the block is the one written, so the ops
+  functions build theirs there: tune's names each setting's old and new value; one built
+  after the gate would be written with the gate's words only).
 
 Written to the system journal (cachemgr/backends/journal.py), one entry per change:
 MESSAGE, PRIORITY (NOTICE a change, INFO a refusal, WARNING a failure), SYSLOG_IDENTIFIER

@@ -10,6 +10,7 @@ from cachemgr.core.errors import AlreadyError, UsageError, require_root
 from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate
+from cachemgr.ops.control import Result
 from cachemgr.procedures import kinds
 
 
@@ -27,12 +28,14 @@ def parse_settings(settings: Sequence[str]) -> list[tuple[str, int]]:
     return parsed
 
 
-def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]
-         ) -> tuple[list[bcache.Change], list[str]]:
+def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]) -> Result:
     """Apply ``settings`` to ``target`` (any kind with tunables: a cached device or a cache
-    set). Returns what changed and one "already so" message per setting that already had
-    its value. Every setting is checked before the first write (unknown name: usage error,
-    nothing written); root is required (lvm2's caches: after lvm2's own refusals)."""
+    set). The Result holds what changed (before and after) and one "already so" note per
+    setting that already had its value (``already`` when none changed). Every setting is
+    checked before the first write (unknown name: usage error, nothing written); root is
+    required (lvm2's caches: after lvm2's own refusals). The Result is built inside the
+    gate, so that the journal trail of a face with no command frame of its own (the TUI)
+    names each setting's old and new value (cachemgr/ops/trail.py)."""
     parsed = parse_settings(settings)
     k = kinds.resolve(snap, target, sysfs, caches=True)
     err = k.refusal("tune")
@@ -51,4 +54,4 @@ def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]
                 changes.append(k.set_tunable(sysfs, name, value))
             except AlreadyError as exc:
                 already.append(f"cachemgr: {exc}")
-        return changes, already
+        return Result(changes=changes, notes=already, already=not changes and bool(already))

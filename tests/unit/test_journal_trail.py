@@ -164,6 +164,19 @@ def test_a_change_from_the_command_layer_alone_is_written(root: Path,
     assert (e["CACHEMGR_FROM"], e["CACHEMGR_EXIT"]) == ("writeback", "0")
 
 
+def test_a_tune_from_the_command_layer_alone_names_old_and_new(root: Path,
+                                                                jr: FakeJournal) -> None:
+    """The TUI's tune: no command frame, so the gate's own; its entry names the setting's
+    old and new value (it was "tune on /dev/bcache0: done", without them)."""
+    res = cache_ops.tune(cache_ops.Sysfs(str(root)), "/dev/bcache0", ["sequential_cutoff=0"])
+    assert res.exit_code == 0 and res.changes
+    (e,) = jr.entries()
+    assert e["CACHEMGR_COMMAND"] == "tune" and e["CACHEMGR_OUTCOME"] == "changed"
+    assert e["CACHEMGR_ATTRIBUTE"] == "sequential_cutoff"
+    assert e["CACHEMGR_FROM"] == res.changes[0].before and e["CACHEMGR_TO"] == "0"
+    assert e["CACHEMGR_FROM"] not in ("", "0")
+
+
 def test_no_journal_fails_nothing(root: Path, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHEMGR_JOURNAL_SOCKET", str(tmp_path / "nobody-listens"))

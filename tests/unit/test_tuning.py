@@ -24,8 +24,8 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Sysfs, list[t
 def test_changes_and_already_so(tree: tuple[Sysfs, list[tuple[str, str]]]) -> None:
     sysfs, writes = tree
     snap = snapshot.take(sysfs)
-    changes, already = tuning.tune(sysfs, snap, "/dev/bcache0",
-                                   ["writeback_percent=5", "writeback_delay=30"])
+    res = tuning.tune(sysfs, snap, "/dev/bcache0", ["writeback_percent=5", "writeback_delay=30"])
+    changes, already = res.changes, res.notes
     assert [w[0] for w in writes] == ["block/ubda/bcache/writeback_percent"]
     assert len(changes) == 1 and "writeback_percent" in str(changes[0])
     assert len(already) == 1 and "writeback_delay" in already[0]
