@@ -130,6 +130,12 @@ def resumes(*procedures: str, run: str | None = None) -> Callable[[Owner], bool]
     return ok
 
 
+# Actions that can run for minutes (a drain, a flush before a detach or a removal, a
+# bench): their start goes to the journal trail when the gate lets them in, as well as their
+# end; so do procedures with a run ID (replace-ssd).
+LONG_ACTIONS = frozenset({"drain", "mode --drain", "bench", "remove", "detach"})
+
+
 @contextlib.contextmanager
 def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] | None = None,
          run: str | None = None, detail: dict[str, Any] | None = None,
@@ -139,6 +145,9 @@ def gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] |
     with trail.gated(action, subject.what, run=run, detail=detail), _gate(
             subject, action, takes_over=takes_over, run=run, detail=detail, needs=needs,
             check_kind=check_kind, said=said):
+        if run is not None or action in LONG_ACTIONS:
+            # written now, not only at its end: a run killed outright leaves its start
+            trail.started(action, subject.what, run=run, detail=detail)
         yield
 
 

@@ -13,6 +13,10 @@ ended by an exception). A command's outcome is known to whoever ran it:
   functions build theirs there: tune's names each setting's old and new value; one built
   after the gate would be written with the gate's words only).
 
+A long action (a drain, a flush, a bench, a replace-ssd run: gate.LONG_ACTIONS, or any with
+a run ID) also writes a ``started`` entry when the gate lets it in (:func:`started`), so a
+run killed outright still leaves its start in the journal.
+
 Written to the system journal (cachemgr/backends/journal.py), one entry per change:
 MESSAGE, PRIORITY (NOTICE a change, INFO a refusal, WARNING a failure), SYSLOG_IDENTIFIER
 ``cachemgr`` and CACHEMGR_* fields. A command that entered no gate (a read-only one) writes
@@ -121,6 +125,27 @@ def gated(action: str, what: str, *, run: str | None = None,
                 if frame.exit is None:
                     frame.exit = int(frame.result.exit_code) if frame.result else 0
                 write(frame)
+
+
+def started(action: str, what: str, *, run: str | None = None,
+            detail: dict[str, Any] | None = None) -> None:
+    """A long action was let in by the gate: written at once (INFO, outcome ``started``),
+    so that a run killed outright (SIGKILL, a power cut) leaves who started what, when.
+    Its end is written as every change's is."""
+    frame = current()
+    f: Fields = [("MESSAGE", printable(
+                     f"{action} on {what} started" + (f" (run {run})" if run else "")
+                     + (f" ({_words(detail)})" if detail else "") + f" (by {user()})")),
+                 ("PRIORITY", str(journal.INFO)), ("SYSLOG_IDENTIFIER", "cachemgr"),
+                 ("CACHEMGR_COMMAND", frame.command if frame else action),
+                 ("CACHEMGR_OUTCOME", "started"), ("CACHEMGR_USER", user()),
+                 ("CACHEMGR_ACTION", action), ("CACHEMGR_TARGET", what)]
+    if run:
+        f.append(("CACHEMGR_RUN", run))
+    try:
+        journal.send(f)
+    except Exception as exc:  # the trail never fails the command it records
+        log.debug("journal trail not written: %s", exc)
 
 
 def saw(result: Result) -> None:

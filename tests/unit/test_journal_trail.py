@@ -202,11 +202,29 @@ def test_a_device_name_with_a_newline_through_the_gate(jr: FakeJournal,
     monkeypatch.setattr(os, "geteuid", lambda: 1000)  # the gate takes no lock then
     with gate.gate(gate.of_names(FORGED, ["vm-x"]), "vm-cache", run="r=1\nx"):
         Result(changes=[Change(FORGED, "cache", "none", "a=b\nPRIORITY=0")])
-    (e,) = jr.entries()
+    started, e = jr.entries()  # a run ID: its start is written too
+    assert started["CACHEMGR_OUTCOME"] == "started" and started["CACHEMGR_TARGET"] == FORGED
+    assert "\n" not in started["MESSAGE"] and started["CACHEMGR_RUN"] == "r=1\nx"
     assert e["CACHEMGR_TARGET"] == FORGED and e["CACHEMGR_USER"] == "alice"
     assert e["CACHEMGR_TO"] == "a=b\nPRIORITY=0" and e["PRIORITY"] == str(journal.NOTICE)
     assert e["CACHEMGR_RUN"] == "r=1\nx"
     assert "\n" not in e["MESSAGE"] and "\\x0a" in e["MESSAGE"]
+
+
+def test_a_long_action_leaves_its_start_before_it_ends(jr: FakeJournal,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain killed outright (SIGKILL, power cut) writes no end: its start is in the
+    journal from the moment the gate let it in. A short change writes only its end."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with gate.gate(gate.of_names("/dev/bcache9", ["disk-9"]), "drain"):
+        (e,) = jr.entries()
+        assert e["CACHEMGR_OUTCOME"] == "started" and e["CACHEMGR_ACTION"] == "drain"
+        assert e["CACHEMGR_TARGET"] == "/dev/bcache9" and e["PRIORITY"] == str(journal.INFO)
+        assert e["MESSAGE"] == "drain on /dev/bcache9 started (by alice)"
+    assert [x["CACHEMGR_OUTCOME"] for x in jr.entries()] == ["done"]  # read: gone
+    with gate.gate(gate.of_names("/dev/x", ["disk-x"]), "scheduler"):
+        assert jr.entries() == []
+    assert [x["CACHEMGR_OUTCOME"] for x in jr.entries()] == ["done"]
 
 
 def test_a_big_entry_goes_in_a_memfd(jr: FakeJournal) -> None:
