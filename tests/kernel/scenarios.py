@@ -41,14 +41,22 @@ def sha256(node: str) -> str:
     return h.hexdigest()
 
 
+# A "VM" of the kernel tests does at most this many 4 KiB requests a second: a busy VM's
+# pace, not the guest CPU's. Unbounded, a writer spun a CPU while its cache was in writeback
+# (a write there costs only the SSD's time), and every step of the procedure under test, and
+# the other tests' guests, waited for CPU: one replacement kill test took 59 CPU-seconds
+# unbounded and 46 at this pace (UML, 2026-11-26).
+LOAD_IOPS = 400
+
+
 def verify_load(fio: Sequence[str], node: str, trigger: str,
-                rw: str = "randwrite") -> subprocess.Popen[str]:
+                rw: str = "randwrite", rate_iops: int = LOAD_IOPS) -> subprocess.Popen[str]:
     """VM-like load on ``node`` until ``trigger`` appears: ``fio`` (its base argv) writing
-    at QD1, verified as it goes."""
+    at QD1, at most ``rate_iops`` requests a second, verified as it goes."""
     return subprocess.Popen(
         [*fio, "--name=vm", f"--filename={node}", f"--rw={rw}", "--time_based",
          "--runtime=600", "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=64",
-         "--verify_state_save=0", f"--trigger-file={trigger}"],
+         "--verify_state_save=0", f"--trigger-file={trigger}", f"--rate_iops={rate_iops}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
 
 

@@ -7,6 +7,8 @@ own path); without one the test is skipped, saying so.
 Checks: the Depends are all in the guest's root; ``dpkg -i`` configures it; ``cachemgr
 --help`` and ``cachemgr status`` run from the package's venv (not from the checkout);
 the udev rule and the units are in place with the packaged paths and no unit is enabled;
+the packaged rule (the only cachemgr rule, udevd running) attaches a hot-added scsi_debug
+cache and backing disk as a policy says;
 ``dpkg -r`` keeps what an admin wrote in /etc/cachemgr and the state; ``dpkg --purge``
 leaves no file of the package (each path ``dpkg -L`` listed is gone, or is a directory
 another package owns) and removes /var/lib/cachemgr."""
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Debian 12's own kernel and root: the package is built for them (scripts/test.sh builds it
 # before the qemu set, in which this test runs)
-pytestmark = [pytest.mark.kernel(timeout=300, qemu_timeout=900,
+pytestmark = [pytest.mark.kernel(timeout=300, qemu_timeout=900, udev=True,
                                  qemu_only="it installs the package on Debian's own kernel"),
               pytest.mark.qemu_smoke]
 
@@ -59,6 +61,35 @@ def the_deb() -> Path:
 def installed(pkg: str) -> bool:
     r = run("dpkg-query", "-W", "-f=${Status}", pkg, check=False)
     return r.returncode == 0 and "install ok installed" in r.stdout
+
+
+def hot_add_attaches_by_the_packaged_rule() -> None:
+    """A cache SSD and a backing disk hot-added (scsi_debug, SCSI rescan of their hosts) are
+    attached as the policy says by the packaged rule's handler: no other cachemgr rule is in
+    place, and udevd's log names the packaged interpreter running it."""
+    from tests.kernel import test_udev_kernel as ut
+
+    for d in ("/etc/udev/rules.d", "/run/udev/rules.d"):
+        assert not list(Path(d).glob("*cachemgr*")), f"a cachemgr rule in {d}"
+    assert not ut.POLICY.exists()
+    sysfs, ssd, backs = ut.prepare(1)  # formatted, then pulled out, with no policy in place
+    ut.POLICY.parent.mkdir(parents=True, exist_ok=True)
+    ut.POLICY.write_text(ut.policy_text(ssd, backs))
+    try:
+        run("udevadm", "control", "--reload", "--log-level=debug")
+        for d in (ssd, *backs):
+            ut.rescan(sysfs, d)
+        ut.wait(lambda: all(ut.backing_ok(sysfs, b) for b in backs), 120,
+                "the policy's attachment, by the packaged rule")
+        ut.settle()
+        assert ut.acts("attach"), ut.records()
+        assert not [r for r in ut.records() if r.get("result") == "failed"], ut.records()
+        log = Path("/run/udevd.log").read_text(errors="replace")
+        assert f"{VENV}/bin/python3 -m cachemgr.cli.udev udev-event" in log, log[-3000:]
+    finally:
+        run("udevadm", "control", "--log-level=info", check=False)
+        ut.POLICY.unlink()
+        ut.release(sysfs, [d for d in (ut.Disk.find(x, sysfs) for x in (ssd, *backs)) if d])
 
 
 def test_deb_installs_runs_and_purges_clean() -> None:
@@ -149,6 +180,8 @@ def test_deb_installs_runs_and_purges_clean() -> None:
     if Path("/run/systemd/system").exists():
         for u in UNITS_WITH_INSTALL:
             assert run("systemctl", "is-active", u, check=False).stdout.strip() != "active"
+
+    hot_add_attaches_by_the_packaged_rule()
 
     # an admin's file and cachemgr's state
     Path("/etc/cachemgr").mkdir(exist_ok=True)

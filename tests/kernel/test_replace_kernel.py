@@ -17,7 +17,7 @@ from cachemgr.core import runner, state
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import replace
-from tests.kernel import clirun, measure
+from tests.kernel import clirun, measure, scenarios
 
 FIO_COMMON = ["--bs=4k", "--direct=1", "--verify=crc32c", "--verify_state_save=0"]
 
@@ -86,6 +86,8 @@ def writeback_on(sysfs: Sysfs) -> None:
             sysfs.write(f"block/{b.device_name}/bcache/writeback_running", "1")
 
 
+
+
 def start_load(devices: list[str]) -> subprocess.Popen[str]:
     """VM-like writers with verification on every bcache device until /run/stop-load."""
     jobs = []
@@ -93,7 +95,7 @@ def start_load(devices: list[str]) -> subprocess.Popen[str]:
         jobs += [f"--name=vm{i}", f"--filename={dev}", "--rw=randwrite", "--size=48M",
                  "--time_based", "--runtime=3600", "--verify_backlog=128", "--verify_fatal=1",
                  "--random_distribution=zipf:1.2", "--trigger-file=/run/stop-load",
-                 *FIO_COMMON]
+                 f"--rate_iops={scenarios.LOAD_IOPS}", *FIO_COMMON]
     Path("/run/stop-load").unlink(missing_ok=True)
     p = subprocess.Popen(["fio", "--output-format=json", *jobs], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd="/tmp")
