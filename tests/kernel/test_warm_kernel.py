@@ -177,3 +177,46 @@ def test_warm_dmcache_admits_the_hot_set(lab_disks: list[str], tmp_path: Path) -
     # smq promotes only part of a set read in passes (0.71 of it in the lab, then no pass
     # promotes more: docs/kernel-notes.md, "Warming a cache"); the cold set reads 0
     assert warmed >= 0.5 and unwarmed <= 0.2, (warmed, unwarmed)
+
+
+@pytest.mark.kernel(disks="512M", timeout=600)
+def test_replace_ssd_warms_the_new_ssd_as_its_last_step(lab_disks: list[str],
+                                                        tmp_path: Path) -> None:
+    """replace-ssd --warm FILE on a bcache whose SSD is a scsi_debug disk: the run ends with
+    its journaled step 'warm', after which the hot set hits on the new cache set and a cold
+    set does not; sequential_cutoff is as before."""
+    import json
+
+    from cachemgr.backends import scsi
+
+    sysfs = Sysfs()
+    (ssd,) = scsi.load_scsi_debug(sysfs, dev_size_mb=160, per_host_store=1, add_host=1)
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=ssd.node, bucket="64k")
+    b = snapshot.take(sysfs).backings[0]
+    old_cset = b.cset_uuid
+    rel = bcache.backing_rel(sysfs, b.identity.name)
+    cutoff0 = sysfs.read(f"{rel}/sequential_cutoff").strip()
+    size = int(runner.run(["blockdev", "--getsize64", "/dev/bcache0"]).stdout)
+    a, cold = hot_sets(size, 2048)
+    trace = tmp_path / "a.trace"
+    write_trace(sysfs, "/dev/bcache0", a, trace)
+    r = clirun.run_process("replace-ssd", ssd.node, "--yes", "--json", "--warm", str(trace))
+    assert r[0] == 0, r[2]
+    res = json.loads(r[1])
+    assert res["status"] == "done" and res["steps"][-1]["name"] == "warm"
+    assert all(s["done"] for s in res["steps"])
+    b = snapshot.take(sysfs).backings[0]
+    assert b.cset_uuid != old_cset
+    assert sysfs.read(f"{rel}/sequential_cutoff").strip() == cutoff0 and no_undo_journals()
+    wait_accounting_tick(sysfs, b.identity.name)
+    c0 = bcache_counts(sysfs)
+    read_set("/dev/bcache0", a)
+    wait_accounting_tick(sysfs, b.identity.name)
+    c1 = bcache_counts(sysfs)
+    read_set("/dev/bcache0", cold)
+    wait_accounting_tick(sysfs, b.identity.name)
+    c2 = bcache_counts(sysfs)
+    warmed, unwarmed = ratio(c0, c1), ratio(c1, c2)
+    print(f"replace-ssd --warm: read hit ratio of the warmed set {warmed:.3f}, of a cold set "
+          f"{unwarmed:.3f}")
+    assert warmed >= 0.9 and unwarmed <= 0.2, (warmed, unwarmed)
