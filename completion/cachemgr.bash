@@ -7,7 +7,7 @@
 _cachemgr_node() {
     # $1: the command path; sets subs, opts and vopts (the options taking a value)
     case $1 in
-    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'create' 'remove' 'tune' 'register' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
+    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'create' 'remove' 'tune' 'register' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
     'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--json'); vopts=('--timeout' '--stall-timeout') ;;
@@ -26,7 +26,7 @@ _cachemgr_node() {
     'lab shell') subs=(); opts=('-h' '--help' '--backend' '--disks' '--disk-image' '--udev' '--libvirt' '--monitor' '--timeout' '--mem' '--keep' '--rw'); vopts=('--backend' '--disks' '--disk-image' '--timeout' '--mem' '--rw') ;;
     'lab demo') subs=(); opts=('-h' '--help' '--backend' '--disks' '--disk-image' '--udev' '--libvirt' '--monitor' '--timeout' '--mem' '--keep' '--rw'); vopts=('--backend' '--disks' '--disk-image' '--timeout' '--mem' '--rw') ;;
     'lab setup') subs=(); opts=('-h' '--help' '--force' '--uml-only'); vopts=() ;;
-    'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '-y' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout') ;;
+    'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '-y' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--warm' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--warm') ;;
     'metrics') subs=(); opts=('-h' '--help' '--textfile' '--listen' '--web-config' '--connect' '--no-vms'); vopts=('--textfile' '--listen' '--web-config' '--connect') ;;
     'ssd-health') subs=(); opts=('-h' '--help' '--refresh' '--json'); vopts=() ;;
     'check') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
@@ -48,6 +48,7 @@ _cachemgr_node() {
     'size') subs=(); opts=('-h' '--help' '--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot' '--json'); vopts=('--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot') ;;
     'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
+    'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
     *) subs=(); opts=(); vopts=() ;;
     esac
 }
@@ -139,6 +140,7 @@ _cachemgr_optval() {
         '--drain-timeout') spec=none ;;
         '--stall-timeout') spec=none ;;
         '--wait-timeout') spec=none ;;
+        '--warm') spec=files ;;
         esac ;;
     'metrics')
         case $2 in
@@ -268,6 +270,11 @@ _cachemgr_optval() {
         '--rules-dir') spec=dirs ;;
         '--unit-dir') spec=dirs ;;
         esac ;;
+    'warm')
+        case $2 in
+        '--trace') spec=files ;;
+        '--bytes') spec=none ;;
+        esac ;;
     esac
 }
 
@@ -368,6 +375,10 @@ _cachemgr_posval() {
         *) spec=host; vals=('disks') ;;
         esac ;;
     'restore')
+        case $2 in
+        0) spec=host; vals=('targets') ;;
+        esac ;;
+    'warm')
         case $2 in
         0) spec=host; vals=('targets') ;;
         esac ;;

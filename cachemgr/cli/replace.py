@@ -44,7 +44,7 @@ def cmd_replace(args: argparse.Namespace) -> int:
     opts = ops.Options(new=args.new, interim_mode=args.interim_mode,
                        wipe_old=not args.keep_old_signature, yes=args.yes,
                        drain_timeout=args.drain_timeout, stall_timeout=args.stall_timeout,
-                       wait_timeout=args.wait_timeout)
+                       wait_timeout=args.wait_timeout, warm=args.warm)
     if args.dry_run:
         return emit(args, ops.dry_run(sysfs, args.cache, opts))
     j = ops.plan(sysfs, args.cache, opts, for_run=True)
@@ -82,5 +82,9 @@ def register(sub: Any) -> None:
     s.add_argument("--drain-timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
     s.add_argument("--stall-timeout", type=argtypes.seconds, default=120.0, metavar="S")
     s.add_argument("--wait-timeout", type=argtypes.seconds, default=600.0, metavar="S")
+    s.add_argument("--warm", metavar="FILE",
+                   help="a trace of the cached devices (cachemgr trace): the last step reads "
+                        "its hottest blocks through the new cache (cachemgr warm), journaled "
+                        "and resumed like every step")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_replace)

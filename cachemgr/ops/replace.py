@@ -104,6 +104,16 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
         raise UsageError("replace-ssd needs the CACHE (its SSD, cset UUID, cached LV or "
                          "dm-cache device)",
                          hint="or --resume ID / --list")
+    if opts.warm:
+        # the trace is read now (exit 2 for one that is not a trace), and kept by its full
+        # path: a resumed run may start in another directory
+        import dataclasses
+        import os
+
+        from cachemgr.procedures import trace as tr
+
+        tr.read(opts.warm)
+        opts = dataclasses.replace(opts, warm=os.path.abspath(opts.warm))
     unfinished = runs(unfinished=True)
     for r in unfinished:
         if r.named_by(cache):

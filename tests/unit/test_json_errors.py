@@ -46,6 +46,7 @@ ERRORS: dict[str, tuple[list[str], int]] = {
     "trace": (["trace", "-o", "{tmp}/x.trace", ND], 2),
     "size": (["size", "--trace", "/nonexistent.trace"], 2),
     "restore": (["restore", ND], 2),
+    "warm": (["warm", ND, "--trace", "/nonexistent.trace"], 2),
 }
 # commands that name no device: their read of /sys fails (EIO under the snapshot; protect's
 # pass)

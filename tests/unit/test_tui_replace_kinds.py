@@ -79,10 +79,10 @@ def test_dmcache_rollback_says_release_old_never_unregister() -> None:
         async with app.run_test(size=(80, 24)) as pilot:
             await replace_screen(pilot, app, "dm:vmcache")
             text = await rollback_dialog(pilot, app, DM_RUN)
-            assert "possible only before step 4 of 10, 'release-old'" in text, text
+            assert "possible only before step 4 of 11, 'release-old'" in text, text
             for word in ("unregister", "cset", "re-attach", "cache set"):
                 assert word not in text, (word, text)
-            assert "dm-cache device vc (failed): 3 of 10 steps done" in text, text
+            assert "dm-cache device vc (failed): 3 of 11 steps done" in text, text
             assert "release-old  (point of no return)" in text, text
             assert "✗  4 release-old" in text and "✓  3 drain" in text, text
             assert "Put the cache back on the old SSD's areas" in text, text
@@ -139,16 +139,16 @@ def test_lvm_and_bcache_rollback_say_their_own_words() -> None:
         async with app.run_test(size=(80, 24)) as pilot:
             screen = await replace_screen(pilot, app, "dm:vg0-vm1")
             text = await rollback_dialog(pilot, app, LVM_RUN)
-            assert "possible only before step 5 of 16, 'remove-old-cache'" in text, text
+            assert "possible only before step 5 of 17, 'remove-old-cache'" in text, text
             assert "Run 20261122-000002-vg0-vm1 on the LVM cache vg0/vm1 (running)" in text
-            assert "4 of 16 steps done" in text, text
+            assert "4 of 17 steps done" in text, text
             assert "remove-old-cache  (point of no return)" in text, text
             assert "Attach the old cache again" in text, text
             assert "unregister" not in text and "cset" not in text, text
 
             text = await rollback_dialog(pilot, app, BCACHE_RUN)
             assert "on the bcache cache set fb5bd09d-1111" in text, text
-            assert "possible only before step 6 of 15, 'unregister'" in text, text
+            assert "possible only before step 6 of 16, 'unregister'" in text, text
             assert "Put the modes back and re-attach what was detached" in text, text
 
             assert screen.sub_title == "replace the SSD of LVM cache vg0/vm1"

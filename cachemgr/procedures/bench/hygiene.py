@@ -118,6 +118,13 @@ def fresh_cache(sysfs: Sysfs, backing_name: str, *, timeout: float = 600) -> lis
     bcache.unregister_cache_set(sysfs, _cache_set_by_uuid(sysfs, cset.uuid),
                                 snapshot.take(sysfs).backings)
     node = cache.identity.node
+    # the unregister is asynchronous: the kernel holds the device until its cache set is
+    # gone, and a wipe before that fails with EBUSY (a cache that had served minutes of
+    # reads, lab 7.2): wait for its bcache directory to go
+    rel = bcache.block_dirs(sysfs).get(cache.identity.name)
+    gone = time.monotonic() + 60
+    while rel and sysfs.exists(f"{rel}/bcache") and time.monotonic() < gone:
+        time.sleep(0.2)
     signatures.wipe(node)
     bcache.make_bcache(cache=node, bucket=f"{bucket // 1024}k" if bucket else None, wipe=True,
                        force=True)

@@ -28,7 +28,7 @@ ProgressFn = Callable[[Any], None]
 
 # Every action a kind may declare (the commands and faces use these words).
 ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                     "bench", "force-run", "stop-set"})
+                     "bench", "force-run", "stop-set", "warm"})
 
 
 @dataclass(frozen=True)
@@ -301,6 +301,50 @@ class Kind:
     def _cannot(self, action: str) -> CacheMgrError:
         err = self.refusal(action)
         return err if err is not None else CacheMgrError(f"{self.node}: {action} not built")
+
+    # ---------------------------------------------------------------- warming (cachemgr warm)
+    # what a read needs to be admitted into the cache, and how big the cache is: the kind's
+    # (procedures/warm.py reads the blocks; docs/kernel-notes.md, "Warming a cache")
+
+    # at most how many passes over the hot blocks (dm-cache's smq promotes a block after
+    # hits in several of its one-second periods): a pass that admits nothing more ends it
+    warm_passes: ClassVar[int] = 1
+    # the least time between the starts of two passes (smq: its hotspot period, 1 s)
+    warm_pass_s: ClassVar[float] = 0.0
+
+    def warm_refusal(self) -> CacheMgrError | None:
+        """Why its cache cannot be warmed as it stands (a mode that admits no read)."""
+        return None
+
+    def warm_capacity(self, sysfs: Sysfs) -> int | None:
+        """The bytes its cache holds (None: unknown)."""
+        return None
+
+    def warm_cache_block(self) -> int:
+        """Its cache's block in bytes when a read admits a block that large (0: the trace's
+        block is read as it is)."""
+        return 0
+
+    def warm_trace_names(self) -> set[str]:
+        """The traced devices whose offsets are its own (a trace of one of these warms it)."""
+        return {self.node, *self.kernel_names()}
+
+    def warm_settings(self, sysfs: Sysfs) -> list[tuple[str, str, str]]:
+        """(what, sysfs path, value): the settings that let a warm's reads in, set for the
+        run and put back (recorded in the undo journal first)."""
+        return []
+
+    def warm_slow_devices(self, sysfs: Sysfs) -> list[str]:
+        """The sysfs dirs of the slow devices behind it (a warm waits while they are busy)."""
+        return []
+
+    def warm_settle(self, sysfs: Sysfs) -> None:
+        """After the reads: wait for what the kernel admits in the background."""
+
+    def warm_admitted(self, sysfs: Sysfs) -> int | None:
+        """A counter of what the cache has admitted so far (dm-cache: its promotions), read
+        after each pass (None: not counted; one pass is all)."""
+        return None
 
     # ---------------------------------------------------------------- words the faces show
     # (the TUI asks these and never branches on a kind: what a row offers, the confirmations

@@ -9,7 +9,7 @@ from typing import Any
 from cachemgr.backends import bcache
 from cachemgr.backends.bcache import BCACHE_MODES
 from cachemgr.core.change import Change
-from cachemgr.core.errors import AlreadyError
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UsageError
 from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, dirty_text, human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain as drain_mod
@@ -36,7 +36,7 @@ class Bcache(Kind):
     title = "bcache device"
     modes = tuple(BCACHE_MODES)
     actions = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                         "bench", "force-run"})
+                         "bench", "force-run", "warm"})
     drain_how = ("cachemgr sets writeback_percent=0, writeback_delay=1 and writeback_running=1 "
                  "(saved first) and puts every value back at the end, on error and on cancel.")
     obj: BcacheBacking
@@ -81,6 +81,52 @@ class Bcache(Kind):
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
         return bcache.set_mode(sysfs, self.obj, mode)
+
+    # ---------------------------------------------------------------- warming
+
+    def warm_refusal(self) -> CacheMgrError | None:
+        if self.obj.cset_uuid is None:
+            return UsageError(f"{self.node} has no cache attached: nothing to warm",
+                              hint="attach a cache set first (cachemgr attach)")
+        if self.obj.mode == CacheMode.NONE:
+            return UsageError(f"{self.node} is in cache mode none, which caches no read: "
+                              "nothing to warm",
+                              hint="switch it to writethrough, writeback or writearound first")
+        return None
+
+    def warm_capacity(self, sysfs: Sysfs) -> int | None:
+        from cachemgr.backends import snapshot
+
+        cs = snapshot.take(sysfs).cache_set(self.obj.cset_uuid or "")
+        if cs is None or not cs.caches:
+            return None
+        c = cs.caches[0]
+        if c.nbuckets is None or c.bucket_size is None:
+            return None
+        return c.nbuckets * c.bucket_size.bytes
+
+    def warm_settings(self, sysfs: Sysfs) -> list[tuple[str, str, str]]:
+        """bcache bypasses a read that is part of a sequential stream past
+        ``sequential_cutoff`` and any read while the cache set is congested (its reads
+        slower than ``congested_read_threshold_us``): both off for the run (request.c,
+        check_should_bypass; docs/kernel-notes.md, "Warming a cache")."""
+        rel = bcache.backing_rel(sysfs, self.obj.identity.name)
+        out = [(f"{self.node} sequential_cutoff", f"{rel}/sequential_cutoff", "0")]
+        cset = self.obj.cset_uuid
+        if cset and sysfs.exists(f"fs/bcache/{cset}/congested_read_threshold_us"):
+            out.append((f"cache set {cset[:8]} congested_read_threshold_us",
+                        f"fs/bcache/{cset}/congested_read_threshold_us", "0"))
+        return out
+
+    def warm_slow_devices(self, sysfs: Sysfs) -> list[str]:
+        rel = bcache.block_dirs(sysfs).get(self.obj.identity.name)
+        return [rel] if rel else []
+
+    def warm_trace_names(self) -> set[str]:
+        """The bcache device itself: its backing device's offsets are shifted by bcache's
+        data offset, so a trace of the backing device is not taken."""
+        b = self.obj
+        return {n for n in (b.device, b.device_name) if n}
 
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
               progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:

@@ -115,6 +115,75 @@ def _dm_counters(d: DmCacheDevice) -> tuple[int, int] | None:
     return st.read_hits + st.write_hits, st.read_misses + st.write_misses
 
 
+class _DmCacheWarm(Kind):
+    """Warming a dm-cache target (a plain one or an LVM cache: dm-cache underneath).
+
+    smq promotes a block on a read only once its hotspot's level reaches the promote level
+    (dm-cache-policy-smq.c, should_promote), and a hotspot climbs at most once per hotspot
+    period (1 s): a block read once is not promoted, nor read many times in a row; read in
+    passes a second or more apart, more are promoted each pass until none is (measured in
+    the lab, docs/kernel-notes.md, "Warming a cache"). So the hot blocks are read in passes
+    (at least 3, at most 16) until two in a row promote nothing; promotions are copied in
+    the background, so the warm waits for them at its end. No setting is changed."""
+
+    warm_passes = 16
+    warm_pass_s = 1.1
+    obj: DmCacheDevice
+
+    def warm_refusal(self) -> CacheMgrError | None:
+        from cachemgr.core.errors import UsageError
+
+        d = self.obj
+        if d.mode == CacheMode.PASSTHROUGH:
+            return UsageError(f"{self.node} is in passthrough, which promotes nothing: "
+                              "nothing to warm", hint="switch it to writethrough or "
+                                                      "writeback first")
+        if d.table.policy == "cleaner":
+            return UsageError(f"{self.node} runs the cleaner policy (a flush), which "
+                              "promotes nothing: nothing to warm",
+                              hint="let the flush finish (its policy comes back), then warm")
+        return None
+
+    def warm_capacity(self, sysfs: Sysfs) -> int | None:
+        st = self.obj.status
+        return None if st is None else st.total * st.block_sectors * 512
+
+    def warm_cache_block(self) -> int:
+        return self.obj.table.block_sectors * 512
+
+    def warm_trace_names(self) -> set[str]:
+        d = self.obj
+        out = {self.node, d.node, d.name, d.kernel_name, f"/dev/{d.kernel_name}"}
+        if d.origin is not None:  # the origin's offsets are the cached device's
+            out |= {n for n in (d.origin.node, d.origin.name) if n}
+        return out
+
+    def warm_slow_devices(self, sysfs: Sysfs) -> list[str]:
+        from cachemgr.backends.blockdev import block_dirs
+
+        name = self.obj.origin.name if self.obj.origin is not None else None
+        rel = block_dirs(sysfs).get(name) if name else None
+        return [rel] if rel else []
+
+    def warm_admitted(self, sysfs: Sysfs) -> int | None:
+        st = getattr(self.reread(sysfs).obj, "status", None)
+        return None if st is None else int(st.promotions)
+
+    def warm_settle(self, sysfs: Sysfs, *, timeout: float = 60.0) -> None:
+        """Wait until the promotions stop (the counters stand still for a second)."""
+        import time
+
+        last = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = getattr(self.reread(sysfs).obj, "status", None)
+            cur = None if st is None else (st.promotions, st.used)
+            if cur is not None and cur == last:
+                return
+            last = cur
+            time.sleep(1.0)
+
+
 def _dmcache_detail(d: DmCacheDevice) -> list[Section]:
     st = d.status
     out = [Section(f"dm-cache {d.node}", (
@@ -187,7 +256,7 @@ def _lvm_detail(d: DmCacheDevice | DmWritecacheDevice) -> list[Section]:
         ("health", v.health or "ok"), ("check needed", v.check_needed)))]
 
 
-class DmCache(_Dm):
+class DmCache(_DmCacheWarm, _Dm):
     """A dm-cache device LVM does not own."""
 
     name = "dm-cache"
@@ -195,7 +264,7 @@ class DmCache(_Dm):
     drain_word = "flush"
     root_in_backend = True
     modes = tuple(DM_CACHE_MODES)
-    actions = frozenset({"mode", "drain", "remove", "tune", "replace", "bench"})
+    actions = frozenset({"mode", "drain", "remove", "tune", "replace", "bench", "warm"})
     drain_how = ("cachemgr loads the cleaner policy (in writethrough) until every block is "
                  "clean, then reloads the original table; on cancel or error the original "
                  "table is put back.")
@@ -482,12 +551,13 @@ class _Lvm(_Dm):
                       ("keep", "Keep the pool (split)", "warning")), REMOVE_CANCEL_NOTE)
 
 
-class LvmCache(_Lvm):
+class LvmCache(_DmCacheWarm, _Lvm):
     """An LV cached by lvm2's dm-cache (lvmcache)."""
 
     name = "lvmcache"
     title = "LVM cache"
     modes = tuple(lvm_manage.LVM_CACHE_MODES)
+    actions = _Lvm.actions | {"warm"}
     obj: DmCacheDevice
 
     @classmethod

@@ -47,6 +47,7 @@ from cachemgr.procedures import drain
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
 from cachemgr.procedures.replace.run import Ctx, Kind
 from cachemgr.procedures.replace.shared import (
+    WARM_STEP,
     check_new_spec,
     drain_reporter,
     find_new,
@@ -59,6 +60,7 @@ from cachemgr.procedures.replace.shared import (
     s_wait_new,
     ssd_words,
     super_fields,
+    warm_step,
 )
 
 # the package's one logger, named as before the package was split into modules
@@ -80,6 +82,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("attach", "attach every backing device to the new cache set"),
     ("restore", "restore modes and tunables"),
     ("verify", "verify every backing device: new set, mode, state"),
+    WARM_STEP,
 )
 STEP_NAMES = tuple(name for name, _ in STEPS)
 # Steps after which a rollback is no longer possible (the old set is gone).
@@ -408,6 +411,10 @@ def s_verify(c: Ctx) -> None:
     c.say(f"verified: {len(c.j.backings)} backing device(s) on cache set {c.j.new['cset']}")
 
 
+def s_warm(c: Ctx) -> None:
+    warm_step(c, [str(e.get("device") or e["node"]) for e in c.j.backings])
+
+
 def _rollback(c: Ctx) -> None:
     """Reattach what was detached, put the modes back."""
     snap = snapshot.take(c.sysfs)
@@ -445,6 +452,7 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "attach": s_attach,
     "restore": s_restore,
     "verify": s_verify,
+    "warm": s_warm,
 }
 
 

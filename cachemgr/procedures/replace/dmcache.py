@@ -59,6 +59,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("rebuild", "zero the metadata and load the cache table again over the origin (old block "
                 "size, policy, settings, mode); IO goes on"),
     ("verify", "verify the device: dm-cache on the new SSD, old block size, policy and mode"),
+    shared.WARM_STEP,
 )
 POINT_OF_NO_RETURN = "release-old"
 ROLES = ("metadata", "cache")
@@ -379,6 +380,7 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "layout-new": s_layout_new,
     "rebuild": s_rebuild,
     "verify": s_verify,
+    "warm": lambda c: shared.warm_step(c, [c.j.cset]),
 }
 
 

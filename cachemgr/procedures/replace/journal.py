@@ -35,6 +35,7 @@ class Options:
     drain_timeout: float = 24 * 3600.0
     stall_timeout: float = 120.0
     wait_timeout: float = 600.0
+    warm: str | None = None  # a trace: the last step warms the new cache from it
 
 
 @dataclass

@@ -56,6 +56,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("attach", "attach it with the old mode, policy and settings (lvconvert)"),
     ("restore", "put back whatever of mode, policy and settings differs"),
     ("verify", "verify the LV: cached on the new SSD, with the old mode and policy"),
+    shared.WARM_STEP,
 )
 POINT_OF_NO_RETURN = "remove-old-cache"
 # lvm2 places the cache pool's spare metadata LV (lvol0_pmspare, as large as the metadata)
@@ -392,6 +393,7 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
     "attach": s_attach,
     "restore": s_restore,
     "verify": s_verify,
+    "warm": lambda c: shared.warm_step(c, [c.j.cset]),
 }
 
 

@@ -138,6 +138,8 @@ def describe(j: Journal) -> list[str]:
             extra = f" ({o['interim_mode']})"
         elif name == "wipe-old" and not o["wipe_old"]:
             extra = " (skipped: --keep-old-signature)"
+        elif name == "warm":
+            extra = f" (from {o['warm']})" if o.get("warm") else " (skipped: no --warm)"
         lines.append(f"{i:2d}. {name:<13} {text}{extra}")
     return lines
 

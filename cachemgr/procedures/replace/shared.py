@@ -321,3 +321,48 @@ def super_fields(node: str) -> dict[str, str]:
             fields[parts[0]] = parts[1].strip()
     return fields
 
+
+
+# --------------------------------------------------------------------------------- warming
+
+WARM_STEP = ("warm", "read the hottest blocks of the --warm trace through the new cache "
+                     "(cachemgr warm; skipped without --warm)")
+
+
+def warm_step(c: Ctx, targets: list[str]) -> None:
+    """The last step: ``cachemgr warm`` of each of ``targets`` (the cached devices of the
+    run) that the ``--warm`` trace recorded, the cache's capacity shared between them. Its
+    settings are journaled in an undo journal as warm's own are (core/undo.py): a run killed
+    here is resumed by ``--resume``, whose gate puts them back first, and the step reads the
+    hot blocks again (what is already in the cache hits)."""
+    from cachemgr.backends import snapshot
+    from cachemgr.procedures import kinds, warm
+    from cachemgr.procedures import trace as tr
+
+    path = c.opts.warm
+    if not path:
+        c.say("warm: skipped (no --warm trace)")
+        return
+    trace = tr.read(path)
+    snap = snapshot.take(c.sysfs)
+    found = []
+    for t in targets:
+        k = kinds.find(snap, t, c.sysfs, kinds.devices_only())
+        if k is None:
+            raise CacheMgrError(f"warm: {t} is not a cached device any more")
+        if trace.header.devices and any(d.name in k.warm_trace_names()
+                                        or d.path in k.warm_trace_names()
+                                        for d in trace.header.devices):
+            found.append(k)
+        else:
+            c.say(f"warm: the trace has no IO of {k.node}: it stays cold")
+    if not found:
+        raise UsageError(f"warm: the trace {path} is of none of the run's devices ("
+                         + ", ".join(targets) + ")",
+                         hint="record them with cachemgr trace, or resume without warming: "
+                              "cachemgr warm can run later on its own")
+    for k in found:
+        p = warm.prepare(c.sysfs, k, trace, share=len(found))
+        w = warm.run(c.sysfs, p, progress=lambda m: c.say(str(m)))
+        for line in warm.summary(p, w):
+            c.say(line)

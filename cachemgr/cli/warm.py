@@ -1,0 +1,56 @@
+"""``cachemgr warm TARGET --trace FILE [--bytes SIZE]``: the face of cachemgr/ops/warm.py."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cachemgr.cli.render import with_progress
+from cachemgr.core.errors import UsageError
+from cachemgr.core.model import parse_size
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import warm as warm_ops
+
+
+def size(text: str) -> int:
+    try:
+        n = parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"a size is more than 0, not {text!r}")
+    return n
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    sysfs = Sysfs(args.sysfs_root)
+    return with_progress(args, "warm", lambda ctl: warm_ops.warm(
+        sysfs, args.target, args.trace, nbytes=args.bytes, ctl=ctl))
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser(
+        "warm", help="fill a cache with the blocks a trace found hottest (after replace-ssd)",
+        description="Read the blocks a trace (`cachemgr trace`, of the cached device) found "
+                    "hottest, hottest first, through the cache, until SIZE (default: the "
+                    "cache's capacity, never past it), so that a new or emptied cache SSD "
+                    "holds them before the VMs ask. bcache: sequential_cutoff and the cache "
+                    "set's congested_read_threshold_us are 0 for the run (journaled first, "
+                    "put back at the end, on error, Ctrl-C, SIGTERM and SIGHUP); dm-cache and "
+                    "LVM caches: each block is read 3 times in a row (smq promotes on "
+                    "repeated hits), nothing is changed. The VMs' IO goes first: idle IO "
+                    "class, one request in flight, none sent while the slow device has other "
+                    "IO in flight (at most 0.5 s, then one goes anyway). "
+                    "Exit codes: 0 warmed; 2 TARGET is not a cached device, its cache admits "
+                    "no read (bcache mode none, dm-cache passthrough or cleaner), the trace is "
+                    "of another device or has no IO of it, SIZE is over the cache's capacity, "
+                    "or not root (nothing changed); 3 another command holds the device; "
+                    "130/143/129 stopped by a signal (the settings are put back).")
+    s.add_argument("target", metavar="TARGET",
+                   help="the cached device: /dev/bcacheN, /dev/mapper/NAME, VG/LV")
+    s.add_argument("--trace", required=True, metavar="FILE",
+                   help="a trace of TARGET from cachemgr trace (best at --rate 1)")
+    s.add_argument("--bytes", type=size, metavar="SIZE",
+                   help="read at most this much, e.g. 20G (default: the cache's capacity)")
+    s.add_argument("--json", action="store_true", help="what was read and changed, as JSON")
+    s.set_defaults(func=cmd_warm)
