@@ -39,7 +39,7 @@ qemu_pid=$!
 trap 'kill "$qemu_pid" 2>/dev/null || true; rm -f "$qemu_log"' EXIT
 unit_rc=0
 # a hung test (a Textual pilot waiting forever) fails after 5 minutes instead of holding CI
-"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300 || unit_rc=$?
+"$py" -m pytest -p no:cacheprovider tests/unit --timeout=300 --durations=15 || unit_rc=$?
 step "kernel tests (UML kernel; each test boots its own guest, three at a time), beside the rest of the qemu set"
 uml_rc=0
 "$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 3 --durations=25 \
