@@ -179,9 +179,11 @@ def test_replace_with_a_different_disk(lab_disks: list[str]) -> None:
     verify_pre(devices)
 
 
-# every step but the last is a kill point; three groups, so that the suite's workers share
-# them (each group is one guest and one fio load; a kill and resume is a full replacement)
-KILL_POINTS = replace.STEP_NAMES[:-1]
+# every step but the last two is a kill point (after verify only warm is left, which a run
+# without --warm skips); three groups, so that the suite's workers share them (each group is
+# one guest and one fio load; a kill and resume is a full replacement)
+assert replace.STEP_NAMES[-2:] == ("verify", "warm")
+KILL_POINTS = replace.STEP_NAMES[:-2]
 KILL_GROUPS = [KILL_POINTS[i::3] for i in range(3)]
 # The kill test's backing devices run with writeback_delay 5 instead of the kernel's 30: after
 # a full writeback pass bcache's thread sleeps that long and only a detach wakes it, so every
