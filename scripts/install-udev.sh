@@ -73,8 +73,8 @@ if [ "$hook" = 1 ]; then
         hook_path=/etc/libvirt/hooks/qemu.d/cachemgr
     fi
 fi
-# libvirt reads its hooks at start and on SIGHUP (its docs/hooks.rst): a running daemon is
-# reloaded, which leaves its VMs running
+# libvirt reads its hooks at start and on SIGHUP (its hooks page, hooks.html): a running
+# daemon is reloaded, which leaves its VMs running
 reload_libvirt() {
     booted || return 0
     for d in libvirtd.service virtqemud.service; do

@@ -2,12 +2,13 @@
 /etc/libvirt/hooks/qemu.d/cachemgr (libvirt/qemu-hook) with the domain XML on stdin. What it
 decides, and why it passes or refuses on an error, is cachemgr/ops/migrate.py.
 
-Contract with libvirt (its docs/hooks.rst): exit 0 lets the operation go on; any other exit
-stops it (an incoming migration is cancelled, a start fails) and libvirt shows the exit
-status and this program's stderr to the user. For ``migrate`` and ``restore`` libvirt takes
-stdout as a replacement domain XML: nothing is ever written to stdout (fd 1 is pointed at
-/dev/null first). Exit 3: refused (the message names the command that makes it safe); exit
-1: an error while a cached device is under a disk of an arriving VM (refused: fail-closed).
+Contract with libvirt (its hooks page, hooks.html): exit 0 lets the operation go on; any
+other exit stops it (an incoming migration is cancelled, a start fails) and libvirt shows
+the exit status and this program's stderr to the user. For ``migrate`` and ``restore``
+libvirt takes stdout as a replacement domain XML: nothing is ever written to stdout (fd 1 is
+pointed at /dev/null first). Exit 3: refused (the message names the command that makes it
+safe); exit 1: an error while a cached device is under a disk of an arriving VM (refused:
+fail-closed).
 
 The top level imports the standard library and cachemgr.ops.migrate only (which imports
 nothing more than cachemgr.core.safexml): a VM with no cache under it passes without the

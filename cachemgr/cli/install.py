@@ -51,9 +51,9 @@ def register(sub: Any) -> None:
                     "and boot unit, libvirt's qemu hook (the live-migration guard, "
                     "/etc/libvirt/hooks/qemu.d/cachemgr, when libvirt is installed), and on "
                     "request the metrics units, with this cachemgr as their program; reloads "
-                    "udev, systemd and a running libvirtd (udev/README.md, systemd/README.md, "
-                    "docs/admin-guide.md). Exit 2 for a bad option or a --python without "
-                    "cachemgr.")
+                    "udev, systemd and a running libvirtd (udev/README.md, systemd/README.md; "
+                    "the hook: the admin guide, \"Live migration over shared storage\"). "
+                    "Exit 2 for a bad option or a --python without cachemgr.")
     s.add_argument("--python", metavar="PATH",
                    help="the interpreter that has cachemgr (default: this one)")
     s.add_argument("--policy", metavar="PATH",

@@ -2,19 +2,19 @@
 (/etc/libvirt/hooks/qemu.d/cachemgr runs ``python -m cachemgr.cli.hook``; docs/admin-guide.md,
 "Live migration over shared storage").
 
-Where libvirt calls a hook (its docs/hooks.rst, "QEMU guest migration"): a live migration
-runs ``qemu NAME migrate begin -`` on the **destination** host only, at the start of the
-incoming migration, with the domain XML on stdin and its stdout taken as a replacement XML
-(empty: unchanged); a non-zero exit cancels the incoming migration, and libvirt reports the
-exit status and the hook's stderr to whoever asked (``virsh migrate`` prints it). The
-source host runs no hook before a migration: only ``stopped end`` and ``release end``
-once the guest has left. So this guard judges the disks as this host (the destination) sees
-them: a disk that sits on a host-local cache (bcache, dm-cache, dm-writecache, an LVM cache)
-over shared storage (:func:`cachemgr.backends.vms.shared_kind`) is refused while that cache
-is in writeback or holds dirty data, with the command that makes it safe. With the policy's
-``guard_start`` the same check runs at ``prepare begin`` (a start), which is where a VM
-starts writing into a host-local cache of shared storage on the host that is later the
-source (procedures/policy.py, ``[migration]``).
+Where libvirt calls a hook (libvirt's hooks page, hooks.html, "QEMU guest migration"): a
+live migration runs ``qemu NAME migrate begin -`` on the **destination** host only, at the
+start of the incoming migration, with the domain XML on stdin and its stdout taken as a
+replacement XML (empty: unchanged); a non-zero exit cancels the incoming migration, and
+libvirt reports the exit status and the hook's stderr to whoever asked (``virsh migrate``
+prints it). The source host runs no hook before a migration: only ``stopped end`` and
+``release end`` once the guest has left. So this guard judges the disks as this host (the
+destination) sees them: a disk that sits on a host-local cache (bcache, dm-cache, dm-
+writecache, an LVM cache) over shared storage (:func:`cachemgr.backends.vms.shared_kind`) is
+refused while that cache is in writeback or holds dirty data, with the command that makes it
+safe. With the policy's ``guard_start`` the same check runs at ``prepare begin`` (a start),
+which is where a VM starts writing into a host-local cache of shared storage on the host
+that is later the source (procedures/policy.py, ``[migration]``).
 
 Speed: libvirt waits for the hook. Every operation but ``migrate`` and ``prepare`` is
 passed by the installed shell wrapper without starting Python. Here, :func:`disk_sources`,

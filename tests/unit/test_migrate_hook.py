@@ -213,9 +213,8 @@ def _wrapper(tmp_path: Path, python: str) -> Path:
 def _as_libvirt(hook_path: Path, *args: str, xml: str,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     """As libvirt's virHookCall runs it: NAME OP SUBOP EXTRA, the XML on stdin, its common
-    environment only (LC_ALL=C, PATH, HOME, USER, LOGNAME)."""
-    base = {"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-            "USER": "root", "LOGNAME": "root"}
+    environment only (the lab's libvirtd 9.0 passes LC_ALL=C and HOME=/, no PATH)."""
+    base = {"LC_ALL": "C", "HOME": "/"}
     return subprocess.run([str(hook_path), *args], input=xml.encode(), capture_output=True,
                           env={**base, **(env or {})}, timeout=120, check=False)
 
