@@ -11,11 +11,15 @@ on the source: two system daemons cannot share one guest (the qemu driver's stat
 directories are fixed for root), and qemu under the lab's TCG takes minutes. The incoming
 half is libvirt's own, though: the test calls virDomainMigratePrepare3 (the call a source
 libvirtd makes on the destination; libvirt.so exports it) on the lab's libvirtd with a
-domain XML, and libvirtd runs ``qemu.d/cachemgr NAME migrate begin -`` with that XML on stdin
-exactly as for a migration. The error the call returns is what ``virsh migrate`` prints on the
-source. Where the hook passes, a second script in qemu.d that sorts first (``00-lab-stop``)
-stops the migration before qemu would start: libvirt runs every script and reports the last
-failure, so its words mean cachemgr's hook passed, cachemgr's words that it refused.
+domain XML, and libvirtd runs ``qemu.d/cachemgr NAME migrate begin -`` with that XML on
+stdin exactly as for a migration. The error the call returns is what ``virsh migrate``
+prints on the source. A start (``virsh start``) runs ``prepare begin`` through the same
+hook: with the policy's ``guard_start`` it is refused before qemu would start. With
+``on_hazard = "writethrough"`` the hook switches and drains the cache itself and the
+migration passes. Where the hook passes, a second script in qemu.d that sorts first
+(``00-lab-stop``) stops the migration before qemu would start: libvirt runs every script and
+reports the last failure, so its words mean cachemgr's hook passed, cachemgr's words that it
+refused.
 """
 
 from __future__ import annotations
@@ -209,4 +213,32 @@ def test_libvirt_refuses_an_incoming_migration_over_a_dirty_writeback_cache_on_m
     assert rc < 0 and STOP in err and "cachemgr" not in err, err
     code, stderr, _ = _hook_as_libvirt(["vm1", "migrate", "begin", "-"], xml)
     assert (code, stderr) == (0, "")
+
+    # 4. the policy's guard_start: libvirt's own `virsh start` runs the hook ("prepare
+    # begin") and fails before qemu starts
+    r = clirun.in_process("mode", "/dev/bcache0", "writeback")
+    assert r.returncode == 0, r.stderr
+    runner.run(["dd", "if=/dev/urandom", "of=/dev/bcache0", "bs=1M", "count=4",
+                "oflag=direct", "status=none"], timeout=120)
+    pol = Path("/etc/cachemgr/cachemgr.toml")
+    pol.parent.mkdir(parents=True, exist_ok=True)
+    pol.write_text("version = 1\n[migration]\nguard_start = true\n")
+    r_start = runner.run(["virsh", "-c", "qemu:///system", "start", "vm1"], check=False,
+                         timeout=300)
+    assert r_start.returncode != 0, r_start.stdout
+    assert "Hook script execution failed" in r_start.stderr, r_start.stderr
+    assert "vm1 prepare begin -) unexpected exit status 3" in r_start.stderr, r_start.stderr
+    assert "cachemgr: refused the start of domain 'vm1'" in r_start.stderr, r_start.stderr
+    assert runner.run(["virsh", "-q", "-c", "qemu:///system", "list"]).stdout.strip() == ""
+    measure.report(LOG, "start refused", virsh_stderr=r_start.stderr)
+
+    # 5. on_hazard = "writethrough": the hook makes the cache safe itself (cachemgr mode
+    # through the gate) and the migration passes it
+    pol.write_text('version = 1\n[migration]\non_hazard = "writethrough"\n')
+    rc, err = lv.prepare(xml)
+    assert rc < 0 and STOP in err and "refused" not in err, err
+    b = Path("/sys/block/bcache0/bcache")
+    assert "[writethrough]" in (b / "cache_mode").read_text()
+    assert (b / "state").read_text().strip() == "clean"
+    pol.unlink()
     stop.unlink()
