@@ -45,8 +45,8 @@ def main() -> int:
         py.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} \"$@\"\n")
         py.chmod(0o755)
         hook = tmp / "cachemgr"
-        hook.write_text((ROOT / "libvirt" / "qemu-hook").read_text().replace("@PYTHON@",
-                                                                              str(py)))
+        hook.write_text((ROOT / "libvirt" / "qemu-hook").read_text()
+                        .replace("@PYTHON@", str(py)).replace("@ARGS@", ""))
         hook.chmod(0o755)
         env = {"LC_ALL": "C", "HOME": "/"}
 

@@ -73,6 +73,18 @@ if [ "$hook" = 1 ]; then
         hook_path=/etc/libvirt/hooks/qemu.d/cachemgr
     fi
 fi
+# the hook's policy option, the path single-quoted for its shell (checked before anything is
+# written)
+hook_args=""
+if [ -n "$hook_path" ] && [ -n "$policy" ]; then
+    case $policy in
+    *"'"* | *"|"* | *"&"* | *\\*)
+        echo "install-udev: libvirt's hook cannot name a policy path with ' | & or \\" \
+            "($policy): give --no-libvirt-hook, or another path" >&2
+        exit 2 ;;
+    esac
+    hook_args=" --policy '$policy'"
+fi
 # libvirt reads its hooks at start and on SIGHUP (its hooks page, hooks.html): a running
 # daemon is reloaded, which leaves its VMs running
 reload_libvirt() {
@@ -133,7 +145,8 @@ say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.cli.ud
 
 if [ -n "$hook_path" ]; then
     mkdir -p "$(dirname "$hook_path")"
-    sed -e "s|@PYTHON@|$python|g" "$here/libvirt/qemu-hook" >"$hook_path.tmp"
+    sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$hook_args|g" "$here/libvirt/qemu-hook" \
+        >"$hook_path.tmp"
     chmod 0755 "$hook_path.tmp"
     mv "$hook_path.tmp" "$hook_path"
     say "installed $hook_path (libvirt's qemu hook: the live-migration guard)"

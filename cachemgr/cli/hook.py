@@ -104,14 +104,19 @@ def run(argv: Sequence[str], xml: str, *, sys_root: str = "/sys",
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``[--policy PATH] NAME OP SUBOP EXTRA`` (the wrapper puts ``--policy`` first when
+    install-udev was given one; libvirt's four arguments follow)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    policy_path = os.environ.get(POLICY_ENV) or None
+    if args[:1] == ["--policy"] and len(args) >= 2:
+        policy_path, args = args[1], args[2:]
     _quiet_stdout()
     try:
         xml = sys.stdin.buffer.read().decode("utf-8", "replace")
     except (OSError, ValueError, AttributeError):
         xml = ""
     return run(args, xml, sys_root=os.environ.get(SYSFS_ENV) or "/sys",
-               policy_path=os.environ.get(POLICY_ENV) or None)
+               policy_path=policy_path)
 
 
 if __name__ == "__main__":

@@ -199,10 +199,19 @@ def test_libvirt_refuses_an_incoming_migration_over_a_dirty_writeback_cache_on_m
         t0 = time.perf_counter()
         runner.run([str(py), "-c", "pass"])
         bare_py.append(time.perf_counter() - t0)
+    # a VM on a device-mapper device with no cache under it (the multipath device itself):
+    # the full look (the snapshot), then a pass
+    on_dm = _domain("vm3", _block("/dev/mapper/mpatha"))
+    dm_times = []
+    for _ in range(3):
+        code, stderr, dt = _hook_as_libvirt(["vm3", "migrate", "begin", "-"], on_dm)
+        assert (code, stderr) == (0, "")
+        dm_times.append(dt)
     dirty = [_hook_as_libvirt(["vm1", "migrate", "begin", "-"], xml) for _ in range(3)]
     assert all(c == 3 for c, _, _ in dirty), dirty
     measure.report(LOG, "hook run time", no_cache_migrate_s=sorted(times),
                    other_ops_s=sorted(others), python_start_s=sorted(bare_py),
+                   dm_no_cache_migrate_s=sorted(dm_times),
                    dirty_cache_migrate_s=sorted(
                        d for _, _, d in dirty))
 

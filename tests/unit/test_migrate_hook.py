@@ -205,7 +205,8 @@ def test_the_policy_table() -> None:
 
 def _wrapper(tmp_path: Path, python: str) -> Path:
     w = tmp_path / "cachemgr"
-    w.write_text((ROOT / "libvirt" / "qemu-hook").read_text().replace("@PYTHON@", python))
+    w.write_text((ROOT / "libvirt" / "qemu-hook").read_text().replace("@PYTHON@", python)
+                 .replace("@ARGS@", ""))
     w.chmod(0o755)
     return w
 
@@ -268,3 +269,38 @@ def test_the_installer_puts_the_hook_where_hooks_dir_says(tmp_path: Path) -> Non
                         "--no-systemd", "--no-reload"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0 and not installed.exists(), r.stderr
+
+
+def test_the_policy_path_reaches_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """install-udev --policy PATH: the installed hook passes ``--policy 'PATH'`` before
+    libvirt's arguments (quoted: a path with a space is one word), and the hook reads it."""
+    bash = shutil.which("bash")
+    assert bash
+    hooks = tmp_path / "hooks"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--python",
+                        sys.executable, "--rules-dir", str(tmp_path / "rules"), "--hooks-dir",
+                        str(hooks), "--policy", "/srv/cache policy.toml", "--no-systemd",
+                        "--no-reload"], capture_output=True, text=True, timeout=60,
+                       check=False, env=env)
+    assert r.returncode == 0, r.stderr
+    text = (hooks / "qemu.d" / "cachemgr").read_text()
+    assert "-m cachemgr.cli.hook --policy '/srv/cache policy.toml' \"$@\"" in text
+    seen: list[tuple[list[str], str | None]] = []
+    monkeypatch.setattr(hook, "run", lambda argv, xml, *, sys_root, policy_path: seen.append(
+        (list(argv), policy_path)) or 0)
+    monkeypatch.setattr(hook, "_quiet_stdout", lambda: None)
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115
+    assert hook.main(["--policy", "/srv/cache policy.toml", "vm", "migrate", "begin", "-"]) == 0
+    assert hook.main(["vm", "migrate", "begin", "-"]) == 0
+    assert seen == [(["vm", "migrate", "begin", "-"], "/srv/cache policy.toml"),
+                    (["vm", "migrate", "begin", "-"], None)]
+    # a path the hook's shell line cannot hold: refused before anything is written
+    r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--python",
+                        sys.executable, "--rules-dir", str(tmp_path / "rules3"), "--hooks-dir",
+                        str(tmp_path / "hooks3"), "--policy", "/srv/it's.toml",
+                        "--no-systemd", "--no-reload"], capture_output=True, text=True,
+                       timeout=60, check=False, env=env)
+    assert r.returncode == 2 and "cannot name a policy path" in r.stderr, r.stderr
+    assert not (tmp_path / "rules3").exists() and not (tmp_path / "hooks3").exists()
