@@ -11,8 +11,8 @@ safe); exit 1: an error while a cached device is under a disk of an arriving VM 
 fail-closed).
 
 The top level imports the standard library and cachemgr.ops.migrate only (which imports
-nothing more than cachemgr.core.safexml): a VM with no cache under it passes without the
-snapshot's imports.
+nothing more than cachemgr.core's safexml and sysfs_lite): a VM with no cache under it
+passes without the snapshot's imports.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
+from cachemgr.core import sysfs_lite
 from cachemgr.ops import migrate
 
 TYPE_CHECKING = False
@@ -61,12 +62,13 @@ def _policy(path: str | None) -> tuple[object, str | None]:
         return policy.MigrationPolicy(), "; ".join(x.render(exc.path) for x in exc.problems)
 
 
-def run(argv: Sequence[str], xml: str, *, sys_root: str = "/sys",
+def run(argv: Sequence[str], xml: str, *, sys_root: str | None = None,
         policy_path: str | None = None) -> int:
     """The hook's decision for ``argv`` (NAME OP SUBOP EXTRA) and the domain ``xml``."""
     if len(argv) < 2 or argv[1] not in migrate.GUARDED:
         return 0
     name, op = argv[0], argv[1]
+    sys_root = sys_root or sysfs_lite.ROOT
     try:
         if not migrate.needs_a_look(xml, sys_root=sys_root):
             return 0
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         xml = sys.stdin.buffer.read().decode("utf-8", "replace")
     except (OSError, ValueError, AttributeError):
         xml = ""
-    return run(args, xml, sys_root=os.environ.get(SYSFS_ENV) or "/sys",
+    return run(args, xml, sys_root=os.environ.get(SYSFS_ENV) or None,
                policy_path=policy_path)
 
 

@@ -16,12 +16,12 @@ safe. With the policy's ``guard_start`` the same check runs at ``prepare begin``
 which is where a VM starts writing into a host-local cache of shared storage on the host
 that is later the source (procedures/policy.py, ``[migration]``).
 
-Speed: libvirt waits for the hook. Every operation but ``migrate`` and ``prepare`` is
-passed by the installed shell wrapper without starting Python. Here, :func:`disk_sources`,
+Speed: libvirt waits for the hook. Every operation but ``migrate`` and ``prepare`` is passed
+by the installed shell wrapper without starting Python. Here, :func:`disk_sources`,
 :func:`devno` and :func:`may_be_cached` use the standard library only (this module's top
-level imports nothing more than cachemgr.core.safexml): a VM none of whose disks has a
-bcache or device-mapper device under it passes on them alone. Only a VM with one reads the
-snapshot (:func:`hazards`), and only a hazard reads the policy.
+level imports nothing more than cachemgr.core.safexml and cachemgr.core.sysfs_lite): a VM
+none of whose disks has a bcache or device-mapper device under it passes on them alone. Only
+a VM with one reads the snapshot (:func:`hazards`), and only a hazard reads the policy.
 
 Failing open or closed: a refused incoming migration leaves the VM running on the source,
 unchanged, and can be retried; a migration let through over a dirty cache reads stale
@@ -37,7 +37,7 @@ import os
 import stat
 from xml.parsers import expat
 
-from cachemgr.core import safexml
+from cachemgr.core import safexml, sysfs_lite
 
 TYPE_CHECKING = False  # typing's import costs what the fast path saves; mypy reads it as True
 if TYPE_CHECKING:
@@ -108,33 +108,12 @@ def may_be_cached(sys_root: str, num: str) -> bool:
     (MAJ:MIN; a partition counts as its disk): only those can be caches. Unreadable: True
     (the snapshot decides)."""
     try:
-        todo = [os.path.realpath(os.path.join(sys_root, "dev", "block", num))]
+        return any(n.startswith(_CACHE_PREFIXES) for n in sysfs_lite.names_under(sys_root, num))
     except OSError:
         return True
-    if not os.path.isdir(todo[0]):
-        return False  # no block device here (a file on tmpfs, on NFS): no cache under it
-    seen: set[str] = set()
-    while todo:
-        d = todo.pop()
-        if d in seen:
-            continue
-        seen.add(d)
-        if os.path.basename(d).startswith(_CACHE_PREFIXES):
-            return True
-        if os.path.exists(os.path.join(d, "partition")):
-            todo.append(os.path.dirname(d))
-            continue
-        try:
-            slaves = os.listdir(os.path.join(d, "slaves"))
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return True
-        todo += [os.path.realpath(os.path.join(d, "slaves", s)) for s in slaves]
-    return False
 
 
-def needs_a_look(xml: str, *, sys_root: str = "/sys",
+def needs_a_look(xml: str, *, sys_root: str = sysfs_lite.ROOT,
                  devno_of: Callable[[str], str | None] = devno) -> bool:
     """The fast path: whether any disk of the domain may sit on a cache on this host."""
     for _, src in disk_sources(xml):

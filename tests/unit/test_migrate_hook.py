@@ -192,6 +192,12 @@ def test_a_vm_on_no_cache_passes_on_the_fast_path(tmp_path: Path,
         assert hook.run(["vm", op, "begin", "-"], xml, sys_root=str(tmp_path / "sys")) == 0
 
 
+def test_the_fast_readers_root_is_sysfs_own() -> None:
+    from cachemgr.core import sysfs, sysfs_lite
+
+    assert sysfs_lite.ROOT == sysfs.DEFAULT_ROOT
+
+
 def test_the_policy_table() -> None:
     pol = policy_mod.parse('version = 1\n[migration]\non_hazard = "writethrough"\n'
                            'guard_start = true\ndrain_timeout = 30\n')
