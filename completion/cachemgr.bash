@@ -46,7 +46,7 @@ _cachemgr_node() {
     'vm-cache') subs=(); opts=('-h' '--help' '--next-boot' '-y' '--yes' '--connect' '--json'); vopts=('--connect') ;;
     'trace') subs=(); opts=('-h' '--help' '-o' '--output' '--seconds' '--rate' '--block' '--force' '--json'); vopts=('-o' '--output' '--seconds' '--rate' '--block') ;;
     'size') subs=(); opts=('-h' '--help' '--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot' '--json'); vopts=('--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot') ;;
-    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir') ;;
+    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
     *) subs=(); opts=(); vopts=() ;;
@@ -269,6 +269,7 @@ _cachemgr_optval() {
         '--policy') spec=files ;;
         '--rules-dir') spec=dirs ;;
         '--unit-dir') spec=dirs ;;
+        '--hooks-dir') spec=dirs ;;
         esac ;;
     'warm')
         case $2 in

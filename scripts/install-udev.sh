@@ -8,25 +8,35 @@
 #   scripts/install-udev.sh --protect            # also the protect pass every minute
 #   scripts/install-udev.sh --uninstall          # everything it installed
 #
+# With the rule comes libvirt's qemu hook, the live-migration guard
+# (/etc/libvirt/hooks/qemu.d/cachemgr; docs/admin-guide.md, "Live migration over shared
+# storage"), when /etc/libvirt exists (libvirt is installed) and neither --rules-dir nor
+# --unit-dir moves the install elsewhere, or where --hooks-dir says; a running libvirtd is
+# reloaded (SIGHUP) so that it runs the hook.
+#
 # Options: --python PATH (the interpreter with cachemgr; default: the one next to the
 # `cachemgr` on PATH, else this checkout's .venv), --rules-dir DIR (/etc/udev/rules.d),
 # --unit-dir DIR (/etc/systemd/system), --no-systemd (rule only), --no-reload, --metrics
 # (enable cachemgr-metrics.service, /metrics on loopback :9563), --textfile (enable
 # cachemgr-textfile.timer), --smart (enable cachemgr-smart.timer: the cache SSDs' SMART
 # health read every 10 minutes), --protect (enable cachemgr-protect.timer: the policy's
-# [protect] pass every minute). Units are enabled with systemctl also when systemd is not
+# [protect] pass every minute), --hooks-dir DIR (libvirt's hooks directory, default
+# /etc/libvirt/hooks), --no-libvirt-hook. Units are enabled with systemctl also when systemd is not
 # running (an image or chroot being built); they are started only on a running systemd.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rules_dir=/etc/udev/rules.d
 unit_dir=/etc/systemd/system
-python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0
+hooks_dir=
+python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0 hook=1
 while [ $# -gt 0 ]; do
     case $1 in
     --python) python=$2; shift ;;
     --policy) policy=$2; shift ;;
     --rules-dir) rules_dir=$2; shift ;;
     --unit-dir) unit_dir=$2; shift ;;
+    --hooks-dir) hooks_dir=$2; shift ;;
+    --no-libvirt-hook) hook=0 ;;
     --no-systemd) systemd=0 ;;
     --no-reload) reload=0 ;;
     --uninstall) uninstall=1 ;;
@@ -34,7 +44,7 @@ while [ $# -gt 0 ]; do
     --textfile) textfile=1 ;;
     --smart) smart=1 ;;
     --protect) protect=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "install-udev: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -50,6 +60,42 @@ units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.se
     cachemgr-protect.service cachemgr-protect.timer"
 # sd_booted(3): systemd is PID 1 (else systemctl only edits unit files, offline)
 booted() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
+# libvirt's hooks: the qemu.d directory of --hooks-dir, or of /etc/libvirt/hooks when
+# libvirt is installed and the rule and units go to their own directories too (an install
+# into directories of your choosing, a test's or an image's, leaves the live /etc/libvirt
+# alone unless --hooks-dir says); none otherwise
+hook_path=
+if [ "$hook" = 1 ]; then
+    if [ -n "$hooks_dir" ]; then
+        hook_path=$hooks_dir/qemu.d/cachemgr
+    elif [ -d /etc/libvirt ] && [ "$rules_dir" = /etc/udev/rules.d ] &&
+        [ "$unit_dir" = /etc/systemd/system ]; then
+        hook_path=/etc/libvirt/hooks/qemu.d/cachemgr
+    fi
+fi
+# the hook's policy option, the path single-quoted for its shell (checked before anything is
+# written)
+hook_args=""
+if [ -n "$hook_path" ] && [ -n "$policy" ]; then
+    case $policy in
+    *"'"* | *"|"* | *"&"* | *\\*)
+        echo "install-udev: libvirt's hook cannot name a policy path with ' | & or \\" \
+            "($policy): give --no-libvirt-hook, or another path" >&2
+        exit 2 ;;
+    esac
+    hook_args=" --policy '$policy'"
+fi
+# libvirt reads its hooks at start and on SIGHUP (its hooks page, hooks.html): a running
+# daemon is reloaded, which leaves its VMs running
+reload_libvirt() {
+    booted || return 0
+    for d in libvirtd.service virtqemud.service; do
+        if systemctl -q is-active "$d" 2>/dev/null; then
+            systemctl reload "$d" && say "reloaded $d (it runs the hook from now on)"
+        fi
+    done
+    return 0
+}
 
 if [ "$uninstall" = 1 ]; then
     for u in $units; do
@@ -62,6 +108,10 @@ if [ "$uninstall" = 1 ]; then
         rm -f "$unit_dir/$u" "$unit_dir"/*.wants/"$u"
     done
     rm -f "$rules_dir/90-cachemgr.rules"
+    if [ -n "$hook_path" ] && [ -e "$hook_path" ]; then
+        rm -f "$hook_path"
+        reload_libvirt
+    fi
     booted && systemctl daemon-reload
     [ "$reload" = 1 ] && command -v udevadm >/dev/null && udevadm control --reload || true
     say "removed"
@@ -92,6 +142,16 @@ sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$args|g" \
     "$here/udev/90-cachemgr.rules" >"$rules_dir/90-cachemgr.rules.tmp"
 mv "$rules_dir/90-cachemgr.rules.tmp" "$rules_dir/90-cachemgr.rules"
 say "installed $rules_dir/90-cachemgr.rules (handler: $python -m cachemgr.cli.udev)"
+
+if [ -n "$hook_path" ]; then
+    mkdir -p "$(dirname "$hook_path")"
+    sed -e "s|@PYTHON@|$python|g" -e "s|@ARGS@|$hook_args|g" "$here/libvirt/qemu-hook" \
+        >"$hook_path.tmp"
+    chmod 0755 "$hook_path.tmp"
+    mv "$hook_path.tmp" "$hook_path"
+    say "installed $hook_path (libvirt's qemu hook: the live-migration guard)"
+    reload_libvirt
+fi
 
 # install_unit NAME: systemd/NAME with @CACHEMGR@ (and @ARGS@, the policy) filled in
 install_unit() {

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cachemgr.backends import virsh
+from cachemgr.core import safexml
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
     CacheMode,
@@ -49,10 +50,13 @@ PAGE_CACHE_WRITES = ("writeback", "unsafe", "default")
 
 
 def _xml(text: str) -> ET.Element:
+    """A domain XML, parsed as data: a DOCTYPE or an entity declaration is refused first
+    (core/safexml.py), so no entity is ever expanded."""
     try:
+        safexml.check(text)
         return ET.fromstring(text)
-    except ET.ParseError as exc:
-        raise CacheMgrError(f"libvirt returned a domain XML that does not parse: {exc}") from None
+    except (ET.ParseError, safexml.UnsafeXml) as exc:
+        raise CacheMgrError(f"a domain XML that cachemgr does not read: {exc}") from None
 
 
 def domain_name(xml: str) -> str | None:
@@ -235,6 +239,55 @@ def walk(sysfs: Sysfs, name: str, caches: Mapping[str, object]) -> tuple[tuple[s
     return tuple(stack), tuple(found)
 
 
+def shared_kind(sysfs: Sysfs, name: str) -> str | None:
+    """What makes the block device ``name`` storage that other hosts reach too, or None: a
+    multipath device (device-mapper UUID ``mpath-``, multipathd's), an RBD image, an NBD or
+    DRBD device, a SCSI disk on an iSCSI session or a Fibre Channel remote port (its sysfs
+    device path). A host-local cache over such a device is a hazard for a live migration
+    (docs/admin-guide.md, "Live migration over shared storage")."""
+    if name.startswith("rbd"):
+        return "an RBD image (Ceph)"
+    if name.startswith("nbd"):
+        return "a network block device (NBD)"
+    if name.startswith("drbd"):
+        return "a DRBD device"
+    if name.startswith("dm-"):
+        uuid = sysfs.read_opt(f"block/{name}/dm/uuid") or ""
+        return "a multipath device" if uuid.startswith("mpath-") else None
+    if name.startswith("sd"):
+        dev = sysfs.resolve(f"block/{name}/device") or ""
+        if "/session" in dev:
+            return "an iSCSI disk"
+        if "/rport-" in dev:
+            return "a Fibre Channel disk"
+    return None
+
+
+def shared_under(sysfs: Sysfs, name: str) -> tuple[str, str] | None:
+    """(the device, what it is) of the first shared-storage device at or under the cached
+    device ``name`` (its backing device, origin, and what they sit on), or None."""
+    todo, seen = [name], set()
+    while todo:
+        n = todo.pop(0)
+        if n in seen:
+            continue
+        seen.add(n)
+        why = shared_kind(sysfs, n)
+        if why is not None:
+            return n, why
+        whole = sysfs.disk_of_partition(n)
+        todo.extend([whole] if whole else sysfs.listdir(f"block/{n}/slaves"))
+    return None
+
+
+def hazard_warning(node: str, shared: tuple[str, str]) -> str:
+    """The VM view's mark of a host-local cache over shared storage."""
+    return (f"migration hazard: {node} is a host-local cache over shared storage "
+            f"(/dev/{shared[0]}: {shared[1]}): after a live migration the other host reads "
+            f"stale blocks unless it is writethrough and clean here first (cachemgr mode "
+            f"{node} writethrough --drain)")
+
+
 def disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
          caches: Mapping[str, tuple[str, CacheMode | None]]) -> VmDisk:
     """A disk of :func:`parse_domain` with its stack, the caches under it and its warnings."""
@@ -257,6 +310,10 @@ def disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
     cache = str(d["cache"])
     warnings = vm_cache_warnings(cache, bool(d["read_only"]),
                                  [caches[n][1] for n in found])
+    for n in found:
+        shared = shared_under(sysfs, n)
+        if shared is not None:
+            warnings.append(hazard_warning(caches[n][0], shared))
     return VmDisk(target=str(d["target"]), bus=d["bus"] if isinstance(d["bus"], str) else None,
                   source_type=kind, source=source, cache=cache,
                   io=d["io"] if isinstance(d["io"], str) else None,

@@ -1,6 +1,7 @@
-"""``cachemgr install-udev``: the udev rule and the systemd units, put in place by the installer
+"""``cachemgr install-udev``: the udev rule, the systemd units and libvirt's qemu hook (the
+live-migration guard), put in place by the installer
 that ships with cachemgr (``scripts/install-udev.sh`` in a checkout; in a wheel the same
-script, rule and units are package data, in the package's ``data`` directory)."""
+script, rule, units and hook are package data, in the package's ``data`` directory)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ def installer() -> Path:
 def argv_for(args: argparse.Namespace) -> list[str]:
     """The installer's command line: this interpreter's cachemgr unless --python says."""
     argv = ["/bin/bash", str(installer()), "--python", args.python or sys.executable]
-    for opt in ("policy", "rules_dir", "unit_dir"):
+    for opt in ("policy", "rules_dir", "unit_dir", "hooks_dir"):
         if getattr(args, opt):
             argv += [f"--{opt.replace('_', '-')}", getattr(args, opt)]
     for flag in ("metrics", "textfile", "smart", "protect", "uninstall", "no_systemd",
-                 "no_reload"):
+                 "no_reload", "no_libvirt_hook"):
         if getattr(args, flag):
             argv.append(f"--{flag.replace('_', '-')}")
     return argv
@@ -47,10 +48,12 @@ def register(sub: Any) -> None:
     s = sub.add_parser(
         "install-udev", help="install (or remove) the udev rule and the systemd units",
         description="As root: the auto-attach udev rule (/etc/udev/rules.d/90-cachemgr.rules) "
-                    "and boot unit, and on request the metrics units, with this cachemgr as "
-                    "their program; reloads udev and systemd (udev/README.md, "
-                    "systemd/README.md). Exit 2 for a bad option or a --python without "
-                    "cachemgr.")
+                    "and boot unit, libvirt's qemu hook (the live-migration guard, "
+                    "/etc/libvirt/hooks/qemu.d/cachemgr, when libvirt is installed), and on "
+                    "request the metrics units, with this cachemgr as their program; reloads "
+                    "udev, systemd and a running libvirtd (udev/README.md, systemd/README.md; "
+                    "the hook: the admin guide, \"Live migration over shared storage\"). "
+                    "Exit 2 for a bad option or a --python without cachemgr.")
     s.add_argument("--python", metavar="PATH",
                    help="the interpreter that has cachemgr (default: this one)")
     s.add_argument("--policy", metavar="PATH",
@@ -71,4 +74,9 @@ def register(sub: Any) -> None:
     s.add_argument("--no-reload", action="store_true", help="do not reload udev's rules")
     s.add_argument("--rules-dir", metavar="DIR", help="default /etc/udev/rules.d")
     s.add_argument("--unit-dir", metavar="DIR", help="default /etc/systemd/system")
+    s.add_argument("--hooks-dir", metavar="DIR",
+                   help="libvirt's hooks directory (default /etc/libvirt/hooks, when "
+                        "/etc/libvirt exists); the hook goes to DIR/qemu.d/cachemgr")
+    s.add_argument("--no-libvirt-hook", action="store_true",
+                   help="not libvirt's qemu hook (the live-migration guard)")
     s.set_defaults(func=cmd_install_udev)

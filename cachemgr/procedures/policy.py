@@ -283,6 +283,25 @@ class ProtectPolicy:
     line: int = field(default=0, compare=False)
 
 
+MIGRATION_ACTIONS = ("refuse", "writethrough")
+
+
+@dataclass(frozen=True)
+class MigrationPolicy:
+    """The ``[migration]`` table: what cachemgr's libvirt hook (cachemgr/ops/migrate.py)
+    does when a VM is about to arrive (``migrate begin``) or, with ``guard_start``, to start
+    (``prepare begin``) while one of its disks sits on a host-local cache over shared
+    storage that is in writeback or holds dirty data. ``on_hazard``: ``refuse`` (the
+    default) refuses with the command that makes it safe; ``writethrough`` runs that command
+    itself (``cachemgr mode DEV writethrough --drain``, through the gate), for at most
+    ``drain_timeout`` seconds, and refuses when the cache is still not clean then."""
+
+    on_hazard: str = "refuse"
+    guard_start: bool = False
+    drain_timeout: int = 60
+    line: int = field(default=0, compare=False)
+
+
 # the schedulers a policy may name: mainline's (an out-of-tree one fails at run time, not
 # in `policy check`: a typo must not wait for a disk to appear to be found)
 SCHEDULERS = sched.KNOWN
@@ -296,6 +315,7 @@ class Policy:
     lvms: tuple[LvmPolicy, ...] = ()
     schedulers: tuple[SchedulerPolicy, ...] = ()
     protect: ProtectPolicy = ProtectPolicy()
+    migration: MigrationPolicy = MigrationPolicy()
 
     def cache(self, name: str) -> CachePolicy | None:
         return next((c for c in self.caches if c.name == name), None)
@@ -492,7 +512,9 @@ _BACKING_KEYS = {"device", "cache", *_COMMON_KEYS}
 _LVM_KEYS = {"lv", "cache", "type", "mode", "erase_cachevol"}
 _SCHED_KEYS = {"device", "scheduler"}
 _PROTECT_KEYS = {"enabled", "io_errors", "smart_critical", "wear_percent"}
-_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler", "protect"}
+_MIGRATION_KEYS = {"on_hazard", "guard_start", "drain_timeout"}
+_TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler", "protect",
+             "migration"}
 
 
 def parse_size(value: object) -> int:
@@ -714,10 +736,42 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
     lvms = _lvms(ck, data)
     schedulers = _schedulers(ck, data)
     protect = _protect(ck, data)
+    migration = _migration(ck, data)
     if ck.problems:
         raise PolicyError(path, ck.problems)
     return Policy(tuple(caches), tuple(backings), path, tuple(lvms), tuple(schedulers),
-                  protect)
+                  protect, migration)
+
+
+def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
+    if "migration" not in data:
+        return MigrationPolicy()
+    p = ("migration",)
+    body = ck.table(data["migration"], p)
+    if body is None:
+        return MigrationPolicy()
+    ck.unknown(body, _MIGRATION_KEYS, p)
+    out: dict[str, Any] = {}
+    if "on_hazard" in body:
+        v = body["on_hazard"]
+        if v in MIGRATION_ACTIONS:
+            out["on_hazard"] = v
+        else:
+            ck.bad((*p, "on_hazard"), f"on_hazard must be one of "
+                                      f"{', '.join(MIGRATION_ACTIONS)}, not {_toml(v)}")
+    if "guard_start" in body:
+        if isinstance(body["guard_start"], bool):
+            out["guard_start"] = body["guard_start"]
+        else:
+            ck.bad((*p, "guard_start"), "guard_start must be true or false")
+    if "drain_timeout" in body:
+        v = body["drain_timeout"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 3600:
+            ck.bad((*p, "drain_timeout"), f"drain_timeout must be an integer from 1 to 3600 "
+                                          f"(seconds), not {_toml(v)}")
+        else:
+            out["drain_timeout"] = v
+    return MigrationPolicy(**out, line=ck.lines.get(p, 0))
 
 
 def _protect(ck: _Checker, data: Mapping[str, object]) -> ProtectPolicy:
@@ -990,4 +1044,9 @@ def dumps(policy: Policy) -> str:
                 f"io_errors = {pr.io_errors}",
                 f"smart_critical = {'true' if pr.smart_critical else 'false'}",
                 f"wear_percent = {pr.wear_percent or 0}", ""]
+    mg = policy.migration
+    if mg != MigrationPolicy():
+        out += ["[migration]", f"on_hazard = {_q(mg.on_hazard)}",
+                f"guard_start = {'true' if mg.guard_start else 'false'}",
+                f"drain_timeout = {mg.drain_timeout}", ""]
     return "\n".join(out)

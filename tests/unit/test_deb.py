@@ -84,8 +84,8 @@ def test_every_installed_file_exists() -> None:
             else:
                 assert (ROOT / words[0]).exists(), f"debian/cachemgr.{name}: {words[0]}"
     rules = (DEB / "rules").read_text()
-    found = re.findall(r"(?<=\s)((?:udev|systemd|man|completion)/[\w./-]+)", rules)
-    assert "udev/90-cachemgr.rules" in found
+    found = re.findall(r"(?<=\s)((?:udev|systemd|man|completion|libvirt)/[\w./-]+)", rules)
+    assert "udev/90-cachemgr.rules" in found and "libvirt/qemu-hook" in found
     for path in found:
         if "$" not in path and "*" not in path:
             assert (ROOT / path).exists(), f"debian/rules installs {path}"
@@ -105,7 +105,8 @@ def test_every_unit_packaged_none_enabled() -> None:
     assert "s|@CACHEMGR@|/usr/bin/cachemgr|g" in rules
     assert "s|@PYTHON@|$(VENV)/bin/python3|g" in rules
     # the placeholders the rules fill are the only ones the sources have
-    for f in [ROOT / "udev/90-cachemgr.rules", *[ROOT / "systemd" / u for u in units]]:
+    for f in [ROOT / "udev/90-cachemgr.rules", ROOT / "libvirt/qemu-hook",
+              *[ROOT / "systemd" / u for u in units]]:
         assert set(re.findall(r"@[A-Z]+@", f.read_text())) <= {"@CACHEMGR@", "@ARGS@",
                                                                 "@PYTHON@"}, f
 
@@ -154,6 +155,7 @@ def test_build_deb() -> None:
                  "./lib/udev/rules.d/90-cachemgr.rules",
                  "./lib/systemd/system/cachemgr-metrics.service",
                  "./usr/share/cachemgr/monitoring/prometheus/cachemgr.rules.yml",
+                 "./usr/libexec/cachemgr/qemu-hook",
                  "./usr/share/doc/cachemgr/admin-guide.md.gz"):
         assert path in listing, path
     assert ".pyc" not in listing and "/etc/" not in listing

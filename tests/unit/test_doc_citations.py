@@ -40,7 +40,7 @@ NOT_PATHS = {
     **{("pyproject.toml", "cachemgr/" f"data/{p}"): "where the wheel carries it (force-include)"
        for p in ("udev/90-cachemgr.rules", "udev/README.md", "systemd",
                  "scripts/install-udev.sh", "monitoring", "man", "completion",
-                 "docs/admin-guide.md")},
+                 "docs/admin-guide.md", "libvirt/qemu-hook")},
 }
 # Captured kernel trees: kernel text, not ours.
 NOT_SCANNED = ("tests/fixtures/",)

@@ -24,7 +24,7 @@ def test_wheel_builds_and_installs(tmp_path: Path) -> None:
     # typed, and the udev rule, the units and their installer as package data
     data = "cachemgr/" "data/"  # in the wheel only (pyproject.toml's force-include)
     for need in ("cachemgr/py.typed", "tui/py.typed", f"{data}udev/90-cachemgr.rules",
-                 f"{data}scripts/install-udev.sh",
+                 f"{data}scripts/install-udev.sh", f"{data}libvirt/qemu-hook",
                  *(f"{data}systemd/{u.name}" for u in (ROOT / "systemd").iterdir()
                    if u.suffix in (".service", ".timer")),
                  # the alert rules, dashboard, man pages, completion and admin guide

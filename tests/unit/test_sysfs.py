@@ -50,7 +50,9 @@ def test_no_module_names_sys_itself() -> None:
     root = Path(__file__).resolve().parents[2] / "cachemgr"
     offenders = []
     for f in root.rglob("*.py"):
-        if f.name in ("sysfs.py",):
+        # sysfs_lite.py: the same layer's standard-library reader for the libvirt hook's
+        # fast path (sysfs.py's own imports cost the hook more than its answer)
+        if f.name in ("sysfs.py", "sysfs_lite.py"):
             continue
         for n, line in enumerate(f.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
