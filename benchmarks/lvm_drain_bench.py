@@ -113,7 +113,7 @@ def main() -> None:
     # (b) cachemgr detach: drain with the cleaner (progress), then --splitcache
     dirty_b = dirty_bytes()
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "cachemgr", "detach", LV, "--json"],
+    p = subprocess.run([sys.executable, "-m", "cachemgr", "detach", LV, "--json", "--yes"],
                        capture_output=True, text=True, timeout=3600,
                        env={**os.environ, "PYTHONPATH": os.getcwd()})
     cm_s = time.monotonic() - t0
