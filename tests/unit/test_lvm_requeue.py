@@ -113,17 +113,24 @@ def test_the_drain_loads_again_only_when_the_count_stands_still(
     assert manage._requeue(d, flat, 57, None) == (41, 41 * 65536)  # loaded, read again
     assert loads == ["vg0-vm1"]
     assert manage._requeue(d, flat, 41, None) == (41, None)  # a fall: the clock starts again
-    # loads that bring no fall: at most REQUEUE_FRUITLESS in a row, then it waits as before
+    last = clock.t
+    # loads that bring no fall: each doubles the wait before the next, up to the maximum
     after[:] = [41]
-    for _ in range(manage.REQUEUE_FRUITLESS + 3):
-        clock.t += manage.REQUEUE_AFTER_S
+    waits = []
+    for _ in range(200):
+        clock.t += 0.25
+        n = len(loads)
         manage._requeue(d, flat, 41, None)
-    assert len(loads) == 1 + manage.REQUEUE_FRUITLESS
-    clock.t += manage.REQUEUE_AFTER_S
-    manage._requeue(d, flat, 40, None)  # a fall counts again
+        if len(loads) > n:
+            waits.append(clock.t - last)
+            last = clock.t
+    assert waits[:5] == [0.5, 1.0, 2.0, 4.0, manage.REQUEUE_MAX_WAIT_S], waits
+    assert set(waits[5:]) == {manage.REQUEUE_MAX_WAIT_S}, waits
+    n = len(loads)
+    manage._requeue(d, flat, 40, None)  # a fall: back to the first wait
     clock.t += manage.REQUEUE_AFTER_S
     manage._requeue(d, flat, 40, None)
-    assert len(loads) == 2 + manage.REQUEUE_FRUITLESS
+    assert len(loads) == n + 1
 
 
 def test_a_table_not_the_drains_stops_the_loads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,9 +66,11 @@ HELD_FLUSH_AFTER_S = 5.0
 # A dm-cache drain whose dirty count has not fallen for this long (the cleaner holds back the
 # blocks touched in the last ~10 s writeback period) loads its cleaner table again, which lets
 # them go at once (dmcache.switch.requeue_cleaner); IO is held for the load (0.1-0.3 s in the
-# lab). After this many loads in a row that were not followed by a fall, it waits as before.
+# lab). Each load not followed by a fall doubles the wait before the next (up to
+# REQUEUE_MAX_WAIT_S, about the cleaner's own period), so a drain that stands still for
+# another reason (a stalled origin) holds IO rarely; a fall starts again at REQUEUE_AFTER_S.
 REQUEUE_AFTER_S = 0.5
-REQUEUE_FRUITLESS = 3
+REQUEUE_MAX_WAIT_S = 8.0
 ProgressFn = Callable[[DrainProgress], None]
 LVM_CACHE_MODES = (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH)
 CACHE_TUNABLES = {"migration_threshold": (0, 2**31 - 1)}
@@ -349,18 +351,20 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
 def _requeue(d: DmCacheDevice, flat: list[Any], blocks: int,
              nbytes: int | None) -> tuple[int | None, int | None]:
     """``flat`` is [dirty blocks last seen falling to, since when, loads since the last
-    fall]. When the count has stood still for REQUEUE_AFTER_S, the cleaner table is loaded
-    again (at most REQUEUE_FRUITLESS times in a row without a fall) and the count read again."""
+    fall (None: never again)]. When the count has stood still for REQUEUE_AFTER_S (doubled
+    for each load since the last fall), the cleaner table is loaded again and the count read
+    again."""
     now = time.monotonic()
     if flat[0] is None or blocks < flat[0]:
-        flat[:] = [blocks, now, 0]
+        flat[:] = [blocks, now, 0 if flat[2] is not None else None]
         return blocks, nbytes
-    if now - flat[1] < REQUEUE_AFTER_S or flat[2] >= REQUEUE_FRUITLESS:
+    if flat[2] is None or now - flat[1] < min(REQUEUE_AFTER_S * 2 ** flat[2],
+                                              REQUEUE_MAX_WAIT_S):
         return blocks, nbytes
     held = dm_switch.requeue_cleaner(d.name)
     flat[1], flat[2] = time.monotonic(), flat[2] + 1
     if held is None:
-        flat[2] = REQUEUE_FRUITLESS  # not the drain's table (any more): leave it alone
+        flat[2] = None  # not the drain's table (any more): leave it alone
         return blocks, nbytes
     log.info("%s: %d dirty block(s) held back by the cleaner: its table loaded again "
              "(IO held for %.2f s)", lv_of(d).full_name, blocks, held)
