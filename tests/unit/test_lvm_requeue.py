@@ -116,16 +116,19 @@ def test_the_drain_loads_again_only_when_the_count_stands_still(
     last = clock.t
     # loads that bring no fall: each doubles the wait before the next, up to the maximum
     after[:] = [41]
-    waits = []
-    for _ in range(200):
-        clock.t += 0.25
+    waits: list[float] = []
+    for _ in range(400):
+        clock.t += 0.1
         n = len(loads)
         manage._requeue(d, flat, 41, None)
         if len(loads) > n:
-            waits.append(clock.t - last)
+            waits.append(round(clock.t - last, 1))
             last = clock.t
-    assert waits[:5] == [0.5, 1.0, 2.0, 4.0, manage.REQUEUE_MAX_WAIT_S], waits
-    assert set(waits[5:]) == {manage.REQUEUE_MAX_WAIT_S}, waits
+    first = manage.REQUEUE_AFTER_S
+    want = [min(first * 2 ** k, manage.REQUEUE_MAX_WAIT_S) for k in range(5)]
+    assert waits[:5] == pytest.approx(want, abs=0.11), waits
+    assert waits[5:] == pytest.approx([manage.REQUEUE_MAX_WAIT_S] * len(waits[5:]),
+                                      abs=0.11), waits
     n = len(loads)
     manage._requeue(d, flat, 40, None)  # a fall: back to the first wait
     clock.t += manage.REQUEUE_AFTER_S

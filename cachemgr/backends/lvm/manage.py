@@ -63,13 +63,14 @@ LvmDevice = DmCacheDevice | DmWritecacheDevice
 # 64 blocks of 4 KiB at 10 ms each is 0.64 s on a spinning disk; 0.3 s measured in the lab.
 HELD_FLUSH_BLOCKS = 64
 HELD_FLUSH_AFTER_S = 5.0
-# A dm-cache drain whose dirty count has not fallen for this long (the cleaner holds back the
-# blocks touched in the last ~10 s writeback period) loads its cleaner table again, which lets
-# them go at once (dmcache.switch.requeue_cleaner); IO is held for the load (0.1-0.3 s in the
-# lab). Each load not followed by a fall doubles the wait before the next (up to
+# A dm-cache drain whose dirty count has not fallen for REQUEUE_AFTER_S (the cleaner holds
+# back the blocks touched in the last ~10 s writeback period) loads its cleaner table again,
+# which lets one batch of them (migration_threshold's worth) go at once
+# (dmcache.switch.requeue_cleaner); IO is held for the load (0.1-0.5 s in the lab). Each
+# load not followed by a fall doubles the wait before the next (up to
 # REQUEUE_MAX_WAIT_S, about the cleaner's own period), so a drain that stands still for
 # another reason (a stalled origin) holds IO rarely; a fall starts again at REQUEUE_AFTER_S.
-REQUEUE_AFTER_S = 0.5
+REQUEUE_AFTER_S = 0.4  # below the 0.5 s poll: the first reading that shows no new fall
 REQUEUE_MAX_WAIT_S = 8.0
 ProgressFn = Callable[[DrainProgress], None]
 LVM_CACHE_MODES = (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH)
