@@ -30,10 +30,12 @@ FIO = ["fio", "--bs=4k", "--direct=1", "--random_distribution=zipf:1.2", "--size
 LV2 = f"{VG}/vm2"  # the second LV cached on the same SSD PV (128 MiB: the load's 96 MiB + 32)
 
 
-def pre(lv: str = LV) -> list[str]:
+def pre(lv: str = LV, size: str = "32M") -> list[str]:
+    """Data written before the replacement (dirty in the cache when it starts) and read back
+    after it: beyond the load's 96 MiB (vm1: 128 MiB on, vm2: 96 MiB on)."""
     offset = "128M" if lv == LV else "96M"
     return ["fio", "--name=pre", f"--filename=/dev/{lv}", "--rw=randwrite", "--bs=4k",
-            "--direct=1", f"--offset={offset}", "--size=32M", "--verify=crc32c",
+            "--direct=1", f"--offset={offset}", f"--size={size}", "--verify=crc32c",
             "--verify_state_save=0", "--output-format=json"]
 
 cm_here = clirun.in_process
@@ -86,13 +88,13 @@ def setup(lab_disks: list[str], hosts: int = 1) -> list[scsi.ScsiDisk]:
     return ssds
 
 
-def pre_write(lv: str = LV) -> None:
-    sh(*pre(lv), "--do_verify=0", timeout=600)
+def pre_write(lv: str = LV, size: str = "32M") -> None:
+    sh(*pre(lv, size), "--do_verify=0", timeout=600)
 
 
-def pre_verify(lv: str = LV) -> None:
-    sh(*pre(lv), "--verify_only", "--verify_fatal=1", "--ioengine=libaio", "--iodepth=32",
-       timeout=600)
+def pre_verify(lv: str = LV, size: str = "32M") -> None:
+    sh(*pre(lv, size), "--verify_only", "--verify_fatal=1", "--ioengine=libaio",
+       "--iodepth=32", timeout=600)
 
 
 def cached_on(ssd_node: str, lv: str = LV) -> dict[str, str]:
@@ -125,7 +127,7 @@ def test_lvmcache_replacement_killed_after_every_step_under_verify_load(
     load2 = scenarios.verify_load(FIO, f"/dev/{LV2}", trig2)
     try:
         pre_write()
-        pre_write(LV2)
+        pre_write(LV2, "8M")  # seconds of fio: its 16 MiB cache holds it dirty
         assert dirty_blocks() > 0 and dirty_blocks("vg0-vm2") > 0, "no dirty data to protect"
         before = cached_on(ssds[0].node)
         before2 = cached_on(ssds[0].node, LV2)
@@ -183,7 +185,7 @@ def test_lvmcache_replacement_killed_after_every_step_under_verify_load(
     assert lvs(f"{VG}/pool2_cpool_cmeta", "devices")["devices"].startswith(node + "(")
     assert not list((state.state_dir() / "lvm-drain").glob("*.json"))
     pre_verify()
-    pre_verify(LV2)
+    pre_verify(LV2, "8M")
 
 
 @pytest.mark.kernel(disks="1G", timeout=900, mem=1024)

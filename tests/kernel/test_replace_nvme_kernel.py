@@ -168,8 +168,9 @@ def test_lvm_caches_on_one_nvme_pv_killed_with_the_controller_pulled(
     load = lk.scenarios.verify_load(lk.FIO, f"/dev/{lk.LV}", trig)
     load2 = lk.scenarios.verify_load(lk.FIO, f"/dev/{lk.LV2}", trig2)
     try:
-        lk.pre_write()
-        lk.pre_write(lk.LV2)
+        # seconds of fio under TCG (32 MiB at QD1 took 130 s): a few MiB dirty in each cache
+        lk.pre_write(lk.LV, "4M")
+        lk.pre_write(lk.LV2, "4M")
         before, before2 = lk.cached_on(a.node), lk.cached_on(a.node, lk.LV2)
         r = lk.cm("replace-ssd", lk.LV, "--yes", env={replace.KILL_AFTER_ENV: "remove-old"})
         assert r.returncode == -9, r.stderr
@@ -187,8 +188,8 @@ def test_lvm_caches_on_one_nvme_pv_killed_with_the_controller_pulled(
     finally:
         lk.scenarios.stop_load(load, trig, timeout=180)
         lk.scenarios.stop_load(load2, trig2, timeout=180)
-    lk.pre_verify()
-    lk.pre_verify(lk.LV2)
+    lk.pre_verify(lk.LV, "4M")
+    lk.pre_verify(lk.LV2, "4M")
 
 
 class Terminal:
