@@ -466,8 +466,8 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
 
 
 def done_line(j: Journal) -> str:
-    return (f"{j.id}: done; " + ", ".join(f"{m['vg']}/{m['lv']} cached by "
-                                          f"{m['vg']}/{m['pool']}" for m in caches(j))
+    return (f"{j.id}: done; " + ", ".join(f"{lv} cached by {m['vg']}/{m['pool']}"
+                                          for lv, m in zip(j.lvs(), caches(j), strict=False))
             + f" on {j.new.get('node')}")
 
 
