@@ -11,8 +11,9 @@ while a QD1 read load keeps the cache busy (smq writes back only when idle), and
 goes on during each measurement (a VM that keeps doing IO). In one run:
 
 (a) limit: fio writes the same bytes (64 KiB random, iodepth 16) to a scratch LV on the HDD;
-(b) ``cachemgr detach vg0/vm1``: the cleaner drain with progress, then lvconvert --splitcache;
-    the time until dirty reads 0 is taken from the drain's own report as well;
+(b) ``cachemgr detach vg0/vm1 --yes``: the cleaner drain with progress (the same cleaner
+    table loaded again whenever the dirty count stands still, docs/kernel-notes.md, "dm-cache
+    modes, smq and the cleaner"), then lvconvert --splitcache;
 (c) ``lvconvert --splitcache vg0/vm1`` on the same amount of dirty data (the pool attached again
     and refilled): lvm2 flushes inside the command ("Flushing N blocks") and then splits.
 Prints one JSON line with the times and the ratios.
@@ -113,7 +114,7 @@ def main() -> None:
     # (b) cachemgr detach: drain with the cleaner (progress), then --splitcache
     dirty_b = dirty_bytes()
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "cachemgr", "detach", LV, "--json"],
+    p = subprocess.run([sys.executable, "-m", "cachemgr", "detach", LV, "--json", "--yes"],
                        capture_output=True, text=True, timeout=3600,
                        env={**os.environ, "PYTHONPATH": os.getcwd()})
     cm_s = time.monotonic() - t0

@@ -202,7 +202,9 @@ def subject(j: replace.Journal) -> gate.Subject:
     for b in j.backings:
         words[owners.bcache_key(str(b.get("uuid") or b.get("name")))] = str(
             b.get("device") or b.get("node"))
-    keys = owners.replace_keys(j.kind, j.cset, j.backings)
+    for x in j.lvs()[1:]:
+        words[owners.lvm_key(x)] = f"LV {x} (cached on the same SSD)"
+    keys = owners.replace_keys(j.kind, j.cset, j.backings, j.lvs())
     return gate.Subject(words[owners.cache_key(j.cset)],
                         tuple((k, words.get(k, j.cset)) for k in sorted(keys)))
 

@@ -117,15 +117,17 @@ def unreadable() -> list[tuple[str, str]]:
     return out
 
 
-def replace_keys(kind: str, cset: str, backings: Iterable[dict[str, Any]]) -> frozenset[str]:
-    """The objects a replace-ssd run owns for its whole run."""
+def replace_keys(kind: str, cset: str, backings: Iterable[dict[str, Any]],
+                 lvs: Iterable[str] = ()) -> frozenset[str]:
+    """The objects a replace-ssd run owns for its whole run (``lvs``: an LVM run's other
+    cached LVs on the same SSD, Journal.lvs)."""
     keys = {cache_key(cset)}
     if kind == "bcache":
         keys |= {bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings}
     elif kind == "dmcache":
         keys.add(dmcache_key(cset))
     elif kind == "lvm":
-        keys.add(lvm_key(cset))
+        keys |= {lvm_key(x) for x in (cset, *lvs)}
     return frozenset(keys)
 
 
@@ -140,7 +142,8 @@ def _replace_runs() -> list[Owner]:
         step = next((n for n, _ in kind.steps if n not in j.done), None)
         undo = kind.point_of_no_return not in j.done
         out.append(Owner(
-            "replace-ssd", replace_keys(j.kind, j.cset, j.backings), j.cset, False, run=j.id,
+            "replace-ssd", replace_keys(j.kind, j.cset, j.backings, j.lvs()), j.cset, False,
+            run=j.id,
             step=step, since=j.created, journal=str(j.path),
             resume=f"cachemgr replace-ssd --resume {j.id}",
             rollback=f"cachemgr replace-ssd --rollback {j.id}" if undo else None))

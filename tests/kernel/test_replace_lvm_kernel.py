@@ -1,6 +1,7 @@
 """SSD replacement under LVM-owned caches (issue #16 item 4) on the lab kernel with real lvm2:
 the cache SSD is a scsi_debug disk (a PV of the VG), the origin lies on a dm-delay "HDD" PV, and
-a VM-like fio load writes and verifies on the cached LV throughout."""
+a VM-like fio load writes and verifies on the cached LV throughout. The killed-at-every-step
+test has two LVs cached on the one SSD PV (issue #35 item 4): one run replaces both caches."""
 
 from __future__ import annotations
 
@@ -26,9 +27,16 @@ DM = "vg0-vm1"
 # in the cache when it starts) and read back after it
 FIO = ["fio", "--bs=4k", "--direct=1", "--random_distribution=zipf:1.2", "--size=96M",
        "--output-format=json"]
-PRE = ["fio", "--name=pre", f"--filename=/dev/{LV}", "--rw=randwrite", "--bs=4k",
-       "--direct=1", "--offset=128M", "--size=32M", "--verify=crc32c",
-       "--verify_state_save=0", "--output-format=json"]
+LV2 = f"{VG}/vm2"  # the second LV cached on the same SSD PV (128 MiB: the load's 96 MiB + 32)
+
+
+def pre(lv: str = LV, size: str = "32M") -> list[str]:
+    """Data written before the replacement (dirty in the cache when it starts) and read back
+    after it: beyond the load's 96 MiB (vm1: 128 MiB on, vm2: 96 MiB on)."""
+    offset = "128M" if lv == LV else "96M"
+    return ["fio", "--name=pre", f"--filename=/dev/{lv}", "--rw=randwrite", "--bs=4k",
+            "--direct=1", f"--offset={offset}", f"--size={size}", "--verify=crc32c",
+            "--verify_state_save=0", "--output-format=json"]
 
 cm_here = clirun.in_process
 
@@ -57,8 +65,8 @@ def lvs(name: str, fields: str) -> dict[str, str]:
     return dict(rows[0])
 
 
-def dirty_blocks() -> int:
-    f = sh("dmsetup", "status", DM).split()
+def dirty_blocks(dm: str = DM) -> int:
+    f = sh("dmsetup", "status", dm).split()
     if f[2] == "writecache":
         return int(f[4]) - int(f[5])
     return int(f[13])
@@ -80,18 +88,18 @@ def setup(lab_disks: list[str], hosts: int = 1) -> list[scsi.ScsiDisk]:
     return ssds
 
 
-def pre_write() -> None:
-    sh(*PRE, "--do_verify=0", timeout=600)
+def pre_write(lv: str = LV, size: str = "32M") -> None:
+    sh(*pre(lv, size), "--do_verify=0", timeout=600)
 
 
-def pre_verify() -> None:
-    sh(*PRE, "--verify_only", "--verify_fatal=1", "--ioengine=libaio", "--iodepth=32",
-       timeout=600)
+def pre_verify(lv: str = LV, size: str = "32M") -> None:
+    sh(*pre(lv, size), "--verify_only", "--verify_fatal=1", "--ioengine=libaio",
+       "--iodepth=32", timeout=600)
 
 
-def cached_on(ssd_node: str) -> dict[str, str]:
-    """vm1's cache, checked to lie on ``ssd_node``; lvs's fields of it."""
-    got = lvs(LV, "segtype,pool_lv,cache_mode,cache_policy,cache_settings")
+def cached_on(ssd_node: str, lv: str = LV) -> dict[str, str]:
+    """``lv``'s cache, checked to lie on ``ssd_node``; lvs's fields of it."""
+    got = lvs(lv, "segtype,pool_lv,cache_mode,cache_policy,cache_settings")
     pool = got["pool_lv"].strip("[]")
     where = lvs(f"{VG}/{pool}", "devices")["devices"]
     if got["segtype"] == "cache" and pool.endswith("_cpool"):
@@ -108,27 +116,42 @@ def test_lvmcache_replacement_killed_after_every_step_under_verify_load(
     lvm("lvconvert", "-y", "--type", "cache-pool", "--chunksize", "64k", f"{VG}/pool")
     lvm("lvconvert", "-y", "--type", "cache", "--cachepool", f"{VG}/pool", "--cachemode",
         "writeback", "--cachesettings", "migration_threshold=4096", LV)
-    trig = "/tmp/stop-load"
+    # the usual layout: one SSD PV caching several VM LVs (vm2: another pool, its own mode)
+    lvm("lvcreate", "-y", "-n", "vm2", "-L", "128M", VG, "/dev/mapper/hdd")
+    lvm("lvcreate", "-y", "-n", "pool2", "-L", "16M", VG, ssds[0].node)
+    lvm("lvconvert", "-y", "--type", "cache-pool", "--chunksize", "128k", f"{VG}/pool2")
+    lvm("lvconvert", "-y", "--type", "cache", "--cachepool", f"{VG}/pool2", "--cachemode",
+        "writeback", LV2)
+    trig, trig2 = "/tmp/stop-load", "/tmp/stop-load2"
     load = scenarios.verify_load(FIO, f"/dev/{LV}", trig)
+    load2 = scenarios.verify_load(FIO, f"/dev/{LV2}", trig2)
     try:
         pre_write()
-        assert dirty_blocks() > 0, "no dirty data to protect"
+        pre_write(LV2, "8M")  # seconds of fio: its 16 MiB cache holds it dirty
+        assert dirty_blocks() > 0 and dirty_blocks("vg0-vm2") > 0, "no dirty data to protect"
         before = cached_on(ssds[0].node)
+        before2 = cached_on(ssds[0].node, LV2)
         r = cm_here("replace-ssd", LV, "--dry-run")
         assert r.returncode == 0, r.stderr
         assert "lvmcache (cachepool) vg0/vm1" in r.stdout and "vgreduce" in r.stdout, r.stdout
         assert "chunk 64.0 KiB" in r.stdout or "chunk 64 KiB" in r.stdout, r.stdout
+        assert "and of vg0/vm2" in r.stdout, r.stdout
         assert not replace.list_runs() and cached_on(ssds[0].node) == before
 
-        # killed after the split, rolled back: the pool is attached again as it was
+        # killed after the split, rolled back: both pools are attached again as they were
         r = cm("replace-ssd", LV, "--yes", env={replace.KILL_AFTER_ENV: "split"})
         assert r.returncode == -9, r.stderr
         run = next(j for j in replace.list_runs() if j.status == "running")
         assert run.kind == "lvm" and run.done[-1] == "split"
-        assert lvs(LV, "segtype")["segtype"] == "linear"  # uncached, still serving IO
+        assert run.lvs() == [LV, LV2]
+        # uncached, still serving IO
+        assert lvs(LV, "segtype")["segtype"] == lvs(LV2, "segtype")["segtype"] == "linear"
+        # the second LV is the run's: a plan naming it is refused while the run is unfinished
+        r = cm_here("replace-ssd", LV2, "--dry-run")
+        assert r.returncode == 3 and run.id in r.stderr, r.stderr
         r = cm_here("replace-ssd", "--rollback", run.id)
         assert r.returncode == 0, r.stderr
-        assert cached_on(ssds[0].node) == before
+        assert cached_on(ssds[0].node) == before and cached_on(ssds[0].node, LV2) == before2
         assert not list((state.state_dir() / "lvm-drain").glob("*.json"))
 
         # one replacement killed after every step in turn, each time resumed by a new process
@@ -148,16 +171,21 @@ def test_lvmcache_replacement_killed_after_every_step_under_verify_load(
                                                                    for s in doc["steps"])
     finally:
         job = scenarios.stop_load(load, trig, timeout=180)
-    assert job["write"]["total_ios"] > 0  # type: ignore[index]
-    # the same SSD came back: the cache lies on it alone now, with the old settings
+        job2 = scenarios.stop_load(load2, trig2, timeout=180)
+    assert job["write"]["total_ios"] > 0 and job2["write"]["total_ios"] > 0  # type: ignore[index]
+    # the same SSD came back: both caches lie on it alone now, with the old settings
     node = next(d.node for d in scsi.disks(Sysfs()) if d.wwid == ssds[0].wwid)
     after = cached_on(node)
     assert after == before, (before, after)
     assert after["cache_mode"] == "writeback" and "migration_threshold=4096" in \
         after["cache_settings"]
+    assert cached_on(node, LV2) == before2
+    assert lvs(f"{VG}/pool2_cpool", "chunk_size")["chunk_size"] == str(128 * 1024)
     assert lvs(f"{VG}/pool_cpool_cmeta", "devices")["devices"].startswith(node + "(")
+    assert lvs(f"{VG}/pool2_cpool_cmeta", "devices")["devices"].startswith(node + "(")
     assert not list((state.state_dir() / "lvm-drain").glob("*.json"))
     pre_verify()
+    pre_verify(LV2, "8M")
 
 
 @pytest.mark.kernel(disks="1G", timeout=900, mem=1024)

@@ -102,3 +102,38 @@ def test_no_rollback_past_the_old_cache_deletion(tmp_path: Path,
     with pytest.raises(UnsafeError, match="past 'remove-old-cache'"):
         replace.rollback(Sysfs(CAPTURES[0] / "sys"), j)
     assert refused == [] and replace.Journal.load(j.id).status == "running"
+
+
+def test_a_run_over_several_lvs_on_one_ssd_owns_and_names_them_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #35 item 4: the other LVs cached on the same SSD PV ride in ``lvm["caches"]``;
+    each step works on every cache (procedures/replace/lvm.caches), the plan lists them, and
+    the run owns each LV (the gate's keys) and is named by each."""
+    from cachemgr.procedures import owners
+
+    data = _journal()
+    lvm = data["lvm"]
+    assert isinstance(lvm, dict)
+    lvm["caches"] = [{"lv": "vm2", "segtype": "cache", "pool_kind": "cachepool",
+                      "pool": "pool2", "data_bytes": 16777216, "meta_bytes": 8388608,
+                      "chunk_bytes": 131072, "mode": "writethrough", "policy": "smq",
+                      "settings": [], "need_bytes": 50331648}]
+    _write(tmp_path, monkeypatch, data)
+    j = replace.Journal.load("20261123-000000-vg0-vm1")
+    assert j.lvs() == ["vg0/vm1", "vg0/vm2"]
+    recs = replace_lvm.caches(j)
+    assert [(m["vg"], m["lv"], m["pool"], m["pv"]) for m in recs] == [
+        ("vg0", "vm1", "pool", "/dev/sda"), ("vg0", "vm2", "pool2", "/dev/sda")]
+    plan = replace.describe(j)
+    assert any("and of vg0/vm2 (cached on the same SSD PV /dev/sda): cache vg0/pool2" in x
+               and "mode writethrough" in x for x in plan), plan
+    assert j.named_by("vg0/vm2") and j.named_by("/dev/mapper/vg0-vm2")
+    assert not j.named_by("vg0/vm3")
+    keys = owners.replace_keys(j.kind, j.cset, j.backings, j.lvs())
+    assert owners.lvm_key("vg0/vm2") in keys and owners.lvm_key("vg0/vm1") in keys
+    assert "vg0/vm2 cached by vg0/pool2" in replace_lvm.done_line(j)
+    # a journal of a run before this has no "caches": its own LV alone
+    del lvm["caches"]
+    _write(tmp_path, monkeypatch, data)
+    j = replace.Journal.load("20261123-000000-vg0-vm1")
+    assert j.lvs() == ["vg0/vm1"] and len(replace_lvm.caches(j)) == 1

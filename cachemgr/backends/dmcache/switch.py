@@ -1,16 +1,18 @@
 """Table switches: suspend -> load -> resume with SIGINT/SIGTERM/SIGHUP held, the old
-table put back on any failure; the live migration_threshold carried into a new table."""
+table put back on any failure; the live migration_threshold carried into a new table; the
+same cleaner table loaded again to let a drain's tail go (:func:`requeue_cleaner`)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from collections.abc import Iterator
 
 from cachemgr.backends.dmcache import command
-from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD
+from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
 from cachemgr.core.errors import CommandError, UnsafeError
-from cachemgr.core.model import DmCacheTable
+from cachemgr.core.model import CacheMode, DmCacheTable
 
 
 @contextlib.contextmanager
@@ -76,3 +78,42 @@ def with_threshold(t: DmCacheTable, threshold: int | None) -> DmCacheTable:
     pairs = [(k, v) for k, v in pairs if k != "migration_threshold"]
     pairs.append(("migration_threshold", str(threshold)))
     return t.with_policy(t.policy, tuple(x for kv in pairs for x in kv))
+
+
+def requeue_cleaner(name: str) -> float | None:
+    """Load the live table of cache ``name`` again, unchanged (suspend -> load -> resume), so
+    that the cleaner writes back at once the dirty blocks it is holding back. Returns the
+    seconds IO was held, or None when it did nothing: the device is suspended or has an
+    inactive table (another tool is changing it), or its table is not writethrough with the
+    cleaner policy (the drain's, the only table this is for).
+
+    Why: the cleaner skips blocks touched in the last writeback period (~10 s), so under any
+    IO a drain's tail waits in ~10 s steps; a table load makes a new policy instance, which
+    puts every mapping ahead of the writeback sentinels (dm-cache-policy-smq.c,
+    smq_load_mapping). lvm2's ``lvchange --refresh`` suppresses a reload of an identical
+    table, so it does not do this (docs/kernel-notes.md, "dm-cache modes, smq and the
+    cleaner"). The table loaded is the one read while suspended, with the live
+    migration_threshold carried over: nothing the kernel or lvm2 keeps changes."""
+    attr = command.dmsetup("info", "-c", "--noheadings", "-o", "attr", "--", name,
+                           timeout=30).stdout.strip()
+    if len(attr) < 3 or attr[0] != "L" or attr[1] == "I" or attr[2] == "s":
+        return None
+    with critical():
+        t0 = time.monotonic()
+        command.dmsetup("suspend", "--", name, timeout=600)
+        try:
+            table = parse_table(command.read_table(name))
+            st = command.read_status(name)
+            ours = table.mode == CacheMode.WRITETHROUGH and table.policy == "cleaner" \
+                and not isinstance(st, str)
+            if ours and not isinstance(st, str):
+                command.dmsetup("load", "--table",
+                                with_threshold(table, st.migration_threshold).line(), "--", name)
+        except BaseException:
+            # the old table is still the live one; a loaded inactive one is dropped
+            with contextlib.suppress(CommandError):
+                command.dmsetup("clear", "--", name)
+            command.dmsetup("resume", "--", name, check=False)
+            raise
+        command.dmsetup("resume", "--", name)
+        return time.monotonic() - t0 if ours else None

@@ -3,8 +3,10 @@ where ``lvs``'s report comes from (the live system, or a capture beside a fixtur
 
 cachemgr changes an LVM-owned cache only through lvm2 (never dmsetup behind its back: lvm2's
 metadata would then disagree with the kernel's table, and its next activation would undo the
-change). Names reach lvm2 as argv words after checks (:func:`check_vg_lv`), never through a
-shell; ``-y`` answers lvm2's questions, which cachemgr asked the admin already.
+change; the one exception loads lvm2's own cleaner table again, unchanged, during a drain:
+dmcache.switch.requeue_cleaner). Names reach lvm2 as argv words after checks
+(:func:`check_vg_lv`), never through a shell; ``-y`` answers lvm2's questions, which cachemgr
+asked the admin already.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 
 from cachemgr.backends import dmwritecache
 from cachemgr.backends.dmcache import command as dm_command
+from cachemgr.backends.dmcache import switch as dm_switch
 from cachemgr.backends.lvm import command
 from cachemgr.backends.lvm.report import field
 from cachemgr.core import drainloop, state
@@ -62,6 +63,15 @@ LvmDevice = DmCacheDevice | DmWritecacheDevice
 # 64 blocks of 4 KiB at 10 ms each is 0.64 s on a spinning disk; 0.3 s measured in the lab.
 HELD_FLUSH_BLOCKS = 64
 HELD_FLUSH_AFTER_S = 5.0
+# A dm-cache drain whose dirty count has not fallen for REQUEUE_AFTER_S (the cleaner holds
+# back the blocks touched in the last ~10 s writeback period) loads its cleaner table again,
+# which lets one batch of them (migration_threshold's worth) go at once
+# (dmcache.switch.requeue_cleaner); IO is held for the load (0.1-0.5 s in the lab). Each
+# load not followed by a fall doubles the wait before the next (up to
+# REQUEUE_MAX_WAIT_S, about the cleaner's own period), so a drain that stands still for
+# another reason (a stalled origin) holds IO rarely; a fall starts again at REQUEUE_AFTER_S.
+REQUEUE_AFTER_S = 0.4  # below the 0.5 s poll: the first reading that shows no new fall
+REQUEUE_MAX_WAIT_S = 8.0
 ProgressFn = Callable[[DrainProgress], None]
 LVM_CACHE_MODES = (CacheMode.WRITEBACK, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH)
 CACHE_TUNABLES = {"migration_threshold": (0, 2**31 - 1)}
@@ -339,14 +349,40 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
         return start, time.monotonic() - t0, restored, result
 
 
+def _requeue(d: DmCacheDevice, flat: list[Any], blocks: int,
+             nbytes: int | None) -> tuple[int | None, int | None]:
+    """``flat`` is [dirty blocks last seen falling to, since when, loads since the last
+    fall (None: never again)]. When the count has stood still for REQUEUE_AFTER_S (doubled
+    for each load since the last fall), the cleaner table is loaded again and the count read
+    again."""
+    now = time.monotonic()
+    if flat[0] is None or blocks < flat[0]:
+        flat[:] = [blocks, now, 0 if flat[2] is not None else None]
+        return blocks, nbytes
+    if flat[2] is None or now - flat[1] < min(REQUEUE_AFTER_S * 2 ** flat[2],
+                                              REQUEUE_MAX_WAIT_S):
+        return blocks, nbytes
+    held = dm_switch.requeue_cleaner(d.name)
+    flat[1], flat[2] = time.monotonic(), flat[2] + 1
+    if held is None:
+        flat[2] = None  # not the drain's table (any more): leave it alone
+        return blocks, nbytes
+    log.info("%s: %d dirty block(s) held back by the cleaner: its table loaded again "
+             "(IO held for %.2f s)", lv_of(d).full_name, blocks, held)
+    return _dirty(d)
+
+
 def _wait_clean(d: LvmDevice, *, timeout: float, stall_timeout: float, confirm: float,
                 interval: float, progress: ProgressFn | None, t0: float,
                 start: int | None) -> None:
     v = lv_of(d)
     hot: list[Any] = [None, time.monotonic()]  # dirty blocks standing still, since when
+    flat: list[Any] = [None, time.monotonic(), 0]  # the same for dm-cache; fruitless loads
 
     def sample() -> drainloop.Sample[tuple[int | None, int | None]]:
         blocks, nbytes = _dirty(d)
+        if isinstance(d, DmCacheDevice) and blocks:
+            blocks, nbytes = _requeue(d, flat, blocks, nbytes)
         if isinstance(d, DmWritecacheDevice) and blocks and blocks <= HELD_FLUSH_BLOCKS:
             now = time.monotonic()
             if blocks != hot[0]:

@@ -62,6 +62,15 @@ class Journal:
     # new attempt); journals of earlier versions have none
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def lvs(self) -> list[str]:
+        """An LVM run's cached LVs (VG/LV): its own first, then every other LV cached on the
+        same SSD PV, replaced in the same run; [] for the other kinds."""
+        if self.kind != "lvm":
+            return []
+        vg = str(self.lvm.get("vg"))
+        others = self.lvm.get("caches") or []
+        return [self.cset, *(f"{vg}/{x.get('lv')}" for x in others if isinstance(x, dict))]
+
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:
         from cachemgr.procedures.replace.run import kind_of
@@ -111,7 +120,7 @@ class Journal:
         if self.kind == "lvm":
             from cachemgr.backends.lvm import command
 
-            if command.spelling(spec) == self.cset:
+            if command.spelling(spec) in self.lvs():
                 return True
         elif self.kind == "dmcache":
             if spec.removeprefix("/dev/mapper/") == self.cset:

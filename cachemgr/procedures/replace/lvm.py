@@ -14,10 +14,16 @@ checked. Each step first looks whether its effect is there already, so a resumed
 repeats nor undoes work; before the old cache is deleted a run can be rolled back (the cache
 attached again, its policy put back).
 
-Refused at plan time: an LV whose cache lies on more than one PV besides the origin's, an SSD
-that is neither a SCSI disk nor an NVMe namespace (or on a shared NVMe controller), an SSD PV
-that holds any other LV (vgreduce would fail, or move nothing), a failed or needs_check cache,
-and every wrong new disk bcache's replacement refuses.
+Every other LV cached on the same SSD PV is replaced in the same run (the journal's
+``lvm["caches"]``, :func:`caches`): each step does its part for every cache, the named LV's
+first, and the PV leaves the VG once (docs/admin-guide.md, "Replacing the SSD under an LVM
+cache", for why not ``pvmove -n``).
+
+Refused at plan time: an LV whose cache (or any other cache on the same PV) lies on more than
+one PV besides the origin's, an SSD that is neither a SCSI disk nor an NVMe namespace (or on a
+shared NVMe controller), an SSD PV that holds any LV that is not one of those caches (a data
+LV: vgreduce would fail, and the run moves no data LV), a failed or needs_check cache, and
+every wrong new disk bcache's replacement refuses.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from cachemgr.backends.lvm import command, manage
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.backends.targets import find_dm
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
-from cachemgr.core.model import CacheMode, DmWritecacheDevice, Size
+from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures.replace import shared
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
@@ -98,37 +104,43 @@ def plan(sysfs: Sysfs, target: str, opts: Options,
                          hint="cachemgr status lists the LVM caches (VG/LV)")
     v = manage.lv_of(d)
     manage.refuse_unhealthy(d, "cache")
-    ssd_pvs = [p for p in v.cache_pvs if p not in v.origin_pvs]
-    if len(ssd_pvs) != 1:
-        raise UnsafeError(f"{v.full_name}: its cache lies on {len(ssd_pvs)} PVs apart from the "
-                          f"origin's ({', '.join(ssd_pvs) or 'none'}); replace-ssd replaces a "
-                          "cache on one SSD", hint="lvs -a -o+devices shows where it lies")
-    pv = ssd_pvs[0]
+    pv = _ssd_pv(v)
     name = sysfs.block_name_of(pv) if sysfs.live else pv.removeprefix("/dev/")
     disk = shared.hotplug_disk(sysfs, name or pv, f"{pv} (the PV under {v.full_name}'s cache)")
     shared.refuse_unpullable(sysfs, disk, None)
     rows = command.default_source(sysfs).report()
-    own = {v.pool, f"{v.pool}_cdata", f"{v.pool}_cmeta", "lvol0_pmspare"}
+    # every other LV cached on the same SSD PV is replaced in the same run (the PV leaves the
+    # VG once, for all of them): each must be one this run can replace
+    mates = [x for x in _cached_lvs(sysfs) if x.lvm is not None and x.lvm.vg == v.vg
+             and pv in x.lvm.cache_pvs and x.lvm.lv != v.lv]
+    cached = [v]
+    for x in sorted(mates, key=lambda x: manage.lv_of(x).lv):
+        manage.refuse_unhealthy(x, "cache")
+        xv = manage.lv_of(x)
+        if _ssd_pv(xv) != pv:
+            raise UnsafeError(f"{xv.full_name} is cached on {pv} too, and its cache lies on "
+                              "other PVs as well; replace-ssd replaces caches on one SSD",
+                              hint="lvs -a -o+devices shows where it lies")
+        cached.append(xv)
+    own = {"lvol0_pmspare"} | {f"{x.pool}{sfx}" for x in cached
+                               for sfx in ("", "_cdata", "_cmeta")}
     others = [x for x in lvm_report.lvs_on(rows, v.vg, pv) if x not in own]
     if others:
-        raise UnsafeError(f"{pv} holds other LVs of {v.vg} besides the cache: "
-                          f"{', '.join(others)}; taking it out of the VG would need them moved",
-                          hint=f"pvmove them off {pv} first (pvmove {pv} PV...)")
+        raise UnsafeError(f"{pv} holds other LVs of {v.vg} besides the caches: "
+                          f"{', '.join(others)}; taking it out of the VG would need them moved, "
+                          "and replace-ssd moves no data LV; nothing was changed",
+                          hint=f"pvmove them off {pv} first (pvmove -n LV {pv} PV...), or "
+                               "remove them")
+    pools = {x.pool for x in cached}
     if "lvol0_pmspare" in lvm_report.lvs_on(rows, v.vg, pv) and [
-            x for x in lvm_report.lv_names(rows, v.vg, "cache-pool") if x != v.pool]:
+            x for x in lvm_report.lv_names(rows, v.vg, "cache-pool") if x not in pools]:
         raise UnsafeError(f"{pv} holds {v.vg}'s spare pool metadata (lvol0_pmspare), which "
                           "another cache pool needs", hint=f"pvmove it off {pv} first")
-    data = lvm_report.size(rows, v.vg, v.pool)
-    meta = lvm_report.size(rows, v.vg, f"{v.pool}_cmeta") if v.pool_kind == "cachepool" else 0
-    if not data or meta is None:
-        raise CacheMgrError(f"{v.full_name}: lvs reports no size for its cache {v.pool}")
-    settings = [[k, val] for k, val in v.settings if k != "cleaner"]
-    need = data + 2 * meta + SLACK_BYTES
-    lvm: dict[str, Any] = {"vg": v.vg, "lv": v.lv, "segtype": v.segtype, "pool_kind": v.pool_kind,
-           "pool": v.pool_name, "data_bytes": data, "meta_bytes": meta,
-           "chunk_bytes": v.chunk_bytes, "mode": v.cache_mode, "policy": v.policy,
-           "settings": settings, "pv": pv,
-           "need_bytes": need}
+    records = [_record(rows, x, pv) for x in cached]
+    need = sum(r["need_bytes"] for r in records)
+    lvm: dict[str, Any] = {**records[0], "need_bytes": need,
+                           "caches": [{k: val for k, val in r.items() if k not in ("vg", "pv")}
+                                      for r in records[1:]]}
     shared.check_new_spec(sysfs, opts.new, disk, v.full_name, None, need)
     if opts.new == "any" and not opts.yes and not sys.stdin.isatty():
         raise UsageError("--new any needs an operator to swap the disk",
@@ -138,6 +150,41 @@ def plan(sysfs: Sysfs, target: str, opts: Options,
         id=new_run_id(_lv_word(v.full_name)), cset=v.full_name, options=asdict(opts),
         old={**hotplug.record(disk), "bucket": None},
         backings=[], kind="lvm", lvm=lvm)
+
+
+def _ssd_pv(v: Any) -> str:
+    """The one PV of ``v``'s cache that its origin does not use (the SSD)."""
+    ssd_pvs = [p for p in v.cache_pvs if p not in v.origin_pvs]
+    if len(ssd_pvs) != 1:
+        raise UnsafeError(f"{v.full_name}: its cache lies on {len(ssd_pvs)} PVs apart from the "
+                          f"origin's ({', '.join(ssd_pvs) or 'none'}); replace-ssd replaces a "
+                          "cache on one SSD", hint="lvs -a -o+devices shows where it lies")
+    return str(ssd_pvs[0])
+
+
+def _cached_lvs(sysfs: Sysfs) -> list[manage.LvmDevice]:
+    return [x for x in snapshot.take(sysfs).dm_devices
+            if isinstance(x, (DmCacheDevice, DmWritecacheDevice)) and x.lvm is not None]
+
+
+def _record(rows: list[dict[str, Any]], v: Any, pv: str) -> dict[str, Any]:
+    """What the run remembers of one cached LV on the SSD: enough to make its cache again."""
+    data = lvm_report.size(rows, v.vg, v.pool)
+    meta = lvm_report.size(rows, v.vg, f"{v.pool}_cmeta") if v.pool_kind == "cachepool" else 0
+    if not data or meta is None:
+        raise CacheMgrError(f"{v.full_name}: lvs reports no size for its cache {v.pool}")
+    settings = [[k, val] for k, val in v.settings if k != "cleaner"]
+    return {"vg": v.vg, "lv": v.lv, "segtype": v.segtype, "pool_kind": v.pool_kind,
+            "pool": v.pool_name, "data_bytes": data, "meta_bytes": meta,
+            "chunk_bytes": v.chunk_bytes, "mode": v.cache_mode, "policy": v.policy,
+            "settings": settings, "pv": pv, "need_bytes": data + 2 * meta + SLACK_BYTES}
+
+
+def caches(j: Journal) -> list[dict[str, Any]]:
+    """Every cache the run replaces, as one record each (vg and pv filled in): the named LV's
+    first, then the other LVs cached on the same SSD PV (journals before that have none)."""
+    m = j.lvm
+    return [m, *({**x, "vg": m["vg"], "pv": m["pv"]} for x in m.get("caches") or [])]
 
 
 def head(j: Journal) -> list[str]:
@@ -155,24 +202,29 @@ def head(j: Journal) -> list[str]:
         cfg.append(f"policy {m['policy']}")
     if m.get("settings"):
         cfg.append("settings " + ",".join(f"{k}={v}" for k, v in m["settings"]))
-    return [f"replace the cache SSD {shared.ssd_words(old)} of {what} {j.cset}",
-            f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg)]
+    out = [f"replace the cache SSD {shared.ssd_words(old)} of {what} {j.cset}",
+           f"cache {m['vg']}/{m['pool']}: " + ", ".join(cfg)]
+    for x in caches(j)[1:]:
+        out.append(f"and of {x['vg']}/{x['lv']} (cached on the same SSD PV {m['pv']}): cache "
+                   f"{x['vg']}/{x['pool']}, {Size.exact(x['data_bytes'])}, mode "
+                   f"{x.get('mode') or 'writeback'}; replaced in the same run")
+    return out
 
 
 # --------------------------------------------------------------------------------- steps
 
 
-def _vg_lv(c: Ctx) -> str:
-    return f"{c.j.lvm['vg']}/{c.j.lvm['lv']}"
+def _vg_lv(m: dict[str, Any]) -> str:
+    return f"{m['vg']}/{m['lv']}"
 
 
-def _pool(c: Ctx) -> str:
-    return f"{c.j.lvm['vg']}/{c.j.lvm['pool']}"
+def _pool(m: dict[str, Any]) -> str:
+    return f"{m['vg']}/{m['pool']}"
 
 
-def _cached(c: Ctx) -> manage.LvmDevice | None:
+def _cached(c: Ctx, m: dict[str, Any]) -> manage.LvmDevice | None:
     """The LV as a cached device now (None once its cache is split off)."""
-    return find(c.sysfs, _vg_lv(c))
+    return find(c.sysfs, _vg_lv(m))
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -180,46 +232,50 @@ def _rows() -> list[dict[str, Any]]:
 
 
 def s_drain(c: Ctx) -> None:
-    d = _cached(c)
-    if d is None:
-        return  # split off already
-    # ``then`` makes even a clean cache go through the journaled cleaner, and keep_cleaner
-    # leaves it on (writethrough: nothing new gets dirty) until split takes the cache off
-    start, secs, _, _ = manage.drain(d, timeout=c.opts.drain_timeout,
-                                     stall_timeout=c.opts.stall_timeout,
-                                     progress=shared.drain_reporter(c.say),
-                                     then=lambda _d: None, keep_cleaner=True)
-    c.say(f"{_vg_lv(c)}: clean after {secs:.1f} s ({Size.exact(start or 0)} written back); "
-          "the cleaner stays on until the split")
+    # one LV after the other; a drained one keeps the cleaner (writethrough) until its split
+    for m in caches(c.j):
+        d = _cached(c, m)
+        if d is None:
+            continue  # split off already
+        # ``then`` makes even a clean cache go through the journaled cleaner, and
+        # keep_cleaner leaves it on (writethrough: nothing new gets dirty) until split takes
+        # the cache off
+        start, secs, _, _ = manage.drain(d, timeout=c.opts.drain_timeout,
+                                         stall_timeout=c.opts.stall_timeout,
+                                         progress=shared.drain_reporter(c.say),
+                                         then=lambda _d: None, keep_cleaner=True)
+        c.say(f"{_vg_lv(m)}: clean after {secs:.1f} s ({Size.exact(start or 0)} written "
+              "back); the cleaner stays on until the split")
 
 
 def s_split(c: Ctx) -> None:
-    d = _cached(c)
-    v = manage.lv_of(d) if d is not None else None
-    if v is not None:
-        if v.pool_name != c.j.lvm["pool"]:
-            raise UnsafeError(f"{_vg_lv(c)} is cached by {v.vg}/{v.pool_name}, not by the "
-                              f"cache this run replaces ({_pool(c)})")
-        command.lvconvert("--splitcache", "--", _vg_lv(c), timeout=c.opts.drain_timeout)
-        c.say(f"{_vg_lv(c)}: cache {_pool(c)} split off; the LV runs uncached")
-    # the drain's journal (the policy to put back) has no LV to go back to now: the old cache
-    # is deleted next, and the new one is attached with the remembered policy
-    manage.journal_for(_vg_lv(c)).unlink(missing_ok=True)
+    for m in caches(c.j):
+        d = _cached(c, m)
+        v = manage.lv_of(d) if d is not None else None
+        if v is not None:
+            if v.pool_name != m["pool"]:
+                raise UnsafeError(f"{_vg_lv(m)} is cached by {v.vg}/{v.pool_name}, not by the "
+                                  f"cache this run replaces ({_pool(m)})")
+            command.lvconvert("--splitcache", "--", _vg_lv(m), timeout=c.opts.drain_timeout)
+            c.say(f"{_vg_lv(m)}: cache {_pool(m)} split off; the LV runs uncached")
+        # the drain's journal (the policy to put back) has no LV to go back to now: the old
+        # cache is deleted next, and the new one is attached with the remembered policy
+        manage.journal_for(_vg_lv(m)).unlink(missing_ok=True)
 
 
 def s_remove_old_cache(c: Ctx) -> None:
-    rows = _rows()
-    vg, pool = c.j.lvm["vg"], c.j.lvm["pool"]
-    layout = lvm_report.field(rows, vg, pool, "lv_layout")
-    if not layout:
-        return
-    if _cached(c) is not None:
-        raise UnsafeError(f"{_vg_lv(c)} is cached again; refusing to delete {vg}/{pool}")
-    if c.j.lvm["pv"] not in lvm_report.pvs_of(rows, vg, pool):
-        raise UnsafeError(f"{vg}/{pool} does not lie on the old SSD's PV {c.j.lvm['pv']} "
-                          "(another LV of that name?); refusing to delete it")
-    command.lvm("lvremove", "-y", "--", f"{vg}/{pool}", timeout=600)
-    c.say(f"{vg}/{pool} deleted (its data was written back)")
+    for m in caches(c.j):
+        rows = _rows()
+        vg, pool = m["vg"], m["pool"]
+        if not lvm_report.field(rows, vg, pool, "lv_layout"):
+            continue
+        if _cached(c, m) is not None:
+            raise UnsafeError(f"{_vg_lv(m)} is cached again; refusing to delete {vg}/{pool}")
+        if m["pv"] not in lvm_report.pvs_of(rows, vg, pool):
+            raise UnsafeError(f"{vg}/{pool} does not lie on the old SSD's PV {m['pv']} "
+                              "(another LV of that name?); refusing to delete it")
+        command.lvm("lvremove", "-y", "--", f"{vg}/{pool}", timeout=600)
+        c.say(f"{vg}/{pool} deleted (its data was written back)")
 
 
 def _old_node(c: Ctx) -> str | None:
@@ -284,47 +340,50 @@ def s_vgextend(c: Ctx) -> None:
 
 def s_make_cache(c: Ctx) -> None:
     node = _new_node(c)
-    m = c.j.lvm
-    rows = _rows()
-    if lvm_report.field(rows, m["vg"], m["pool"], "lv_layout"):
-        if node not in lvm_report.pvs_of(rows, m["vg"], m["pool"]):
-            raise UnsafeError(f"{_pool(c)} exists and does not lie on the new SSD {node}")
-        return  # made by an earlier run
-    argv = ["lvcreate", "-y", "-n", m["pool"], "-L", f"{int(m['data_bytes'])}b"]
-    if m["pool_kind"] == "cachepool":
-        argv += ["--type", "cache-pool", "--poolmetadatasize", f"{int(m['meta_bytes'])}b"]
-        if m.get("chunk_bytes"):
-            argv += ["--chunksize", f"{int(m['chunk_bytes']) // 1024}k"]
-    command.lvm(*argv, "--", m["vg"], node, timeout=600)
-    c.say(f"{_pool(c)}: {m['pool_kind']} of {Size.exact(m['data_bytes'])} made on {node}")
+    for m in caches(c.j):
+        rows = _rows()
+        if lvm_report.field(rows, m["vg"], m["pool"], "lv_layout"):
+            if node not in lvm_report.pvs_of(rows, m["vg"], m["pool"]):
+                raise UnsafeError(f"{_pool(m)} exists and does not lie on the new SSD {node}")
+            continue  # made by an earlier run
+        argv = ["lvcreate", "-y", "-n", m["pool"], "-L", f"{int(m['data_bytes'])}b"]
+        if m["pool_kind"] == "cachepool":
+            argv += ["--type", "cache-pool", "--poolmetadatasize", f"{int(m['meta_bytes'])}b"]
+            if m.get("chunk_bytes"):
+                argv += ["--chunksize", f"{int(m['chunk_bytes']) // 1024}k"]
+        command.lvm(*argv, "--", m["vg"], node, timeout=600)
+        c.say(f"{_pool(m)}: {m['pool_kind']} of {Size.exact(m['data_bytes'])} made on {node}")
 
 
-def _settings(c: Ctx) -> list[tuple[str, str]]:
-    return [(str(k), str(v)) for k, v in c.j.lvm.get("settings") or []]
+def _settings(m: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(str(k), str(v)) for k, v in m.get("settings") or []]
 
 
-def s_attach(c: Ctx) -> None:
-    m = c.j.lvm
+def _attach_one(c: Ctx, m: dict[str, Any]) -> None:
     writecache = m["segtype"] == "writecache"
     try:
-        manage.attach(_vg_lv(c), _pool(c), writecache=writecache,
+        manage.attach(_vg_lv(m), _pool(m), writecache=writecache,
                       mode=None if writecache or not m.get("mode") else CacheMode(m["mode"]),
                       policy=None if writecache else m.get("policy"),
-                      settings=_settings(c))
-        c.say(f"{_vg_lv(c)}: cached again by {_pool(c)}")
+                      settings=_settings(m))
+        c.say(f"{_vg_lv(m)}: cached again by {_pool(m)}")
     except AlreadyError:
-        d = _cached(c)
+        d = _cached(c, m)
         if d is None or manage.lv_of(d).pool_name != m["pool"]:
             raise
 
 
-def s_restore(c: Ctx) -> None:
-    d = _cached(c)
+def s_attach(c: Ctx) -> None:
+    for m in caches(c.j):
+        _attach_one(c, m)
+
+
+def _restore_one(c: Ctx, m: dict[str, Any]) -> None:
+    d = _cached(c, m)
     if d is None:
-        raise CacheMgrError(f"{_vg_lv(c)} is not cached after attach")
+        raise CacheMgrError(f"{_vg_lv(m)} is not cached after attach")
     v = manage.lv_of(d)
-    m = c.j.lvm
-    vl = _vg_lv(c)
+    vl = _vg_lv(m)
     if not isinstance(d, DmWritecacheDevice):
         if m.get("mode") and v.cache_mode != m["mode"]:
             command.lvchange(vl, "--cachemode", m["mode"])
@@ -332,50 +391,61 @@ def s_restore(c: Ctx) -> None:
         if m.get("policy") and v.policy != m["policy"]:
             command.lvchange(vl, "--cachepolicy", m["policy"])
             c.say(f"{vl}: policy {m['policy']} restored")
-    differ = [(k, val) for k, val in _settings(c) if v.setting(k) != val]
+    differ = [(k, val) for k, val in _settings(m) if v.setting(k) != val]
     if differ:
         command.lvchange(vl, "--cachesettings", manage.settings_word(differ))
         c.say(f"{vl}: settings {', '.join(f'{k}={val}' for k, val in differ)} restored")
 
 
+def s_restore(c: Ctx) -> None:
+    for m in caches(c.j):
+        _restore_one(c, m)
+
+
 def s_verify(c: Ctx) -> None:
-    d = _cached(c)
-    m = c.j.lvm
-    if d is None:
-        raise CacheMgrError(f"verification failed: {_vg_lv(c)} is not cached")
-    v = manage.lv_of(d)
     node = c.j.new.get("node")
-    problems = []
-    if v.pool_name != m["pool"]:
-        problems.append(f"cached by {v.pool_name}, not {m['pool']}")
     new_pv = shared.find_new(c)
-    if new_pv is None or new_pv.node not in v.cache_pvs:
-        problems.append(f"its cache does not lie on the new SSD {node} ({v.cache_pvs})")
-    if m["pv"] in v.cache_pvs and (new_pv is None or new_pv.node != m["pv"]):
-        problems.append(f"its cache still lies on the old PV {m['pv']}")
-    if m.get("mode") and v.cache_mode != m["mode"]:
-        problems.append(f"mode {v.cache_mode}, not {m['mode']}")
-    if m.get("policy") and v.policy != m["policy"]:
-        problems.append(f"policy {v.policy}, not {m['policy']}")
-    if d.failure or v.check_needed or v.health:
-        problems.append(f"unhealthy ({d.failure or v.health or 'needs_check'})")
+    problems = []
+    for m in caches(c.j):
+        d = _cached(c, m)
+        if d is None:
+            problems.append(f"{_vg_lv(m)} is not cached")
+            continue
+        v = manage.lv_of(d)
+        p = []
+        if v.pool_name != m["pool"]:
+            p.append(f"cached by {v.pool_name}, not {m['pool']}")
+        if new_pv is None or new_pv.node not in v.cache_pvs:
+            p.append(f"its cache does not lie on the new SSD {node} ({v.cache_pvs})")
+        if m["pv"] in v.cache_pvs and (new_pv is None or new_pv.node != m["pv"]):
+            p.append(f"its cache still lies on the old PV {m['pv']}")
+        if m.get("mode") and v.cache_mode != m["mode"]:
+            p.append(f"mode {v.cache_mode}, not {m['mode']}")
+        if m.get("policy") and v.policy != m["policy"]:
+            p.append(f"policy {v.policy}, not {m['policy']}")
+        if d.failure or v.check_needed or v.health:
+            p.append(f"unhealthy ({d.failure or v.health or 'needs_check'})")
+        problems += [f"{_vg_lv(m)}: {x}" for x in p]
     if problems:
-        raise CacheMgrError(f"verification failed: {_vg_lv(c)}: " + "; ".join(problems))
-    c.say(f"verified: {_vg_lv(c)} cached by {_pool(c)} on {new_pv.node if new_pv else node}")
+        raise CacheMgrError("verification failed: " + "; ".join(problems))
+    for m in caches(c.j):
+        c.say(f"verified: {_vg_lv(m)} cached by {_pool(m)} on "
+              f"{new_pv.node if new_pv else node}")
 
 
 def _rollback(c: Ctx) -> None:
-    """Before the old cache is deleted: attach it again (if split) with the old mode, policy
-    and settings, or put the policy back (if only drained)."""
-    d = _cached(c)
-    if d is not None:
-        manage.restore_interrupted(d)
-        c.say(f"{_vg_lv(c)}: policy put back; the cache stays attached")
-        return
-    if lvm_report.field(_rows(), c.j.lvm["vg"], c.j.lvm["pool"], "lv_layout"):
-        s_attach(c)
-        s_restore(c)
-    manage.journal_for(_vg_lv(c)).unlink(missing_ok=True)
+    """Before the old caches are deleted: attach each again (if split) with the old mode,
+    policy and settings, or put its policy back (if only drained)."""
+    for m in caches(c.j):
+        d = _cached(c, m)
+        if d is not None:
+            manage.restore_interrupted(d)
+            c.say(f"{_vg_lv(m)}: policy put back; the cache stays attached")
+            continue
+        if lvm_report.field(_rows(), m["vg"], m["pool"], "lv_layout"):
+            _attach_one(c, m)
+            _restore_one(c, m)
+        manage.journal_for(_vg_lv(m)).unlink(missing_ok=True)
 
 
 FUNCS: dict[str, Callable[[Ctx], None]] = {
@@ -398,8 +468,9 @@ FUNCS: dict[str, Callable[[Ctx], None]] = {
 
 
 def done_line(j: Journal) -> str:
-    return (f"{j.id}: done; {j.cset} cached by {j.lvm['vg']}/{j.lvm['pool']} on "
-            f"{j.new.get('node')}")
+    return (f"{j.id}: done; " + ", ".join(f"{lv} cached by {m['vg']}/{m['pool']}"
+                                          for lv, m in zip(j.lvs(), caches(j), strict=False))
+            + f" on {j.new.get('node')}")
 
 
 KIND = Kind(
