@@ -17,13 +17,14 @@ per slice (a QD1 VM doing tens of IOPS) a slice's mean is close to each IO's own
 with many per slice it averages the tail away and reads low, which the headroom of the
 controller (it speeds up only under half the bound) partly covers.
 
-The controller (:class:`Pacer`) is multiplicative both ways with a dead band: above the bound
-it halves the drain's pace (from the rate the drain was seen writing when unpaced), under
-half the bound it raises it by half, in between it holds; above the fastest unpaced rate it
-goes back to unpaced. It decides at most every ``period`` seconds and only on IO measured
-after its last change. No other IO for a period: unpaced (no VM to spare). The pace never
-falls below ``floor`` (a drain that stops entirely never ends, and dirty data sits on the
-SSD).
+The controller (:class:`Pacer`) starts paced and slow (every IO over the bound counts in the
+VMs' p99: a drain let loose before the first measurement makes the first ones), and is
+multiplicative both ways with a dead band: above the bound it halves the pace (or the rate
+the drain was seen writing, when that is lower), under half the bound it raises it by half,
+in between it holds. When the drain writes less than half its pace, the disk is the limit:
+unpaced. No other IO for a period: unpaced (no VM to spare). It decides at most every
+``period`` seconds and only on IO measured after its last judgement. The pace never falls
+below ``floor`` (a drain that stops entirely never ends, and dirty data sits on the SSD).
 """
 
 from __future__ import annotations
@@ -104,45 +105,47 @@ class Pacer:
     MIN_IOS = 4  # fewer other IOs than that since the last change: too few to judge
 
     def __init__(self, bound_ms: float, *, floor: int = 64, period: float = 2.0,
-                 start: int = 2048) -> None:
+                 start: int = 256) -> None:
         self.bound = bound_ms
-        self.floor, self.period, self.start = floor, period, start
-        self.pace: int | None = None
+        self.floor, self.period = floor, period
+        # it starts paced, slow: every p99 over the bound counts in the VMs' p99, and a
+        # drain let loose before the first measurement would make the first ones
+        self.pace: int | None = max(floor, start)
         self.changed_at: float | None = None
-        self.unpaced_rate: float | None = None  # fastest drain write rate seen unpaced
         self.lowered = 0  # how many times the pace went down
-        self.note = f"unpaced: no other IO measured yet (bound p99 {bound_ms:g} ms)"
+        self.note = (f"paced: starting slow until the other IO is measured (bound p99 "
+                     f"{bound_ms:g} ms)")
 
     def decide(self, now: float, p99: float | None, ios: int,
                drain_rate: float | None) -> Decision:
         """One step: ``p99``/``ios`` measured since the last change (LatencyMeter.p99 with
         ``since=changed_at``), ``drain_rate`` the drain's own writes, sectors/s, lately."""
-        if self.pace is None and drain_rate:
-            self.unpaced_rate = max(self.unpaced_rate or 0.0, drain_rate)
         if self.changed_at is None:
             self.changed_at = now
         if now - self.changed_at < self.period:
             return Decision(self.pace, self.note, False)
         b = f"{self.bound:g} ms"
         if p99 is None or ios < self.MIN_IOS:
-            if ios == 0 and self.pace is not None:
+            if ios == 0:
                 return self._set(now, None, f"unpaced: no other IO for {self.period:g} s")
             return self._hold(now, f"{_pace(self.pace)}: too little other IO to measure "
                               f"({ios} IOs)")
         if p99 > self.bound:
-            base = self.pace if self.pace is not None else (
-                drain_rate if drain_rate else self.start)
+            base = self.pace if self.pace is not None else (drain_rate or self.floor * 4)
+            if self.pace is not None and drain_rate and drain_rate < self.pace:
+                base = min(base, int(drain_rate))  # the disk gave less than the pace
             new = max(self.floor, int(base / 2))
             self.lowered += 1
             return self._set(now, new, f"paced: other IO p99 {p99:.0f} ms > {b}")
         if p99 < self.bound / 2:
             if self.pace is None:
                 return self._hold(now, f"unpaced: other IO p99 {p99:.0f} ms < {b}")
-            new = int(self.pace * 1.5) + 1
-            if self.unpaced_rate is not None and new >= self.unpaced_rate:
-                return self._set(now, None, f"unpaced: other IO p99 {p99:.0f} ms < {b}")
-            return self._set(now, new, f"paced: other IO p99 {p99:.0f} ms < {b}, "
-                             "speeding up")
+            if drain_rate is not None and drain_rate < self.pace / 2:
+                # the disk does not even give the pace: it is the limit, not the pace
+                return self._set(now, None, f"unpaced: other IO p99 {p99:.0f} ms < {b}, "
+                                 "the disk is the limit")
+            return self._set(now, int(self.pace * 1.5) + 1,
+                             f"paced: other IO p99 {p99:.0f} ms < {b}, speeding up")
         return self._hold(now, f"{_pace(self.pace)}: other IO p99 {p99:.0f} ms <= {b}, "
                           "holding")
 

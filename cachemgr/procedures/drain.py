@@ -244,11 +244,14 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
          progress: Callable[[DrainProgress], None] | None,
          max_latency_ms: float | None = None) -> DrainResult:
     cset = b.cset_uuid  # known now; bcache may drop the link before it stops the device
+    paced = Paced(sysfs, b, max_latency_ms) if max_latency_ms is not None else None
     try:
-        b = _set_all(sysfs, b, DRAIN_SETTINGS)
+        if paced is not None:  # at its first pace before writeback starts
+            b = paced.apply(b, paced.pacer.pace)
+        b = _set_all(sysfs, b, DRAIN_SETTINGS if paced is None else
+                     {**DRAIN_SETTINGS, "writeback_percent": PACED_PERCENT})
     except DeviceGone:
         raise _gone(b, dev, cset) from None
-    paced = Paced(sysfs, b, max_latency_ms) if max_latency_ms is not None else None
     if paced is not None:
         # the pacer reads its counters every pace.SLICE between two polls; rereading the
         # whole device twice a second only costs the CPU (the pacer decides every 2 s)
@@ -351,17 +354,20 @@ class Paced:
         d = self.pacer.decide(now, p99, ios, self.sampler.drain_rate())
         if d.changed:
             log.info("%s: %s (%s)", b.device, pace.pace_words(d.pace), d.note)
-            if d.pace is None:
-                _set_all(self.sysfs, b, {"writeback_percent": 0})
-            else:
-                self.slowest = d.pace if self.slowest is None else min(self.slowest, d.pace)
-                _set_all(self.sysfs, b, {"writeback_rate_minimum": d.pace})
-                bcache.set_writeback_rate(self.sysfs, b, d.pace)
-                _set_all(self.sysfs, b, {"writeback_percent": PACED_PERCENT})
+            self.apply(b, d.pace)
         elif d.pace is not None:
             # the PI controller runs every writeback_rate_update_seconds and may have raised
             # it (dirty data above PACED_PERCENT of the cache): back to the pace
             bcache.set_writeback_rate(self.sysfs, b, d.pace)
+
+    def apply(self, b: BcacheBacking, p: int | None) -> BcacheBacking:
+        """Set pace ``p`` (None: unpaced); the device read again."""
+        if p is None:
+            return _set_all(self.sysfs, b, {"writeback_percent": 0})
+        self.slowest = p if self.slowest is None else min(self.slowest, p)
+        b = _set_all(self.sysfs, b, {"writeback_rate_minimum": p})
+        bcache.set_writeback_rate(self.sysfs, b, p)
+        return _set_all(self.sysfs, b, {"writeback_percent": PACED_PERCENT})
 
     def words(self) -> str:
         return f"{self.pacer.note}; {pace.pace_words(self.pacer.pace)}"

@@ -93,18 +93,30 @@ def _decide(p: Pacer, t: float, p99: float | None, ios: int = 20,
     return p.decide(t, p99, ios, rate)
 
 
-def test_over_the_bound_halves_the_unpaced_rate() -> None:
-    p = Pacer(10, period=2)
+def test_it_starts_paced_and_slow() -> None:
+    p = Pacer(10, start=256)
+    assert p.pace == 256 and p.note.startswith("paced: starting slow")
+    assert Pacer(10, start=8, floor=64).pace == 64
+
+
+def test_over_the_bound_halves_the_pace() -> None:
+    p = Pacer(10, period=2, start=2000)
     assert _decide(p, 0, 30).changed is False  # the first call only starts the clock
-    d = _decide(p, 2, 30)
-    assert d.changed and d.pace == 2000 and p.lowered == 1
+    d = _decide(p, 2, 30, rate=2000)
+    assert d.changed and d.pace == 1000 and p.lowered == 1
     assert d.note == "paced: other IO p99 30 ms > 10 ms"
-    d = _decide(p, 4, 25)
-    assert d.pace == 1000 and p.lowered == 2
+    d = _decide(p, 4, 25, rate=1000)
+    assert d.pace == 500 and p.lowered == 2
+
+
+def test_over_the_bound_halves_what_the_disk_gave_when_less_than_the_pace() -> None:
+    p = Pacer(10, period=1, start=4000)
+    _decide(p, 0, 30)
+    assert _decide(p, 1, 30, rate=1000).pace == 500
 
 
 def test_it_waits_a_period_between_decisions() -> None:
-    p = Pacer(10, period=2)
+    p = Pacer(10, period=2, start=2000)
     _decide(p, 0, 30)
     assert _decide(p, 1.9, 30).changed is False
     assert _decide(p, 2.0, 30).changed is True
@@ -119,38 +131,46 @@ def test_never_below_the_floor() -> None:
     assert d.pace == 64
 
 
-def test_under_half_the_bound_speeds_up_then_unpaced() -> None:
-    p = Pacer(10, period=1)
-    _decide(p, 0, 20, rate=4000)
-    assert _decide(p, 1, 20, rate=4000).pace == 2000  # unpaced rate seen: 4000
+def test_under_half_the_bound_speeds_up() -> None:
+    p = Pacer(10, period=1, start=256)
+    _decide(p, 0, 3)
+    d = _decide(p, 1, 3, rate=250)
+    assert d.pace == 385 and d.changed and "speeding up" in d.note
+    assert _decide(p, 2, 3, rate=380).pace == 578
+
+
+def test_unpaced_when_the_disk_is_the_limit() -> None:
+    p = Pacer(10, period=1, start=4000)
+    _decide(p, 0, 3)
+    d = _decide(p, 1, 3, rate=1500)  # asked for 4000, the disk gave 1500
+    assert d.pace is None and d.changed and "the disk is the limit" in d.note
     d = _decide(p, 2, 3)
-    assert d.pace == 3001 and "speeding up" in d.note
-    d = _decide(p, 3, 3)
-    assert d.pace is None and d.changed and d.note == "unpaced: other IO p99 3 ms < 10 ms"
+    assert d.pace is None and not d.changed  # unpaced and fine: it stays so
+    d = _decide(p, 3, 40, rate=1500)  # then the VMs suffer: half of what it drained
+    assert d.pace == 750 and p.lowered == 1
 
 
 def test_between_half_and_the_bound_it_holds() -> None:
     p = Pacer(10, period=1)
-    _decide(p, 0, 20)
-    pace_now = _decide(p, 1, 20).pace
-    d = _decide(p, 2, 8)
-    assert d.pace == pace_now and not d.changed and "holding" in d.note
+    _decide(p, 0, 8)
+    d = _decide(p, 1, 8)
+    assert d.pace == 256 and not d.changed and "holding" in d.note
 
 
 def test_too_few_ios_hold_and_none_at_all_unpaces() -> None:
-    p = Pacer(10, period=1)
+    p = Pacer(10, period=1, start=2000)
     _decide(p, 0, 20)
-    assert _decide(p, 1, 20).pace == 2000
-    d = _decide(p, 2, 50, ios=2)  # two IOs: too few to judge, even slow ones
+    d = _decide(p, 1, 50, ios=2)  # two IOs: too few to judge, even slow ones
     assert d.pace == 2000 and "too little other IO" in d.note
-    d = _decide(p, 3, None, ios=0)
+    d = _decide(p, 2, None, ios=0)
     assert d.pace is None and d.note == "unpaced: no other IO for 1 s"
 
 
-def test_unpaced_without_a_rate_starts_from_the_default() -> None:
-    p = Pacer(10, period=1, start=1000)
-    _decide(p, 0, 20, rate=None)
-    assert _decide(p, 1, 20, rate=None).pace == 500
+def test_unpaced_without_a_rate_starts_from_four_floors() -> None:
+    p = Pacer(10, period=1, floor=64)
+    _decide(p, 0, None, ios=0)
+    assert _decide(p, 1, None, ios=0).pace is None
+    assert _decide(p, 2, 20, rate=None).pace == 128
 
 
 def test_pace_words() -> None:

@@ -37,7 +37,7 @@ def pacing_words(p: dict[str, Any]) -> str:
     slowest = p.get("slowest_sectors_per_s")
     return (f"paced under p99 {p.get('max_latency_ms'):g} ms of the other IO: slowed down "
             f"{n} time{'s' if n != 1 else ''}"
-            + (f", to {int(slowest) * 512 // 1024} KiB/s at the slowest" if slowest else ""))
+            + (f"; slowest pace {int(slowest) * 512 // 1024} KiB/s" if slowest else ""))
 
 
 @dataclass(frozen=True)
