@@ -14,28 +14,29 @@ Its data lives in the guest's RAM (``dev_size_mb``): keep it small.
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 
 from cachemgr.core import runner
+from cachemgr.core.sysfs import Sysfs
 
-DRIVER = "/sys/bus/pseudo/drivers/scsi_debug"
+DRIVER = "bus/pseudo/drivers/scsi_debug"  # relative to the sysfs root
 
 
 def queueing_hdd(*, seek_ms: float = 5.0, size_mb: int = 256, wait: float = 30.0) -> str:
     """Load scsi_debug as a queue-depth-1 disk of ``size_mb`` whose every request takes
     ``seek_ms``; its device node (/dev/sdX). Only one at a time: unload it to build another."""
-    if os.path.isdir(DRIVER):
+    sysfs = Sysfs()
+    if sysfs.is_dir(DRIVER):
         raise RuntimeError("scsi_debug is loaded already: rmmod it first")
     runner.run(["modprobe", "sd_mod"])
     runner.run(["modprobe", "scsi_debug", "max_queue=1", f"ndelay={int(seek_ms * 1e6)}",
                 f"dev_size_mb={size_mb}"])
     deadline = time.monotonic() + wait
     while True:
-        found = glob.glob(f"{DRIVER}/adapter*/host*/target*/*/block/*")
+        found = sorted(sysfs.path(DRIVER).glob("adapter*/host*/target*/*/block/*"))
         if found:
-            node = "/dev/" + os.path.basename(found[0])
+            node = f"/dev/{found[0].name}"
             if os.path.exists(node):
                 return node
         if time.monotonic() > deadline:
