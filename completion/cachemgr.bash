@@ -9,8 +9,8 @@ _cachemgr_node() {
     case $1 in
     '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'create' 'remove' 'tune' 'register' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
-    'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
-    'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--json'); vopts=('--timeout' '--stall-timeout') ;;
+    'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '--max-latency' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
+    'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--max-latency' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
     'attach') subs=(); opts=('-h' '--help' '--writecache' '--mode' '--json'); vopts=('--mode') ;;
     'detach') subs=(); opts=('-h' '--help' '--timeout' '-y' '--yes' '--json'); vopts=('--timeout') ;;
     'create') subs=(); opts=('-h' '--help' '--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket' '--force' '-y' '--yes' '--json'); vopts=('--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket') ;;
@@ -66,11 +66,13 @@ _cachemgr_optval() {
         case $2 in
         '--timeout') spec=none ;;
         '--stall-timeout') spec=none ;;
+        '--max-latency') spec=none ;;
         esac ;;
     'drain')
         case $2 in
         '--timeout') spec=none ;;
         '--stall-timeout') spec=none ;;
+        '--max-latency') spec=none ;;
         esac ;;
     'attach')
         case $2 in

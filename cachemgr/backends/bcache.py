@@ -610,6 +610,16 @@ def set_tunable(sysfs: Sysfs, backing: BcacheBacking, name: str, value: int) -> 
     return Change(_dev(backing), name, before_text, after_text)
 
 
+def set_writeback_rate(sysfs: Sysfs, backing: BcacheBacking, sectors: int) -> None:
+    """Write ``writeback_rate`` (sectors per second; it reads back in bytes, hprint): the PI
+    controller's output, which it overwrites at its next run (every
+    ``writeback_rate_update_seconds``), clamped to ``writeback_rate_minimum`` from below. Not a
+    setting to put back: the kernel recomputes it from the settings (docs/kernel-notes.md,
+    "Pacing a drain")."""
+    check_tunable("writeback_rate_minimum", sectors)
+    sysfs.write(f"{backing_rel(sysfs, backing.identity.name)}/writeback_rate", str(sectors))
+
+
 def set_cache_set_tunable(sysfs: Sysfs, cset: CacheSet, name: str, value: int) -> Change:
     check_tunable(name, value, cache_set=True)
     path = f"fs/bcache/{cset.uuid}/{name}"

@@ -20,3 +20,5 @@ percent = argtype("percent", integer=True, minimum=0, maximum=100)
 positive = argtype("positive", above=0)
 # a non-negative finite number (a tolerance)
 non_negative = argtype("non_negative", minimum=0)
+# a latency bound in milliseconds (drain --max-latency): above 0, at most a minute
+milliseconds = argtype("milliseconds", above=0, maximum=60_000)

@@ -65,13 +65,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_mode(args: argparse.Namespace) -> int:
     return with_progress(args, f"mode {args.mode} on {args.target}", lambda ctl: cache_ops.mode(
         _sysfs(args), args.target, args.mode, drain=args.drain, ctl=ctl,
-        timeout=args.timeout, stall_timeout=args.stall_timeout))
+        timeout=args.timeout, stall_timeout=args.stall_timeout,
+        max_latency_ms=args.max_latency))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     return with_progress(args, f"drain of {args.target}", lambda ctl: cache_ops.drain(
         _sysfs(args), args.target, ctl=ctl, resume=args.resume, timeout=args.timeout,
-        stall_timeout=args.stall_timeout))
+        stall_timeout=args.stall_timeout, max_latency_ms=args.max_latency))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -161,6 +162,9 @@ def register(sub: Any) -> None:
     s.add_argument("--drain", action="store_true", help="then drain until clean")
     s.add_argument("--timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")
     s.add_argument("--stall-timeout", type=argtypes.seconds, default=60.0, metavar="S")
+    s.add_argument("--max-latency", type=argtypes.milliseconds, metavar="MS",
+                   help="with --drain: pace the drain as in 'cachemgr drain --max-latency' "
+                   "(bcache)")
     add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
@@ -172,6 +176,11 @@ def register(sub: Any) -> None:
                    help="stop if dirty data does not go down for S seconds (default 60)")
     s.add_argument("--resume", action="store_true",
                    help="restore tunables left by an interrupted drain, then drain")
+    s.add_argument("--max-latency", type=argtypes.milliseconds, metavar="MS",
+                   help="spare the VMs: keep the p99 latency of the other IO on the device "
+                   "under MS milliseconds, slowing the drain down as needed, and drain as "
+                   "fast as the disk allows otherwise (bcache; progress says the pace and "
+                   "why)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_drain)
 

@@ -31,7 +31,7 @@ from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.backends.lvm.command import spelling as lvm_spelling
 from cachemgr.backends.scancache import ScanCache as ScanCache
 from cachemgr.backends.targets import resolve_backing, resolve_cache_set
-from cachemgr.core import checks, state
+from cachemgr.core import checks, pace, state
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
@@ -213,11 +213,13 @@ def _timeouts(timeout: float, stall_timeout: float | None = None) -> None:
 
 def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
          ctl: Control | None = None, timeout: float = DRAIN_TIMEOUT,
-         stall_timeout: float = STALL_TIMEOUT) -> Result:
+         stall_timeout: float = STALL_TIMEOUT, max_latency_ms: float | None = None) -> Result:
     """Switch the cache mode. bcache allows any switch while dirty (writeback goes on; a
     note says so); dm-cache refuses passthrough while dirty unless ``drain``, which flushes
-    and then loads passthrough. ``drain`` also waits until clean."""
+    and then loads passthrough. ``drain`` also waits until clean; ``max_latency_ms`` paces
+    that drain (:func:`drain`)."""
     _timeouts(timeout, stall_timeout)
+    _max_latency(max_latency_ms, drain=drain)
     ctl = _ctl(ctl, f"mode {mode_word} on {target}")
     new = parse_mode(mode_word)
     snap = status(sysfs, probe_unregistered=False)
@@ -232,9 +234,11 @@ def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
     with gate_mod.gate(gate_mod.of_kind(dev), "mode --drain" if drain else "mode",
                        takes_over=DRAINS if drain else None, detail={"to": new.value}):
         sw = dev.switch_mode(sysfs, new, drain=drain, timeout=timeout,
-                             stall_timeout=stall_timeout, progress=ctl.report)
+                             stall_timeout=stall_timeout, progress=ctl.report,
+                             max_latency_ms=max_latency_ms)
         if sw.as_drain:
-            return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=False)
+            return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=False,
+                            max_latency_ms=max_latency_ms)
         return Result(changes=sw.changes, notes=sw.notes)
 
 
@@ -254,8 +258,19 @@ def mode_plan(dev: kinds.Kind, new: CacheMode, *, drain: bool = False) -> list[s
     return out
 
 
+def _max_latency(max_latency_ms: float | None, *, drain: bool = True) -> None:
+    """``--max-latency``: a bound in ms above 0 (at most a minute), for a drain only;
+    UsageError (exit 2) otherwise, whichever face passed it."""
+    if max_latency_ms is None:
+        return
+    if not drain:
+        raise UsageError("--max-latency paces a drain: use it with --drain")
+    pace.check_max_latency(max_latency_ms)
+
+
 def _drained(sysfs: Sysfs, dev: kinds.Kind, ctl: Control, timeout: float,
-             stall_timeout: float, *, resume: bool) -> Result:
+             stall_timeout: float, *, resume: bool,
+             max_latency_ms: float | None = None) -> Result:
     out = Result()
     if resume:
         restored = dev.restore_interrupted(sysfs)
@@ -265,7 +280,7 @@ def _drained(sysfs: Sysfs, dev: kinds.Kind, ctl: Control, timeout: float,
         dev = dev.reread(sysfs)
     try:
         d = dev.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
-                      progress=ctl.report)
+                      progress=ctl.report, max_latency_ms=max_latency_ms)
     except AlreadyError:
         if not resume:
             raise
@@ -275,16 +290,21 @@ def _drained(sysfs: Sysfs, dev: kinds.Kind, ctl: Control, timeout: float,
     out.data = {"schema": 1, "device": d.device, "clean": True,
                 "drained_bytes": d.start_bytes, "seconds": round(d.elapsed_s, 2),
                 "restored": d.restored}
+    if d.pacing is not None:
+        out.data["pacing"] = d.pacing
     out.value = d
     return out
 
 
 def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool = False,
-          timeout: float = DRAIN_TIMEOUT, stall_timeout: float = STALL_TIMEOUT) -> Result:
+          timeout: float = DRAIN_TIMEOUT, stall_timeout: float = STALL_TIMEOUT,
+          max_latency_ms: float | None = None) -> Result:
     """Write every dirty block back as fast as the backing device allows, with progress;
     every tunable (or table) changed for it is put back. ``resume`` first puts back what an
-    interrupted drain left."""
+    interrupted drain left. ``max_latency_ms``: as fast as the p99 latency of the other IO on
+    the device (the VMs') under that bound allows (bcache; cachemgr/core/pace.py)."""
     _timeouts(timeout, stall_timeout)
+    _max_latency(max_latency_ms)
     ctl = _ctl(ctl, f"drain of {target}")
     snap = status(sysfs, probe_unregistered=False)
     lv = lvm_spelling(target)
@@ -300,7 +320,8 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
     dev = kinds.resolve(snap, target, sysfs)
     _root(dev, "draining")
     with gate_mod.gate(gate_mod.of_kind(dev), "drain", takes_over=DRAINS):
-        return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=resume)
+        return _drained(sysfs, dev, ctl, timeout, stall_timeout, resume=resume,
+                        max_latency_ms=max_latency_ms)
 
 
 # ----------------------------------------------------------------------------- attach/detach

@@ -21,13 +21,20 @@ under writeback can bring dirty data back transiently even in ``none`` mode.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachemgr.backends import bcache, blockdev
-from cachemgr.core import drainloop, signals, state
-from cachemgr.core.errors import AlreadyError, CacheMgrError, StallError, TimeoutExpired
+from cachemgr.core import drainloop, pace, signals, state
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    KernelFormatError,
+    StallError,
+    TimeoutExpired,
+)
 from cachemgr.core.model import BcacheBacking, CacheMode, CacheState, DrainProgress, human
 from cachemgr.core.sysfs import Sysfs
 
@@ -35,6 +42,11 @@ log = logging.getLogger(__name__)
 
 # What the drain changes, and the values it uses.
 DRAIN_SETTINGS = {"writeback_percent": 0, "writeback_delay": 1, "writeback_running": 1}
+# What a paced drain (--max-latency) changes besides: the floor of the PI controller's rate,
+# which is the pace while writeback_percent is PACED_PERCENT (docs/kernel-notes.md, "Pacing a
+# drain"). writeback_percent itself goes to PACED_PERCENT while paced, 0 while unpaced.
+PACE_SETTINGS = ("writeback_rate_minimum",)
+PACED_PERCENT = 40  # the kernel's highest (bch_cutoff_writeback): the PI stays at its floor
 
 
 @dataclass
@@ -44,6 +56,7 @@ class DrainResult:
     elapsed_s: float
     restored: dict[str, int] = field(default_factory=dict)
     zero_s: float | None = None  # when dirty data first read 0 (before the confirmation)
+    pacing: dict[str, object] | None = None  # a paced drain: its bound, how often it slowed
 
 
 def _key(b: BcacheBacking) -> str:
@@ -65,9 +78,11 @@ def _reread(sysfs: Sysfs, b: BcacheBacking) -> BcacheBacking:
         raise DeviceGone(str(exc)) from exc
 
 
-def _tunables(b: BcacheBacking) -> dict[str, int]:
+def _tunables(b: BcacheBacking, *, paced: bool = False) -> dict[str, int]:
     vals = {"writeback_percent": b.writeback_percent, "writeback_delay": b.writeback_delay,
             "writeback_running": None if b.writeback_running is None else int(b.writeback_running)}
+    if paced:
+        vals["writeback_rate_minimum"] = b.writeback_rate_minimum
     missing = [k for k, v in vals.items() if v is None]
     if missing:
         raise CacheMgrError(f"{b.device}: cannot read {', '.join(missing)}; not draining")
@@ -92,11 +107,12 @@ def _restore_saved_locked(sysfs: Sysfs, b: BcacheBacking) -> dict[str, int]:
     if saved is None:
         return {}
     original = saved.get("original")
+    known = [*DRAIN_SETTINGS, *PACE_SETTINGS]
     if not (isinstance(original, dict) and original and all(
-            k in DRAIN_SETTINGS and isinstance(v, int) and not isinstance(v, bool)
+            k in known and isinstance(v, int) and not isinstance(v, bool)
             for k, v in original.items())):
         raise state.StateFileError(path, f"not a drain journal: 'original' is {original!r}, "
-                                         f"not the values of {sorted(DRAIN_SETTINGS)}")
+                                         f"not the values of {sorted(known)}")
     try:
         _set_all(sysfs, _reread(sysfs, b), original)
     except DeviceGone:
@@ -141,11 +157,18 @@ def drain(
     confirm: float = 2.0,
     interval: float = 0.5,
     progress: Callable[[DrainProgress], None] | None = None,
+    max_latency_ms: float | None = None,
 ) -> DrainResult:
     """Drain ``backing`` to clean. Raises AlreadyError if already clean (nothing changed),
     StallError when dirty data stops going down for ``stall_timeout`` seconds, TimeoutExpired
     after ``timeout``. Tunables are restored in every case, Ctrl-C, SIGTERM and SIGHUP
-    included (those two raise signals.Terminated, in the main thread)."""
+    included (those two raise signals.Terminated, in the main thread).
+
+    ``max_latency_ms``: a paced drain, which keeps the p99 latency of the VMs' IO on the
+    device under that bound and otherwise drains as fast as the disk allows
+    (cachemgr/core/pace.py); it also journals and puts back ``writeback_rate_minimum``."""
+    if max_latency_ms is not None:
+        max_latency_ms = pace.check_max_latency(max_latency_ms)
     dev = backing.device or backing.identity.node
     if backing.cset_uuid is None:
         if backing.state == CacheState.DIRTY:
@@ -161,13 +184,13 @@ def drain(
             time.sleep(min(confirm, 0.2))
             if is_clean(_reread(sysfs, b)):
                 raise AlreadyError(f"{dev} is already clean")
-        original = _tunables(b)
+        original = _tunables(b, paced=max_latency_ms is not None)
         try:  # the journal first: a signal while it is written still reaches the except
             state.write_json(_journal(b), {"device": dev, "backing": b.identity.node,
                                            "uuid": b.uuid, "original": original,
                                            "started": time.time()})
             result = _run(sysfs, b, original, dev, timeout, stall_timeout, confirm, interval,
-                          progress)
+                          progress, max_latency_ms)
         except BaseException:
             with signals.deferred():  # a signal now waits until every tunable is back
                 _restore_keeping_error(sysfs, b, dev)
@@ -218,16 +241,27 @@ def _gone(b: BcacheBacking, dev: str, cset: str | None) -> StallError:
 
 def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, timeout: float,
          stall_timeout: float, confirm: float, interval: float,
-         progress: Callable[[DrainProgress], None] | None) -> DrainResult:
+         progress: Callable[[DrainProgress], None] | None,
+         max_latency_ms: float | None = None) -> DrainResult:
     cset = b.cset_uuid  # known now; bcache may drop the link before it stops the device
+    paced = Paced(sysfs, b, max_latency_ms) if max_latency_ms is not None else None
     try:
-        b = _set_all(sysfs, b, DRAIN_SETTINGS)
+        if paced is not None:  # at its first pace before writeback starts
+            b = paced.apply(b, paced.pacer.pace)
+        b = _set_all(sysfs, b, DRAIN_SETTINGS if paced is None else
+                     {**DRAIN_SETTINGS, "writeback_percent": PACED_PERCENT})
     except DeviceGone:
         raise _gone(b, dev, cset) from None
+    if paced is not None:
+        # the pacer reads its counters every pace.SLICE between two polls; rereading the
+        # whole device twice a second only costs the CPU (the pacer decides every 2 s)
+        interval = max(interval, 1.0)
 
     def sample() -> drainloop.Sample[BcacheBacking]:
         nonlocal b
         try:
+            if paced is not None:
+                paced.step(b)
             b = _reread(sysfs, b)
         except DeviceGone:
             raise _gone(b, dev, cset) from None
@@ -242,7 +276,10 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
     incoming = WriteMeter(sysfs, b.device_name)
 
     def explain(b: BcacheBacking, elapsed: float, progressed: bool) -> str | None:
-        return drain_note(b, dev, original, incoming.rate(), elapsed, progressed)
+        why = drain_note(b, dev, original, incoming.rate(), elapsed, progressed)
+        if paced is None:
+            return why
+        return f"{why}; {paced.words()}" if why else paced.words()
 
     def stalled(b: BcacheBacking, progressed: bool) -> StallError:
         why = arriving_words(b, dev, incoming.rate())
@@ -259,8 +296,86 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
     r = drainloop.wait_clean(sample, action="drain", device=dev, timeout=timeout,
                              stall_timeout=stall_timeout, confirm=confirm, interval=interval,
                              progress=progress, stall_error=stalled, timeout_error=timed_out,
-                             check=check, explain=explain, rate="ewma", first=_sample(b))
-    return DrainResult(dev, r.start_bytes, r.elapsed_s, original, r.zero_s)
+                             check=check, explain=explain, rate="ewma", first=_sample(b),
+                             sleep=paced.sampler.sleep if paced is not None else time.sleep)
+    return DrainResult(dev, r.start_bytes, r.elapsed_s, original, r.zero_s,
+                       paced.summary() if paced is not None else None)
+
+
+def _stat_path(sysfs: Sysfs, name: str | None) -> str | None:
+    rel = blockdev.block_dirs(sysfs).get(name) if name else None
+    return f"{rel}/stat" if rel else None
+
+
+def _stat(sysfs: Sysfs, path: str | None) -> blockdev.BlockStat | None:
+    text = sysfs.read_opt(path) if path else None
+    try:
+        return blockdev.BlockStat.parse(text) if text is not None else None
+    except KernelFormatError:
+        return None
+
+
+class Paced:
+    """A drain under ``--max-latency``: reads the VMs' IO on the bcache device and the
+    drain's writes on the backing device (:class:`cachemgr.core.pace.Sampler`, while the
+    loop sleeps), and sets the pace :class:`cachemgr.core.pace.Pacer` decides: unpaced,
+    ``writeback_percent`` 0 (the drain's own setting); paced at P sectors/s,
+    ``writeback_rate_minimum`` P, ``writeback_rate`` P (at once: the PI controller would take
+    up to ``writeback_rate_update_seconds``) and ``writeback_percent`` PACED_PERCENT, with
+    dirty data under that target the PI controller's output stays at its floor P."""
+
+    def __init__(self, sysfs: Sysfs, b: BcacheBacking, bound_ms: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sysfs, self.bound, self.clock = sysfs, bound_ms, clock
+        self.pacer = pace.Pacer(bound_ms)
+        self.meter = pace.LatencyMeter()
+        # found once: listing the block devices ten times a second costs the CPU the VMs'
+        # IO waits for (lab: a UML guest's only CPU)
+        vm_stat, backing_stat = _stat_path(sysfs, b.device_name), _stat_path(
+            sysfs, b.identity.name)
+
+        def vm() -> pace.Counters | None:
+            s = _stat(sysfs, vm_stat)
+            return None if s is None else pace.Counters(
+                s.reads + s.writes, s.read_ms + s.write_ms, s.write_sectors)
+
+        def backing() -> int | None:
+            s = _stat(sysfs, backing_stat)
+            return None if s is None else s.write_sectors
+
+        self.sampler = pace.Sampler(vm, backing, self.meter, clock=clock)
+        self.sampler.read()
+        self.slowest: int | None = None
+
+    def step(self, b: BcacheBacking) -> None:
+        now = self.clock()
+        since = self.pacer.changed_at if self.pacer.changed_at is not None else -math.inf
+        p99, ios = self.meter.p99(since)
+        d = self.pacer.decide(now, p99, ios, self.sampler.drain_rate())
+        if d.changed:
+            log.info("%s: %s (%s)", b.device, pace.pace_words(d.pace), d.note)
+            self.apply(b, d.pace)
+        elif d.pace is not None:
+            # the PI controller runs every writeback_rate_update_seconds and may have raised
+            # it (dirty data above PACED_PERCENT of the cache): back to the pace
+            bcache.set_writeback_rate(self.sysfs, b, d.pace)
+
+    def apply(self, b: BcacheBacking, p: int | None) -> BcacheBacking:
+        """Set pace ``p`` (None: unpaced); the device read again."""
+        if p is None:
+            return _set_all(self.sysfs, b, {"writeback_percent": 0})
+        self.slowest = p if self.slowest is None else min(self.slowest, p)
+        b = _set_all(self.sysfs, b, {"writeback_rate_minimum": p})
+        bcache.set_writeback_rate(self.sysfs, b, p)
+        return _set_all(self.sysfs, b, {"writeback_percent": PACED_PERCENT})
+
+    def words(self) -> str:
+        return f"{self.pacer.note}; {pace.pace_words(self.pacer.pace)}"
+
+    def summary(self) -> dict[str, object]:
+        return {"max_latency_ms": self.bound, "lowered": self.pacer.lowered,
+                "slowest_sectors_per_s": self.slowest,
+                "final": pace.pace_words(self.pacer.pace), "note": self.pacer.note}
 
 
 class WriteMeter:

@@ -31,6 +31,15 @@ ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "rep
                      "bench", "force-run", "stop-set", "warm"})
 
 
+def pacing_words(p: dict[str, Any]) -> str:
+    """What a paced drain did, in words (its DrainResult.pacing)."""
+    n = p.get("lowered") or 0
+    slowest = p.get("slowest_sectors_per_s")
+    return (f"paced under p99 {p.get('max_latency_ms'):g} ms of the other IO: slowed down "
+            f"{n} time{'s' if n != 1 else ''}"
+            + (f"; slowest pace {int(slowest) * 512 // 1024} KiB/s" if slowest else ""))
+
+
 @dataclass(frozen=True)
 class Drained:
     """What a drain did: the same fields for every kind."""
@@ -40,10 +49,12 @@ class Drained:
     elapsed_s: float
     restored: dict[str, Any]  # what was put back (tunables, or the table's mode and policy)
     restored_what: str = "tunables"  # how to say it
+    pacing: dict[str, Any] | None = None  # a paced drain (--max-latency): what it did
 
     def summary(self) -> str:
         return (f"{self.device}: clean after {self.elapsed_s:.1f} s "
-                f"({human(self.start_bytes)} written back); {self.restored_words()}")
+                f"({human(self.start_bytes)} written back); {self.restored_words()}"
+                + (f"; {pacing_words(self.pacing)}" if self.pacing else ""))
 
     def restored_words(self) -> str:
         if "cleaner" in self.restored:  # lvm writecache: its cleaner setting
@@ -245,17 +256,19 @@ class Kind:
         raise self._cannot("mode")
 
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
-              progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:
+              progress: ProgressFn | None, final_mode: CacheMode | None = None,
+              max_latency_ms: float | None = None) -> Drained:
         raise self._cannot("drain")
 
     def switch_mode(self, sysfs: Sysfs, new: CacheMode, *, drain: bool, timeout: float,
-                    stall_timeout: float, progress: ProgressFn | None) -> Switched:
+                    stall_timeout: float, progress: ProgressFn | None,
+                    max_latency_ms: float | None = None) -> Switched:
         """``cachemgr mode``: switch; with ``drain``, drain and end in ``new`` (the kinds
         whose kernel refuses some modes while dirty drain first, then switch)."""
         if not drain:
             return Switched([self.set_mode(sysfs, new)], [])
         d = self.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
-                       progress=progress, final_mode=new)
+                       progress=progress, final_mode=new, max_latency_ms=max_latency_ms)
         before = self.mode.value if self.mode else "?"
         return Switched([Change(self.node, "cache_mode", before, new.value)]
                         if d.restored.get("switched") else [], [], d)

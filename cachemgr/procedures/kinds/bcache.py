@@ -129,7 +129,8 @@ class Bcache(Kind):
         return {n for n in (b.device, b.device_name) if n}
 
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
-              progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:
+              progress: ProgressFn | None, final_mode: CacheMode | None = None,
+              max_latency_ms: float | None = None) -> Drained:
         if final_mode is not None:
             # bcache switches first and drains after: the kernel allows any mode while dirty
             try:
@@ -138,11 +139,13 @@ class Bcache(Kind):
                 pass
         cur = bcache.reread(sysfs, self.obj.identity.name)
         r = drain_mod.drain(sysfs, cur, timeout=timeout, stall_timeout=stall_timeout,
-                            progress=progress)
-        return Drained(r.device, r.start_bytes, r.elapsed_s, dict(r.restored))
+                            progress=progress, max_latency_ms=max_latency_ms)
+        return Drained(r.device, r.start_bytes, r.elapsed_s, dict(r.restored),
+                       pacing=r.pacing)
 
     def switch_mode(self, sysfs: Sysfs, new: CacheMode, *, drain: bool, timeout: float,
-                    stall_timeout: float, progress: ProgressFn | None) -> Switched:
+                    stall_timeout: float, progress: ProgressFn | None,
+                    max_latency_ms: float | None = None) -> Switched:
         """bcache allows any switch while dirty (writeback goes on; a note says so);
         ``drain`` then drains in the new mode."""
         b = self.obj
@@ -155,7 +158,8 @@ class Bcache(Kind):
         if drain:
             try:
                 out.drained = self.reread(sysfs).drain(
-                    sysfs, timeout=timeout, stall_timeout=stall_timeout, progress=progress)
+                    sysfs, timeout=timeout, stall_timeout=stall_timeout, progress=progress,
+                    max_latency_ms=max_latency_ms)
                 out.notes.append(out.drained.summary())
             except AlreadyError:
                 pass

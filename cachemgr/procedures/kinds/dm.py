@@ -14,7 +14,7 @@ from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.core import state
 from cachemgr.core.change import Change
-from cachemgr.core.errors import CacheMgrError, UnsafeError
+from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import (
     DM_CACHE_MODES,
     CacheMode,
@@ -101,6 +101,15 @@ class _Dm(Kind):
                 hint=f"the kernel printed: {getattr(self.obj, 'raw_status', '?')} (cachemgr "
                      "status --json: raw_status); change it with dmsetup or lvm2 yourself")
         return super().refusal(action)
+
+
+def _unpaced(node: str, max_latency_ms: float | None) -> None:
+    """A paced drain (--max-latency) is bcache's so far: the others refuse it (exit 2) before
+    they change anything (docs/cli.md, "`cachemgr drain`")."""
+    if max_latency_ms is not None:
+        raise UsageError(f"{node}: --max-latency paces bcache drains only, so far; a dm-cache "
+                         "or LVM cache drains at its own pace (migration_threshold)",
+                         hint="drain without --max-latency")
 
 
 def _unread(obj: object) -> bool:
@@ -287,16 +296,20 @@ class DmCache(_DmCacheWarm, _Dm):
         return dmcache.set_mode(sysfs, self.obj, mode)
 
     def switch_mode(self, sysfs: Sysfs, new: CacheMode, *, drain: bool, timeout: float,
-                    stall_timeout: float, progress: ProgressFn | None) -> Switched:
+                    stall_timeout: float, progress: ProgressFn | None,
+                    max_latency_ms: float | None = None) -> Switched:
         """dm-cache refuses passthrough while dirty: ``drain`` flushes, then loads the new
         mode (already in it: only the flush)."""
         if drain and self.mode == new:
             return Switched([], [], as_drain=True)
         return super().switch_mode(sysfs, new, drain=drain, timeout=timeout,
-                                   stall_timeout=stall_timeout, progress=progress)
+                                   stall_timeout=stall_timeout, progress=progress,
+                                   max_latency_ms=max_latency_ms)
 
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
-              progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:
+              progress: ProgressFn | None, final_mode: CacheMode | None = None,
+              max_latency_ms: float | None = None) -> Drained:
+        _unpaced(self.node, max_latency_ms)
         r = dmcache.flush(sysfs, self.obj, timeout=timeout, stall_timeout=stall_timeout,
                           progress=progress, final_mode=final_mode)
         restored: dict[str, Any] = dict(r.restored)
@@ -445,19 +458,22 @@ class _Lvm(_Dm):
         return lvm_manage.set_mode(self.obj, mode)
 
     def switch_mode(self, sysfs: Sysfs, new: CacheMode, *, drain: bool, timeout: float,
-                    stall_timeout: float, progress: ProgressFn | None) -> Switched:
+                    stall_timeout: float, progress: ProgressFn | None,
+                    max_latency_ms: float | None = None) -> Switched:
         """lvm2 drains with progress (its cleaner), then switches."""
         if not drain:
             return Switched([self.set_mode(sysfs, new)], [])
         before = self.lv.cache_mode or (self.mode.value if self.mode else "?")
         d = self.drain(sysfs, timeout=timeout, stall_timeout=stall_timeout,
-                       progress=progress, final_mode=new)
+                       progress=progress, final_mode=new, max_latency_ms=max_latency_ms)
         return Switched([Change(self.lv.full_name, "cache_mode", before, new.value)]
                         if d.restored.get("switched") else [],
                         [d.summary()] if d.start_bytes else [], d)
 
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
-              progress: ProgressFn | None, final_mode: CacheMode | None = None) -> Drained:
+              progress: ProgressFn | None, final_mode: CacheMode | None = None,
+              max_latency_ms: float | None = None) -> Drained:
+        _unpaced(self.lv.full_name, max_latency_ms)
         start, secs, restored, _ = lvm_manage.drain(
             self.obj, timeout=timeout, stall_timeout=stall_timeout, progress=progress,
             final_mode=final_mode)

@@ -1,0 +1,206 @@
+"""A drain that spares the VMs: keep the other IO's p99 latency under a bound, drain as fast
+as that allows.
+
+What is measured (docs/kernel-notes.md, "Pacing a drain"): the latency of the IO the VMs do,
+from the block layer counters of the device they use (``/sys/block/bcacheN/stat``: IOs done
+and milliseconds spent, reads and writes; Documentation/block/stat.rst). That device's
+counters hold the VMs' IO only: the drain's own writes (bcache's writeback) go to the backing
+device under it without passing through it. Its time is counted from the bio's submission to
+its completion, so a request waiting behind the drain for a tag of the backing disk's queue
+is counted too (the backing disk's own counters start only once a request has its tag and
+miss that wait: lab, 7.2).
+
+The p99 estimate (:class:`LatencyMeter`): the counters are read every ``SLICE`` seconds;
+each slice that completed IOs gives their mean latency, weighted by its count; the estimate
+is the 99th percentile of those slice means over the last ``window`` seconds. With a few IOs
+per slice (a QD1 VM doing tens of IOPS) a slice's mean is close to each IO's own latency;
+with many per slice it averages the tail away and reads low, which the headroom of the
+controller (it speeds up only under half the bound) partly covers.
+
+The controller (:class:`Pacer`) starts paced and slow (every IO over the bound counts in the
+VMs' p99: a drain let loose before the first measurement makes the first ones), and is
+multiplicative both ways with a dead band: above the bound it halves the pace (or the rate
+the drain was seen writing, when that is lower), under half the bound it raises it by half,
+in between it holds. When the drain writes less than half its pace, the disk is the limit:
+unpaced. No other IO for a period: unpaced (no VM to spare). It decides at most every
+``period`` seconds and only on IO measured after its last judgement. The pace never falls
+below ``floor`` (a drain that stops entirely never ends, and dirty data sits on the SSD).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cachemgr.core import checks
+
+SLICE = 0.1  # seconds between two readings of the counters while the drain waits
+MAX_LATENCY_MS = 60_000.0  # a bound above a minute is a typo, not a wish
+
+
+def check_max_latency(value: object, what: str = "--max-latency") -> float:
+    """The bound in milliseconds: a finite number above 0 and at most a minute; UsageError
+    (exit 2) otherwise."""
+    return float(checks.number(value, what, above=0, maximum=MAX_LATENCY_MS))
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What one reading of a device's stat file gives the meter: IOs completed and the
+    milliseconds they spent (reads and writes), and sectors written."""
+
+    ios: int
+    ms: int
+    write_sectors: int
+
+
+class LatencyMeter:
+    """The other IO's latency, from successive :class:`Counters` of the device the VMs use."""
+
+    def __init__(self, window: float = 4.0) -> None:
+        self.window = window
+        self.last: tuple[float, Counters] | None = None
+        self.slices: deque[tuple[float, int, float]] = deque()  # (end, ios, mean ms)
+
+    def add(self, now: float, c: Counters) -> None:
+        if self.last is not None:
+            c0 = self.last[1]
+            ios, ms = c.ios - c0.ios, c.ms - c0.ms
+            if ios > 0 and ms >= 0:
+                self.slices.append((now, ios, ms / ios))
+            elif ios < 0 or ms < 0:  # counters went back (device re-created): start again
+                self.slices.clear()
+        self.last = (now, c)
+        while self.slices and self.slices[0][0] < now - self.window:
+            self.slices.popleft()
+
+    def p99(self, since: float = -math.inf) -> tuple[float | None, int]:
+        """(p99 estimate in ms, IOs it rests on) over the slices that ended after ``since``
+        and within the window; (None, 0) without any."""
+        s = sorted((mean, n) for end, n, mean in self.slices if end > since)
+        total = sum(n for _, n in s)
+        if not total:
+            return None, 0
+        need, seen = 0.99 * total, 0
+        for mean, n in s:
+            seen += n
+            if seen >= need:
+                return mean, total
+        return s[-1][0], total  # pragma: no cover (float rounding)
+
+
+@dataclass(frozen=True)
+class Decision:
+    pace: int | None  # sectors per second; None: unpaced (as fast as the disk allows)
+    note: str  # why, for the progress line
+    changed: bool
+
+
+class Pacer:
+    """Decides the drain's pace from the other IO's p99 (module docstring)."""
+
+    MIN_IOS = 4  # fewer other IOs than that since the last change: too few to judge
+
+    def __init__(self, bound_ms: float, *, floor: int = 64, period: float = 2.0,
+                 start: int = 256) -> None:
+        self.bound = bound_ms
+        self.floor, self.period = floor, period
+        # it starts paced, slow: every p99 over the bound counts in the VMs' p99, and a
+        # drain let loose before the first measurement would make the first ones
+        self.pace: int | None = max(floor, start)
+        self.changed_at: float | None = None
+        self.lowered = 0  # how many times the pace went down
+        self.note = (f"paced: starting slow until the other IO is measured (bound p99 "
+                     f"{bound_ms:g} ms)")
+
+    def decide(self, now: float, p99: float | None, ios: int,
+               drain_rate: float | None) -> Decision:
+        """One step: ``p99``/``ios`` measured since the last change (LatencyMeter.p99 with
+        ``since=changed_at``), ``drain_rate`` the drain's own writes, sectors/s, lately."""
+        if self.changed_at is None:
+            self.changed_at = now
+        if now - self.changed_at < self.period:
+            return Decision(self.pace, self.note, False)
+        b = f"{self.bound:g} ms"
+        if p99 is None or ios < self.MIN_IOS:
+            if ios == 0:
+                return self._set(now, None, f"unpaced: no other IO for {self.period:g} s")
+            return self._hold(now, f"{_pace(self.pace)}: too little other IO to measure "
+                              f"({ios} IOs)")
+        if p99 > self.bound:
+            base = self.pace if self.pace is not None else (drain_rate or self.floor * 4)
+            if self.pace is not None and drain_rate and drain_rate < self.pace:
+                base = min(base, int(drain_rate))  # the disk gave less than the pace
+            new = max(self.floor, int(base / 2))
+            self.lowered += 1
+            return self._set(now, new, f"paced: other IO p99 {p99:.0f} ms > {b}")
+        if p99 < self.bound / 2:
+            if self.pace is None:
+                return self._hold(now, f"unpaced: other IO p99 {p99:.0f} ms < {b}")
+            if drain_rate is not None and drain_rate < self.pace / 2:
+                # the disk does not even give the pace: it is the limit, not the pace
+                return self._set(now, None, f"unpaced: other IO p99 {p99:.0f} ms < {b}, "
+                                 "the disk is the limit")
+            return self._set(now, int(self.pace * 1.5) + 1,
+                             f"paced: other IO p99 {p99:.0f} ms < {b}, speeding up")
+        return self._hold(now, f"{_pace(self.pace)}: other IO p99 {p99:.0f} ms <= {b}, "
+                          "holding")
+
+    def _hold(self, now: float, note: str) -> Decision:
+        # the next judgement rests on what comes after this one
+        self.changed_at, self.note = now, note
+        return Decision(self.pace, note, False)
+
+    def _set(self, now: float, pace: int | None, note: str) -> Decision:
+        changed = pace != self.pace
+        self.pace, self.changed_at, self.note = pace, now, note
+        return Decision(pace, note, changed)
+
+
+def _pace(pace: int | None) -> str:
+    return "unpaced" if pace is None else f"paced at {pace * 512 // 1024} KiB/s"
+
+
+def pace_words(pace: int | None) -> str:
+    """The pace in words: "unpaced" or "writeback 256 KiB/s"."""
+    return "unpaced" if pace is None else f"writeback {pace * 512 // 1024} KiB/s"
+
+
+class Sampler:
+    """Reads the counters every ``SLICE`` seconds while the drain loop sleeps (its ``sleep``),
+    and the drain's own write rate (the backing device's written sectors less the VMs')."""
+
+    def __init__(self, vm: Callable[[], Counters | None], backing: Callable[[], int | None],
+                 meter: LatencyMeter, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.vm, self.backing, self.meter = vm, backing, meter
+        self.clock, self._sleep = clock, sleep
+        self.writes: deque[tuple[float, int]] = deque()  # (t, drain's sectors so far)
+
+    def read(self) -> None:
+        now, c, w = self.clock(), self.vm(), self.backing()
+        if c is not None:
+            self.meter.add(now, c)
+            if w is not None:
+                self.writes.append((now, w - c.write_sectors))
+                while len(self.writes) > 2 and self.writes[1][0] < now - self.meter.window:
+                    self.writes.popleft()
+
+    def drain_rate(self) -> float | None:
+        """The drain's writes to the backing device, sectors per second, lately."""
+        if len(self.writes) < 2:
+            return None
+        (t0, w0), (t1, w1) = self.writes[0], self.writes[-1]
+        return max(0.0, (w1 - w0) / (t1 - t0)) if t1 > t0 else None
+
+    def sleep(self, seconds: float) -> None:
+        end = self.clock() + seconds
+        while True:
+            self.read()
+            left = end - self.clock()
+            if left <= 0:
+                return
+            self._sleep(min(SLICE, left))

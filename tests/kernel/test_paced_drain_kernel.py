@@ -1,0 +1,107 @@
+"""drain --max-latency on the lab kernel, over the queueing HDD (cachemgr/lab/hdd.py: one
+request at a time, 5 ms each): the pace goes down while a VM's reads wait behind the drain,
+back up when they stop, the data is written back and every tunable is put back; a bad bound
+is a usage error that changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cachemgr.backends import bcache, snapshot
+from cachemgr.core import runner, state
+from cachemgr.core.model import CacheMode, CacheState
+from cachemgr.core.sysfs import Sysfs
+from cachemgr.lab.hdd import queueing_hdd
+from tests.kernel import clirun
+
+B = "block/bcache0/bcache"
+TUNABLES = ("writeback_percent", "writeback_delay", "writeback_running",
+            "writeback_rate_minimum")
+STOP = "/run/stop-paced-reader"
+
+
+def setup_dirty(cache: str, dirty: str = "8M") -> Sysfs:
+    """bcache in writeback over the queueing HDD, ``dirty`` of 4 KiB random writes held with
+    writeback_running=0, then mode none (nothing new gets dirty)."""
+    hdd = queueing_hdd(seek_ms=5, size_mb=128)
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[hdd], cache=cache, bucket="128k", mode=CacheMode.WRITEBACK)
+    sysfs.write(f"{B}/writeback_running", "0")
+    runner.run(["fio", "--name=fill", "--filename=/dev/bcache0", "--rw=randwrite", "--bs=4k",
+                "--size=64M", f"--io_size={dirty}", "--direct=1", "--iodepth=16",
+                "--ioengine=libaio", "--output-format=json"], timeout=300)
+    sysfs.write(f"{B}/cache_mode", "none")
+    b = snapshot.take(sysfs).backings[0]
+    assert b.dirty is not None and b.dirty.bytes > 4 << 20, b.dirty
+    return sysfs
+
+
+def reader() -> subprocess.Popen[str]:
+    """A VM reading at QD1 (50 IOPS) where nothing is dirty: its reads go to the HDD."""
+    Path(STOP).unlink(missing_ok=True)
+    return subprocess.Popen(
+        ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randread", "--bs=4k",
+         "--offset=64M", "--size=64M", "--direct=1", "--time_based", "--runtime=600",
+         "--rate_iops=50", f"--trigger-file={STOP}", "--output-format=json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+
+
+def tunables(sysfs: Sysfs) -> dict[str, str]:
+    return {k: sysfs.read(f"{B}/{k}") for k in TUNABLES}
+
+
+@pytest.mark.kernel(disks="256M", timeout=600)
+def test_paced_drain_slows_for_a_reader_and_puts_everything_back(
+        lab_disks: list[str]) -> None:
+    sysfs = setup_dirty(lab_disks[0])
+    vm = reader()
+    time.sleep(0.5)  # the reader first: an idle set is written back at full speed by bcache
+    sysfs.write(f"{B}/writeback_running", "1")
+    before = tunables(sysfs)
+    assert before["writeback_percent"] == "10" and before["writeback_rate_minimum"] == "8"
+
+    # refusals first: nothing changes, exit 2
+    for bad in ("0", "-3", "nan", "abc", "1e999"):
+        rc, out, err = clirun.run_process("drain", "/dev/bcache0", "--max-latency", bad)
+        assert rc == 2, (bad, out, err)
+        assert "--max-latency" in err
+    rc, _, err = clirun.run_process("mode", "/dev/bcache0", "none", "--max-latency", "10",
+                                    "--yes")
+    assert rc == 2 and "--drain" in err, err
+    assert tunables(sysfs) == before
+
+    # 5 ms a request, one at a time: the reader's reads wait behind the drain's writes, and
+    # the block counters (10 ms steps at HZ=100) read 20 ms and more; alone they read 10
+    drain = clirun.process("drain", "/dev/bcache0", "--max-latency", "15",
+                           "--stall-timeout", "300")
+    assert drain.stderr is not None
+    lines: list[str] = []
+    lowered_note = None
+    try:
+        for line in drain.stderr:
+            lines.append(line)
+            if "paced: other IO p99" in line and "> 15 ms" in line:
+                lowered_note = line
+                break
+        # the reader stops: no other IO, the drain goes back to full speed and ends
+        Path(STOP).touch()
+        vm.wait(timeout=60)
+        out, rest = drain.communicate(timeout=600)
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+        Path(STOP).touch()
+    lines += rest.splitlines()
+    assert lowered_note is not None, "".join(lines)
+    assert "writeback " in lowered_note and "KiB/s" in lowered_note  # the pace is shown
+    assert drain.returncode == 0, (out, "".join(lines))
+    assert "slowed down" in out and "slowed down 0 times" not in out, out
+
+    b = snapshot.take(sysfs).backings[0]
+    assert b.dirty is not None and b.dirty.is_zero(512) and b.state == CacheState.CLEAN
+    assert tunables(sysfs) == before  # writeback_rate_minimum included
+    assert not state.journal_path("drain", b.uuid or b.identity.name).exists()
