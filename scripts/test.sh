@@ -6,8 +6,8 @@
 # Makes sure the set-up is in place (scripts/setup.sh --no-demo), then runs: ruff, mypy,
 # the unit tests and, beside them, the Debian package's build (scripts/build-deb.sh) and the
 # kernel smoke set on qemu with Debian 12's own kernel (the package installed and purged
-# there), then the kernel tests on User-Mode Linux (each boots its own guest). Fails if any
-# of them fails.
+# there), then, once the package is built, the kernel tests on User-Mode Linux (each boots
+# its own guest; the Ansible role installs the package in one). Fails if any of them fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --no-demo
@@ -32,15 +32,24 @@ step "mypy"
 # 2026-11-23; it takes ~13 now.) docs/benchmarks.md, "Test suite time".
 step "unit tests, with the kernel smoke set on qemu (Debian 12 kernel) beside them"
 qemu_log=$(mktemp /tmp/cachemgr-qemu-smoke.XXXXXX)
-# the Debian package first (about a minute), which the qemu set installs and purges
-{ scripts/build-deb.sh && "$py" -m pytest -p no:cacheprovider tests -m qemu_smoke \
+deb_rc=$(mktemp /tmp/cachemgr-deb-rc.XXXXXX)
+# the Debian package first (one to two minutes), which the qemu set installs and purges and
+# the UML set's Ansible test installs with the role; its exit code goes to $deb_rc
+{ rc=0; scripts/build-deb.sh || rc=$?; echo "$rc" >"$deb_rc"
+  [ "$rc" = 0 ] && "$py" -m pytest -p no:cacheprovider tests -m qemu_smoke \
       --lab-backend=qemu --durations=15; } >"$qemu_log" 2>&1 &
 qemu_pid=$!
-trap 'kill "$qemu_pid" 2>/dev/null || true; rm -f "$qemu_log"' EXIT
+trap 'kill "$qemu_pid" 2>/dev/null || true; rm -f "$qemu_log" "$deb_rc"' EXIT
 unit_rc=0
 # a hung test (a Textual pilot waiting forever) fails after 5 minutes instead of holding CI
 "$py" -m pytest -p no:cacheprovider tests/unit --timeout=300 --durations=15 || unit_rc=$?
 step "kernel tests (UML kernel; each test boots its own guest, three at a time), beside the rest of the qemu set"
+# the package's build has ended long before the unit tests as a rule; if not, wait for it
+# (test_ansible_kernel installs it; without a package it would be skipped)
+until [ -s "$deb_rc" ] || ! kill -0 "$qemu_pid" 2>/dev/null; do sleep 1; done
+if [ "$(cat "$deb_rc")" != 0 ]; then
+    echo "test.sh: the Debian package's build failed (its output follows the kernel tests)" >&2
+fi
 uml_rc=0
 "$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 3 --durations=25 \
     || uml_rc=$?
