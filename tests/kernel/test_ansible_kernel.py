@@ -136,7 +136,8 @@ BAD_POLICY = ('version = 1\n[defaults]\nmode = "writethrough"\n[backing.vm-a]\n'
 ROLE = "cachemgr.cachemgr.cachemgr : "
 
 
-# dpkg -i (byte-compiling the package's virtualenv) and the role's tasks in four runs: under
+# dpkg -i (byte-compiling the package's virtualenv) and the role's tasks in three runs (four
+# until 2026-11-26): under
 # a load of ~14 on 2 CPUs the whole test took ~25 minutes (2026-11-26); this bounds a hang
 @pytest.mark.kernel(disks="512M,512M,256M,64M,256M,128M", timeout=1800)
 def test_lab_play_changes_once_then_nothing(lab_disks: list[str]) -> None:
@@ -144,8 +145,8 @@ def test_lab_play_changes_once_then_nothing(lab_disks: list[str]) -> None:
     policy and the udev rule and units; then, with the package's cachemgr, drain (dirty data
     held) and a bcache mode by a by-id link to the backing disk, a dm-cache mode, and
     replace-ssd (new: same) on the scsi_debug SSD of a second bcache set, named by a by-id
-    wwn link, through the collection's replace_ssd playbook (serial: 1). Run again, and with
-    --check --diff: no change; with --check and a bad policy: the role's check fails it."""
+    wwn link, through the collection's replace_ssd playbook (serial: 1). Run again: no change;
+    with --check and a bad policy: the role's check fails it."""
     deb = the_deb()
     # the lab's root: this machine's, under an overlay whose writes go to a tmpfs
     assert not dpkg_installed("cachemgr"), "cachemgr is installed in the lab root already"
@@ -231,9 +232,8 @@ def test_lab_play_changes_once_then_nothing(lab_disks: list[str]) -> None:
     assert rc == 0, out
     assert changed_tasks(out) == [] and recap(out)["changed"] == 0, out
     assert recap(out)["failed"] == 0
-    rc, out = play(lab, pkg_bin, *extra, "--check", "--diff")
-    assert rc == 0, out
-    assert changed_tasks(out) == [] and recap(out)["changed"] == 0, out
+    # (no third run with --check --diff: the second run's "no change" is the stronger check,
+    # and each run of the play costs minutes of the suite in UML)
 
     # --check with a bad policy: copy's validate is skipped in check mode, the role's own
     # check is not; the run fails there, before any module, and nothing is written
