@@ -313,18 +313,11 @@ def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None) -> 
     caches = cached_devices(snap)
     scopes = _scopes(sysfs)
     vms: list[Vm] = []
-    warnings: list[str] = []
     try:
-        uuids = virsh.domain_uuids(src)
+        listing, warnings = src.domains()
     except CacheMgrError as exc:
         return VmScan(src.uri, (), host, iowait, (f"VMs: libvirt: {exc.message}",))
-    for u in uuids:
-        try:
-            xml = virsh.dumpxml(src, u)
-            state = virsh.domstate(src, u)
-        except CacheMgrError as exc:  # undefined between the listing and now
-            warnings.append(f"VM {u}: {exc.message}")
-            continue
+    for _u, xml, state in listing:
         name, uuid, dom_id, disks = parse_domain(xml)
         cg = _scope_of(scopes, name, dom_id)
         pressure = io = None
