@@ -8,8 +8,9 @@ Builds N bcache devices as benchmarks/scan_bench.py does (N dm-linear slices of 
 scratch disk, one cache set on the second), then, R rounds: ``cachemgr tui`` (its default 1 s
 refresh), htop as it starts (its default 1.5 s delay) and htop at 1 s (``-d 10``), each in a
 terminal of its own (a tmux session, 120x40), all at once; with ``--before REV`` also the TUI
-of git revision REV (``git archive``). After a settling time, the CPU each used (utime +
-stime of /proc/PID/stat, its threads included) over the same S seconds (default 30). Nothing
+of git revision REV (``git archive``). The CPU each used (utime +
+stime of /proc/PID/stat, its threads included) over the same S seconds (default 30), from
+15 s after every TUI showed its devices. Nothing
 is typed: idle. Prints one JSON line: per program the CPU seconds of each round and their
 median, and the ratios of the TUI's to each htop's. CPU times are the lab's: compare ratios.
 """
@@ -29,7 +30,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SETTLE = 15.0  # s: the TUI's start and first polls, htop's first screens
+READY = 300.0  # s at most for each TUI's first screen of devices (its first scan)
+SETTLE = 15.0  # s after that: the polls that follow, the stats read at 15 s
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -39,9 +41,21 @@ def cpu(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / TICK
 
 
+SOCKET = ["tuibench-0"]  # a server per round: one started as the last exits fails
+
+
 def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", "-L", "tuibench", *args], check=True, capture_output=True,
-                          text=True).stdout
+    r = subprocess.run(["tmux", "-L", SOCKET[0], *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"tmux {' '.join(args[:3])}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def stop_tmux() -> None:
+    """The round's server and its programs gone; the next round gets a server of its own."""
+    subprocess.run(["tmux", "-L", SOCKET[0], "kill-server"], capture_output=True)
+    n = int(SOCKET[0].rsplit("-", 1)[1])
+    SOCKET[0] = f"tuibench-{n + 1}"
 
 
 def start(name: str, argv: list[str], env: dict[str, str]) -> int:
@@ -55,6 +69,12 @@ def round_(programs: dict[str, tuple[list[str], dict[str, str]]], seconds: float
            ) -> dict[str, float]:
     pids = {n: start(n, argv, env) for n, (argv, env) in programs.items()}
     try:
+        deadline = time.monotonic() + READY
+        while not all("bcache" in tmux("capture-pane", "-p", "-t", n)
+                      for n in pids if n.startswith("tui")):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no TUI showed its devices within {READY:.0f} s")
+            time.sleep(1)
         time.sleep(SETTLE)
         screens = {n: tmux("capture-pane", "-p", "-t", n) for n in pids}
         c0 = {n: cpu(p) for n, p in pids.items()}
@@ -64,7 +84,7 @@ def round_(programs: dict[str, tuple[list[str], dict[str, str]]], seconds: float
             assert Path(f"/proc/{pids[n]}").exists(), n
         assert all("bcache" in s for n, s in screens.items() if n.startswith("tui")), screens
     finally:
-        subprocess.run(["tmux", "-L", "tuibench", "kill-server"], capture_output=True)
+        stop_tmux()
     return {n: c1[n] - c0[n] for n in pids}
 
 

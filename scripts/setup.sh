@@ -33,7 +33,7 @@ pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       lvm2 thin-provisioning-tools fdisk
       prometheus smartmontools
       libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
-      blktrace groff-base man-db zsh
+      blktrace groff-base man-db zsh htop
       debhelper lintian)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -332,8 +332,8 @@ class CacheMgrApp(App[int]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="poll", name="poll")
     def poll(self) -> None:
-        # libvirt is asked every VM_EVERY seconds (a virsh call per domain); the polls between
-        # keep the last answer
+        # libvirt is asked every VM_EVERY seconds (one call through the binding; a virsh call
+        # per domain without it); the polls between keep the last answer
         now = self.clock()
         ask = self._vms_at is None or now - self._vms_at >= VM_EVERY
         # the unregistered devices' superblocks (stranded dirty data: the health model's

@@ -165,7 +165,8 @@ class _Connection:
     def __init__(self, lv: Any, uri: str) -> None:
         self.lv = lv
         self.uri = uri
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the events' marks
+        self.asking = threading.Lock()
         self.stale: set[str] = set()
         self.all_stale = True
         self.closed = False
@@ -195,6 +196,10 @@ class _Connection:
         self.closed = True
 
     def domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
+        with self.asking:  # the listener's scrapes may come at once: one asks at a time
+            return self._domains()
+
+    def _domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
         lv = self.lv
         try:
             listing = [(d, int(st.get("state.state", 0)))
