@@ -32,8 +32,8 @@ pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       patchelf qemu-system-x86 busybox-static tmux ca-certificates
       lvm2 thin-provisioning-tools fdisk
       prometheus smartmontools
-      libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
-      blktrace groff-base man-db zsh
+      libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
+      blktrace groff-base man-db zsh htop
       debhelper lintian)
 missing=()
 for p in "${pkgs[@]}"; do

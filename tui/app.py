@@ -179,6 +179,9 @@ class CacheMgrApp(App[int]):
         self.ops: dict[int, Op] = {}
         self._next_op = 1
         self._polling = False
+        # the widget and text each panel shows (update_panels)
+        self._shown: dict[str, tuple[int, str]] = {}
+        self._offered: tuple[object, ...] = ()  # what the footer's keys offered last
         self._vms_at: float | None = None  # when libvirt was last asked (poll worker only)
         self._vms: VmScan | None = None
         self._unregistered: tuple[UnregisteredBcache, ...] = ()
@@ -329,8 +332,8 @@ class CacheMgrApp(App[int]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="poll", name="poll")
     def poll(self) -> None:
-        # libvirt is asked every VM_EVERY seconds (a virsh call per domain); the polls between
-        # keep the last answer
+        # libvirt is asked every VM_EVERY seconds (one call through the binding; a virsh call
+        # per domain without it); the polls between keep the last answer
         now = self.clock()
         ask = self._vms_at is None or now - self._vms_at >= VM_EVERY
         # the unregistered devices' superblocks (stranded dirty data: the health model's
@@ -347,8 +350,11 @@ class CacheMgrApp(App[int]):
             self._vms_at, self._vms, self._unregistered = now, snap.vms, snap.unregistered
         else:
             snap = dataclasses.replace(snap, vms=self._vms, unregistered=self._unregistered)
-        ios = history.io_counts(self.sysfs, snap)
-        self.post_message(SnapshotReady(snap, ios, self.clock(), health_ops.findings(snap)))
+        # the rows once, here: the table, the history and the IO counts all use them
+        findings = health_ops.findings(snap)
+        rows = view.rows(snap, findings)
+        ios = history.io_counts(self.sysfs, snap, rows)
+        self.post_message(SnapshotReady(snap, ios, self.clock(), findings, rows))
 
     def _rearm(self) -> None:
         self._polling = False
@@ -360,9 +366,9 @@ class CacheMgrApp(App[int]):
         self.polls += 1
         self.poll_error = None
         self.snap = msg.snap
-        self.history.add(msg.t, msg.snap, msg.ios)
         self.findings = msg.findings
-        self.rows = view.rows(msg.snap, msg.findings)
+        self.rows = msg.rows if msg.rows is not None else view.rows(msg.snap, msg.findings)
+        self.history.add(msg.t, msg.snap, msg.ios, self.rows)
         d = self.dashboard()
         # no table while the app quits (its screens' widgets go away; a poll can come late)
         table = next(iter(d.query(DeviceTable)), None) if d is not None else None
@@ -380,13 +386,23 @@ class CacheMgrApp(App[int]):
         d = self.dashboard()
         if d is None or self.snap is None:
             return
+        # an idle poll changes nothing on screen: a widget is updated (and laid out again) only
+        # when its text changed, the footer's keys only when what they offer changed
         try:
             d.query_one(TrendPanel).show(self.history, self.selected_key)
-            d.query_one("#summary", Static).update(literal(self._summary()))
-            d.query_one("#banner", Static).update(literal(self._banner()))
+            for wid, text in (("#summary", self._summary()), ("#banner", self._banner())):
+                w = d.query_one(wid, Static)
+                if self._shown.get(wid) != (id(w), text):
+                    w.update(literal(text))
+                    self._shown[wid] = (id(w), text)
         except NoMatches:  # the app is quitting (a poll or progress message came late)
             return
-        self.refresh_bindings()
+        offered = (id(self.screen), self.read_only, tuple(
+            self.check_action(b.action.split("(")[0], ())
+            for b in self.BINDINGS if isinstance(b, Binding)))
+        if offered != self._offered:
+            self._offered = offered
+            self.refresh_bindings()
 
     def _banner(self) -> str:
         snap = self.snap

@@ -47,10 +47,12 @@ def counters(obj: view.Obj) -> tuple[int, int] | None:
     return k.hit_counters() if k is not None else None
 
 
-def io_counts(sysfs: Sysfs, snap: Snapshot) -> dict[str, int]:
-    """Completed IOs per row key (read in the poll worker, next to the snapshot)."""
+def io_counts(sysfs: Sysfs, snap: Snapshot,
+              rows: list[view.Row] | None = None) -> dict[str, int]:
+    """Completed IOs per row key (read in the poll worker, next to the snapshot); ``rows``:
+    the snapshot's, when made already."""
     out: dict[str, int] = {}
-    for r in view.rows(snap):
+    for r in view.rows(snap) if rows is None else rows:
         obj = view.find(snap, r.key)
         if obj is None:
             continue
@@ -68,8 +70,9 @@ class History:
         self.samples: dict[str, deque[Sample]] = {}
         self._last: dict[str, tuple[float, tuple[int, int] | None, int | None]] = {}
 
-    def add(self, t: float, snap: Snapshot, ios: dict[str, int]) -> None:
-        for r in view.rows(snap):
+    def add(self, t: float, snap: Snapshot, ios: dict[str, int],
+            rows: list[view.Row] | None = None) -> None:
+        for r in view.rows(snap) if rows is None else rows:
             obj = view.find(snap, r.key)
             if obj is None:
                 continue

@@ -8,6 +8,7 @@ from textual.message import Message
 
 from cachemgr.core.model import Snapshot
 from cachemgr.ops.health import Finding
+from tui.view import Row
 
 
 class SnapshotReady(Message):
@@ -15,12 +16,13 @@ class SnapshotReady(Message):
     the health model's findings of that snapshot (worst first)."""
 
     def __init__(self, snap: Snapshot, ios: dict[str, int], t: float,
-                 findings: Sequence[Finding] = ()) -> None:
+                 findings: Sequence[Finding] = (), rows: list[Row] | None = None) -> None:
         super().__init__()
         self.snap = snap
         self.ios = ios
         self.t = t
         self.findings = list(findings)
+        self.rows = rows  # view.rows(snap, findings), made once in the poll worker
 
 
 class OpProgress(Message):

@@ -76,7 +76,8 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     if vms:
         from cachemgr.backends import virsh
 
-        snap = replace(snap, vms=vms_mod.scan(sysfs, snap, virsh.default_source(sysfs, uri)))
+        snap = replace(snap, vms=vms_mod.scan(sysfs, snap, virsh.default_source(sysfs, uri),
+                                              cache))
     return snap
 
 

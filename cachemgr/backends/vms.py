@@ -18,12 +18,14 @@ Everything here is read-only; every string from a domain definition is data.
 
 from __future__ import annotations
 
+import functools
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
 from cachemgr.backends import virsh
+from cachemgr.backends.scancache import ScanCache
 from cachemgr.core import safexml
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
@@ -289,8 +291,13 @@ def hazard_warning(node: str, shared: tuple[str, str]) -> str:
 
 
 def disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
-         caches: Mapping[str, tuple[str, CacheMode | None]]) -> VmDisk:
-    """A disk of :func:`parse_domain` with its stack, the caches under it and its warnings."""
+         caches: Mapping[str, tuple[str, CacheMode | None]],
+         scan_cache: ScanCache | None = None) -> VmDisk:
+    """A disk of :func:`parse_domain` with its stack, the caches under it and its warnings.
+    With ``scan_cache``, the host block device of a device number and its stack down to the
+    caches are kept while no uevent is sent (cachemgr/backends/scancache.py): the source is
+    stat'ed on every scan, the tree under it read again only when the kernel said it
+    changed."""
     source = d["source"] if isinstance(d["source"], str) else None
     kind = str(d["source_type"])
     stack: tuple[str, ...] = ()
@@ -300,13 +307,18 @@ def disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
         why = f"a {kind} disk: no host block device to follow"
     else:
         num = src.devno(source)
-        name = block_name(sysfs, num[0]) if num else None
+
+        def follow(devno: str) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
+            name = block_name(sysfs, devno)
+            return (name, *walk(sysfs, name, caches)) if name else (None, (), ())
+
         if num is None:
             why = f"{source} cannot be read here"
-        elif name is None:
-            why = f"{source} is on device {num[0]}, which is no block device here"
         else:
-            stack, found = walk(sysfs, name, caches)
+            name, stack, found = (follow(num[0]) if scan_cache is None else scan_cache.get(
+                ("vm-stack", num[0], tuple(sorted(caches))), lambda: follow(num[0])))
+            if name is None:
+                why = f"{source} is on device {num[0]}, which is no block device here"
     cache = str(d["cache"])
     warnings = vm_cache_warnings(cache, bool(d["read_only"]),
                                  [caches[n][1] for n in found])
@@ -356,10 +368,27 @@ def _read_host(sysfs: Sysfs, path: str) -> str | None:
         return None
 
 
-def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None) -> VmScan:
+# the disks' stacks of the scans given no cache (status, vms): one per process, kept while no
+# uevent is sent (a process that scans once reads the seqnum once more, no more)
+_STACKS = ScanCache()
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(xml: str) -> tuple[str, str, int | None, list[dict[str, object]]]:
+    """:func:`parse_domain` of an XML seen before (the binding's source hands the same
+    string again until the domain changes): not parsed again. Read-only to its callers."""
+    return parse_domain(xml)
+
+
+def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None,
+         cache: ScanCache | None = None) -> VmScan:
     """Every domain of the connection with its disks' stacks, warnings and pressure. When
-    libvirt cannot be asked, no VMs and a warning saying why."""
+    libvirt cannot be asked, no VMs and a warning saying why. ``cache``: the poller's scan
+    cache, begun for this scan (snapshot.take); else the module's own, begun here."""
     src = src or virsh.default_source(sysfs)
+    if cache is None:
+        cache = _STACKS
+        cache.begin(sysfs)
     host_text = _read_host(sysfs, PROC_PRESSURE_IO)
     stat_text = _read_host(sysfs, PROC_STAT)
     host = parse_pressure(host_text) if host_text else None
@@ -370,19 +399,12 @@ def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None) -> 
     caches = cached_devices(snap)
     scopes = _scopes(sysfs)
     vms: list[Vm] = []
-    warnings: list[str] = []
     try:
-        uuids = virsh.domain_uuids(src)
+        listing, warnings = src.domains()
     except CacheMgrError as exc:
         return VmScan(src.uri, (), host, iowait, (f"VMs: libvirt: {exc.message}",))
-    for u in uuids:
-        try:
-            xml = virsh.dumpxml(src, u)
-            state = virsh.domstate(src, u)
-        except CacheMgrError as exc:  # undefined between the listing and now
-            warnings.append(f"VM {u}: {exc.message}")
-            continue
-        name, uuid, dom_id, disks = parse_domain(xml)
+    for _u, xml, state in listing:
+        name, uuid, dom_id, disks = _parsed(xml)
         cg = _scope_of(scopes, name, dom_id)
         pressure = io = None
         s: str | None = None
@@ -390,7 +412,7 @@ def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None) -> 
             p = sysfs.read_opt(f"fs/cgroup/{cg}/io.pressure")
             pressure = parse_pressure(p) if p else None
             s = sysfs.read_opt(f"fs/cgroup/{cg}/io.stat")
-        vm_disks = tuple(disk(sysfs, src, d, caches) for d in disks)
+        vm_disks = tuple(disk(sysfs, src, d, caches, cache) for d in disks)
         if cg is not None and s is not None:
             tops = {n for n in (_devno_of(sysfs, d.stack[0]) for d in vm_disks if d.stack) if n}
             io = parse_io_stat(s, tops or None)

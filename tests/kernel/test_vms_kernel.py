@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.backends import virsh as virsh_mod
 from cachemgr.core import runner
 from tests.kernel import clirun
 
@@ -98,7 +99,14 @@ def vms_json() -> dict[str, object]:
 def test_domains_on_caches_with_stack_warnings_and_a_cache_mode_change(
         lab_disks: list[str]) -> None:
     built = build(lab_disks)
+    # libvirt through its binding (issue #34), the same answer as through virsh
+    assert isinstance(virsh_mod.live_source(), virsh_mod.LibvirtApi)
     doc = vms_json()
+    os.environ[virsh_mod.PATH_ENV] = "virsh"
+    try:
+        assert vms_json()["vms"] == doc["vms"]
+    finally:
+        del os.environ[virsh_mod.PATH_ENV]
     by = {v["name"]: v for v in doc["vms"]}  # type: ignore[index, union-attr]
     assert set(by) == {"vm-bc", "vm-dm", "vm.bare"}, doc
     bc, dmv, bare = by["vm-bc"]["disks"][0], by["vm-dm"]["disks"][0], by["vm.bare"]["disks"][0]
@@ -132,6 +140,14 @@ def test_domains_on_caches_with_stack_warnings_and_a_cache_mode_change(
     assert "cache='none'" in virsh("dumpxml", "--inactive", "vm-dm")
     r = clirun.in_process("vm-cache", "vm-dm", "vda", "none", "--yes")
     assert r.returncode == 4, r.stderr
+    # this process keeps its libvirt connection and the domains' XML: libvirtd's event for
+    # the new definition has it asked again (delivered by libvirt's thread: waited for)
+    for _ in range(240):
+        if _vm("vm-dm")["disks"][0]["cache"] == "none":  # type: ignore[index]
+            break
+        time.sleep(0.25)
+    else:
+        raise AssertionError(f"vms still shows the old cache mode: {_vm('vm-dm')}")
     # refusals: no such domain, no such disk, bad mode (exit 2), nothing changed
     before = virsh("dumpxml", "--inactive", "vm-bc")
     for args, says in ((("nope", "vda", "none"), "no libvirt domain 'nope'"),

@@ -237,3 +237,40 @@ def test_a_hostile_domain_name_is_shown_as_data(name: str) -> None:
     assert f"{printable(name)} vda" in text and "\x1b" not in text
     # the CLI's table is data; emit() escapes it on output, one line per table line
     assert any(printable(line).startswith(printable(name)) for line in vm_ops.table(snap.vms))
+
+
+def test_disk_stacks_are_kept_while_no_uevent_is_sent(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poller's scan cache keeps each disk's host device and stack while
+    kernel/uevent_seqnum reads the same; the answer is the uncached one; another seqnum
+    reads the tree again (issue #34: a scrape with 50 VMs)."""
+    import shutil
+
+    from cachemgr.backends.scancache import ScanCache
+
+    root = tmp_path / "vms-uml"
+    shutil.copytree(CAPTURE, root, symlinks=True)
+    (root / "sys" / "kernel").mkdir(exist_ok=True)
+    seq = root / "sys" / "kernel" / "uevent_seqnum"
+    seq.write_text("100\n")
+    sysfs = Sysfs(root / "sys")
+    snap = snapshot.take(sysfs)
+    resolved: list[str] = []
+    real = Sysfs.resolve
+
+    def counted(self: Sysfs, rel: str) -> str | None:
+        resolved.append(rel)
+        return real(self, rel)
+
+    monkeypatch.setattr(Sysfs, "resolve", counted)
+    cache = ScanCache()
+    scans = []
+    for s in ("100", "100", "101"):
+        seq.write_text(s + "\n")
+        cache.begin(sysfs)
+        resolved.clear()
+        scans.append((vms.scan(sysfs, snap, cache=cache), len(resolved)))
+    uncached = vms.scan(sysfs, snap, virsh.CapturedVirsh(root), ScanCache())
+    assert [s.vms for s, _ in scans] == [uncached.vms] * 3
+    (_, first), (_, second), (_, third) = scans
+    assert first >= 3 and second == 0 and third == first  # a device per disk, then none

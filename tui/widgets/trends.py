@@ -13,6 +13,10 @@ from tui.history import History
 class TrendPanel(Vertical):
     """Three labelled sparklines; ``n`` samples (the width of the panel)."""
 
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.shown: dict[str, str] = {}
+
     def compose(self) -> ComposeResult:
         for key, label in (("hit", "hit"), ("dirty", "dirty"), ("iops", "IOPS")):
             with Horizontal(classes="trend"):
@@ -29,10 +33,13 @@ class TrendPanel(Vertical):
             now = self.query_one(f"#now-{what}", Label)
             v = getattr(last, what) if last else None
             if v is None:
-                now.update("-")
+                text = "-"
             elif what == "hit":
-                now.update(f"{100 * v:.0f}%")
+                text = f"{100 * v:.0f}%"
             elif what == "dirty":
-                now.update(human(int(v)))
+                text = human(int(v))
             else:
-                now.update(f"{v:.0f}/s")
+                text = f"{v:.0f}/s"
+            if self.shown.get(what) != text:  # the same text: no update, no layout
+                now.update(text)
+                self.shown[what] = text
