@@ -36,7 +36,8 @@ import socket
 import socketserver
 import ssl
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -47,9 +48,10 @@ from prometheus_client.registry import Collector
 
 from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
+from cachemgr.backends.scancache import ScanCache
 from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheState, Snapshot
+from cachemgr.core.model import CacheState, Snapshot, VmScan
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import health, kinds, owners, protect, webconfig
 
@@ -432,17 +434,58 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
     yield from (disk, disk_warn, pressure, stall, ios, nbytes, host, host_stall)
 
 
-class SnapshotCollector(Collector):
-    """Takes a fresh snapshot on every scrape: sysfs and dmsetup only, never a disk probe."""
+# how often a long-lived collector reads what changes slowly (issue #34): bcache's decaying
+# stats intervals (five_minute, hour, day; folded every ~13.6 s, a five-minute window read
+# once a minute) and libvirt's domains (a virsh call per domain; the TUI's pace)
+STATS_EVERY = 60.0
+VM_EVERY = 15.0
 
-    def __init__(self, sysfs: Sysfs, *, vms: bool = True, uri: str | None = None) -> None:
+
+class SnapshotCollector(Collector):
+    """A snapshot per scrape, from what a poller already knows: sysfs and dmsetup only, never
+    a disk probe.
+
+    It keeps a :class:`~cachemgr.backends.scancache.ScanCache`, so identities, the device
+    list, bcache's UUIDs and labels and ``dmsetup table`` are read again only after a uevent
+    (docs/kernel-notes.md, "uevent_seqnum"); every scrape reads the counters, ``stats_total``,
+    modes, states and dirty data. bcache's five_minute/hour/day stats are read every
+    ``STATS_EVERY`` seconds and carried between (``snapshot.carry_stats``), libvirt's domains
+    every ``VM_EVERY`` seconds (their pressure and IO with them). ``clock``: monotonic
+    seconds (tests)."""
+
+    def __init__(self, sysfs: Sysfs, *, vms: bool = True, uri: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.sysfs = sysfs
-        self.vms = vms  # also libvirt's domains (a virsh call per domain and scrape)
+        self.vms = vms  # also libvirt's domains (a virsh call per domain, every VM_EVERY s)
         self.uri = uri
+        self.clock = clock
+        self.cache = ScanCache()
+        self._lock = threading.Lock()  # one scan at a time (the listener's threads)
+        self._stats_at: float | None = None
+        self._with_stats: Snapshot | None = None
+        self._vms_at: float | None = None
+        self._vms: VmScan | None = None
+
+    def snapshot(self) -> Snapshot:
+        """This scrape's snapshot (what :meth:`collect` exports)."""
+        with self._lock:
+            now = self.clock()
+            stats = self._stats_at is None or now - self._stats_at >= STATS_EVERY
+            ask = self.vms and (self._vms_at is None or now - self._vms_at >= VM_EVERY)
+            snap = snapshot_mod.take(self.sysfs, probe_unregistered=False, vms=ask,
+                                     stats=stats, uri=self.uri, cache=self.cache)
+            if stats:
+                self._stats_at, self._with_stats = now, snap
+            else:
+                snap = snapshot_mod.carry_stats(snap, self._with_stats)
+            if ask:
+                self._vms_at, self._vms = now, snap.vms
+            elif self.vms:
+                snap = dataclasses.replace(snap, vms=self._vms)
+            return with_owners(self.sysfs, snap)
 
     def collect(self) -> Iterable[Metric]:
-        snap = with_owners(self.sysfs, snapshot_mod.take(
-            self.sysfs, probe_unregistered=False, vms=self.vms, stats=True, uri=self.uri))
+        snap = self.snapshot()
         return [*collect(snap),
                 *health_metrics(smart.ssd_health(self.sysfs, snap, refresh=False))]
 
