@@ -7,17 +7,19 @@ and the dmsetup source (no timing here: benchmarks/metrics_scrape_bench.py measu
 from __future__ import annotations
 
 import collections
+import gzip
 import shutil
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachemgr.backends import bcache, dmcache
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import metrics
-from tests.unit.tui_helpers import unpack
+from tests.unit.tui_helpers import FIXTURES, unpack
 
 IDENTITY = ("/size", "/wwid", "/serial", "/model", "/dm/name", "/dm/uuid",
             "/backing_dev_uuid", "/label")
@@ -165,3 +167,84 @@ def test_a_scrape_without_the_counter_reads_everything(tmp_path: Path,
     scrape(col)
     assert dmsetup_calls.count("table") == 2
     assert s.reads[next(r for r in s.reads if r.endswith("/size"))] == 2
+
+
+@pytest.mark.parametrize("fx", sorted(FIXTURES.glob("*/sys")), ids=lambda p: p.parent.name)
+def test_the_exposition_is_prometheus_clients_byte_for_byte(fx: Path) -> None:
+    """metrics.text writes what prometheus_client's generate_latest writes, on every capture
+    (and a label value with a quote, a backslash and a newline: device strings are data)."""
+    reg = CollectorRegistry()
+    reg.register(metrics.SnapshotCollector(Sysfs(fx)))
+    fams = list(reg.collect())
+    odd = GaugeMetricFamily("cachemgr_odd", 'a "doc" with \\ and\nnewline', labels=["x"])
+    for v in ('a"b', "c\\d", "e\nf", "ü", ""):
+        odd.add_metric([v], 1.5)
+    for val in (0.0, 1e6, 123456789.0, 0.1, float("nan"), float("inf"), -3.0, 2**53):
+        odd.add_metric([str(val)], val)
+    fams.append(odd)
+
+    class Fixed:
+        def collect(self) -> list[Metric]:
+            return fams
+
+    assert metrics.text(fams) == generate_latest(Fixed())  # type: ignore[arg-type]
+
+
+def test_the_app_serves_the_text_format_and_gzip() -> None:
+    from tests.unit.tui_helpers import fx as capture
+
+    reg = CollectorRegistry()
+    reg.register(metrics.SnapshotCollector(Sysfs(capture("bcache-writeback-dirty")),
+                                           vms=False))
+    app = metrics.wsgi_app(reg)
+    got: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def call(**env: str) -> bytes:
+        return b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", **env},
+                            lambda status, headers: got.append((status, headers))))
+
+    plain = call()
+    assert got[-1][0] == "200 OK" and ("Content-Type", metrics.CONTENT_TYPE) in got[-1][1]
+    assert b"cachemgr_dirty_bytes{" in plain
+    assert gzip.decompress(call(HTTP_ACCEPT_ENCODING="gzip, deflate")).startswith(b"# HELP")
+    assert ("Content-Encoding", "gzip") in got[-1][1]
+    one = call(QUERY_STRING="name[]=cachemgr_bcache_hits_total").decode()
+    assert "cachemgr_bcache_hits_total{" in one and "cachemgr_dirty_bytes" not in one
+    call(REQUEST_METHOD="POST")
+    assert got[-1][0].startswith("405")
+
+
+def test_libvirt_is_asked_at_its_own_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first scrape asks libvirt; the next ones within VM_EVERY export that answer; a due
+    scrape starts a new look in a thread and exports the last answer meanwhile."""
+    import threading
+
+    from cachemgr.backends import vms as vms_mod
+    from tests.unit.tui_helpers import fx as capture
+
+    asked: list[int] = []
+    gate = threading.Event()
+    real = vms_mod.scan
+
+    def scan(*a: object, **k: object) -> object:
+        asked.append(1)
+        if len(asked) > 1:
+            gate.wait(30)
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vms_mod, "scan", scan)
+    clock = Clock()
+    col = metrics.SnapshotCollector(Sysfs(capture("vms")), clock=clock)
+    first = col.snapshot()
+    assert first.vms is not None and first.vms.vms and len(asked) == 1
+    clock.t += metrics.VM_EVERY / 2
+    assert col.snapshot().vms is first.vms and len(asked) == 1
+    clock.t += metrics.VM_EVERY
+    assert col.snapshot().vms is first.vms  # not waited for
+    thread = col._vm_thread
+    assert thread is not None and len(asked) == 2
+    assert col.snapshot().vms is first.vms and len(asked) == 2  # one look at a time
+    gate.set()
+    thread.join(30)
+    after = col.snapshot().vms
+    assert after is not None and after is not first.vms and after.vms == first.vms.vms
