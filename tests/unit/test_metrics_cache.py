@@ -105,7 +105,12 @@ def test_the_second_scrape_reads_nothing_that_did_not_change(
     s.reads.clear()
     clock.t += 15
     second = scrape(col)
-    assert second == first  # the same tree: the same metrics, the intervals carried
+    # the same tree: the same metrics, the intervals carried; and now (a second look) the
+    # measured write-back traffic, none
+    wb = {k: v for k, v in second.items()
+          if k[0] == "cachemgr_bcache_written_back_bytes_per_second"}
+    assert len(wb) == 64 and set(wb.values()) == {0.0}
+    assert {k: v for k, v in second.items() if k not in wb} == first
     assert dmsetup_calls.count("table") == 1  # no uevent: the table is the one read before
     assert not [r for r in s.reads if r.endswith(IDENTITY)]
     assert not [r for r in s.reads if "/stats_" in r and "/stats_total/" not in r]
@@ -248,3 +253,29 @@ def test_libvirt_is_asked_at_its_own_pace(monkeypatch: pytest.MonkeyPatch) -> No
     thread.join(30)
     after = col.snapshot().vms
     assert after is not None and after is not first.vms and after.vms == first.vms.vms
+
+
+
+def test_drain_journals_are_found_by_one_listing(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """cachemgr_drain_running from the drain journal directory listed once: the device whose
+    journal is there, and no other."""
+    from cachemgr.backends import snapshot
+    from cachemgr.core import state
+    from cachemgr.procedures import drain
+    from tests.unit.tui_helpers import fx as capture
+
+    root = capture("bcache-writeback-dirty")
+    snap = snapshot.take(Sysfs(root))
+    b = snap.backings[0]
+    sd = tmp_path / "state"
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(sd))
+    (sd / "drain").mkdir(parents=True, mode=0o700)
+    sd.chmod(0o700)
+    (sd / "drain" / state.journal_name(drain.journal_key(b))).write_text("{}")
+    assert drain._journal(b).exists()  # the name the drain itself writes
+    (sd / "drain" / state.journal_name("some-other-device")).write_text("{}")
+    col = metrics.SnapshotCollector(Sysfs(root), vms=False, clock=Clock())
+    got = {k: v for k, v in scrape(col).items() if k[0] == "cachemgr_drain_running"}
+    assert got == {key("cachemgr_drain_running", kind="bcache", device=str(b.device_name),
+                       path=str(b.device)): 1.0}
