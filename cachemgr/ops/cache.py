@@ -40,7 +40,6 @@ from cachemgr.core.errors import (
     require_root,
 )
 from cachemgr.core.model import (
-    BcacheBacking,
     CacheMode,
     CacheSet,
     Owner,
@@ -691,9 +690,10 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
     objs = [*snap.backings, *snap.dmcaches, *snap.writecaches]
     for entry, obj in zip(doc["devices"], objs, strict=True):
         entry["owner"] = owners.owner_json(owner_of(snap, obj))
-        if isinstance(obj, BcacheBacking):
-            v = (written_back or {}).get(obj.key)
-            entry["written_back_bytes_per_second"] = None if v is None else round(v)
+    # the bcache entries come first (snapshot.to_json): measured write-back, by backing key
+    for entry, b in zip(doc["devices"][:len(snap.backings)], snap.backings, strict=True):
+        v = (written_back or {}).get(b.key)
+        entry["written_back_bytes_per_second"] = None if v is None else round(v)
     for obj in snap.others:  # the kinds registered beyond the built-in ones
         k = kinds.of(obj)
         if k is not None and k.cached_device:
