@@ -186,6 +186,7 @@ class CacheMgrApp(App[int]):
         # poll worker only: identities and the like kept until a uevent (ScanCache), the last
         # snapshot with every stats interval and when it was taken
         self._scan_cache = cache_ops.ScanCache()
+        self._wb_meter = cache_ops.WritebackMeter()  # WB/s: measured, never the setting
         self._stats_at: float | None = None
         self._with_stats: Snapshot | None = None
         self.polls = 0
@@ -348,7 +349,9 @@ class CacheMgrApp(App[int]):
         else:
             snap = dataclasses.replace(snap, vms=self._vms, unregistered=self._unregistered)
         ios = history.io_counts(self.sysfs, snap)
-        self.post_message(SnapshotReady(snap, ios, self.clock(), health_ops.findings(snap)))
+        t = self.clock()
+        wb = self._wb_meter.update(self.sysfs, snap.backings, t, self._scan_cache)
+        self.post_message(SnapshotReady(snap, ios, t, health_ops.findings(snap), wb))
 
     def _rearm(self) -> None:
         self._polling = False
@@ -360,7 +363,7 @@ class CacheMgrApp(App[int]):
         self.polls += 1
         self.poll_error = None
         self.snap = msg.snap
-        self.history.add(msg.t, msg.snap, msg.ios)
+        self.history.add(msg.t, msg.snap, msg.ios, msg.wb)
         self.findings = msg.findings
         self.rows = view.rows(msg.snap, msg.findings)
         d = self.dashboard()

@@ -15,12 +15,15 @@ class SnapshotReady(Message):
     the health model's findings of that snapshot (worst first)."""
 
     def __init__(self, snap: Snapshot, ios: dict[str, int], t: float,
-                 findings: Sequence[Finding] = ()) -> None:
+                 findings: Sequence[Finding] = (),
+                 wb: dict[str, float | None] | None = None) -> None:
         super().__init__()
         self.snap = snap
         self.ios = ios
         self.t = t
         self.findings = list(findings)
+        # each backing device's measured write-back bytes per second since the last poll
+        self.wb = wb or {}
 
 
 class OpProgress(Message):

@@ -116,3 +116,19 @@ def test_the_listener_exports_the_traffic_beside_the_setting(tmp_path: Path) -> 
     line = next(x for x in generate_latest(reg).decode().splitlines()
                 if x.startswith("cachemgr_bcache_written_back_bytes_per_second{"))
     assert float(line.rsplit(" ", 1)[1]) == MIB
+
+
+def test_the_tui_trend_keeps_the_measured_traffic() -> None:
+    """The TUI's poll hands each backing device's measurement to the history (the WB/s
+    sparkline): a device measured, a poll without a measurement (the first) as unknown."""
+    from tests.unit.tui_helpers import fx as capture
+    from tui.history import History
+
+    snap = snapshot.take(Sysfs(capture("bcache-writeback-dirty")))
+    key = snap.backings[0].key
+    h = History()
+    h.add(1.0, snap, {}, {})
+    h.add(2.0, snap, {}, {key: 3.0 * MIB})
+    last = h.last(key)
+    assert last is not None and last.wb == 3.0 * MIB
+    assert h.series(key, "wb") == [0.0, 3.0 * MIB]

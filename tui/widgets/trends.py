@@ -1,4 +1,6 @@
-"""Sparklines of the selected device: hit ratio, dirty data and IOPS over the last minutes."""
+"""Sparklines of the selected device: hit ratio, dirty data, IOPS and the bytes written
+back per second (measured between polls: procedures/traffic.py; never bcache's
+writeback_rate setting, which the detail view shows by its name) over the last minutes."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ from textual.widgets import Label, Sparkline
 from cachemgr.core.model import human
 from tui.history import History
 
+TRENDS = (("hit", "hit"), ("dirty", "dirty"), ("iops", "IOPS"), ("wb", "WB/s"))
+
 
 class TrendPanel(Vertical):
-    """Three labelled sparklines; ``n`` samples (the width of the panel)."""
+    """Four labelled sparklines; ``n`` samples (the width of the panel)."""
 
     def compose(self) -> ComposeResult:
-        for key, label in (("hit", "hit"), ("dirty", "dirty"), ("iops", "IOPS")):
+        for key, label in TRENDS:
             with Horizontal(classes="trend"):
                 yield Label(label, classes="trend-label")
                 yield Sparkline([], id=f"spark-{key}", classes="trend-spark")
@@ -22,7 +26,7 @@ class TrendPanel(Vertical):
 
     def show(self, history: History, key: str | None, n: int = 120) -> None:
         last = history.last(key) if key else None
-        for what in ("hit", "dirty", "iops"):
+        for what, _ in TRENDS:
             data = history.series(key, what, n) if key else []
             spark = self.query_one(f"#spark-{what}", Sparkline)
             spark.data = data if len(data) >= 2 else []
@@ -34,5 +38,7 @@ class TrendPanel(Vertical):
                 now.update(f"{100 * v:.0f}%")
             elif what == "dirty":
                 now.update(human(int(v)))
+            elif what == "wb":
+                now.update(f"{human(round(v))}/s")
             else:
                 now.update(f"{v:.0f}/s")
