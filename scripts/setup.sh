@@ -31,7 +31,7 @@ pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       bcache-tools fio dmsetup udev kmod util-linux e2fsprogs xz-utils
       patchelf qemu-system-x86 busybox-static tmux ca-certificates
       lvm2 thin-provisioning-tools fdisk
-      prometheus smartmontools
+      prometheus prometheus-node-exporter smartmontools
       libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       blktrace groff-base man-db zsh htop
       debhelper lintian)

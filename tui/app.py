@@ -189,6 +189,7 @@ class CacheMgrApp(App[int]):
         # poll worker only: identities and the like kept until a uevent (ScanCache), the last
         # snapshot with every stats interval and when it was taken
         self._scan_cache = cache_ops.ScanCache()
+        self._wb_meter = cache_ops.WritebackMeter()  # WB/s: measured, never the setting
         self._stats_at: float | None = None
         self._with_stats: Snapshot | None = None
         self.polls = 0
@@ -354,7 +355,9 @@ class CacheMgrApp(App[int]):
         findings = health_ops.findings(snap)
         rows = view.rows(snap, findings)
         ios = history.io_counts(self.sysfs, snap, rows)
-        self.post_message(SnapshotReady(snap, ios, self.clock(), findings, rows))
+        t = self.clock()
+        wb = self._wb_meter.update(self.sysfs, snap.backings, t, self._scan_cache)
+        self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb))
 
     def _rearm(self) -> None:
         self._polling = False
@@ -368,7 +371,7 @@ class CacheMgrApp(App[int]):
         self.snap = msg.snap
         self.findings = msg.findings
         self.rows = msg.rows if msg.rows is not None else view.rows(msg.snap, msg.findings)
-        self.history.add(msg.t, msg.snap, msg.ios, self.rows)
+        self.history.add(msg.t, msg.snap, msg.ios, msg.wb, self.rows)
         d = self.dashboard()
         # no table while the app quits (its screens' widgets go away; a poll can come late)
         table = next(iter(d.query(DeviceTable)), None) if d is not None else None

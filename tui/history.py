@@ -24,6 +24,7 @@ class Sample:
     hit: float | None  # 0..1
     dirty: int | None  # bytes
     iops: float | None
+    wb: float | None = None  # bytes written back per second (procedures/traffic.py)
 
 
 def completed_ios(sysfs: Sysfs, name: str | None) -> int | None:
@@ -71,6 +72,7 @@ class History:
         self._last: dict[str, tuple[float, tuple[int, int] | None, int | None]] = {}
 
     def add(self, t: float, snap: Snapshot, ios: dict[str, int],
+            wb: dict[str, float | None] | None = None,
             rows: list[view.Row] | None = None) -> None:
         for r in view.rows(snap) if rows is None else rows:
             obj = view.find(snap, r.key)
@@ -92,7 +94,7 @@ class History:
                 if io is not None and pio is not None and dt > 0 and io >= pio:
                     iops = (io - pio) / dt
             self._last[r.key] = (t, cnt, io)
-            ring.append(Sample(t, hit, r.dirty_bytes, iops))
+            ring.append(Sample(t, hit, r.dirty_bytes, iops, (wb or {}).get(r.key)))
 
     def series(self, key: str, what: str, n: int | None = None) -> list[float]:
         """Values for a sparkline (unknowns as 0), the last ``n`` samples."""

@@ -16,13 +16,16 @@ class SnapshotReady(Message):
     the health model's findings of that snapshot (worst first)."""
 
     def __init__(self, snap: Snapshot, ios: dict[str, int], t: float,
-                 findings: Sequence[Finding] = (), rows: list[Row] | None = None) -> None:
+                 findings: Sequence[Finding] = (), rows: list[Row] | None = None,
+                 wb: dict[str, float | None] | None = None) -> None:
         super().__init__()
         self.snap = snap
         self.ios = ios
         self.t = t
         self.findings = list(findings)
         self.rows = rows  # view.rows(snap, findings), made once in the poll worker
+        # each backing device's measured write-back bytes per second since the last poll
+        self.wb = wb or {}
 
 
 class OpProgress(Message):

@@ -43,17 +43,22 @@ def table_width() -> int | None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     cache = cache_ops.ScanCache()  # --watch: identities and the like read again only after a uevent
+    # --watch: the bytes written back per second between two looks (WB/s), measured
+    meter = cache_ops.WritebackMeter() if args.watch else None
     while True:
         snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch,
                                 vms=not args.no_vms, uri=args.connect, stats=args.stats,
                                 cache=cache)
+        wb = (meter.update(_sysfs(args), snap.backings, time.monotonic(), cache)
+              if meter is not None else None)
         if args.json:
-            print(json.dumps(cache_ops.status_json(snap, _sysfs(args)),
+            print(json.dumps(cache_ops.status_json(snap, _sysfs(args), written_back=wb),
                              indent=None if args.watch else 2), flush=True)
         else:
             if args.watch:
                 print(time.strftime("%H:%M:%S"))
-            print(status_table(snap, intervals=args.stats, width=table_width()), flush=True)
+            print(status_table(snap, intervals=args.stats, width=table_width(),
+                               written_back=wb), flush=True)
         if not args.watch:
             return ExitCode.OK
         time.sleep(args.watch)

@@ -14,9 +14,9 @@ from cachemgr.core.sysfs import Sysfs
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import CollectorRegistry
 
-    from cachemgr.procedures.metrics import SnapshotCollector, bound, parse_listen, serve
+    from cachemgr.procedures.metrics import SnapshotCollector, bound, parse_listen, serve, text
 
     listen = parse_listen(args.listen) if args.listen is not None else None
     web = None
@@ -38,13 +38,13 @@ def cmd_metrics(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
-    text = generate_latest(registry)
+    body = text(registry.collect())
     if args.textfile:
         # node_exporter's textfile collector reads *.prom; write atomically so it never
         # sees half a file (and no temporary file is left when the write fails)
-        state.write_atomic(Path(args.textfile), text, mode=0o644)
+        state.write_atomic(Path(args.textfile), body, mode=0o644)
     else:
-        sys.stdout.buffer.write(text)
+        sys.stdout.buffer.write(body)
     return ExitCode.OK
 
 

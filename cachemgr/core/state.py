@@ -230,7 +230,23 @@ def read_json(path: Path, *, schema: int = SCHEMA) -> dict[str, Any] | None:
 
 
 def journal_path(kind: str, key: str) -> Path:
-    return state_dir() / kind / f"{_safe(key)}.json"
+    return state_dir() / kind / journal_name(key)
+
+
+def journal_name(key: str) -> str:
+    """The file name of ``key``'s journal in its kind's directory (:func:`journal_path`
+    without opening the state directory: a reader that lists the directory once)."""
+    return f"{_safe(key)}.json"
+
+
+def journal_names(kind: str) -> set[str]:
+    """The journal files of ``kind`` now (one listing; empty when there is no state
+    directory or none of that kind: never created here)."""
+    root = state_dir(create=False)
+    try:
+        return {n for n in os.listdir(root / kind) if n.endswith(".json")}
+    except OSError:
+        return set()
 
 
 # Locks this process holds: key -> _Held. A command takes the lock of the object it acts on,

@@ -27,6 +27,29 @@ DEFAULT_ROOT = "/sys"
 NEVER_READ = frozenset({"priority_stats"})
 
 
+CHUNK = 1 << 16
+
+
+def _slurp(path: str) -> bytes:
+    """A file's bytes in as few system calls as the kernel allows: open, one read, close.
+    A sysfs attribute (and a cgroup file: seq_file) hands all it has, up to the size asked,
+    to the first read; only a read that fills the whole chunk is followed by more. Python's
+    ``open(path, "rb").read()`` makes seven or eight calls (fstat twice, the isatty ioctl, a
+    second read for the end of file): under UML, where each is a round trip to the host,
+    1,000 reads took 0.9 s that way and 0.2-0.26 s this way (lab, issue #34)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, CHUNK)
+        if len(data) == CHUNK:
+            parts = [data]
+            while chunk := os.read(fd, CHUNK):
+                parts.append(chunk)
+            data = b"".join(parts)
+        return data
+    finally:
+        os.close(fd)
+
+
 class Sysfs:
     def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT) -> None:
         self.root = Path(root)
@@ -65,8 +88,7 @@ class Sysfs:
             raise SysfsError(rel, "read", None, "refusing to read (locks every bucket)")
         p = self._str(rel)
         try:
-            with open(p, "rb") as f:
-                data = f.read()
+            data = _slurp(p)
         except OSError as exc:
             raise SysfsError(p, "read", exc.errno, exc.strerror or str(exc)) from exc
         return data.decode(errors="replace").rstrip("\n")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cachemgr.backends import bcache, dmcache, signatures, smart
@@ -52,7 +52,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import kinds, owners, protect
+from cachemgr.procedures import kinds, owners, protect, traffic
 from cachemgr.procedures.kinds.base import dirty_words
 from cachemgr.procedures.kinds.base import size_words as size_words
 
@@ -103,6 +103,7 @@ Kind = kinds.Kind
 
 # a poller's pieces (the TUI imports the command layer only)
 carry_stats = snapshot_mod.carry_stats
+WritebackMeter = traffic.Meter  # measured write-back bytes per second (WB/s)
 
 
 def parse_mode(word: str, *, hint: str = "use writethrough, writeback, writearound or none"
@@ -698,14 +699,20 @@ def dirty_consequence(obj: object, mode: CacheMode) -> str:
     return k.dirty_consequence(mode) if k is not None else ""
 
 
-def status_json(snap: Snapshot, sysfs: Sysfs | None = None) -> dict[str, Any]:
+def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
+                written_back: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """``status --json``: schema 1 (docs/json.md). With ``sysfs``, also ``ssd_health``: each
     cache SSD's SMART health (smart.lookup: smartctl at most every 10 min per disk, cached;
-    never on the snapshot's own scan)."""
+    never on the snapshot's own scan). ``written_back``: a poller's measured write-back
+    bytes per second by backing key (``written_back_bytes_per_second``; null without)."""
     doc = snapshot_mod.to_json(snap)
     objs = [*snap.backings, *snap.dmcaches, *snap.writecaches]
     for entry, obj in zip(doc["devices"], objs, strict=True):
         entry["owner"] = owners.owner_json(owner_of(snap, obj))
+    # the bcache entries come first (snapshot.to_json): measured write-back, by backing key
+    for entry, b in zip(doc["devices"][:len(snap.backings)], snap.backings, strict=True):
+        v = (written_back or {}).get(b.key)
+        entry["written_back_bytes_per_second"] = None if v is None else round(v)
     for obj in snap.others:  # the kinds registered beyond the built-in ones
         k = kinds.of(obj)
         if k is not None and k.cached_device:

@@ -189,6 +189,9 @@ class _StatOnly:
             return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", True
         return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", False
 
+    def domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
+        raise AssertionError("a libvirt hook must not call libvirt")
+
 
 def hazards(sysfs: Sysfs, xml: str, src: VirshSource | None = None) -> list[Hazard]:
     """Every disk of the domain XML on a host-local cache over shared storage, as this
@@ -198,7 +201,7 @@ def hazards(sysfs: Sysfs, xml: str, src: VirshSource | None = None) -> list[Haza
     from cachemgr.core.model import CacheMode
     from cachemgr.procedures import kinds
 
-    src = src or _StatOnly()
+    source_of: VirshSource = src or _StatOnly()
     snap = snapshot_mod.take(sysfs, stats=False)
     caches = vms_mod.cached_devices(snap)
     _, _, _, disks = vms_mod.parse_domain(xml)
@@ -207,7 +210,7 @@ def hazards(sysfs: Sysfs, xml: str, src: VirshSource | None = None) -> list[Haza
         source = d["source"]
         if d["source_type"] not in ("block", "file") or not isinstance(source, str):
             continue
-        num = src.devno(source)
+        num = source_of.devno(source)
         name = vms_mod.block_name(sysfs, num[0]) if num else None
         if name is None:
             continue

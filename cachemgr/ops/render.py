@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +154,8 @@ def _natural(text: str) -> list[Any]:
 dirty_text = model.dirty_text  # a backing device's dirty data ("lost?": on a missing set)
 
 
-def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = None) -> str:
+def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = None,
+                 written_back: Mapping[str, float | None] | None = None) -> str:
     """The status table, then a line per cache set and cached device with what the table
     has no room for, then unregistered devices, unassembled records, the VMs, owners,
     findings and warnings.
@@ -164,7 +166,9 @@ def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = 
     built-in ones. Columns take the width of their content; ``width`` (the terminal's) cuts
     names to fit (:func:`grid`). RHIT and WHIT are read and write hit ratios apart (bcache
     counts reads only). bcache's ``writeback_rate`` is a controller setting, not traffic: it
-    is not in the table (status --json and the detail views have it). ``intervals`` False
+    is not in the table (status --json and the detail views have it); ``written_back`` (a
+    poller's measurements, procedures/traffic.py: ``status --watch``) adds WB/s, the bytes
+    written back per second since the previous look. ``intervals`` False
     (``status`` without ``--stats``: the snapshot has no five-minute stats) leaves out the
     RHIT5m column."""
     lines = []
@@ -174,10 +178,11 @@ def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = 
         lines.append("bcache: module not loaded (modprobe bcache)")
     cols = [Column("DEVICE", cut=3), Column("BACKING", cut=1), Column("MODE"),
             Column("STATE"), Column("DIRTY", right=True)]
+    cols += [Column("WB/s", right=True)] if written_back is not None else []
     cols += [Column("RHIT5m", right=True)] if intervals else []
     cols += [Column("RHIT", right=True), Column("WHIT", right=True), Column("ERR", right=True),
              Column("CACHE", cut=2)]
-    rows = _rows(snap, intervals)
+    rows = _rows(snap, intervals, written_back)
     if rows:
         lines.extend(grid(cols, rows, width))
     else:
@@ -225,9 +230,24 @@ def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = 
     return "\n".join(printable(line) for line in lines)
 
 
-def _rows(snap: Snapshot, intervals: bool) -> list[Row]:
+def _rows(snap: Snapshot, intervals: bool,
+          written_back: Mapping[str, float | None] | None = None) -> list[Row]:
     """The table's rows: each cache set and its backing devices (tree marks), the backing
-    devices of no registered set, the device-mapper caches, then the other kinds'."""
+    devices of no registered set, the device-mapper caches, then the other kinds'.
+    ``written_back``: a WB/s cell after DIRTY, each backing device's measured write-back
+    traffic by key ("-" where not measured: the first look, other kinds)."""
+    rows = _rows_plain(snap, intervals)
+    if written_back is None:
+        return rows
+    by_device = {b.device or "(stopped)": b.key for b in snap.backings}
+    for r in rows:
+        key = by_device.get(r.cells[0]) if r.mark or not r.whole else None
+        v = written_back.get(key) if key is not None else None
+        r.cells.insert(5, "-" if v is None else short(round(v)))
+    return rows
+
+
+def _rows_plain(snap: Snapshot, intervals: bool) -> list[Row]:
     rows: list[Row] = []
 
     def order(b: BcacheBacking) -> list[Any]:

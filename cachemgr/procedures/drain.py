@@ -63,6 +63,9 @@ def _key(b: BcacheBacking) -> str:
     return b.uuid or b.identity.name
 
 
+journal_key = _key  # the key of a backing device's drain journal (state.journal_name)
+
+
 def _journal(b: BcacheBacking):  # type: ignore[no-untyped-def]
     return state.journal_path("drain", _key(b))
 

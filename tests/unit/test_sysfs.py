@@ -66,3 +66,16 @@ def test_live_is_the_one_check(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("/sys")
     assert Sysfs().live and Sysfs("/sys/").live and Sysfs(tmp_path / "link").live
     assert not Sysfs(tmp_path).live and not Sysfs(tmp_path / "missing").live
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 65535, 65536, 65537, 200_000])
+def test_sysfs_reads_whole_files_of_any_size(tmp_path: Path, size: int) -> None:
+    """Sysfs.read takes one read(2) where the kernel hands everything at once; a file that
+    fills the chunk is read on to its end (a capture's file, a large cgroup file)."""
+    data = bytes(48 + i % 10 for i in range(size)) + b"\n"
+    (tmp_path / "attr").write_bytes(data)
+    assert Sysfs(tmp_path).read("attr") == data.decode().rstrip("\n")
+    assert Sysfs(tmp_path).read_opt("missing") is None
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(SysfsError):
+        Sysfs(tmp_path).read("dir")

@@ -1,4 +1,6 @@
-"""Sparklines of the selected device: hit ratio, dirty data and IOPS over the last minutes."""
+"""Sparklines of the selected device: hit ratio, dirty data, IOPS and the bytes written
+back per second (measured between polls: procedures/traffic.py; never bcache's
+writeback_rate setting, which the detail view shows by its name) over the last minutes."""
 
 from __future__ import annotations
 
@@ -9,16 +11,18 @@ from textual.widgets import Label, Sparkline
 from cachemgr.core.model import human
 from tui.history import History
 
+TRENDS = (("hit", "hit"), ("dirty", "dirty"), ("iops", "IOPS"), ("wb", "WB/s"))
+
 
 class TrendPanel(Vertical):
-    """Three labelled sparklines; ``n`` samples (the width of the panel)."""
+    """Four labelled sparklines; ``n`` samples (the width of the panel)."""
 
     def __init__(self, *args: object, **kw: object) -> None:
         super().__init__(*args, **kw)  # type: ignore[arg-type]
         self.shown: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
-        for key, label in (("hit", "hit"), ("dirty", "dirty"), ("iops", "IOPS")):
+        for key, label in TRENDS:
             with Horizontal(classes="trend"):
                 yield Label(label, classes="trend-label")
                 yield Sparkline([], id=f"spark-{key}", classes="trend-spark")
@@ -26,7 +30,7 @@ class TrendPanel(Vertical):
 
     def show(self, history: History, key: str | None, n: int = 120) -> None:
         last = history.last(key) if key else None
-        for what in ("hit", "dirty", "iops"):
+        for what, _ in TRENDS:
             data = history.series(key, what, n) if key else []
             spark = self.query_one(f"#spark-{what}", Sparkline)
             spark.data = data if len(data) >= 2 else []
@@ -38,6 +42,8 @@ class TrendPanel(Vertical):
                 text = f"{100 * v:.0f}%"
             elif what == "dirty":
                 text = human(int(v))
+            elif what == "wb":
+                text = f"{human(round(v))}/s"
             else:
                 text = f"{v:.0f}/s"
             if self.shown.get(what) != text:  # the same text: no update, no layout
