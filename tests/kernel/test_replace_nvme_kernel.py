@@ -137,6 +137,7 @@ def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
 
 
 @pytest.mark.kernel(disks="512M,nvme:160M", timeout=1200)
+@pytest.mark.qemu_smoke
 def test_lvm_caches_on_one_nvme_pv_killed_with_the_controller_pulled(
         lab_disks: list[str]) -> None:
     """Two LVs cached on one NVMe namespace's PV (issue #35 item 4), fio writing and verifying
