@@ -48,6 +48,10 @@ def test_runbook_commands_work(lab_disks: list[str]) -> None:
     for cmd in runbook_commands():
         if "--new any" in cmd or "--rollback" in cmd:
             continue  # needs an operator at the machine / a run stopped half-way
+        if "--warm" in cmd:
+            # needs a trace of the host's IO (blktrace: not in the UML kernel); the warm step
+            # of a replacement runs in tests/kernel/test_warm_kernel.py
+            continue
         cmd = cmd.replace("/dev/sdX", ssd.node)
         if "--resume" in cmd:
             assert run_id, "the runbook resumes before any run"

@@ -146,7 +146,7 @@ def release(sysfs: Sysfs, found: Sequence[ScsiDisk]) -> None:
     for cset in sysfs.listdir("fs/bcache"):
         if sysfs.is_dir(f"fs/bcache/{cset}"):
             sysfs.write(f"fs/bcache/{cset}/unregister", "1")
-    wait(lambda: not any(sysfs.exists(f"block/{d.name}/bcache") for d in found), 20,
+    wait(lambda: not any(sysfs.exists(f"block/{d.name}/bcache") for d in found), 60,
          "bcache to let go of the disks")
 
 
@@ -227,13 +227,15 @@ def test_hot_add_in_either_order(order: str) -> None:
     if order == "backing-first":
         # no cache yet: registered (by 69-bcache.rules or us), mode and tunables applied
         wait(lambda: all(sysfs.read_opt(f"block/{d.find(sysfs).name}/bcache/cache_mode")  # type: ignore[union-attr]
-                         is not None for d in backs), 10, "backing devices registered")
+                         is not None for d in backs), 60, "backing devices registered")
     for d in rest:
         scsi.rescan(sysfs, d.host)
     t_last = time.monotonic()
     for d in rest:
         scsi.wait_for_disk(sysfs, d.wwn, 20)
-    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15,
+    # a bound for a hang, not a speed: under the suite's load udevd's queue was still
+    # behind at 15 s (2026-11-26); the latency is measured and reported instead
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 90,
          "the policy's attachments and modes")
     latency = time.monotonic() - t_last
     csets = {cset_of(sysfs, b) for b in backs}
@@ -327,7 +329,7 @@ def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
     install(policy_text(ssd, backs, fmt=True))
     for d in (ssd, *backs):
         rescan(sysfs, d)
-    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15, "first assembly")
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 60, "first assembly")
     old = cset_of(sysfs, backs[0])
     # the replacement (as replace-ssd does it) with the rules out of the way, and the worker
     # gone: a lingering one would still act on the events of the first assembly, and put
@@ -342,7 +344,7 @@ def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
     sysfs.write(f"block/{b.name}/bcache/detach", "1")
     wait(lambda: sysfs.read_opt(f"block/{b.name}/bcache/state") == "no cache", 20, "detach")
     sysfs.write(f"fs/bcache/{old}/unregister", "1")
-    wait(lambda: not sysfs.exists(f"fs/bcache/{old}"), 20, "unregister")
+    wait(lambda: not sysfs.exists(f"fs/bcache/{old}"), 60, "unregister")
 
     def wiped() -> bool:
         # the cache device is released a moment after its set is gone ("Device or resource
@@ -379,7 +381,7 @@ def test_unrelated_disks_do_nothing() -> None:
     install(policy_text(ssd, backs))
     for d in (ssd, *backs):
         rescan(sysfs, d)
-    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 15, "assembly")
+    wait(lambda: all(backing_ok(sysfs, b) for b in backs), 60, "assembly")
     wait_idle()
     n_before = len(records())
     # two disks the policy does not name arrive; one carries a bcache backing superblock
@@ -398,7 +400,7 @@ def test_unrelated_disks_do_nothing() -> None:
     assert [r for r in new if r["kind"] != "pass"] == [], new
     # 69-bcache.rules registered the unrelated backing device; nobody attached it
     rel = f"block/{other[0].name}/bcache"
-    wait(lambda: sysfs.exists(f"{rel}/cache_mode"), 10, "69-bcache.rules registering it")
+    wait(lambda: sysfs.exists(f"{rel}/cache_mode"), 60, "69-bcache.rules registering it")
     assert sysfs.readlink(f"{rel}/cache") is None
     report("unrelated", passes=len([r for r in new if r["kind"] == "pass"]), actions=0)
 
@@ -445,7 +447,7 @@ def test_malformed_policy_acts_on_nothing_and_says_why() -> None:
     for d in (ssd, *backs):
         rescan(sysfs, d)
     wait_idle(0)
-    wait(lambda: any(r["kind"] == "policy-error" for r in records()), 15, "the policy error")
+    wait(lambda: any(r["kind"] == "policy-error" for r in records()), 60, "the policy error")
     rs = records()
     assert all(r["kind"] == "policy-error" for r in rs), rs
     assert f"cachemgr.toml:{bad_line}: mode: unknown cache mode 'writebak'" in str(rs[0]["error"])
