@@ -667,7 +667,8 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
             await settle(pilot, lambda: shown(app, ConfirmDialog), tries=400)
             await pilot.pause(0.3)
             await pilot.click("#b-go")
-            await settle(pilot, lambda: "replace-ssd: [4/15] drain" in log(app), tries=1200)
+            await settle(pilot, lambda: f"replace-ssd: [4/{len(replace.STEPS)}] drain" in log(app),
+                         tries=1200)
             await pilot.press("c")
             await settle(pilot, lambda: shown(app, MessageDialog), tries=1200)
             assert "replacement cancelled by the operator" in _text(app, ".dialog-body")

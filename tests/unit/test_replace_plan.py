@@ -55,7 +55,7 @@ def _refused_before_any_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert writes == [] and commands == [], (writes, commands)
     assert not list((state_dir / "replace").glob("*")) if (state_dir / "replace").is_dir() \
         else True
-    assert "[1/15]" not in err  # no step started
+    assert "[1/" not in err  # no step started
     return rc, err
 
 
