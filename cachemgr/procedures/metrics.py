@@ -453,7 +453,8 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
 
 # how often a long-lived collector reads what changes slowly (issue #34): bcache's decaying
 # stats intervals (five_minute, hour, day; folded every ~13.6 s, a five-minute window read
-# once a minute) and libvirt's domains (a virsh call per domain; the TUI's pace)
+# once a minute) and libvirt's domains (the TUI's pace; one listing through libvirt's binding,
+# or a virsh call per domain where the binding is missing: backends/virsh.py)
 STATS_EVERY = 60.0
 VM_EVERY = 15.0
 
@@ -469,14 +470,16 @@ class SnapshotCollector(Collector):
     ``STATS_EVERY`` seconds and carried between (``snapshot.carry_stats``), libvirt's domains
     every ``VM_EVERY`` seconds (their pressure and IO with them): the first scrape asks
     libvirt itself, a later one that finds the answer old starts a new look in a thread of
-    its own (``background``) and exports the last answer meanwhile, so no scrape waits on a
-    virsh call per domain (20 domains took 14 s in the UML lab, past Prometheus's default
-    scrape timeout). ``clock``: monotonic seconds (tests)."""
+    its own (``background``) and exports the last answer meanwhile, so no scrape waits on
+    libvirt (through virsh, a call per domain: 20 domains took 14 s in the UML lab, past
+    Prometheus's default scrape timeout; libvirt's binding answers in one listing, each
+    domain's XML kept until an event: backends/virsh.py). ``clock``: monotonic seconds
+    (tests)."""
 
     def __init__(self, sysfs: Sysfs, *, vms: bool = True, uri: str | None = None,
                  clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
         self.sysfs = sysfs
-        self.vms = vms  # also libvirt's domains (a virsh call per domain, every VM_EVERY s)
+        self.vms = vms  # also libvirt's domains (every VM_EVERY s)
         self.uri = uri
         self.clock = clock
         self.background = background
