@@ -72,6 +72,19 @@ class VirshSource(Protocol):
         between the listing and the question (CacheMgrError when the listing fails)."""
 
 
+def stat_devno(path: str) -> tuple[str, bool] | None:
+    """:meth:`VirshSource.devno` on this host: ``(major:minor, is_block)`` of a disk source,
+    a block device's own number, a file's filesystem's device; None when it cannot be
+    stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISBLK(st.st_mode):
+        return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", True
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", False
+
+
 class LiveVirsh:
     def __init__(self, uri: str | None = None) -> None:
         self.uri = check_uri(uri or default_uri())
@@ -89,13 +102,7 @@ class LiveVirsh:
         return runner.run(["virsh", "-q", "-c", self.uri, *args], timeout=30).stdout
 
     def devno(self, path: str) -> tuple[str, bool] | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        if stat.S_ISBLK(st.st_mode):
-            return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", True
-        return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", False
+        return stat_devno(path)
 
     def domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
         return domains_by_output(self)

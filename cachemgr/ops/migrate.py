@@ -181,13 +181,9 @@ class _StatOnly:
         raise AssertionError("a libvirt hook must not call libvirt")
 
     def devno(self, path: str) -> tuple[str, bool] | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        if stat.S_ISBLK(st.st_mode):
-            return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", True
-        return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", False
+        from cachemgr.backends import virsh  # past the fast path: the full look
+
+        return virsh.stat_devno(path)
 
     def domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
         raise AssertionError("a libvirt hook must not call libvirt")
