@@ -202,27 +202,16 @@ def test_listener_runs_dmsetup_table_only_after_a_uevent(
     mode switch's load + resume) moves kernel/uevent_seqnum and the next scrape reads the
     table and shows the new mode. What the kernel offers besides: /sys/block/dm-N/dm/ has no
     event counter (docs/kernel-notes.md, "uevent_seqnum")."""
-    from cachemgr.backends import dmcache
     from cachemgr.core.sysfs import Sysfs
     from cachemgr.procedures.metrics import SnapshotCollector
     from tests.kernel import clirun
+    from tests.unit.test_metrics_cache import count_dmsetup
 
     origin, ssd, meta = lab_disks
     rc = clirun.in_process("create", "dm-cache", "vc", "--origin", origin, "--cache", ssd,
                            "--metadata", meta, "--mode", "writeback")
     assert rc.returncode == 0, rc.stderr
-    calls: list[str] = []
-    real = dmcache.default_source
-
-    class Counted:
-        def __init__(self, inner: dmcache.DmsetupSource) -> None:
-            self.inner = inner
-
-        def output(self, what: str) -> str:
-            calls.append(what)
-            return self.inner.output(what)
-
-    monkeypatch.setattr(dmcache, "default_source", lambda sysfs: Counted(real(sysfs)))
+    calls = count_dmsetup(monkeypatch)
     sysfs = Sysfs()
     dm = next(n for n in os.listdir("/sys/block") if n.startswith("dm-")
               and sysfs.read_opt(f"block/{n}/dm/name") == "vc")

@@ -83,6 +83,21 @@ def ratio(a: tuple[int, int], b: tuple[int, int]) -> float:
     return hits / (hits + misses)
 
 
+def bcache_hit_ratios(sysfs: Sysfs, backing: str, hot: list[int], cold: list[int]
+                      ) -> tuple[float, float]:
+    """The read hit ratios of /dev/bcache0 reading ``hot``, then ``cold``, each from bcache's
+    own counters (an accounting tick waited for around each read)."""
+    wait_accounting_tick(sysfs, backing)
+    c0 = bcache_counts(sysfs)
+    read_set("/dev/bcache0", hot)
+    wait_accounting_tick(sysfs, backing)
+    c1 = bcache_counts(sysfs)
+    read_set("/dev/bcache0", cold)
+    wait_accounting_tick(sysfs, backing)
+    c2 = bcache_counts(sysfs)
+    return ratio(c0, c1), ratio(c1, c2)
+
+
 @pytest.mark.kernel(disks="1G,256M,64M")
 def test_warm_bcache_admits_the_hot_set_and_refuses(lab_disks: list[str],
                                                     tmp_path: Path) -> None:
@@ -121,15 +136,7 @@ def test_warm_bcache_admits_the_hot_set_and_refuses(lab_disks: list[str],
     assert sysfs.read(f"fs/bcache/{cset}/congested_read_threshold_us").strip() == congested0
     assert no_undo_journals()
 
-    wait_accounting_tick(sysfs, b.identity.name)
-    c0 = bcache_counts(sysfs)
-    read_set("/dev/bcache0", a)
-    wait_accounting_tick(sysfs, b.identity.name)
-    c1 = bcache_counts(sysfs)
-    read_set("/dev/bcache0", cold)
-    wait_accounting_tick(sysfs, b.identity.name)
-    c2 = bcache_counts(sysfs)
-    warmed, unwarmed = ratio(c0, c1), ratio(c1, c2)
+    warmed, unwarmed = bcache_hit_ratios(sysfs, b.identity.name, a, cold)
     print(f"bcache: read hit ratio of the warmed set {warmed:.3f}, of a cold set "
           f"{unwarmed:.3f}")
     assert warmed >= 0.9 and unwarmed <= 0.2, (warmed, unwarmed)
@@ -208,15 +215,7 @@ def test_replace_ssd_warms_the_new_ssd_as_its_last_step(lab_disks: list[str],
     b = snapshot.take(sysfs).backings[0]
     assert b.cset_uuid != old_cset
     assert sysfs.read(f"{rel}/sequential_cutoff").strip() == cutoff0 and no_undo_journals()
-    wait_accounting_tick(sysfs, b.identity.name)
-    c0 = bcache_counts(sysfs)
-    read_set("/dev/bcache0", a)
-    wait_accounting_tick(sysfs, b.identity.name)
-    c1 = bcache_counts(sysfs)
-    read_set("/dev/bcache0", cold)
-    wait_accounting_tick(sysfs, b.identity.name)
-    c2 = bcache_counts(sysfs)
-    warmed, unwarmed = ratio(c0, c1), ratio(c1, c2)
+    warmed, unwarmed = bcache_hit_ratios(sysfs, b.identity.name, a, cold)
     print(f"replace-ssd --warm: read hit ratio of the warmed set {warmed:.3f}, of a cold set "
           f"{unwarmed:.3f}")
     assert warmed >= 0.9 and unwarmed <= 0.2, (warmed, unwarmed)

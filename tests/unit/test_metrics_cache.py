@@ -6,7 +6,6 @@ and the dmsetup source (no timing here: benchmarks/metrics_scrape_bench.py measu
 
 from __future__ import annotations
 
-import collections
 import gzip
 import shutil
 from pathlib import Path
@@ -19,20 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachemgr.backends import bcache, dmcache
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import metrics
+from tests.unit.test_scan_budget import Counting
 from tests.unit.tui_helpers import FIXTURES, unpack
 
 IDENTITY = ("/size", "/wwid", "/serial", "/model", "/dm/name", "/dm/uuid",
             "/backing_dev_uuid", "/label")
 
-
-class Counting(Sysfs):
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.reads: collections.Counter[str] = collections.Counter()
-
-    def read(self, rel: str) -> str:
-        self.reads[rel] += 1
-        return super().read(rel)
 
 
 class Clock:
@@ -57,9 +48,9 @@ def tree(packed: Path, tmp_path: Path) -> Path:
     return dst / "sys"
 
 
-@pytest.fixture
-def dmsetup_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every dmsetup listing the scans ask for (table, status, info)."""
+def count_dmsetup(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every dmsetup listing the scans ask for from now on (table, status, info), in order
+    (the kernel test counts the same way)."""
     calls: list[str] = []
     real = dmcache.default_source
 
@@ -73,6 +64,11 @@ def dmsetup_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(dmcache, "default_source", lambda sysfs: Counted(real(sysfs)))
     return calls
+
+
+@pytest.fixture
+def dmsetup_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    return count_dmsetup(monkeypatch)
 
 
 def scrape(col: metrics.SnapshotCollector) -> dict[tuple[str, str], float]:
