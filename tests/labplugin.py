@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -128,8 +129,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             "--no-header", "-rN", "--tb=short", "--color=no", item.nodeid]
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     t0 = time.monotonic()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = core.run(argv, spec, capture=True)
     duration = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the guest's CPU on the host (its kernel and every process in it: all are children of
+    # this worker, reaped when the lab ends): what the suite's time is made of on 2 CPUs
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     out = (res.stdout or b"").decode(errors="replace")
     err = (res.stderr or b"").decode(errors="replace")
     sections = [(f"Captured stdout (lab {backend} {res.kernel_release})", out)]
@@ -164,15 +170,26 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             rep = _report(item, when, "passed", None, 0.0, [])
         if when == "call" and outcome == "skipped":
             continue
+        if when == "call":
+            rep.user_properties.append(("lab_cpu_s", round(cpu, 1)))
         item.ihook.pytest_runtest_logreport(report=rep)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
 
+_LAB_CPU: list[tuple[float, float, str]] = []
+
+
 def pytest_runtest_logreport(report: TestReport) -> None:
-    """Inside the guest: hand each phase's outcome to the host through the result file."""
+    """On the host: note each kernel test's guest CPU (also from xdist's workers). Inside the
+    guest: hand each phase's outcome to the host through the result file."""
     path = os.environ.get("CACHEMGR_LAB_RESULT")
-    if not IN_LAB or not path:
+    if not IN_LAB:
+        for k, v in report.user_properties:
+            if k == "lab_cpu_s" and report.when == "call":
+                _LAB_CPU.append((float(v), report.duration, report.nodeid))  # type: ignore[arg-type]
+        return
+    if not path:
         return
     if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
         text = str(report.longrepr[2])
@@ -181,6 +198,17 @@ def pytest_runtest_logreport(report: TestReport) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
                             "outcome": report.outcome, "longrepr": text}) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The kernel tests by the host CPU their guests used, most first (``--durations`` gives
+    their wall time, which on a busy machine is mostly waiting for a CPU)."""
+    if IN_LAB or not _LAB_CPU or hasattr(terminalreporter.config, "workerinput"):
+        return
+    total = sum(c for c, _, _ in _LAB_CPU)
+    terminalreporter.write_sep("=", f"lab guests' CPU: {total:.0f} s in {len(_LAB_CPU)} tests")
+    for c, d, nodeid in sorted(_LAB_CPU, reverse=True)[:25]:
+        terminalreporter.write_line(f"{c:8.1f}s cpu {d:8.1f}s wall  {nodeid}")
 
 
 @pytest.fixture
