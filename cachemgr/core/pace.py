@@ -113,6 +113,7 @@ class Pacer:
         self.pace: int | None = max(floor, start)
         self.changed_at: float | None = None
         self.lowered = 0  # how many times the pace went down
+        self.last_lowered: str | None = None  # why, the last time: "p99 22 ms > 15 ms"
         self.note = (f"paced: starting slow until the other IO is measured (bound p99 "
                      f"{bound_ms:g} ms)")
 
@@ -136,6 +137,7 @@ class Pacer:
                 base = min(base, int(drain_rate))  # the disk gave less than the pace
             new = max(self.floor, int(base / 2))
             self.lowered += 1
+            self.last_lowered = f"p99 {p99:.0f} ms > {b}"
             return self._set(now, new, f"paced: other IO p99 {p99:.0f} ms > {b}")
         if p99 < self.bound / 2:
             if self.pace is None:
@@ -148,6 +150,14 @@ class Pacer:
                              f"paced: other IO p99 {p99:.0f} ms < {b}, speeding up")
         return self._hold(now, f"{_pace(self.pace)}: other IO p99 {p99:.0f} ms <= {b}, "
                           "holding")
+
+    def slowed_words(self) -> str:
+        """How often the pace went down and why the last time, for a progress line that is
+        printed less often than the pacer decides: "" until it first does."""
+        if not self.lowered:
+            return ""
+        times = "once" if self.lowered == 1 else f"{self.lowered} times"
+        return f"slowed {times}, last for other IO {self.last_lowered}"
 
     def _hold(self, now: float, note: str) -> Decision:
         # the next judgement rests on what comes after this one

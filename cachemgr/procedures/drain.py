@@ -373,7 +373,9 @@ class Paced:
         return _set_all(self.sysfs, b, {"writeback_percent": PACED_PERCENT})
 
     def words(self) -> str:
-        return f"{self.pacer.note}; {pace.pace_words(self.pacer.pace)}"
+        slowed = self.pacer.slowed_words()
+        return (f"{self.pacer.note}; {pace.pace_words(self.pacer.pace)}"
+                + (f" ({slowed})" if slowed else ""))
 
     def summary(self) -> dict[str, object]:
         return {"max_latency_ms": self.bound, "lowered": self.pacer.lowered,

@@ -14,6 +14,7 @@ import pytest
 from cachemgr.backends import bcache
 from cachemgr.cli.bench import build_demo_devices
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures.bench import report as bench_report
 
 
 def cm(*args: str, timeout: float = 600) -> tuple[int, str, str]:
@@ -160,9 +161,7 @@ def test_a_cache_on_an_ssd_as_slow_as_the_disk_is_explained(lab_disks: list[str]
     b = bcache.scan(sysfs).backings[0]
     assert b.mode == CacheMode.WRITEBACK
     assert bcache.scan(sysfs).cache_sets[0].congested_write_threshold_us == 20000
-    # the table says it too
-    rc, text, err = cm("bench", "compare", f"{bc}:none", f"{bc}:writeback", "--reference",
-                       "cache-ssd", "--size", "256M", "--runtime", "2", "--repeat", "1",
-                       "--no-save")
-    assert rc == 0, err
-    assert f"{bc}:writeback: why no faster: " in text and "a cache cannot beat its SSD" in text
+    # the table (what the command prints without --json) says it too: from the same
+    # measurement, since a second one on a loaded host can land on either side of 1.25x
+    text = bench_report.table(doc)
+    assert f"{bc}:writeback: why no faster: {why['text']}" in text.splitlines()

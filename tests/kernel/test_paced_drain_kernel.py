@@ -82,9 +82,11 @@ def test_paced_drain_slows_for_a_reader_and_puts_everything_back(
     lines: list[str] = []
     lowered_note = None
     try:
+        # the pacer decides every 2 s, the progress line comes every 5: a line says how often
+        # the pace went down so far and why the last time
         for line in drain.stderr:
             lines.append(line)
-            if "paced: other IO p99" in line and "> 15 ms" in line:
+            if "(slowed " in line and "last for other IO p99" in line and "> 15 ms" in line:
                 lowered_note = line
                 break
         # the reader stops: no other IO, the drain goes back to full speed and ends

@@ -109,6 +109,21 @@ def test_over_the_bound_halves_the_pace() -> None:
     assert d.pace == 500 and p.lowered == 2
 
 
+def test_the_last_slow_down_is_kept_for_the_progress_line() -> None:
+    """The progress line comes less often than the decisions: "holding" after a slow-down
+    still says that it slowed and why."""
+    p = Pacer(10, period=1, start=2000)
+    assert p.slowed_words() == ""
+    _decide(p, 0, 30)
+    _decide(p, 1, 30, rate=2000)
+    assert p.slowed_words() == "slowed once, last for other IO p99 30 ms > 10 ms"
+    d = _decide(p, 2, 8)
+    assert "holding" in d.note
+    _decide(p, 3, 22, rate=1000)
+    _decide(p, 4, 3, rate=500)  # speeding up again: the slow-downs stay told
+    assert p.slowed_words() == "slowed 2 times, last for other IO p99 22 ms > 10 ms"
+
+
 def test_over_the_bound_halves_what_the_disk_gave_when_less_than_the_pace() -> None:
     p = Pacer(10, period=1, start=4000)
     _decide(p, 0, 30)
