@@ -122,19 +122,21 @@ def test_read_hit_ratio_matches_che(lab_disks: list[str], tmp_path: Path) -> Non
 @pytest.mark.kernel(disks="1G,512M", timeout=400)
 def test_a_cache_on_an_ssd_as_slow_as_the_disk_is_explained(lab_disks: list[str],
                                                             tmp_path: Path) -> None:
-    """Issue #32: bcache over an 8 ms dm-delay HDD whose cache "SSD" is an 8 ms dm-delay
-    too gains nothing; with --reference cache-ssd the bench reads that SSD itself (fio
-    --readonly, between the cache's runs) and says it is no faster than the backing disk.
-    The cache keeps its mode and thresholds afterwards."""
+    """Issue #32: bcache over an 8 ms dm-delay HDD whose cache "SSD" is a dm-delay no
+    faster (24 ms: as slow as the disk would put the speed-up at 1.0x, which a loaded host's
+    noise moved past the 1.25x of explain.NO_GAIN in CI) gains nothing; with --reference
+    cache-ssd the bench reads that SSD itself (fio --readonly, between the cache's runs) and
+    says it is no faster than the backing disk. The cache keeps its mode and thresholds
+    afterwards."""
     from cachemgr.core import runner
     from cachemgr.core.model import CacheMode
 
-    def delayed(name: str, disk: str) -> str:
+    def delayed(name: str, disk: str, ms: int) -> str:
         sectors = runner.run(["blockdev", "--getsz", disk]).stdout.strip()
-        runner.run(["dmsetup", "create", name, "--table", f"0 {sectors} delay {disk} 0 8"])
+        runner.run(["dmsetup", "create", name, "--table", f"0 {sectors} delay {disk} 0 {ms}"])
         return f"/dev/mapper/{name}"
 
-    hdd, ssd = delayed("hdd", lab_disks[0]), delayed("slowssd", lab_disks[1])
+    hdd, ssd = delayed("hdd", lab_disks[0], 8), delayed("slowssd", lab_disks[1], 24)
     sysfs = Sysfs()
     bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="128k", mode=CacheMode.WRITEBACK)
     bc = next(b.device for b in bcache.scan(sysfs).backings if b.device)
