@@ -121,7 +121,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         mem_mb=int(kw.get("mem", 1536)),
         cwd=str(ROOT),
         rw_paths=(str(resdir),),
-        env={"CACHEMGR_LAB_RESULT": str(result_file), "PYTHONDONTWRITEBYTECODE": "1"},
+        # the guest's pytest loads no third-party plugin: the unit tests' (Textual's
+        # snapshots, hypothesis, xdist) cost an import of Textual and hypothesis per test,
+        # seconds under qemu's TCG, and no kernel test uses them
+        env={"CACHEMGR_LAB_RESULT": str(result_file), "PYTHONDONTWRITEBYTECODE": "1",
+             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         systemd=bool(kw.get("systemd", False)),
         setup=tuple(kw.get("setup", ())),
     )

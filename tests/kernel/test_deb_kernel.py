@@ -207,10 +207,14 @@ def test_deb_installs_runs_and_purges_clean() -> None:
         # "/." and a merged-/usr link (/lib -> usr/lib) are the system's, not the package's
         if p in ("/.", "/") or (path.is_symlink() and p.count("/") == 1 and path.is_dir()):
             continue
-        # a directory the package shares with others (/usr/bin, /lib/udev/rules.d, ...)
-        if path.is_dir() and run("dpkg-query", "-S", p, check=False).returncode == 0:
-            continue
         left.append(p)
+    # a directory the package shares with others (/usr/bin, /lib/udev/rules.d, ...): another
+    # package owns it ("pkg1, pkg2: /usr/bin"); one dpkg-query for all (each is seconds on TCG)
+    dirs = [p for p in left if Path(p).is_dir()]
+    if dirs:
+        r = run("dpkg-query", "-S", *dirs, check=False)
+        owned = {ln.rsplit(": ", 1)[1] for ln in r.stdout.splitlines() if ": " in ln}
+        left = [p for p in left if p not in owned]
     assert not left, f"left after purge: {left}"
     assert not state.exists(), "/var/lib/cachemgr left after purge"
     assert admin.read_text() == "written by the admin\n", "purge touched the admin's file"
