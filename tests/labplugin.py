@@ -12,7 +12,8 @@ is up; ``setup=[argv...]`` runs a command first (before systemd), e.g. what a ho
 disks and in /etc when it boots. ``libvirt=True`` mounts cgroup v2 with machine.slice and starts
 libvirtd (qemu:///system) before the test.
 
-A ``timeout`` given for UML is tripled on qemu (TCG), unless ``qemu_timeout`` says otherwise.
+A ``timeout`` given for UML is tripled on qemu (TCG), unless ``qemu_timeout`` says otherwise;
+``qemu_cpus`` (default 1 here) sets a qemu guest's CPUs (core.LabSpec says when two cost less).
 
 ``--lab-backend=uml|qemu`` picks the kernel; ``--no-lab`` skips kernel tests (they are then
 reported as skipped with the reason, never as passed).
@@ -128,6 +129,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
              "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         systemd=bool(kw.get("systemd", False)),
         setup=tuple(kw.get("setup", ())),
+        # one by default: most tests do one thing at a time, which costs TCG less host CPU
+        # on one (lab.core.LabSpec.qemu_cpus); a procedure under fio's load asks for two
+        qemu_cpus=int(kw.get("qemu_cpus", 1)),
     )
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
             "--no-header", "-rN", "--tb=short", "--color=no", item.nodeid]

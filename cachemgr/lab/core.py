@@ -165,6 +165,12 @@ class LabSpec:
     # NVMe ones) and never removed: a second boot on what an earlier run wrote, as after a
     # reboot or a power cut (``lab run --disk-image PATH``)
     disk_images: tuple[str, ...] = ()
+    # qemu: the guest's CPUs (TCG runs one host thread each). A guest doing one thing at a
+    # time costs less host CPU with one (a package install 137 against ~180 CPU-seconds, the
+    # sizing test 66 against 90, the NVMe refusals 41 against 73); one running a procedure
+    # beside fio's load costs less with two (an NVMe replacement 135 against 198), measured
+    # alone on this project's 2-CPU machine (docs/benchmarks.md, "Test suite time")
+    qemu_cpus: int = 2
 
     @property
     def n_disks(self) -> int:

@@ -92,7 +92,7 @@ class QemuBackend(Backend):
         argv = [
             qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-accel", "tcg", "-machine", "q35" if spec.nvme else "pc", "-cpu", "max",
-            "-smp", "2",
+            "-smp", str(spec.qemu_cpus),
             "-m", str(spec.mem_mb),
             "-kernel", kernel, "-initrd", str(initrd), "-append", append,
             "-chardev", f"file,id=con,path={_opt(console)},append=on",

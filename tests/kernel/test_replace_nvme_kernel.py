@@ -51,7 +51,7 @@ def setup(lab_disks: list[str]) -> tuple[Sysfs, list[str], list[nvme.NvmeNamespa
     return sysfs, bcache_holding_dirt(sysfs, lab_disks, ssds[0].node), ssds
 
 
-@pytest.mark.kernel(disks="512M,512M,nvme:160M,nvme:160M", timeout=1200)
+@pytest.mark.kernel(disks="512M,512M,nvme:160M,nvme:160M", timeout=1200, qemu_cpus=2)
 @pytest.mark.qemu_smoke
 def test_nvme_cache_replaced_by_another_controller_under_verify_load(
         lab_disks: list[str]) -> None:
@@ -84,7 +84,7 @@ def test_nvme_cache_replaced_by_another_controller_under_verify_load(
     verify_pre(devices)
 
 
-@pytest.mark.kernel(disks="512M,nvme:192M,nvme:192M", timeout=1200)
+@pytest.mark.kernel(disks="512M,nvme:192M,nvme:192M", timeout=1200, qemu_cpus=2)
 @pytest.mark.qemu_smoke
 def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
         lab_disks: list[str]) -> None:
@@ -122,7 +122,7 @@ def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
     verify_pre(["/dev/mapper/vc"])
 
 
-@pytest.mark.kernel(disks="512M,nvme:160M", timeout=1200)
+@pytest.mark.kernel(disks="512M,nvme:160M", timeout=1200, qemu_cpus=2)
 @pytest.mark.qemu_smoke
 def test_lvm_caches_on_one_nvme_pv_killed_with_the_controller_pulled(
         lab_disks: list[str]) -> None:
