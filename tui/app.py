@@ -187,8 +187,12 @@ class CacheMgrApp(App[int]):
         self._unregistered: tuple[UnregisteredBcache, ...] = ()
         self._poll_timer: Any = None
         # poll worker only: identities and the like kept until a uevent (ScanCache), the last
-        # snapshot with every stats interval and when it was taken
-        self._scan_cache = cache_ops.ScanCache()
+        # snapshot with every stats interval and when it was taken. The files a poll does not
+        # read (the tunables and bypass counters neither the table nor the findings use:
+        # backends/scancache.py) are the last full read's, which comes every STATS_EVERY
+        # seconds (every poll while a detail screen is open); the cache's own bound is
+        # longer, so that it is always that full read that reads them again
+        self._scan_cache = cache_ops.ScanCache(keep=2 * STATS_EVERY, clock=clock)
         self._wb_meter = cache_ops.WritebackMeter()  # WB/s: measured, never the setting
         self._stats_at: float | None = None
         self._with_stats: Snapshot | None = None
