@@ -358,9 +358,10 @@ class CacheMgrApp(App[int]):
         # the rows once, here: the table, the history and the IO counts all use them
         findings = health_ops.findings(snap)
         rows = view.rows(snap, findings)
-        ios = history.io_counts(self.sysfs, snap, rows)
         t = self.clock()
         wb = self._wb_meter.update(self.sysfs, snap.backings, t, self._scan_cache)
+        # a bcache device's IO count from the stat file the meter has just read
+        ios = history.io_counts(self.sysfs, snap, rows, self._wb_meter.completed)
         self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb))
 
     def _rearm(self) -> None:

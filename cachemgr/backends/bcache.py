@@ -60,9 +60,12 @@ STATS_INTERVALS = ("five_minute", "hour", "day", "total")
 # when asked for (status --stats, the TUI's detail and its slower refresh, the metrics).
 POLL_INTERVALS = ("total",)
 # What a poll takes from its ScanCache instead (the last full read's, scancache.py): the
-# files neither the table nor the health model use (issue #34). A backing device's:
+# files neither the table nor the health model use (issue #34). A backing device's tunables,
+# and ``running``, which never changes without a uevent anyway (it turns 1 when the bcacheN
+# disk is added, super.c bch_cached_dev_run; 0 only when the device stops and goes):
 KEPT_BACKING = ("writeback_percent", "writeback_delay", "sequential_cutoff",
-                "writeback_rate_minimum", "io_error_limit", "stop_when_cache_set_failed")
+                "writeback_rate_minimum", "writeback_running", "io_error_limit",
+                "stop_when_cache_set_failed", "running")
 # a cache set's and a cache device's:
 KEPT_SET = ("congested", "io_error_limit", "io_error_halflife", "block_size", "bucket_size",
             "dirty_data")
@@ -273,11 +276,11 @@ def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
         mode=mode,
         state=state,
         dirty=dirty,
-        running=_opt(_bool, r("running"), w("running"), warnings),
+        running=_opt(_bool, k("running"), w("running"), warnings),
         writeback_rate=rate,
         writeback_percent=_opt(_int, k("writeback_percent"), w("writeback_percent"), warnings),
         writeback_delay=_opt(_int, k("writeback_delay"), w("writeback_delay"), warnings),
-        writeback_running=_opt(_bool, r("writeback_running"), w("writeback_running"), warnings),
+        writeback_running=_opt(_bool, k("writeback_running"), w("writeback_running"), warnings),
         writeback_rate_minimum=_opt(_int, k("writeback_rate_minimum"),
                                     w("writeback_rate_minimum"), warnings),
         sequential_cutoff=_opt(Size.parse_hprint, k("sequential_cutoff"),

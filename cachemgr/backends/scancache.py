@@ -19,9 +19,10 @@ to a cache set (a cache device registers without one), the dm-cache status.
 
 The values a poll does not read (issue #34): the tunables and counters that neither the
 table nor the health model use (a backing device's ``writeback_percent``,
-``writeback_delay``, ``sequential_cutoff``, ``writeback_rate_minimum``, ``io_error_limit``,
-``stop_when_cache_set_failed`` and its ``stats_total`` bypass counters; a cache set's and a
-cache device's alike: bcache.py names them) are read by every full scan (``stats=True``) and
+``writeback_delay``, ``sequential_cutoff``, ``writeback_rate_minimum``,
+``writeback_running``, ``io_error_limit``, ``stop_when_cache_set_failed``, ``running`` and
+its ``stats_total`` bypass counters; a cache set's and a cache device's alike: bcache.py
+names them) are read by every full scan (``stats=True``) and
 kept here by :meth:`ScanCache.kept`; a poll (``stats=False``) takes them from here. So every
 snapshot has every field (nothing shows "-" between two full reads), and a kept value is
 

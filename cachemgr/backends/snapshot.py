@@ -44,7 +44,7 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     opens devices, so pollers leave it off and `status` turns it on. ``vms``: also the
     libvirt domains of ``uri`` (default qemu:///system) above the caches.
 
-    ``stats`` False is a poll's scan: what the table and the health model use, 8 reads a
+    ``stats`` False is a poll's scan: what the table and the health model use, 6 reads a
     backing device (:func:`bcache.read_backing`): bcache's total hits and misses (not
     five_minute, hour, day: a poller carries them, :func:`carry_stats`); the tunables and
     bypass counters nothing else shows are the last full read's, kept by ``cache``

@@ -1,4 +1,4 @@
-"""The reads of a poll (issues #20 and #34): a status scan reads 1 + 8 per backing device + 7
+"""The reads of a poll (issues #20 and #34): a status scan reads 1 + 6 per backing device + 7
 per cache set (with its cache device) sysfs files once its ScanCache is warm: what the table
 and the health model use. The per-interval stats are read only when asked, the tunables and
 bypass counters nothing shows between two full reads are kept from the last full read
@@ -41,12 +41,12 @@ class Counting(Sysfs):
 
 
 def budget(snap: snapshot.Snapshot) -> int:
-    """kernel/uevent_seqnum; per backing device cache_mode, state, running,
-    writeback_running, writeback_rate_debug, io_errors and stats_total's cache_hits and
-    cache_misses; per cache set errors, cache_available_percent, the two congestion
-    thresholds, stats_total's hits and misses and its cache device's io_errors. One file
-    more per backing device is 64 reads over it on the 64-device capture."""
-    return 1 + 8 * len(snap.backings) + 7 * len(snap.cache_sets)
+    """kernel/uevent_seqnum; per backing device cache_mode, state, writeback_rate_debug,
+    io_errors and stats_total's cache_hits and cache_misses; per cache set errors,
+    cache_available_percent, the two congestion thresholds, stats_total's hits and misses
+    and its cache device's io_errors. One file more per backing device is 64 reads over it
+    on the 64-device capture."""
+    return 1 + 6 * len(snap.backings) + 7 * len(snap.cache_sets)
 
 
 # what a poll takes from its ScanCache (the last full read's) instead of reading it
