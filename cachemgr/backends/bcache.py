@@ -409,10 +409,14 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
     for name, rel in sorted(dirs.items()):
         # bcache/ appears on registration, with or without a uevent (a cache device sends
         # none): looked at on every scan
-        if name.startswith("bcache") or not sysfs.is_dir(f"{rel}/bcache"):
+        # a backing device's cache_mode first: one look for each of them (a poll's every
+        # look is a system call: a round trip to the host under UML)
+        if name.startswith("bcache"):
             continue
         if sysfs.exists(f"{rel}/bcache/cache_mode"):
             backings.append(read_backing(sysfs, name, rel, warnings, stats=stats, cache=cache))
+        elif not sysfs.is_dir(f"{rel}/bcache"):
+            continue
         elif sysfs.exists(f"{rel}/bcache/bucket_size") or sysfs.exists(f"{rel}/bcache/set"):
             caches[name] = read_cache(sysfs, name, rel, warnings, stats=stats, cache=cache)
     sets = []
