@@ -199,7 +199,7 @@ def _kept(sysfs: Sysfs, rel: str, names: tuple[str, ...], cache: ScanCache | Non
             f"{rel}/stats_total") else {}
         return Kept({n: sysfs.read_opt(f"{rel}/{n}") for n in names}, total, tuple(ws))
 
-    k = read() if cache is None else cache.kept(("bcache-kept", rel), read, fresh=fresh)
+    k = read() if cache is None else cache.kept(("bcache-kept", rel, names), read, fresh=fresh)
     warnings.extend(k.warnings)
     return k
 
