@@ -12,7 +12,8 @@ of git revision REV (``git archive``). The CPU each used (utime +
 stime of /proc/PID/stat, its threads included) over the same S seconds (default 30), from
 15 s after every TUI showed its devices. Nothing
 is typed: idle. Prints one JSON line: per program the CPU seconds of each round and their
-median, and the ratios of the TUI's to each htop's. CPU times are the lab's: compare ratios.
+median, the ratios of the TUI's to each htop's, and the file each TUI imported cachemgr
+from. CPU times are the lab's: compare ratios.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def stop_tmux() -> None:
 def start(name: str, argv: list[str], env: dict[str, str]) -> int:
     """``argv`` in a detached tmux session of its own; the pid of the program (the pane's)."""
     envs = [f"{k}={v}" for k, v in env.items()]
-    tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "40", "env", *envs, *argv)
+    # started in /: ``python -m`` puts its working directory first on sys.path, so in the
+    # checkout every TUI would import the checkout's cachemgr, PYTHONPATH or not
+    tmux("new-session", "-d", "-s", name, "-c", "/", "-x", "120", "-y", "40", "env", *envs,
+         *argv)
     return int(tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
 
 
@@ -115,13 +119,18 @@ def main() -> int:
             subprocess.run(["tar", "-x", "-C", tmp], input=tar, check=True)
             programs["tui_before"] = ([sys.executable, "-m", "cachemgr", "tui"],
                                       {**term, "PYTHONPATH": tmp})
+        # where each TUI's code comes from (the checkout's, the archived revision's): printed
+        imports = {n: subprocess.run([argv[0], "-c", "import cachemgr; print(cachemgr.__file__)"],
+                                     env={**os.environ, **env}, cwd="/", capture_output=True,
+                                     text=True, check=True).stdout.strip()
+                   for n, (argv, env) in programs.items() if n.startswith("tui")}
         got: dict[str, list[float]] = {n: [] for n in programs}
         for _ in range(a.rounds):
             for n, v in round_(programs, a.seconds).items():
                 got[n].append(v)
     med = {n: statistics.median(v) for n, v in got.items()}
     res: dict[str, object] = {"devices": a.n, "rounds": a.rounds, "seconds": a.seconds,
-                              "before_rev": a.before}
+                              "before_rev": a.before, "imports": imports}
     for n, v in got.items():
         res[n] = {"cpu_s_median": round(med[n], 2), "cpu_s": [round(x, 2) for x in v]}
     for h in ("htop", "htop_1s"):

@@ -187,8 +187,12 @@ class CacheMgrApp(App[int]):
         self._unregistered: tuple[UnregisteredBcache, ...] = ()
         self._poll_timer: Any = None
         # poll worker only: identities and the like kept until a uevent (ScanCache), the last
-        # snapshot with every stats interval and when it was taken
-        self._scan_cache = cache_ops.ScanCache()
+        # snapshot with every stats interval and when it was taken. The files a poll does not
+        # read (the tunables and bypass counters neither the table nor the findings use:
+        # backends/scancache.py) are the last full read's, which comes every STATS_EVERY
+        # seconds (every poll while a detail screen is open); the cache's own bound is
+        # longer, so that it is always that full read that reads them again
+        self._scan_cache = cache_ops.ScanCache(keep=2 * STATS_EVERY, clock=clock)
         self._wb_meter = cache_ops.WritebackMeter()  # WB/s: measured, never the setting
         self._stats_at: float | None = None
         self._with_stats: Snapshot | None = None
@@ -354,9 +358,10 @@ class CacheMgrApp(App[int]):
         # the rows once, here: the table, the history and the IO counts all use them
         findings = health_ops.findings(snap)
         rows = view.rows(snap, findings)
-        ios = history.io_counts(self.sysfs, snap, rows)
         t = self.clock()
         wb = self._wb_meter.update(self.sysfs, snap.backings, t, self._scan_cache)
+        # a bcache device's IO count from the stat file the meter has just read
+        ios = history.io_counts(self.sysfs, snap, rows, self._wb_meter.completed)
         self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb))
 
     def _rearm(self) -> None:

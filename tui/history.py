@@ -10,6 +10,7 @@ device (``/sys/block/<dev>/stat`` fields 1 and 5), which never wrap like bcache'
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cachemgr.core.model import Snapshot
@@ -48,16 +49,20 @@ def counters(obj: view.Obj) -> tuple[int, int] | None:
     return k.hit_counters() if k is not None else None
 
 
-def io_counts(sysfs: Sysfs, snap: Snapshot,
-              rows: list[view.Row] | None = None) -> dict[str, int]:
+def io_counts(sysfs: Sysfs, snap: Snapshot, rows: list[view.Row] | None = None,
+              known: Mapping[str, int] | None = None) -> dict[str, int]:
     """Completed IOs per row key (read in the poll worker, next to the snapshot); ``rows``:
-    the snapshot's, when made already."""
+    the snapshot's, when made already; ``known``: the counts this poll has read already, by
+    block device name (the write-back meter's, of the bcache devices: not read again)."""
     out: dict[str, int] = {}
     for r in view.rows(snap) if rows is None else rows:
         obj = view.find(snap, r.key)
         if obj is None:
             continue
-        n = completed_ios(sysfs, view.block_name(obj))
+        name = view.block_name(obj)
+        n = known.get(name) if known and name else None
+        if n is None:
+            n = completed_ios(sysfs, name)
         if n is not None:
             out[r.key] = n
     return out

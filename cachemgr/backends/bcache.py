@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from cachemgr.backends import signatures
 from cachemgr.backends.blockdev import block_dirs as block_dirs
@@ -58,6 +59,20 @@ STATS_INTERVALS = ("five_minute", "hour", "day", "total")
 # What a poll reads (``stats=False``): the total only; the three decaying intervals are read
 # when asked for (status --stats, the TUI's detail and its slower refresh, the metrics).
 POLL_INTERVALS = ("total",)
+# What a poll takes from its ScanCache instead (the last full read's, scancache.py): the
+# files neither the table nor the health model use (issue #34). A backing device's tunables,
+# and ``running``, which never changes without a uevent anyway (it turns 1 when the bcacheN
+# disk is added, super.c bch_cached_dev_run; 0 only when the device stops and goes):
+KEPT_BACKING = ("writeback_percent", "writeback_delay", "sequential_cutoff",
+                "writeback_rate_minimum", "writeback_running", "io_error_limit",
+                "stop_when_cache_set_failed", "running")
+# a cache set's and a cache device's:
+KEPT_SET = ("congested", "io_error_limit", "io_error_halflife", "block_size", "bucket_size",
+            "dirty_data")
+KEPT_CACHE = ("cache_replacement_policy", "written")
+# and the bypass counters of stats_total, of both a backing device and a cache set (the
+# hits and misses are read by every poll: the RHIT column)
+KEPT_TOTAL = ("bypassed", "cache_bypass_hits", "cache_bypass_misses", "cache_miss_collisions")
 BCACHE_MODES = (CacheMode.WRITETHROUGH, CacheMode.WRITEBACK, CacheMode.WRITEAROUND,
                 CacheMode.NONE)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -120,10 +135,11 @@ def cached_identity(sysfs: Sysfs, name: str, rel: str, cache: ScanCache | None) 
 
 def read_stats(sysfs: Sysfs, rel: str, warnings: list[str],
                intervals: tuple[str, ...] = STATS_INTERVALS, *,
-               kernel_ratio: bool = True) -> dict[str, Stats]:
+               kernel_ratio: bool = True, kept: Kept | None = None) -> dict[str, Stats]:
     """The stats_<interval> directories; ``kernel_ratio`` False skips ``cache_hit_ratio``
     (the kernel's rounded percent: nothing shows it, the ratio is computed from the hits and
-    misses)."""
+    misses). ``kept``: stats_total's bypass counters (:data:`KEPT_TOTAL`) are those, not
+    read here (:func:`_kept`)."""
     out = {}
     for interval in intervals:
         d = f"{rel}/stats_{interval}"
@@ -133,18 +149,59 @@ def read_stats(sysfs: Sysfs, rel: str, warnings: list[str],
         def num(name: str, d: str = d) -> int | None:
             return _opt(_int, sysfs.read_opt(f"{d}/{name}"), f"{d}/{name}", warnings)  # type: ignore[no-any-return]
 
+        if interval == "total" and kept is not None:
+            bypass = kept.total
+        else:
+            bypass = _bypass(sysfs, d, warnings)
         out[interval] = Stats(
             interval=interval,
             hits=num("cache_hits"),
             misses=num("cache_misses"),
             hit_ratio=num("cache_hit_ratio") if kernel_ratio else None,
-            bypassed=_opt(Size.parse_hprint, sysfs.read_opt(f"{d}/bypassed"), f"{d}/bypassed",
-                          warnings),
-            bypass_hits=num("cache_bypass_hits"),
-            bypass_misses=num("cache_bypass_misses"),
-            miss_collisions=num("cache_miss_collisions"),
+            **bypass,
         )
     return out
+
+
+def _bypass(sysfs: Sysfs, d: str, warnings: list[str]) -> dict[str, Any]:
+    """The bypass counters of one stats_<interval> directory ``d``, as Stats' fields."""
+
+    def num(name: str) -> int | None:
+        return _opt(_int, sysfs.read_opt(f"{d}/{name}"), f"{d}/{name}", warnings)  # type: ignore[no-any-return]
+
+    return {"bypassed": _opt(Size.parse_hprint, sysfs.read_opt(f"{d}/bypassed"),
+                             f"{d}/bypassed", warnings),
+            "bypass_hits": num("cache_bypass_hits"), "bypass_misses": num("cache_bypass_misses"),
+            "miss_collisions": num("cache_miss_collisions")}
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The files of one bcache object a poll does not read (:data:`KEPT_BACKING`,
+    :data:`KEPT_SET`, :data:`KEPT_CACHE`, :data:`KEPT_TOTAL`), as the last full read read
+    them: the text of each (None: missing), the bypass counters of stats_total as Stats'
+    fields, and the warnings their reading gave (said again by every poll that uses them)."""
+
+    text: dict[str, str | None]
+    total: dict[str, Any]
+    warnings: tuple[str, ...]
+
+
+def _kept(sysfs: Sysfs, rel: str, names: tuple[str, ...], cache: ScanCache | None,
+          fresh: bool, warnings: list[str]) -> Kept:
+    """The :class:`Kept` files of the object at ``rel``: read when ``fresh`` (a full read)
+    or when ``cache`` holds none young enough, else the kept ones (backends/scancache.py
+    says for how long)."""
+
+    def read() -> Kept:
+        ws: list[str] = []
+        total = _bypass(sysfs, f"{rel}/stats_total", ws) if sysfs.is_dir(
+            f"{rel}/stats_total") else {}
+        return Kept({n: sysfs.read_opt(f"{rel}/{n}") for n in names}, total, tuple(ws))
+
+    k = read() if cache is None else cache.kept(("bcache-kept", rel, names), read, fresh=fresh)
+    warnings.extend(k.warnings)
+    return k
 
 
 def _link_name(sysfs: Sysfs, rel: str) -> str | None:
@@ -163,13 +220,15 @@ def _link_device(sysfs: Sysfs, rel: str) -> str | None:
 
 def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
                  stats: bool = True, cache: ScanCache | None = None) -> BcacheBacking:
-    """One backing device. ``stats`` False is a poll's read: the total stats only, and not
-    the three tunables only the detail view shows (writeback_rate_minimum, io_error_limit,
-    stop_when_cache_set_failed: None then); dirty data and the writeback rate come from
+    """One backing device. ``stats`` False is a poll's read: the total stats only, and the
+    files neither the table nor the health model use (:data:`KEPT_BACKING`, stats_total's
+    :data:`KEPT_TOTAL`) as ``cache`` kept them from the last full read
+    (backends/scancache.py); dirty data and the writeback rate come from
     ``writeback_rate_debug`` (the same bch_hprint of the same counters as ``dirty_data`` and
     ``writeback_rate``: drivers/md/bcache/sysfs.c), the identity, UUID and label from
     ``cache`` while no uevent was sent."""
     b = f"{rel}/bcache"
+    kept = _kept(sysfs, b, KEPT_BACKING, cache, stats, warnings)
 
     def r(f: str) -> str | None:
         return sysfs.read_opt(f"{b}/{f}")
@@ -191,7 +250,7 @@ def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
             state = CacheState.parse(state_text)
         except KernelFormatError as exc:
             warnings.append(w(str(exc)))
-    swf = r("stop_when_cache_set_failed") if stats else None
+    k = kept.text.get
     dbg = _opt(WritebackDebug.parse, r("writeback_rate_debug"), w("writeback_rate_debug"),
                warnings)
     dev_name = _link_name(sysfs, f"{b}/dev")
@@ -217,32 +276,32 @@ def read_backing(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
         mode=mode,
         state=state,
         dirty=dirty,
-        running=_opt(_bool, r("running"), w("running"), warnings),
+        running=_opt(_bool, k("running"), w("running"), warnings),
         writeback_rate=rate,
-        writeback_percent=_opt(_int, r("writeback_percent"), w("writeback_percent"), warnings),
-        writeback_delay=_opt(_int, r("writeback_delay"), w("writeback_delay"), warnings),
-        writeback_running=_opt(_bool, r("writeback_running"), w("writeback_running"), warnings),
-        writeback_rate_minimum=_opt(_int, r("writeback_rate_minimum") if stats else None,
+        writeback_percent=_opt(_int, k("writeback_percent"), w("writeback_percent"), warnings),
+        writeback_delay=_opt(_int, k("writeback_delay"), w("writeback_delay"), warnings),
+        writeback_running=_opt(_bool, k("writeback_running"), w("writeback_running"), warnings),
+        writeback_rate_minimum=_opt(_int, k("writeback_rate_minimum"),
                                     w("writeback_rate_minimum"), warnings),
-        sequential_cutoff=_opt(Size.parse_hprint, r("sequential_cutoff"),
+        sequential_cutoff=_opt(Size.parse_hprint, k("sequential_cutoff"),
                                w("sequential_cutoff"), warnings),
         io_errors=_opt(_int, r("io_errors"), w("io_errors"), warnings),
-        io_error_limit=_opt(_int, r("io_error_limit") if stats else None,
-                            w("io_error_limit"), warnings),
+        io_error_limit=_opt(_int, k("io_error_limit"), w("io_error_limit"), warnings),
         stop_when_cache_set_failed=(
-            _opt(lambda t: parse_bracketed(t)[0], swf, w("stop_when_cache_set_failed"),
-                 warnings)),
+            _opt(lambda t: parse_bracketed(t)[0], k("stop_when_cache_set_failed"),
+                 w("stop_when_cache_set_failed"), warnings)),
         rate_debug=dbg,
         stats=read_stats(sysfs, b, warnings, STATS_INTERVALS if stats else POLL_INTERVALS,
-                         kernel_ratio=stats),
+                         kernel_ratio=stats, kept=kept),
     )
 
 
 def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
                stats: bool = True, cache: ScanCache | None = None) -> BcacheCache:
-    """A cache device; ``stats`` False (a poll) leaves out the replacement policy and
-    ``written``, and takes the superblock's geometry (bucket and block size, buckets) from
-    ``cache`` while no uevent was sent and the cache set is the same."""
+    """A cache device; ``stats`` False (a poll) takes the replacement policy and ``written``
+    (:data:`KEPT_CACHE`) as ``cache`` kept them from the last full read, and the
+    superblock's geometry (bucket and block size, buckets) from ``cache`` while no uevent
+    was sent and the cache set is the same."""
     b = f"{rel}/bcache"
 
     def r(f: str) -> str | None:
@@ -258,7 +317,8 @@ def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
     # kept per cache set UUID, which a new make-bcache changes
     bucket, nbuckets, block = geometry() if cache is None else cache.get(
         ("bcache-geo", b, cset), geometry)
-    policy = r("cache_replacement_policy") if stats else None
+    kept = _kept(sysfs, b, KEPT_CACHE, cache, stats, warnings).text.get
+    policy = kept("cache_replacement_policy")
     return BcacheCache(
         identity=cached_identity(sysfs, name, rel, cache),
         cset_uuid=cset if cset and _UUID.match(cset) else None,
@@ -268,19 +328,20 @@ def read_cache(sysfs: Sysfs, name: str, rel: str, warnings: list[str], *,
         block_size=block,
         replacement_policy=_opt(lambda t: parse_bracketed(t)[0], policy,
                                 f"{name}: cache_replacement_policy", warnings),
-        written=_opt(Size.parse_hprint, r("written") if stats else None, f"{name}: written",
-                     warnings),
+        written=_opt(Size.parse_hprint, kept("written"), f"{name}: written", warnings),
     )
 
 
 def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
                    warnings: list[str], *, stats: bool = True,
-                   block: Collection[str] | None = None) -> CacheSet:
+                   block: Collection[str] | None = None,
+                   cache: ScanCache | None = None) -> CacheSet:
     """A cache set; ``stats`` False (a poll) reads what status and its JSON show (available
-    space, the error action, the congestion thresholds, the total stats) and leaves the rest
-    None (the set's dirty_data moves only at GC: docs/kernel-notes.md). ``block``: the
-    disks and partitions under /sys/block; a ``bdevN`` link naming none of them is a
-    warning (the set's member is not shown as a backing device)."""
+    space, the error action, the congestion thresholds, the total hits and misses) and takes
+    the rest (:data:`KEPT_SET`, stats_total's :data:`KEPT_TOTAL`; the set's dirty_data
+    moves only at GC: docs/kernel-notes.md) as ``cache`` kept it from the last full read.
+    ``block``: the disks and partitions under /sys/block; a ``bdevN`` link naming none of
+    them is a warning (the set's member is not shown as a backing device)."""
     d = f"fs/bcache/{uuid}"
     entries = sysfs.listdir(d)
     cache_names = [_link_device(sysfs, f"{d}/{e}") for e in entries if re.fullmatch(r"cache\d+", e)]
@@ -296,21 +357,24 @@ def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
         bdev_names.append(n)
     flash = sum(1 for e in entries if re.fullmatch(r"volume\d+", e))
 
-    def r(f: str, always: bool = False) -> str | None:
-        return sysfs.read_opt(f"{d}/{f}") if stats or always else None
+    kept = _kept(sysfs, d, KEPT_SET, cache, stats, warnings)
+    r = kept.text.get
 
-    errors = r("errors", True)
+    def always(f: str) -> str | None:
+        return sysfs.read_opt(f"{d}/{f}")
+
+    errors = always("errors")
     return CacheSet(
         uuid=uuid,
         caches=tuple(caches[n] for n in cache_names if n and n in caches),
         backing_names=tuple(n for n in bdev_names if n),
         flash_volumes=flash,
-        cache_available_percent=_opt(_int, r("cache_available_percent", True),
+        cache_available_percent=_opt(_int, always("cache_available_percent"),
                                      f"{uuid}: cache_available_percent", warnings),
         congested=r("congested"),
-        congested_read_threshold_us=_opt(_int, r("congested_read_threshold_us", True),
+        congested_read_threshold_us=_opt(_int, always("congested_read_threshold_us"),
                                          f"{uuid}: congested_read_threshold_us", warnings),
-        congested_write_threshold_us=_opt(_int, r("congested_write_threshold_us", True),
+        congested_write_threshold_us=_opt(_int, always("congested_write_threshold_us"),
                                           f"{uuid}: congested_write_threshold_us", warnings),
         errors=_opt(lambda t: parse_bracketed(t)[0], errors, f"{uuid}: errors", warnings),
         io_error_limit=_opt(_int, r("io_error_limit"), f"{uuid}: io_error_limit", warnings),
@@ -320,7 +384,7 @@ def read_cache_set(sysfs: Sysfs, uuid: str, caches: dict[str, BcacheCache],
         bucket_size=_opt(Size.parse_hprint, r("bucket_size"), f"{uuid}: bucket_size", warnings),
         dirty=_opt(Size.parse_hprint, r("dirty_data"), f"{uuid}: dirty_data", warnings),
         stats=read_stats(sysfs, d, warnings, STATS_INTERVALS if stats else POLL_INTERVALS,
-                         kernel_ratio=stats),
+                         kernel_ratio=stats, kept=kept),
     )
 
 
@@ -345,10 +409,14 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
     for name, rel in sorted(dirs.items()):
         # bcache/ appears on registration, with or without a uevent (a cache device sends
         # none): looked at on every scan
-        if name.startswith("bcache") or not sysfs.is_dir(f"{rel}/bcache"):
+        # a backing device's cache_mode first: one look for each of them (a poll's every
+        # look is a system call: a round trip to the host under UML)
+        if name.startswith("bcache"):
             continue
         if sysfs.exists(f"{rel}/bcache/cache_mode"):
             backings.append(read_backing(sysfs, name, rel, warnings, stats=stats, cache=cache))
+        elif not sysfs.is_dir(f"{rel}/bcache"):
+            continue
         elif sysfs.exists(f"{rel}/bcache/bucket_size") or sysfs.exists(f"{rel}/bcache/set"):
             caches[name] = read_cache(sysfs, name, rel, warnings, stats=stats, cache=cache)
     sets = []
@@ -356,7 +424,7 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
         for entry in sysfs.listdir("fs/bcache"):
             if _UUID.match(entry) and sysfs.is_dir(f"fs/bcache/{entry}"):
                 sets.append(read_cache_set(sysfs, entry, caches, warnings, stats=stats,
-                                           block=dirs))
+                                           block=dirs, cache=cache))
     return BcacheScan(
         loaded=sysfs.is_dir("fs/bcache"),
         cache_sets=tuple(sets),

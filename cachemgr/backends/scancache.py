@@ -13,40 +13,80 @@ scan read. Any other value, another tree, or a tree without that file (a capture
 the file was captured) empties the cache: correctness never depends on it, only the cost of
 a poll does. Facts and the lab check: docs/kernel-notes.md, "uevent_seqnum".
 
-What changes without a uevent is never kept here: modes, states, dirty data, rates,
-tunables, the counters, links to a cache set (a cache device registers without one), the
-dm-cache status.
+What changes without a uevent and is shown in the table or used by the health model is
+never kept here: modes, states, dirty data, rates, the hits and misses, ``io_errors``, links
+to a cache set (a cache device registers without one), the dm-cache status.
+
+The values a poll does not read (issue #34): the tunables and counters that neither the
+table nor the health model use (a backing device's ``writeback_percent``,
+``writeback_delay``, ``sequential_cutoff``, ``writeback_rate_minimum``,
+``writeback_running``, ``io_error_limit``, ``stop_when_cache_set_failed``, ``running`` and
+its ``stats_total`` bypass counters; a cache set's and a cache device's alike: bcache.py
+names them) are read by every full scan (``stats=True``) and
+kept here by :meth:`ScanCache.kept`; a poll (``stats=False``) takes them from here. So every
+snapshot has every field (nothing shows "-" between two full reads), and a kept value is
+
+* read again by the next full scan (the TUI's every 15 s, and every poll while its detail
+  view is open);
+* dropped when this process wrote to sysfs since the last scan (``core/sysfs.writes``: a
+  tune, a drain's settings, any change cachemgr makes through the gate), so cachemgr's own
+  change shows on the next poll;
+* dropped after ``keep`` seconds (15 by default; the metrics listener keeps nothing: its
+  scrapes read them all) and with everything else on a uevent.
+
+A value changed behind cachemgr's back (another process, ``echo > /sys/...``) is thus seen at
+the next full scan, ``keep`` seconds at the latest. bcache's ``stats_total`` counters move
+only when the kernel folds its counters, every ~13.6 s (stats.c, ``accounting_delay``),
+so a kept bypass counter is at most one fold behind.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cachemgr.core import sysfs as sysfs_mod
 from cachemgr.core.sysfs import Sysfs
 
 T = TypeVar("T")
 
 SEQNUM = "kernel/uevent_seqnum"
+KEEP = 15.0  # seconds a value a poll does not read is kept (the TUI's full read's pace)
 
 
 class ScanCache:
-    def __init__(self) -> None:
+    """``keep``: seconds a value a poll does not read is kept (0: a poll reads them all);
+    ``clock``: monotonic seconds (tests)."""
+
+    def __init__(self, *, keep: float = KEEP,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._root: Path | None = None
         self._seqnum: str | None = None
         self._data: dict[Hashable, Any] = {}
+        self.keep = keep
+        self.clock = clock
+        self._kept: dict[Hashable, tuple[float, Any]] = {}  # key -> (scan's time, value)
+        self._writes: int | None = None
+        self._now: float | None = None
         self.invalidations = 0  # how often a scan found the cache stale (tests, benchmarks)
 
     def begin(self, sysfs: Sysfs) -> None:
         """At the start of a scan: keep the entries only if no uevent was sent since the last
-        one (one read)."""
+        one (one read); the kept values (:meth:`kept`) only if also this process wrote
+        nothing to sysfs since."""
         seq = sysfs.read_opt(SEQNUM)
+        writes = sysfs_mod.writes()
         if seq is None or seq != self._seqnum or sysfs.root != self._root:
             if self._data:
                 self.invalidations += 1
             self._data.clear()
-        self._root, self._seqnum = sysfs.root, seq
+            self._kept.clear()
+        elif writes != self._writes:
+            self._kept.clear()
+        self._root, self._seqnum, self._writes = sysfs.root, seq, writes
+        self._now = self.clock()
 
     def get(self, key: Hashable, make: Callable[[], T]) -> T:
         try:
@@ -55,8 +95,22 @@ class ScanCache:
             value = self._data[key] = make()
             return value
 
+    def kept(self, key: Hashable, read: Callable[[], T], *, fresh: bool) -> T:
+        """A value a poll does not read: ``read()`` when ``fresh`` (a full scan), when none
+        is kept or it is ``keep`` seconds old (counted from the start of the scan that read
+        it); else the kept one (module docstring)."""
+        now = self._now if self._now is not None else self.clock()
+        if not fresh:
+            hit = self._kept.get(key)
+            if hit is not None and now - hit[0] < self.keep:
+                return hit[1]  # type: ignore[no-any-return]
+        value = read()
+        self._kept[key] = (now, value)
+        return value
+
     def clear(self) -> None:
         self._data.clear()
+        self._kept.clear()
 
 
 def once(sysfs: Sysfs, cache: ScanCache | None) -> ScanCache:

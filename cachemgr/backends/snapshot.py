@@ -44,11 +44,15 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     opens devices, so pollers leave it off and `status` turns it on. ``vms``: also the
     libvirt domains of ``uri`` (default qemu:///system) above the caches.
 
-    ``stats`` False is a poll's scan: bcache's total stats only (not five_minute, hour, day)
-    and not the tunables only the detail view shows (:func:`bcache.read_backing`), about 15
-    reads a backing device. ``cache``: a poller's :class:`ScanCache`, so identities,
-    superblock fields, the device list and ``dmsetup table`` are read again only after a
-    uevent."""
+    ``stats`` False is a poll's scan: what the table and the health model use, 6 reads a
+    backing device (:func:`bcache.read_backing`): bcache's total hits and misses (not
+    five_minute, hour, day: a poller carries them, :func:`carry_stats`); the tunables and
+    bypass counters nothing else shows are the last full read's, kept by ``cache``
+    (backends/scancache.py: dropped when this process writes to sysfs, ``keep`` seconds
+    old, or on a uevent; read again then), so a poll's snapshot has every other field a
+    full one has. ``cache``: a poller's :class:`ScanCache`, so identities, superblock
+    fields, the device list and ``dmsetup table`` are read again only after a uevent;
+    without one, nothing is kept (a one-shot poll reads the tunables too)."""
     sysfs = sysfs or Sysfs()
     if cache is not None:
         cache.begin(sysfs)

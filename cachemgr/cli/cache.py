@@ -42,7 +42,9 @@ def table_width() -> int | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    cache = cache_ops.ScanCache()  # --watch: identities and the like read again only after a uevent
+    # --watch: identities and the like read again only after a uevent; the tunables and
+    # bypass counters every 15 s (ScanCache's keep; --stats: every look)
+    cache = cache_ops.ScanCache()
     # --watch: the bytes written back per second between two looks (WB/s), measured
     meter = cache_ops.WritebackMeter() if args.watch else None
     while True:

@@ -51,6 +51,9 @@ class CacheState(enum.StrEnum):
 
 
 _UNITS = "?kMGTPEZY"
+# Size.parse_hprint's parsed texts (at most _HPRINT_KEEP, then it starts again)
+_HPRINT_SEEN: dict[tuple[str, bool | None], Any] = {}
+_HPRINT_KEEP = 4096
 # bch_hprint output (docs/kernel-notes.md, "bch_hprint sizes"): 4.14 and later (the lab's
 # 7.2 and 6.1) "0.0k", "4.0k", "512.0k", "59.9M", "0.9T": always one shift, one decimal;
 # before 4.14 "0", "512" (bytes, no shift), "1.5k", "1.10k" (the decimal is t/100 of the
@@ -95,6 +98,21 @@ class Size:
 
     @classmethod
     def parse_hprint(cls, text: str, *, old: bool | None = False) -> Size:
+        """:meth:`_parse_hprint`, each text parsed once: a poll parses the same few texts
+        ("0.0k", "512.0k") hundreds of times (writeback_rate_debug's six sizes per backing
+        device); a Size is immutable, so the one parsed before is the answer."""
+        key = (text, old)
+        hit = _HPRINT_SEEN.get(key)
+        if hit is not None and type(hit) is cls:
+            return hit
+        size = cls._parse_hprint(text, old=old)
+        if len(_HPRINT_SEEN) >= _HPRINT_KEEP:
+            _HPRINT_SEEN.clear()
+        _HPRINT_SEEN[key] = size
+        return size
+
+    @classmethod
+    def _parse_hprint(cls, text: str, *, old: bool | None = False) -> Size:
         """Parse the kernel's ``bch_hprint`` rendering of a byte count.
 
         ``old``: whether the kernel predates 4.14 (False: 4.14 or later, the lab's kernels;

@@ -29,6 +29,22 @@ NEVER_READ = frozenset({"priority_stats"})
 
 CHUNK = 1 << 16
 
+_writes = 0  # sysfs writes this process has made (:func:`writes`)
+
+
+def writes() -> int:
+    """How many sysfs writes this process has made, under any root (failed ones included).
+    A poller's ScanCache drops the values it keeps between full reads when this moved since
+    its last scan: a tunable cachemgr itself wrote shows on the next poll
+    (backends/scancache.py)."""
+    return _writes
+
+
+def note_write() -> None:
+    """Count a write (:meth:`Sysfs.write` calls it once the write is done or failed)."""
+    global _writes
+    _writes += 1
+
 
 def _slurp(path: str) -> bytes:
     """A file's bytes in as few system calls as the kernel allows: open, one read, close.
@@ -141,6 +157,7 @@ class Sysfs:
             ) from exc
         finally:
             os.close(fd)
+            note_write()  # after the write: a scan that began before it keeps nothing of it
 
     def listdir(self, rel: str) -> list[str]:
         try:

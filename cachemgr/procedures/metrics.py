@@ -466,7 +466,8 @@ class SnapshotCollector(Collector):
     It keeps a :class:`~cachemgr.backends.scancache.ScanCache`, so identities, the device
     list, bcache's UUIDs and labels and ``dmsetup table`` are read again only after a uevent
     (docs/kernel-notes.md, "uevent_seqnum"); every scrape reads the counters, ``stats_total``,
-    modes, states and dirty data. bcache's five_minute/hour/day stats are read every
+    modes, states, dirty data and the tunables (its cache keeps none of the values a TUI poll
+    takes from its last full read: ``keep=0``). bcache's five_minute/hour/day stats are read every
     ``STATS_EVERY`` seconds and carried between (``snapshot.carry_stats``), libvirt's domains
     every ``VM_EVERY`` seconds (their pressure and IO with them): the first scrape asks
     libvirt itself, a later one that finds the answer old starts a new look in a thread of
@@ -485,7 +486,9 @@ class SnapshotCollector(Collector):
         self.background = background
         self._vm_thread: threading.Thread | None = None
         self.meter = traffic.Meter()
-        self.cache = ScanCache()
+        # keep=0: every scrape reads the tunables and bypass counters a TUI poll takes from
+        # its last full read (backends/scancache.py): a counter is exported as it reads now
+        self.cache = ScanCache(keep=0)
         self._lock = threading.Lock()  # one scan at a time (the listener's threads)
         self._stats_at: float | None = None
         self._with_stats: Snapshot | None = None

@@ -40,13 +40,16 @@ class Look:
     backing_written: int | None  # bytes written to the backing device since boot
     upper_written: int | None  # bytes written to the bcache device since boot
     dirty: Size | None
+    # reads + writes completed on the bcache device since boot (the same ``stat``: the TUI's
+    # IOPS, tui/history.py, without reading the file a second time)
+    upper_ios: int | None = None
 
 
-def _written(sysfs: Sysfs, name: str | None, dirs: dict[str, str]) -> int | None:
+def _stat(sysfs: Sysfs, name: str | None, dirs: dict[str, str]) -> blockdev.BlockStat | None:
     rel = dirs.get(name) if name else None
     text = sysfs.read_opt(f"{rel}/stat") if rel else None
     try:
-        return blockdev.BlockStat.parse(text).write_sectors * 512 if text else None
+        return blockdev.BlockStat.parse(text) if text else None
     except KernelFormatError:
         return None
 
@@ -54,8 +57,10 @@ def _written(sysfs: Sysfs, name: str | None, dirs: dict[str, str]) -> int | None
 def look(sysfs: Sysfs, b: BcacheBacking, t: float, cache: ScanCache | None = None) -> Look:
     """Two reads: the backing device's and the bcache device's ``stat``."""
     dirs = blockdev.block_dirs(sysfs, cache)
-    return Look(t, _written(sysfs, b.identity.name, dirs),
-                _written(sysfs, b.device_name, dirs), b.dirty)
+    low, up = _stat(sysfs, b.identity.name, dirs), _stat(sysfs, b.device_name, dirs)
+    return Look(t, low.write_sectors * 512 if low else None,
+                up.write_sectors * 512 if up else None, b.dirty,
+                up.reads + up.writes if up else None)
 
 
 def written_back(before: Look, after: Look) -> float | None:
@@ -82,15 +87,20 @@ class Meter:
 
     def __init__(self) -> None:
         self._last: dict[str, Look] = {}
+        # the last update's reads + writes completed, by bcache device name (bcache0)
+        self.completed: dict[str, int] = {}
 
     def update(self, sysfs: Sysfs, backings: Iterable[BcacheBacking], t: float,
                cache: ScanCache | None = None) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         seen: dict[str, Look] = {}
+        completed: dict[str, int] = {}
         for b in backings:
             now = look(sysfs, b, t, cache)
             prev = self._last.get(b.key)
             out[b.key] = written_back(prev, now) if prev is not None else None
             seen[b.key] = now
-        self._last = seen
+            if b.device_name and now.upper_ios is not None:
+                completed[b.device_name] = now.upper_ios
+        self._last, self.completed = seen, completed
         return out

@@ -1,5 +1,7 @@
-"""A poll's scan on the lab kernel (issue #20): what its ScanCache keeps is read again after
-every change that could make it wrong, and a warm poll stays within the read budget."""
+"""A poll's scan on the lab kernel (issues #20 and #34): what its ScanCache keeps is read
+again after every change that could make it wrong, a warm poll stays within the read budget,
+and the tunables a poll takes from the last full read follow cachemgr's own writes at once
+and another process's at the next full read."""
 
 from __future__ import annotations
 
@@ -41,11 +43,32 @@ def test_poll_cache_follows_the_kernel(lab_disks: list[str]) -> None:
     assert bcache.wait_for(lambda: len([b for b in poll().backings if b.cset_uuid]) == 2, 20)
     snap = poll()
     assert s.reads["kernel/uevent_seqnum"] == 1
-    assert sum(s.reads.values()) <= 28 + 16 * 2 + 3, s.reads
+    # tests/unit/test_scan_budget.py's budget: 1 + 6 per backing device + 7 per cache set
+    assert sum(s.reads.values()) <= 1 + 6 * 2 + 7, s.reads
     assert not [r for r in s.reads if r.endswith(("/size", "/dm/name", "/label"))]
+    assert not [r for r in s.reads if r.endswith(("/writeback_percent", "/sequential_cutoff",
+                                                  "/cache_bypass_hits"))]
     full = snapshot.take(Sysfs())
-    assert [(b.identity, b.uuid, b.label, b.mode, b.state, b.dirty) for b in snap.backings] \
-        == [(b.identity, b.uuid, b.label, b.mode, b.state, b.dirty) for b in full.backings]
+    assert [(b.identity, b.uuid, b.label, b.mode, b.state, b.dirty, b.writeback_percent,
+             b.writeback_delay, b.sequential_cutoff, b.running, b.writeback_running)
+            for b in snap.backings] \
+        == [(b.identity, b.uuid, b.label, b.mode, b.state, b.dirty, b.writeback_percent,
+             b.writeback_delay, b.sequential_cutoff, b.running, b.writeback_running)
+            for b in full.backings]
+
+    # a tunable written by this process: the next poll reads it (the kept values dropped)
+    rel0 = bcache.backing_rel(s, snap.backings[0].identity.name)
+    before = snap.backings[0].writeback_percent
+    s.write(f"{rel0}/writeback_percent", "7")
+    assert poll().backings[0].writeback_percent == 7
+    # by another process: not seen by the polls that take the kept value, seen by the next
+    # full read (kept from then on)
+    runner.run(["sh", "-c", f"echo 3 > /sys/{rel0}/writeback_percent"])
+    assert poll().backings[0].writeback_percent == 7
+    assert snapshot.take(s, stats=True, cache=cache).backings[0].writeback_percent == 3
+    assert poll().backings[0].writeback_percent == 3
+    assert not [r for r in s.reads if r.endswith("/writeback_percent")]
+    s.write(f"{rel0}/writeback_percent", str(before))
 
     # a label write sends a uevent: the next poll reads the labels again
     b0 = snap.backings[0]

@@ -137,10 +137,17 @@ def test_a_changed_device_is_seen(tree: Path, dmsetup_calls: list[str]) -> None:
                                      .replace("writethrough", "[writethrough]", 1))
     hits = bdir / "stats_total" / "cache_hits"
     hits.write_text(f"{int(hits.read_text()) + 7}\n")
+    # nor does a tunable or a bypass counter; a TUI poll takes them from its last full read,
+    # a scrape reads them (the listener's ScanCache keeps none: backends/scancache.py)
+    (bdir / "writeback_percent").write_text("3\n")
+    bhits = bdir / "stats_total" / "cache_bypass_hits"
+    bhits.write_text(f"{int(bhits.read_text()) + 5}\n")
     clock.t += 1
     now = scrape(col)
     assert now[key("cachemgr_cache_mode", kind="bcache", mode="writethrough", **lab)] == 1.0
     assert now[key("cachemgr_bcache_hits_total", **lab)] == int(hits.read_text())
+    assert now[key("cachemgr_bcache_writeback_percent", **lab)] == 3
+    assert now[key("cachemgr_bcache_bypass_hits_total", **lab)] == int(bhits.read_text())
     # a label write sends one: read again after the counter moved, and only then
     s.reads.clear()
     (bdir / "label").write_text("vm-disk-0\n")

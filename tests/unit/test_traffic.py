@@ -132,3 +132,24 @@ def test_the_tui_trend_keeps_the_measured_traffic() -> None:
     last = h.last(key)
     assert last is not None and last.wb == 3.0 * MIB
     assert h.series(key, "wb") == [0.0, 3.0 * MIB]
+
+
+def test_the_tui_reads_a_bcache_devices_stat_once_a_poll(tmp_path: Path) -> None:
+    """The meter reads each bcache device's ``stat`` for WB/s; the TUI's IOPS (the same
+    file's reads + writes completed) come from that read (Meter.completed), not a second
+    one: the same counts, no read of any ``stat`` file by io_counts."""
+    from tests.unit.test_scan_budget import Counting
+    from tests.unit.tui_helpers import unpack
+    from tui import history, view
+
+    s = Counting(unpack("bcache-64-backing", tmp_path))
+    snap = snapshot.take(s, stats=False)
+    rows = view.rows(snap)
+    meter = traffic.Meter()
+    meter.update(s, snap.backings, 1.0)
+    assert len(meter.completed) == 64
+    s.reads.clear()
+    ios = history.io_counts(s, snap, rows, meter.completed)
+    assert not [r for r in s.reads if r.endswith("/stat")]
+    assert ios and ios == history.io_counts(s, snap, rows)
+    assert len([r for r in s.reads if r.endswith("/stat")]) == 64  # without: read again

@@ -474,6 +474,45 @@ def test_tune_writes_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert (root / "block/ubda/bcache/writeback_percent").read_text().strip() == "5"
 
 
+def test_a_poll_between_full_reads_shows_the_kept_tunables_and_a_tune_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The polls between two full reads (every STATS_EVERY s; the clock stands still here,
+    so only the first poll is one) take writeback_percent and the bypass counters from the
+    poll's ScanCache (backends/scancache.py): never None, and the TUI's own tune is seen
+    by the poll that follows it. On the 64-device capture: the only one with
+    kernel/uevent_seqnum, without which the cache keeps nothing."""
+    root = unpack("bcache-64-backing", tmp_path)
+    kernel_writes(monkeypatch)
+    seen: list[tuple[int | None, int | None]] = []
+
+    async def go() -> None:
+        async with running(root, at=bcache0_key(root), clock=lambda: 50.0) as (app, pilot):
+            polls = app.polls
+            await pilot.press("r")  # a poll, not a full read
+            await settle(pilot, lambda: app.polls > polls)
+            assert app.snap is not None
+            b = app.snap.backings[0]
+            seen.append((b.writeback_percent, b.stats["total"].bypass_hits))
+            assert "five_minute" in b.stats  # carried from the full read
+            await pilot.press("t")
+            ol = app.screen.query_one(OptionList)
+            names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
+            ol.highlighted = names.index("writeback_percent")
+            await pilot.press("enter")
+            app.screen.query_one(Input).value = "5"
+            polls = app.polls
+            await pilot.press("enter")
+            await settle(pilot, lambda: "writeback_percent 10 -> 5" in log_text(app)
+                         and app.polls > polls)
+            assert app.snap is not None
+            b = app.snap.backings[0]
+            seen.append((b.writeback_percent, b.stats["total"].bypass_hits))
+
+    asyncio.run(go())
+    assert seen[0][0] == 10 and seen[0][1] is not None
+    assert seen[1] == (5, seen[0][1])
+
+
 def test_detach_then_attach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = copy_capture(tmp_path, "bcache-writeback-dirty")
     writes = kernel_writes(monkeypatch)

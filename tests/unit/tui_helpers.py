@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cachemgr.core.errors import SysfsError
-from cachemgr.core.sysfs import Sysfs
+from cachemgr.core.sysfs import Sysfs, note_write
 from tui.app import CacheMgrApp
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -77,6 +77,7 @@ def kernel_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
                 os.unlink(base / "cache")
         else:
             p.write_text(value + "\n")
+        note_write()  # counted again once the value reads back as the kernel's would
 
     monkeypatch.setattr(Sysfs, "write", write)
     return done

@@ -157,12 +157,19 @@ def parse_listing(text: str, names: set[str]) -> dict[str, list[str]]:
     means none.
     """
     out: dict[str, list[str]] = {}
-    by_len = sorted(names, key=len, reverse=True)
+    known = set(names)
     for raw in text.splitlines():
         line = raw.rstrip()
         if not line.strip() or line.strip() == "No devices found":
             continue
-        name = next((n for n in by_len if line.startswith(n + ": ")), None)
+        # a known name prefixes the line iff ": " follows it there: the longest is the last
+        # such ": " (one look per ": " in the line, not one per known name)
+        name = None
+        i = line.find(": ")
+        while i >= 0:
+            if line[:i] in known:
+                name = line[:i]
+            i = line.find(": ", i + 1)
         if name is None:
             head, sep, _ = line.partition(": ")
             if not sep:
