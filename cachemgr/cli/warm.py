@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli.render import with_progress
 from cachemgr.core.errors import UsageError
+from cachemgr.core.lazy import lazy
 from cachemgr.core.model import parse_size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import warm as warm_ops
+
+if TYPE_CHECKING:
+    from cachemgr.ops import warm as warm_ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    warm_ops = lazy("cachemgr.ops.warm")
 
 
 def size(text: str) -> int:
