@@ -17,12 +17,13 @@ from cachemgr.cli.render import emit, with_progress
 from cachemgr.core import defaults
 from cachemgr.core.errors import UsageError
 from cachemgr.core.lazy import lazy
-from cachemgr.core.model import parse_size
 from cachemgr.core.sysfs import Sysfs
 
 if TYPE_CHECKING:
+    from cachemgr.core import model
     from cachemgr.ops import sizing as sizing_ops
 else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    model = lazy("cachemgr.core.model")
     sizing_ops = lazy("cachemgr.ops.sizing")
 
 _LATENCY = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s)?")
@@ -56,7 +57,7 @@ def sizes(text: str) -> list[int]:
 
 def block(text: str) -> int:
     try:
-        n = parse_size(text)
+        n = model.parse_size(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     if n < 512 or n & (n - 1):

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.cli import args as argtypes
 from cachemgr.cli import confirm
 from cachemgr.cli.render import emit
+from cachemgr.core.defaults import VM_CACHE_MODES
 from cachemgr.core.lazy import lazy
-from cachemgr.core.model import VM_CACHE_MODES
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.core.text import printable
 

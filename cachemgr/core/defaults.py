@@ -6,6 +6,9 @@ that use them import them from here.
 
 from __future__ import annotations
 
+# cachemgr vm-cache MODE: the cache= modes of a libvirt disk (cachemgr/core/model.py)
+VM_CACHE_MODES = ("none", "writethrough", "writeback", "directsync", "unsafe", "default")
+
 # cachemgr bench: fio's read/write patterns (--rw; cachemgr/procedures/bench/job.py)
 RW_MODES = ("randread", "randwrite", "randrw", "read", "write", "rw")
 # cachemgr bench compare --tolerance: the relative change called noise

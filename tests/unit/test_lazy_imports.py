@@ -45,6 +45,8 @@ def test_building_the_parser_imports_no_command_layer() -> None:
     assert "cachemgr.cli.cache" in mods and "cachemgr.cli.bench" in mods  # it did build
     assert _heavy(mods) == []
     assert "cachemgr.core.version" not in mods  # read only when --version is given
+    # the model's two dozen dataclasses and the state files: a handler's, not the parser's
+    assert "cachemgr.core.model" not in mods and "cachemgr.core.state" not in mods
 
 
 def test_the_check_sees_a_heavy_import() -> None:
