@@ -26,20 +26,29 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli import args as argtypes
+from cachemgr.core import defaults
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import bench as bench_ops
-from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import bench
+
+if TYPE_CHECKING:
+    from cachemgr.ops import bench as bench_ops
+    from cachemgr.ops import control
+    from cachemgr.ops.control import Result
+    from cachemgr.procedures import bench
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    bench = lazy("cachemgr.procedures.bench")
+    bench_ops = lazy("cachemgr.ops.bench")
+    control = lazy("cachemgr.ops.control")
 
 
 def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: int = 3) -> None:
     g = s.add_argument_group("job")
-    g.add_argument("--rw", default=rw, choices=bench.RW_MODES)
+    g.add_argument("--rw", default=rw, choices=defaults.RW_MODES)
     g.add_argument("--bs", default="4k", metavar="SIZE", help="block size (default 4k)")
     g.add_argument("--iodepth", type=argtypes.count, default=1, metavar="N", help="queue depth (1)")
     g.add_argument("--jobs", type=argtypes.count, default=1, metavar="N",
@@ -63,7 +72,7 @@ def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: in
     c = s.add_argument_group("repetitions and cache hygiene")
     c.add_argument("--repeat", type=argtypes.count, default=repeat, metavar="N",
                    help=f"runs per target, interleaved ({repeat})")
-    c.add_argument("--tolerance", type=argtypes.non_negative, default=bench.DEFAULT_TOLERANCE,
+    c.add_argument("--tolerance", type=argtypes.non_negative, default=defaults.DEFAULT_TOLERANCE,
                    metavar="F",
                    help="flag runs whose IOPS differ from the median by more (0.2)")
     c.add_argument("--warmup", metavar="SPEC",
@@ -86,7 +95,7 @@ def job_options(s: argparse.ArgumentParser, *, rw: str = "randwrite", repeat: in
     c.add_argument("--reference", action="append", default=[], metavar="[CACHE=]REF",
                    help="report each cache target's (or CACHE's) IOPS as a fraction of "
                         "REF's, and when a cache is no faster than the first target, whether "
-                        f"its SSD is. REF: {bench.CACHE_SSD} (each cache's own SSD) or a "
+                        f"its SSD is. REF: {defaults.CACHE_SSD} (each cache's own SSD) or a "
                         "device path, measured apart with reads only (fio --readonly, the "
                         "job's block size and queue depth, up to 5 s a repetition: never a "
                         "write to a device that holds a cache); or the label of a target "
@@ -149,7 +158,7 @@ def _compare(args: argparse.Namespace, targets: list[str]) -> int:
     argv = ["cachemgr", *sys.argv[1:]] if sys.argv and "cachemgr" in sys.argv[0] else []
     try:
         res = bench_ops.compare(Sysfs(args.sysfs_root), spec, targets, opts,
-                                ctl=Control(progress=rep, what="bench"), out=args.out,
+                                ctl=control.Control(progress=rep, what="bench"), out=args.out,
                                 save=not args.no_save, plots=not args.no_plot, argv=argv)
     finally:
         rep.done()
@@ -181,7 +190,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         res = bench_ops.replay(Sysfs(args.sysfs_root), args.target, args.trace,
                                device=args.device, iodepth=args.iodepth, force=args.force,
-                               ctl=Control(progress=rep, what="bench replay"), out=args.out,
+                               ctl=control.Control(progress=rep, what="bench replay"), out=args.out,
                                save=not args.no_save)
     finally:
         rep.done()
@@ -266,7 +275,8 @@ def run_demo(args: argparse.Namespace) -> int:
                                         else 0, settle=rw == "randread", reference=reference)
             try:
                 res = bench_ops.compare(sysfs, spec, targets, opts,
-                                        ctl=Control(progress=rep, what="bench demo"), out=out)
+                                        ctl=control.Control(progress=rep, what="bench demo"),
+                                        out=out)
             finally:
                 rep.done()
             for note in res.notes:

@@ -10,17 +10,24 @@ import os
 import shutil
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli import args as argtypes
 from cachemgr.cli.confirm import add_yes, confirmer
 from cachemgr.cli.render import emit, with_progress
 from cachemgr.core.errors import UsageError
 from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import cache as cache_ops
-from cachemgr.ops.control import Control
-from cachemgr.ops.render import status_table
+
+if TYPE_CHECKING:
+    from cachemgr.ops import cache as cache_ops
+    from cachemgr.ops import control, render
+    from cachemgr.ops.control import Control
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    cache_ops = lazy("cachemgr.ops.cache")
+    control = lazy("cachemgr.ops.control")
+    render = lazy("cachemgr.ops.render")
 
 
 def _sysfs(args: argparse.Namespace) -> Sysfs:
@@ -59,7 +66,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             if args.watch:
                 print(time.strftime("%H:%M:%S"))
-            print(status_table(snap, intervals=args.stats, width=table_width(),
+            print(render.status_table(snap, intervals=args.stats, width=table_width(),
                                written_back=wb), flush=True)
         if not args.watch:
             return ExitCode.OK
@@ -121,7 +128,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _asking(args: argparse.Namespace) -> Control:
     """The Control of a short command that may ask first (docs/cli.md, "Confirmations")."""
-    return Control(what=args.cmd, confirm=confirmer(args))
+    return control.Control(what=args.cmd, confirm=confirmer(args))
 
 
 def cmd_force_run(args: argparse.Namespace) -> int:

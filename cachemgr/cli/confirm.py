@@ -20,9 +20,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from cachemgr.core.lazy import lazy
 from cachemgr.core.text import printable
-from cachemgr.ops.control import Plan, not_confirmed
+
+if TYPE_CHECKING:
+    from cachemgr.ops import control
+    from cachemgr.ops.control import Plan
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    control = lazy("cachemgr.ops.control")
 
 YES_HELP = ('confirm without asking (needed when stdin is not a terminal: '
             'docs/cli.md, "Confirmations")')
@@ -51,7 +58,7 @@ def ask(plan: Plan) -> bool:
     """The question on a terminal, after the plan; no terminal: the refusal (exit 3)."""
     show(plan)
     if not _interactive():
-        raise not_confirmed(plan, "not confirmed: stdin is not a terminal, so there was "
+        raise control.not_confirmed(plan, "not confirmed: stdin is not a terminal, so there was "
                                   "nobody to ask",
                             hint="run it on a terminal to be asked, or pass --yes "
                                  '(docs/cli.md, "Confirmations")')
@@ -80,5 +87,5 @@ def require(args: argparse.Namespace, plan: Plan) -> None:
     the same refusal (exit 3) when not confirmed."""
     c = confirmer(args)
     if c is not None and not c(plan):
-        raise not_confirmed(plan)
+        raise control.not_confirmed(plan)
 

@@ -7,6 +7,24 @@ the one handler in :func:`main` maps the library's errors to them, and an OSErro
 line + hint (exit 1, or 2 when the command line can fix it: see :func:`_os_error`); Ctrl-C,
 SIGTERM and SIGHUP to 128 + the signal; a closed stdout to a quiet 141. Every read command
 has ``--json`` (schema 1, docs/json.md).
+
+Startup: every command imports only what it uses. Building the parser imports the command
+group modules and light modules only (the standard library, cachemgr.core's parsing and
+text helpers, cachemgr/core/defaults.py for the choices, defaults and help text the
+command layer also uses). The command layer (cachemgr.ops, cachemgr.procedures,
+cachemgr.backends) is imported when a handler first uses it, with one pattern everywhere::
+
+    if TYPE_CHECKING:
+        from cachemgr.ops import cache as cache_ops
+    else:
+        cache_ops = lazy("cachemgr.ops.cache")
+
+(cachemgr/core/lazy.py: reading an attribute imports the module), so handlers read
+``cache_ops.status(...)`` as before and mypy checks them against the real module. A name
+used only in annotations comes from the ``TYPE_CHECKING`` import alone; a class called at
+run time is reached through its module (``control.Control(...)``). ``--version`` reads the
+version only when given (:class:`VersionAction`). tests/unit/test_lazy_imports.py fails if
+building the parser imports the command layer again.
 """
 
 from __future__ import annotations
@@ -22,17 +40,22 @@ import select
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachemgr.cli import confirm
 from cachemgr.cli.completion import KINDS as COMPLETE_KINDS
 from cachemgr.cli.completion import CompleteAction
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.lazy import lazy
 from cachemgr.core.signals import Terminated
 from cachemgr.core.sysfs import DEFAULT_ROOT
 from cachemgr.core.text import printable
-from cachemgr.core.version import version
-from cachemgr.ops import trail
+
+if TYPE_CHECKING:
+    from cachemgr.ops import trail
+else:  # the command layer: imported when the command runs (the docstring above)
+    trail = lazy("cachemgr.ops.trail")
 
 log = logging.getLogger("cachemgr")
 
@@ -41,6 +64,24 @@ GROUPS: list[str] = ["cachemgr.cli.cache", "cachemgr.cli.lab", "cachemgr.cli.rep
                      "cachemgr.cli.metrics", "cachemgr.cli.bench", "cachemgr.cli.udev",
                      "cachemgr.cli.scheduler", "cachemgr.cli.vms", "cachemgr.cli.sizing",
                      "cachemgr.cli.install", "cachemgr.cli.restore", "cachemgr.cli.warm"]
+
+
+class VersionAction(argparse.Action):
+    """``--version``: prints ``cachemgr VERSION`` and exits 0, as argparse's own "version"
+    action does, but reads the version (cachemgr/core/version.py: pyproject.toml or the
+    installed metadata) only when the option is given, not each time the parser is built."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> NoReturn:
+        from cachemgr.core.version import version
+
+        print(f"cachemgr {version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                "141 stdout closed early (a pipe's reader left). " + confirm.RULE,
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log on stderr")
-    p.add_argument("--version", action="version", version=f"cachemgr {version()}",
-                   help="print cachemgr's version and exit")
+    p.add_argument("--version", action=VersionAction, help="print cachemgr's version and exit")
     p.add_argument("--sysfs-root", default=os.environ.get("CACHEMGR_SYSFS", DEFAULT_ROOT),
                    help=argparse.SUPPRESS)
     # the shell completion's helper (cachemgr/cli/completion.py): hidden, read-only

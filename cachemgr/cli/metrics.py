@@ -6,11 +6,16 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cachemgr.core import state
 from cachemgr.core.exitcodes import ExitCode
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
+
+if TYPE_CHECKING:
+    from cachemgr.core import state
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    state = lazy("cachemgr.core.state")
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

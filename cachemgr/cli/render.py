@@ -9,11 +9,18 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cachemgr.cli import confirm
+from cachemgr.core.lazy import lazy
 from cachemgr.core.text import printable
-from cachemgr.ops import trail
-from cachemgr.ops.control import Control, Result, progress_line
+
+if TYPE_CHECKING:
+    from cachemgr.ops import control, trail
+    from cachemgr.ops.control import Control, Result
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    control = lazy("cachemgr.ops.control")
+    trail = lazy("cachemgr.ops.trail")
 
 
 def emit(args: argparse.Namespace, res: Result) -> int:
@@ -55,10 +62,10 @@ class ProgressReporter:
             if note and shape != self.note:
                 print("\r" + printable(note).ljust(78), file=sys.stderr, flush=True)
             self.note = shape
-            line = printable(progress_line(p, note=False))
+            line = printable(control.progress_line(p, note=False))
             print("\r" + line.ljust(78), end="", file=sys.stderr, flush=True)
         else:
-            print(printable(progress_line(p)), file=sys.stderr, flush=True)
+            print(printable(control.progress_line(p)), file=sys.stderr, flush=True)
 
     def done(self) -> None:
         if self.tty and not self.quiet:
@@ -72,7 +79,7 @@ def with_progress(args: argparse.Namespace, what: str,
     (cachemgr/cli/confirm.py)."""
     rep = ProgressReporter(quiet=getattr(args, "json", False))
     try:
-        res = fn(Control(progress=rep, what=what, confirm=confirm.confirmer(args)
+        res = fn(control.Control(progress=rep, what=what, confirm=confirm.confirmer(args)
                          if hasattr(args, "yes") else None))
     finally:
         rep.done()

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli import args as argtypes
 from cachemgr.cli import confirm
 from cachemgr.cli.render import emit
+from cachemgr.core import defaults
 from cachemgr.core.errors import UsageError
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.core.text import printable
-from cachemgr.ops import replace as ops
-from cachemgr.ops.control import Control, Plan
+
+if TYPE_CHECKING:
+    from cachemgr.ops import control
+    from cachemgr.ops import replace as ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    control = lazy("cachemgr.ops.control")
+    ops = lazy("cachemgr.ops.replace")
 
 
 def _say(msg: str) -> None:
@@ -33,7 +40,7 @@ def _ask_stdin(text: str) -> bool:
 
 def cmd_replace(args: argparse.Namespace) -> int:
     sysfs = Sysfs(args.sysfs_root)
-    ctl = Control(what="replace-ssd", say=(lambda m: None) if args.json else _say,
+    ctl = control.Control(what="replace-ssd", say=(lambda m: None) if args.json else _say,
                   prompt=_ask_stdin)
     if args.list:
         return emit(args, ops.list_runs(args.cache))
@@ -49,7 +56,7 @@ def cmd_replace(args: argparse.Namespace) -> int:
         return emit(args, ops.dry_run(sysfs, args.cache, opts))
     j = ops.plan(sysfs, args.cache, opts, for_run=True)
     if not args.yes:  # the plan, then the question (docs/cli.md, "Confirmations")
-        confirm.require(args, Plan(f"replace-ssd {args.cache}",
+        confirm.require(args, control.Plan(f"replace-ssd {args.cache}",
                                    tuple(ops.plan_lines(sysfs, j))))
     _say(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
     return emit(args, ops.run(sysfs, j, ctl=ctl))
@@ -75,7 +82,8 @@ def register(sub: Any) -> None:
     s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
     s.add_argument("--rollback", metavar="ID",
                    help="undo an interrupted run that has not passed its point of no return ("
-                        + ", ".join(f"{k.name}: {k.point_of_no_return}" for k in ops.KINDS)
+                        + ", ".join(f"{name}: {step}"
+                                  for name, step in defaults.REPLACE_POINTS_OF_NO_RETURN)
                         + ")")
     s.add_argument("--list", action="store_true",
                    help="list journaled runs (with CACHE: only the runs on that cache)")

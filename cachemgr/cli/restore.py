@@ -4,11 +4,16 @@ killed outright) left changed (docs/cli.md; the command layer: cachemgr/ops/rest
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli.render import emit
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import restore as restore_ops
+
+if TYPE_CHECKING:
+    from cachemgr.ops import restore as restore_ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    restore_ops = lazy("cachemgr.ops.restore")
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

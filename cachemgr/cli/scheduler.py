@@ -9,11 +9,16 @@ The command layer (cachemgr/ops/scheduler.py) resolves, refuses and writes."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli.render import emit
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import scheduler as sched_ops
+
+if TYPE_CHECKING:
+    from cachemgr.ops import scheduler as sched_ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    sched_ops = lazy("cachemgr.ops.scheduler")
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli import args as argtypes
 from cachemgr.cli.render import emit, with_progress
+from cachemgr.core import defaults
 from cachemgr.core.errors import UsageError
-from cachemgr.core.model import parse_size
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import sizing as sizing_ops
+
+if TYPE_CHECKING:
+    from cachemgr.core import model
+    from cachemgr.ops import sizing as sizing_ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    model = lazy("cachemgr.core.model")
+    sizing_ops = lazy("cachemgr.ops.sizing")
 
 _LATENCY = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s)?")
 
@@ -50,7 +57,7 @@ def sizes(text: str) -> list[int]:
 
 def block(text: str) -> int:
     try:
-        n = parse_size(text)
+        n = model.parse_size(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     if n < 512 or n & (n - 1):
@@ -85,7 +92,7 @@ def register(sub: Any) -> None:
                     "never), for `cachemgr size`. An hour of a busy host at rate 0.01 is a few "
                     "MB. Below rate 1 it also counts the references of a larger sample of "
                     "blocks (all of them while they fit in a table of "
-                    f"{sizing_ops.COUNT_TABLE:,}, about 27 MiB) and times their reuses: "
+                    f"{defaults.COUNT_TABLE:,}, about 27 MiB) and times their reuses: "
                     "`size` weighs the sample to the counts, and models the caches too small "
                     "for the sample from the times. Ctrl-C or SIGTERM ends it cleanly (exit "
                     "0, the file complete). Needs root, debugfs at /sys/kernel/debug and a "
@@ -97,7 +104,7 @@ def register(sub: Any) -> None:
     s.add_argument("-o", "--output", required=True, metavar="FILE", help="the trace file")
     s.add_argument("--seconds", type=argtypes.seconds, metavar="N",
                    help="record this long (default: until Ctrl-C)")
-    s.add_argument("--rate", type=rate, default=sizing_ops.DEFAULT_RATE, metavar="R",
+    s.add_argument("--rate", type=rate, default=defaults.SIZING_DEFAULT_RATE, metavar="R",
                    help="sampling rate, 0.01 or 1%% (default 0.01; 1 keeps every request, "
                         "which `bench replay` can replay exactly)")
     s.add_argument("--block", type=block, default=4096, metavar="SIZE",

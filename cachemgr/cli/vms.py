@@ -5,16 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli import args as argtypes
 from cachemgr.cli import confirm
 from cachemgr.cli.render import emit
-from cachemgr.core.model import VM_CACHE_MODES
+from cachemgr.core.defaults import VM_CACHE_MODES
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.core.text import printable
-from cachemgr.ops import vms as ops
-from cachemgr.ops.control import Plan
+
+if TYPE_CHECKING:
+    from cachemgr.ops import control
+    from cachemgr.ops import vms as ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    control = lazy("cachemgr.ops.control")
+    ops = lazy("cachemgr.ops.vms")
 
 
 def cmd_vms(args: argparse.Namespace) -> int:
@@ -38,7 +44,7 @@ def cmd_vms(args: argparse.Namespace) -> int:
 def cmd_vm_cache(args: argparse.Namespace) -> int:
     plan = ops.plan_cache(Sysfs(args.sysfs_root), args.domain, args.disk, args.mode,
                           uri=args.connect, next_boot=args.next_boot)
-    confirm.require(args, Plan(f"vm-cache {args.domain} {args.disk} {args.mode}",
+    confirm.require(args, control.Plan(f"vm-cache {args.domain} {args.disk} {args.mode}",
                                tuple(ops.describe_cache(plan))))
     return emit(args, ops.vm_cache(plan))
 

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.cli.render import with_progress
 from cachemgr.core.errors import UsageError
-from cachemgr.core.model import parse_size
+from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.ops import warm as warm_ops
+
+if TYPE_CHECKING:
+    from cachemgr.core import model
+    from cachemgr.ops import warm as warm_ops
+else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    model = lazy("cachemgr.core.model")
+    warm_ops = lazy("cachemgr.ops.warm")
 
 
 def size(text: str) -> int:
     try:
-        n = parse_size(text)
+        n = model.parse_size(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     if n <= 0:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachemgr.core import defaults
 from cachemgr.core.errors import KernelFormatError, UsageError
 
 
@@ -939,7 +940,7 @@ class DrainProgress:
 
 # libvirt's disk <driver cache=...> values; "default" when the attribute is absent (qemu then
 # uses writeback). docs/admin-guide.md, "VM disk cache modes", says what each means.
-VM_CACHE_MODES = ("none", "writethrough", "writeback", "directsync", "unsafe", "default")
+VM_CACHE_MODES = defaults.VM_CACHE_MODES
 
 
 @dataclass(frozen=True)

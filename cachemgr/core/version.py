@@ -9,7 +9,6 @@ its metadata (written from the same pyproject.toml at build time) is read instea
 from __future__ import annotations
 
 import tomllib
-from importlib import metadata
 from pathlib import Path
 
 UNKNOWN = "unknown"
@@ -25,6 +24,10 @@ def version() -> str:
             return str(project["version"])
     except (OSError, ValueError):
         pass
+    # importlib.metadata costs ~10 ms to import: only an installed wheel (no pyproject.toml
+    # beside the package) needs it
+    from importlib import metadata
+
     try:
         return metadata.version("cachemgr")
     except metadata.PackageNotFoundError:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr.core.defaults import SIZING_DEFAULT_RATE
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import human
 from cachemgr.core.sysfs import Sysfs
@@ -16,7 +17,7 @@ from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import sizing
 from cachemgr.procedures import trace as tr
 
-DEFAULT_RATE = 0.01
+DEFAULT_RATE = SIZING_DEFAULT_RATE
 COUNT_TABLE = tr.COUNT_TABLE  # blocks the recorder counts at most
 
 

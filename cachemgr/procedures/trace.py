@@ -32,6 +32,7 @@ from typing import Any
 
 from cachemgr.backends import blktrace
 from cachemgr.backends.blockdev import BlockStat
+from cachemgr.core.defaults import COUNT_TABLE as COUNT_TABLE  # blocks counted at most
 from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
@@ -80,7 +81,6 @@ def sampled(dev: int, block: int, thr: int) -> bool:
 # each class of the 1 % sample to those totals (two-phase sampling for stratification,
 # docs/admin-guide.md "Sizing a cache from the host's own IO").
 
-COUNT_TABLE = 1 << 18  # blocks counted at most: about 27 MiB of Python dict (measured)
 GROUPS = 10  # the jackknife's groups: the counts are kept per group too
 # A counted block's value: reads (bits 0-31), writes (32-71), its jackknife group (72-75) and
 # the index of its last reference (76 on), in references of the whole recording. (2^32 reads

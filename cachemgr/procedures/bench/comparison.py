@@ -15,6 +15,7 @@ from typing import Any
 
 from cachemgr.backends import bcache, snapshot
 from cachemgr.core import checks
+from cachemgr.core.defaults import DEFAULT_TOLERANCE as DEFAULT_TOLERANCE
 from cachemgr.core.errors import UnsafeError, UsageError
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
@@ -40,9 +41,6 @@ from cachemgr.procedures.bench.targets import (
     scheduler_disks,
     write_refusal,
 )
-
-DEFAULT_TOLERANCE = 0.2
-
 
 # ----------------------------------------------------------------------------- runs
 

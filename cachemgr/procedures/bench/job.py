@@ -8,13 +8,13 @@ import re
 from dataclasses import dataclass
 
 from cachemgr.core import checks
+from cachemgr.core.defaults import RW_MODES as RW_MODES
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import parse_size as _parse_size
 
 # fio's percentile list, extended at both ends for the latency plot
 PERCENTILES = (1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0,
                99.5, 99.9, 99.95, 99.99)
-RW_MODES = ("randread", "randwrite", "randrw", "read", "write", "rw")
 # fio's random_distribution: a name and its numbers (zipf:1.2, zoned:60/10:30/20, normal:5:10)
 _DISTRIBUTION = re.compile(r"[a-z_]+(:[0-9A-Za-z.:/%,]+)?")
 _OPTION = re.compile(r"[a-z][a-z0-9_]*")  # a fio option's name (and an ioengine's)

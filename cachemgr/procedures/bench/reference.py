@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cachemgr.core.defaults import CACHE_SSD as CACHE_SSD
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
@@ -21,7 +22,6 @@ from cachemgr.procedures.bench.job import JobSpec
 from cachemgr.procedures.bench.targets import Target
 
 # --reference's word for "each cache target's own SSD"
-CACHE_SSD = "cache-ssd"
 # the longest reference run (a short look at the SSD, once per repetition)
 REFERENCE_RUNTIME = 5.0
 # what a write job reads instead on a reference measured apart
