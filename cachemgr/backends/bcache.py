@@ -145,34 +145,32 @@ def read_stats(sysfs: Sysfs, rel: str, warnings: list[str],
         d = f"{rel}/stats_{interval}"
         if not sysfs.is_dir(d):
             continue
-
-        def num(name: str, d: str = d) -> int | None:
-            return _opt(_int, sysfs.read_opt(f"{d}/{name}"), f"{d}/{name}", warnings)  # type: ignore[no-any-return]
-
         if interval == "total" and kept is not None:
             bypass = kept.total
         else:
             bypass = _bypass(sysfs, d, warnings)
         out[interval] = Stats(
             interval=interval,
-            hits=num("cache_hits"),
-            misses=num("cache_misses"),
-            hit_ratio=num("cache_hit_ratio") if kernel_ratio else None,
+            hits=_num(sysfs, f"{d}/cache_hits", warnings),
+            misses=_num(sysfs, f"{d}/cache_misses", warnings),
+            hit_ratio=_num(sysfs, f"{d}/cache_hit_ratio", warnings) if kernel_ratio else None,
             **bypass,
         )
     return out
 
 
+def _num(sysfs: Sysfs, path: str, warnings: list[str]) -> int | None:
+    """The integer in the file at ``path`` (None: missing, or a warning: not one)."""
+    return _opt(_int, sysfs.read_opt(path), path, warnings)  # type: ignore[no-any-return]
+
+
 def _bypass(sysfs: Sysfs, d: str, warnings: list[str]) -> dict[str, Any]:
     """The bypass counters of one stats_<interval> directory ``d``, as Stats' fields."""
-
-    def num(name: str) -> int | None:
-        return _opt(_int, sysfs.read_opt(f"{d}/{name}"), f"{d}/{name}", warnings)  # type: ignore[no-any-return]
-
     return {"bypassed": _opt(Size.parse_hprint, sysfs.read_opt(f"{d}/bypassed"),
                              f"{d}/bypassed", warnings),
-            "bypass_hits": num("cache_bypass_hits"), "bypass_misses": num("cache_bypass_misses"),
-            "miss_collisions": num("cache_miss_collisions")}
+            "bypass_hits": _num(sysfs, f"{d}/cache_bypass_hits", warnings),
+            "bypass_misses": _num(sysfs, f"{d}/cache_bypass_misses", warnings),
+            "miss_collisions": _num(sysfs, f"{d}/cache_miss_collisions", warnings)}
 
 
 @dataclass(frozen=True)
