@@ -18,20 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachemgr.backends import bcache, dmcache
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import metrics
-from tests.unit.test_scan_budget import Counting
+from tests.unit.test_scan_budget import Clock, Counting
 from tests.unit.tui_helpers import FIXTURES, unpack
 
 IDENTITY = ("/size", "/wwid", "/serial", "/model", "/dm/name", "/dm/uuid",
             "/backing_dev_uuid", "/label")
 
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture(scope="module")

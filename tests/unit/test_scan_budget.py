@@ -127,11 +127,14 @@ def tree(fx64: Path, tmp_path: Path) -> Path:
 
 
 class Clock:
+    """Monotonic seconds that move only when a test moves them (``t``); test_metrics_cache
+    uses it too."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.t = 1000.0
 
     def __call__(self) -> float:
-        return self.now
+        return self.t
 
 
 def test_a_tune_through_the_ops_layer_is_seen_on_the_next_poll(
@@ -169,17 +172,17 @@ def test_a_value_changed_behind_cachemgrs_back_shows_at_the_next_full_read(
     first = s.take(stats=False, cache=cache)[0].backings[0]
     rel = bcache.block_dirs(s)[first.identity.name]
     (tree / rel / "bcache" / "writeback_percent").write_text("3\n")
-    clock.now += cache.keep - 1
+    clock.t += cache.keep - 1
     assert s.take(stats=False, cache=cache)[0].backings[0].writeback_percent == \
         first.writeback_percent != 3
     assert s.take(stats=True, cache=cache)[0].backings[0].writeback_percent == 3
     # the full read kept what it read: the polls after it take it
     (tree / rel / "bcache" / "writeback_percent").write_text("4\n")
-    clock.now += cache.keep - 1
+    clock.t += cache.keep - 1
     snap, reads = s.take(stats=False, cache=cache)
     assert snap.backings[0].writeback_percent == 3 and reads == budget(snap)
     # keep seconds after the full read: a poll reads them again
-    clock.now += 1
+    clock.t += 1
     snap, reads = s.take(stats=False, cache=cache)
     assert snap.backings[0].writeback_percent == 4 and reads > budget(snap)
 
