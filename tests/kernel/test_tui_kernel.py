@@ -42,7 +42,7 @@ def make_dirty(lab_disks: list[str]) -> Sysfs:
 
 def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.unit.tui_helpers import settle
+    from tests.unit.tui_helpers import settle, tune
     from tui.app import CacheMgrApp
     from tui.dialogs.confirm import ConfirmDialog
 
@@ -79,15 +79,7 @@ def test_tui_actions_on_the_kernel(lab_disks: list[str], tmp_path: Path,
             # tune
             await settle(pilot, lambda: app.check_action("tune", ()) is True)
             app.selected_key = key
-            await pilot.press("t")
-            ol = app.screen.query_one(OptionList)
-            ids = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
-            ol.highlighted = ids.index("writeback_percent")
-            await pilot.press("enter")
-            from textual.widgets import Input
-
-            app.screen.query_one(Input).value = "5"
-            await pilot.press("enter")
+            await tune(pilot, app, "writeback_percent", "5")
             await settle(pilot, lambda: "writeback_percent 10 -> 5" in log(app), tries=400)
             assert b0().writeback_percent == 5
             # detach, then attach again

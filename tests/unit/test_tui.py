@@ -30,7 +30,16 @@ from cachemgr.core.model import (
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as ops_cache
 from cachemgr.ops.control import Control, Result, progress_line
-from tests.unit.tui_helpers import app_on, copy_capture, fx, kernel_writes, settle, shown, unpack
+from tests.unit.tui_helpers import (
+    app_on,
+    copy_capture,
+    fx,
+    kernel_writes,
+    settle,
+    shown,
+    tune,
+    unpack,
+)
 from tui import view
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
@@ -460,14 +469,7 @@ def test_tune_writes_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
     async def go() -> None:
         async with running(root, at=bcache0_key(root)) as (app, pilot):
-            await pilot.press("t")
-            ol = app.screen.query_one(OptionList)
-            names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
-            ol.highlighted = names.index("writeback_percent")
-            await pilot.press("enter")
-            assert isinstance(app.screen, FormDialog)
-            app.screen.query_one(Input).value = "5"
-            await pilot.press("enter")
+            await tune(pilot, app, "writeback_percent", "5")
             await settle(pilot, lambda: "writeback_percent 10 -> 5" in log_text(app))
 
     asyncio.run(go())
@@ -494,14 +496,8 @@ def test_a_poll_between_full_reads_shows_the_kept_tunables_and_a_tune_at_once(
             b = app.snap.backings[0]
             seen.append((b.writeback_percent, b.stats["total"].bypass_hits))
             assert "five_minute" in b.stats  # carried from the full read
-            await pilot.press("t")
-            ol = app.screen.query_one(OptionList)
-            names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
-            ol.highlighted = names.index("writeback_percent")
-            await pilot.press("enter")
-            app.screen.query_one(Input).value = "5"
             polls = app.polls
-            await pilot.press("enter")
+            await tune(pilot, app, "writeback_percent", "5")
             await settle(pilot, lambda: "writeback_percent 10 -> 5" in log_text(app)
                          and app.polls > polls)
             assert app.snap is not None
@@ -827,17 +823,6 @@ def test_tune_refusal_shows_library_words_and_cache_set_tune_writes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = copy_capture(tmp_path, "bcache-writeback-dirty")
     writes = kernel_writes(monkeypatch)
-
-    async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
-        await pilot.press("t")  # type: ignore[attr-defined]
-        assert isinstance(app.screen, ChoiceDialog)
-        ol = app.screen.query_one(OptionList)
-        names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
-        ol.highlighted = names.index(name)
-        await pilot.press("enter")  # type: ignore[attr-defined]
-        assert isinstance(app.screen, FormDialog)
-        app.screen.query_one(Input).value = value
-        await pilot.press("enter")  # type: ignore[attr-defined]
 
     async def go() -> None:
         async with running(root, at=bcache0_key(root)) as (app, pilot):

@@ -95,6 +95,25 @@ async def settle(pilot: object, until: Callable[[], bool], tries: int = 100,
                          + "\n".join(getattr(app, "log_history", [])))
 
 
+async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
+    """On the selected object: ``t``, the tunable ``name`` highlighted in the choice dialog,
+    Enter, ``value`` in the form, Enter (what the change does is for the caller to wait for)."""
+    from textual.widgets import Input, OptionList
+
+    from tui.dialogs.choose import ChoiceDialog
+    from tui.dialogs.form import FormDialog
+
+    await pilot.press("t")  # type: ignore[attr-defined]
+    assert isinstance(app.screen, ChoiceDialog)
+    ol = app.screen.query_one(OptionList)
+    names = [str(ol.get_option_at_index(i).id) for i in range(ol.option_count)]
+    ol.highlighted = names.index(name)
+    await pilot.press("enter")  # type: ignore[attr-defined]
+    assert isinstance(app.screen, FormDialog)
+    app.screen.query_one(Input).value = value
+    await pilot.press("enter")  # type: ignore[attr-defined]
+
+
 def shown(app: object, cls: type) -> bool:
     """The app shows a dialog of type ``cls``, composed (its body is there to read)."""
     screen = getattr(app, "screen", None)
