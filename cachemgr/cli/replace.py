@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.cli import args as argtypes
 from cachemgr.cli import confirm
 from cachemgr.cli.render import emit
-from cachemgr.core import defaults
 from cachemgr.core.errors import UsageError
 from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
@@ -21,6 +20,25 @@ if TYPE_CHECKING:
 else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
     control = lazy("cachemgr.ops.control")
     ops = lazy("cachemgr.ops.replace")
+
+
+class RollbackAction(argparse.Action):
+    """``--rollback ID``, stored as given. Its help names each cache kind's point of no
+    return as the kinds' registry says (``ops.replace.KINDS``, each kind's own module), read
+    when the help is shown: building the parser imports no kind (cli/main.py's docstring)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                  values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+
+    @property
+    def help(self) -> str:
+        return ("undo an interrupted run that has not passed its point of no return ("
+                + ", ".join(f"{k.name}: {k.point_of_no_return}" for k in ops.KINDS) + ")")
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        pass  # argparse.Action.__init__ sets it: the property above is the help
 
 
 def _say(msg: str) -> None:
@@ -80,11 +98,7 @@ def register(sub: Any) -> None:
                    help='confirm without asking, and no operator prompts (needed when '
                         'stdin is not a terminal: docs/cli.md, "Confirmations")')
     s.add_argument("--resume", metavar="ID", help="finish an interrupted run")
-    s.add_argument("--rollback", metavar="ID",
-                   help="undo an interrupted run that has not passed its point of no return ("
-                        + ", ".join(f"{name}: {step}"
-                                  for name, step in defaults.REPLACE_POINTS_OF_NO_RETURN)
-                        + ")")
+    s.add_argument("--rollback", metavar="ID", action=RollbackAction)
     s.add_argument("--list", action="store_true",
                    help="list journaled runs (with CACHE: only the runs on that cache)")
     s.add_argument("--drain-timeout", type=argtypes.seconds, default=24 * 3600.0, metavar="S")

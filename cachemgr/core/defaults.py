@@ -21,14 +21,3 @@ CACHE_SSD = "cache-ssd"
 # (measured; cachemgr/procedures/trace.py), and the default --rate
 COUNT_TABLE = 1 << 18
 SIZING_DEFAULT_RATE = 0.01
-
-# cachemgr replace-ssd: each kind's name and the step after which a run can no longer be
-# rolled back (cachemgr/procedures/replace/bcache.py, lvm.py, dmcache.py read theirs here)
-REPLACE_BCACHE_POINT_OF_NO_RETURN = "unregister"
-REPLACE_LVM_POINT_OF_NO_RETURN = "remove-old-cache"
-REPLACE_DMCACHE_POINT_OF_NO_RETURN = "release-old"
-REPLACE_POINTS_OF_NO_RETURN = (
-    ("bcache cache set", REPLACE_BCACHE_POINT_OF_NO_RETURN),
-    ("LVM cache", REPLACE_LVM_POINT_OF_NO_RETURN),
-    ("dm-cache device", REPLACE_DMCACHE_POINT_OF_NO_RETURN),
-)

@@ -88,7 +88,7 @@ def test_lazy_reads_the_modules_attributes() -> None:
 def test_parser_values_match_the_command_layer() -> None:
     # the constants the parser shows (cachemgr/core/defaults.py) are the ones the command
     # layer uses
-    from cachemgr.ops import replace, sizing
+    from cachemgr.ops import sizing
     from cachemgr.procedures import bench, trace
 
     assert bench.RW_MODES == defaults.RW_MODES
@@ -96,5 +96,17 @@ def test_parser_values_match_the_command_layer() -> None:
     assert bench.CACHE_SSD == defaults.CACHE_SSD
     assert trace.COUNT_TABLE == sizing.COUNT_TABLE == defaults.COUNT_TABLE
     assert sizing.DEFAULT_RATE == defaults.SIZING_DEFAULT_RATE
-    assert tuple((k.name, k.point_of_no_return) for k in replace.KINDS) \
-        == defaults.REPLACE_POINTS_OF_NO_RETURN
+
+
+def test_the_rollback_help_names_each_kinds_point_of_no_return_from_its_module() -> None:
+    """--rollback's help is read from the kinds' registry when shown (a kind's point of no
+    return lives in its own module, never in the parser)."""
+    from cachemgr.cli.main import build_parser
+    from cachemgr.ops import replace
+
+    sub = next(a for a in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+               if a.choices)
+    help_text = sub.choices["replace-ssd"].format_help()  # type: ignore[index]
+    flat = " ".join(help_text.split())
+    for k in replace.KINDS:
+        assert f"{k.name}: {k.point_of_no_return}" in flat, (k.name, flat)

@@ -33,7 +33,6 @@ from typing import Any
 from cachemgr.backends import bcache, bcache_super, hotplug, signatures, snapshot
 from cachemgr.backends.targets import resolve_cache_set
 from cachemgr.core import signals
-from cachemgr.core.defaults import REPLACE_BCACHE_POINT_OF_NO_RETURN
 from cachemgr.core.errors import AlreadyError, CacheMgrError, CommandError, UnsafeError, UsageError
 from cachemgr.core.model import (
     BcacheBacking,
@@ -87,7 +86,7 @@ STEPS: tuple[tuple[str, str], ...] = (
 )
 STEP_NAMES = tuple(name for name, _ in STEPS)
 # Steps after which a rollback is no longer possible (the old set is gone).
-POINT_OF_NO_RETURN = REPLACE_BCACHE_POINT_OF_NO_RETURN
+POINT_OF_NO_RETURN = "unregister"
 
 
 def _stable(b: BcacheBacking) -> str:

@@ -38,7 +38,6 @@ from cachemgr.backends.dmcache.parse import parse_listing, parse_table
 from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core.change import wait_for
-from cachemgr.core.defaults import REPLACE_DMCACHE_POINT_OF_NO_RETURN
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
@@ -62,7 +61,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("verify", "verify the device: dm-cache on the new SSD, old block size, policy and mode"),
     shared.WARM_STEP,
 )
-POINT_OF_NO_RETURN = REPLACE_DMCACHE_POINT_OF_NO_RETURN
+POINT_OF_NO_RETURN = "release-old"
 ROLES = ("metadata", "cache")
 # a GPT keeps a backup table in the disk's last 33 sectors: room for it past the last area
 TAIL_BYTES = 1024 * 1024

@@ -38,7 +38,6 @@ from cachemgr.backends import hotplug, signatures, snapshot
 from cachemgr.backends.lvm import command, manage
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.backends.targets import find_dm
-from cachemgr.core.defaults import REPLACE_LVM_POINT_OF_NO_RETURN
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
@@ -65,7 +64,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("verify", "verify the LV: cached on the new SSD, with the old mode and policy"),
     shared.WARM_STEP,
 )
-POINT_OF_NO_RETURN = REPLACE_LVM_POINT_OF_NO_RETURN
+POINT_OF_NO_RETURN = "remove-old-cache"
 # lvm2 places the cache pool's spare metadata LV (lvol0_pmspare, as large as the metadata)
 # beside a new pool, and rounds each LV up to whole extents (4 MiB by default): room for both
 SLACK_BYTES = 16 * 1024 * 1024
