@@ -10,7 +10,10 @@ SEEK_MS each, default 5), the model the kernel test uses; cache: the first disk.
 (0) the HDD queues: fio 4 KiB random reads at QD1 and QD8 on it, IOPS (the same when it
     serialises);
 (a) idle: a "VM" reading 4 KiB at random at QD1 (READ_IOPS, default 20) on /dev/bcache0 in
-    mode none (its reads go to the HDD), nothing else: its p99;
+    mode none (its reads go to the HDD), nothing else, for IDLE_S seconds (default 60): its p99;
+    each run of the reader draws its own offsets (fio's randrepeat=0: with fio's default seed
+    every run read the same blocks in the same order, and a later run hit what an earlier
+    one had brought into the cache);
 (b) `cachemgr drain` (unpaced) of D MiB (default 16) of dirty 4 KiB random writes, the same
     reader running through the whole drain: the drain's time and the reader's p99;
 (c) `cachemgr drain --max-latency MS` (default 20), same data, same reader: the same.
@@ -60,7 +63,8 @@ def vm(iops: int) -> subprocess.Popen[str]:
     STOP.unlink(missing_ok=True)
     return subprocess.Popen(
         ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randread", "--bs=4k",
-         "--offset=128M", "--size=128M", "--direct=1", "--time_based", "--runtime=3600",
+         "--offset=128M", "--size=128M", "--direct=1", "--randrepeat=0", "--time_based",
+         "--runtime=3600",
          f"--rate_iops={iops}", f"--trigger-file={STOP}", "--output-format=json"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
 
@@ -88,6 +92,9 @@ def drained(sysfs: Sysfs, mib: int, iops: int, *extra: str) -> dict[str, object]
     r = vm_result(p)
     assert d.returncode == 0, d.stderr[-2000:]
     notes = [ln for ln in d.stderr.splitlines() if "other IO" in ln]
+    if os.environ.get("NOTES"):  # every progress line's pacing note, for a closer look
+        print(json.dumps({"drain": list(extra), "notes": [
+            ln.split("; ", 1)[-1][:200] for ln in notes]}), file=sys.stderr)
     return {"dirty": dirty, "drain_s": round(secs, 1), "vm": r,
             "summary": d.stdout.strip().splitlines()[-1] if d.stdout.strip() else "",
             "last_note": notes[-1].split("; ", 1)[-1] if notes else None}
@@ -117,8 +124,9 @@ def main() -> int:
     bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="128k", mode=CacheMode.WRITEBACK)
 
     # (a) idle
+    sysfs.write(f"{B}/cache_mode", "none")
     p = vm(iops)
-    time.sleep(20)
+    time.sleep(float(os.environ.get("IDLE_S", "60")))
     idle = vm_result(p)
     # (b) unpaced, (c) paced
     unpaced = drained(sysfs, mib, iops)
