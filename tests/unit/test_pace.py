@@ -154,19 +154,41 @@ def test_under_half_the_bound_speeds_up() -> None:
     assert _decide(p, 2, 3, rate=380).pace == 578
 
 
-def test_unpaced_when_the_disk_is_the_limit() -> None:
+def test_unpaced_when_the_drain_does_not_take_its_pace() -> None:
     p = Pacer(10, period=1, start=4000)
     _decide(p, 0, 3)
-    d = _decide(p, 1, 3, rate=1500)  # asked for 4000, the disk gave 1500
-    assert d.pace is None and d.changed and "the disk is the limit" in d.note
+    d = _decide(p, 1, 3, rate=1500)  # asked for 4000, the drain wrote 1500
+    assert d.pace is None and d.changed and "the drain wrote under its pace" in d.note
     d = _decide(p, 2, 3)
     assert d.pace is None and not d.changed  # unpaced and fine: it stays so
     d = _decide(p, 3, 40, rate=1500)  # then the VMs suffer: half of what it drained
     assert d.pace == 750 and p.lowered == 1
 
 
+def test_once_unpacing_hurt_the_vms_it_holds_the_pace() -> None:
+    """A FIFO disk queue (scheduler none) serves bcache's unpaced writeback in front of the
+    VMs' reads: once going unpaced made their p99 go over the bound, a drain short of its
+    pace holds it (lab, docs/benchmarks.md)."""
+    p = Pacer(10, period=1, start=4000)
+    _decide(p, 0, 3)
+    assert _decide(p, 1, 3, rate=1500).pace is None
+    assert _decide(p, 2, 40, rate=1500).pace == 750
+    d = _decide(p, 3, 3, rate=100)  # short of its pace again
+    assert d.pace == 750 and not d.changed
+    assert "unpaced, it made the other IO slower" in d.note and "holding" in d.note
+    assert _decide(p, 4, 3, rate=700).pace == 1126  # it still speeds up when it takes it
+
+
+def test_unpaced_for_no_other_io_then_slow_is_not_held_against_unpacing() -> None:
+    p = Pacer(10, period=1, start=4000)
+    _decide(p, 0, None, ios=0)
+    assert _decide(p, 1, None, ios=0).pace is None  # no VM: unpaced
+    assert _decide(p, 2, 40, rate=1500).pace == 750  # a VM came, it slowed down
+    assert _decide(p, 3, 3, rate=100).pace is None  # short of its pace: unpaced, once
+
+
 def test_between_half_and_the_bound_it_holds() -> None:
-    p = Pacer(10, period=1)
+    p = Pacer(10, period=1, start=256)
     _decide(p, 0, 8)
     d = _decide(p, 1, 8)
     assert d.pace == 256 and not d.changed and "holding" in d.note
