@@ -233,5 +233,6 @@ def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confi
                              progress=progress, stall_error=stalled, timeout_error=timed_out,
                              rate="mean", t0=t0,
                              explain=None if paced is None else lambda *_: paced.words(),
-                             sleep=time.sleep if paced is None else paced.sampler.sleep)
+                             sleep=time.sleep if paced is None else paced.sampler.sleep,
+                             moving=None if paced is None else paced.moving)
     return r.start_bytes or 0

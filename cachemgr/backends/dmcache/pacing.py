@@ -125,6 +125,15 @@ class Paced:
             log.info("%s: %s (%s)", device, pace_words(d.pace), d.note)
             self.apply(d.pace)
 
+    def moving(self) -> bool:
+        """The flush is writing to the origin (beyond the VMs' writes), lately. Throttled,
+        kcopyd ends its copies in batches (its worker ends the finished jobs only between
+        passes over the queued ones, each start of which may sleep: dm-kcopyd.c do_work),
+        so the dirty count can stand still for minutes while the writes go on (lab, 7.2.7:
+        512 dirty blocks for 45 s at 5 %, then 55)."""
+        rate = self.sampler.drain_rate()
+        return rate is not None and rate > 0
+
     def words(self) -> str:
         slowed = self.pacer.slowed_words()
         return (f"{self.pacer.note}; {pace_words(self.pacer.pace)}"

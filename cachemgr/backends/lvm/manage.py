@@ -454,7 +454,8 @@ def _wait_clean(d: LvmDevice, *, timeout: float, stall_timeout: float, confirm: 
                          progress=progress, stall_error=stalled, timeout_error=timed_out,
                          rate="mean", first=first, t0=t0,
                          explain=None if paced is None else lambda *_: paced.words(),
-                         sleep=time.sleep if paced is None else paced.sampler.sleep)
+                         sleep=time.sleep if paced is None else paced.sampler.sleep,
+                         moving=None if paced is None else paced.moving)
 
 
 # ----------------------------------------------------------------------------- detach/remove
