@@ -20,6 +20,13 @@ SEEK_MS each, default 5), the model the kernel test uses; cache: the first disk.
 SCHED names the HDD's IO scheduler (default: the kernel's, mq-deadline in the lab).
 The drains run as the CLI in their own process (as an admin runs them: its CPU counts, the
 guest has one). Prints one JSON line: the p99s, the times and the ratios.
+
+KIND=dmcache runs the same on a dm-cache device instead (docs/kernel-notes.md, "Pacing a
+dm-cache drain"): /dev/mapper/vc over the HDD, its metadata (8 MiB) and cache (128 MiB) on
+the first disk, 32 KiB blocks; the idle reader runs in passthrough (nothing promoted), the
+dirty data is D MiB of 32 KiB random writes held in writeback (smq with a migration_threshold
+under one block never writes back), and the drains are the cleaner's (`cachemgr drain vc`),
+the paced one through dm_cache's cache_copy_throttle.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from cachemgr.lab.hdd import queueing_hdd
 
 B = "block/bcache0/bcache"
 STOP = Path("/run/stop-vm")
+DM = os.environ.get("KIND", "bcache") == "dmcache"
+DEV = "/dev/mapper/vc" if DM else "/dev/bcache0"
+DM_BLOCK = 64  # sectors: 32 KiB cache blocks
 
 
 def fio(*args: str, timeout: float = 900) -> dict:  # type: ignore[type-arg]
@@ -62,11 +72,44 @@ def vm(iops: int) -> subprocess.Popen[str]:
     """The VM: QD1 4 KiB random reads where nothing is dirty, until STOP appears."""
     STOP.unlink(missing_ok=True)
     return subprocess.Popen(
-        ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randread", "--bs=4k",
+        ["fio", "--name=vm", f"--filename={DEV}", "--rw=randread", "--bs=4k",
          "--offset=128M", "--size=128M", "--direct=1", "--randrepeat=0", "--time_based",
          "--runtime=3600",
          f"--rate_iops={iops}", f"--trigger-file={STOP}", "--output-format=json"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+
+
+def dmsetup(*args: str) -> str:
+    return runner.run(["dmsetup", *args], timeout=120).stdout
+
+
+def dm_create(hdd: str, ssd: str) -> str:
+    """/dev/mapper/vc over ``hdd``, in passthrough (clean, promotes nothing); the table's
+    head, up to its feature arguments."""
+    dmsetup("create", "meta", "--table", f"0 16384 linear {ssd} 0")
+    dmsetup("create", "cdata", "--table", f"0 262144 linear {ssd} 16384")
+    runner.run(["dd", "if=/dev/zero", "of=/dev/mapper/meta", "bs=4k", "count=1",
+                "oflag=direct"])
+    sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
+    head = f"0 {sectors} cache /dev/mapper/meta /dev/mapper/cdata {hdd} {DM_BLOCK}"
+    dmsetup("create", "vc", "--table", f"{head} 1 passthrough smq 0")
+    return head
+
+
+def dm_fill(mib: int) -> str:
+    """D MiB of dirty 32 KiB random writes in the first 128 MiB, held: writeback, smq, a
+    migration_threshold under one block (never "idle", so smq writes nothing back).
+    Returns the dirty blocks."""
+    head = dmsetup("table", "vc").split(" cache ")[0]
+    rest = dmsetup("table", "vc").split(" cache ", 1)[1].split()[:4]
+    dmsetup("suspend", "vc")
+    dmsetup("load", "vc", "--table", f"{head} cache {' '.join(rest)} 1 writeback smq 2 "
+                                     "migration_threshold 1")
+    dmsetup("resume", "vc")
+    fio("--name=fill", f"--filename={DEV}", "--rw=randwrite", "--bs=32k", "--size=128M",
+        f"--io_size={mib}M", "--direct=1", "--ioengine=libaio", "--iodepth=16",
+        "--randrepeat=0")
+    return f"{dmsetup('status', '--noflush', 'vc').split()[13]} blocks"
 
 
 def vm_result(p: subprocess.Popen[str]) -> dict[str, float]:
@@ -80,12 +123,17 @@ def vm_result(p: subprocess.Popen[str]) -> dict[str, float]:
 
 
 def drained(sysfs: Sysfs, mib: int, iops: int, *extra: str) -> dict[str, object]:
-    dirty = fill(sysfs, mib)
-    p = vm(iops)
-    time.sleep(1)
-    sysfs.write(f"{B}/writeback_running", "1")  # the kernel's default; the drain keeps it
+    if DM:
+        dirty = dm_fill(mib)
+        p = vm(iops)
+        time.sleep(1)
+    else:
+        dirty = fill(sysfs, mib)
+        p = vm(iops)
+        time.sleep(1)
+        sysfs.write(f"{B}/writeback_running", "1")  # the kernel's default; the drain keeps it
     t0 = time.monotonic()
-    d = subprocess.run([sys.executable, "-m", "cachemgr", "drain", "/dev/bcache0",
+    d = subprocess.run([sys.executable, "-m", "cachemgr", "drain", DEV,
                         "--stall-timeout", "600", *extra],
                        capture_output=True, text=True, timeout=3600)
     secs = time.monotonic() - t0
@@ -121,10 +169,15 @@ def main() -> int:
         qd[depth] = round(j["jobs"][0]["read"]["iops"])
 
     sysfs = Sysfs()
-    bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="128k", mode=CacheMode.WRITEBACK)
+    if DM:
+        dm_create(hdd, ssd)
+    else:
+        bcache.create(sysfs, backings=[hdd], cache=ssd, bucket="128k",
+                      mode=CacheMode.WRITEBACK)
 
     # (a) idle
-    sysfs.write(f"{B}/cache_mode", "none")
+    if not DM:
+        sysfs.write(f"{B}/cache_mode", "none")
     p = vm(iops)
     time.sleep(float(os.environ.get("IDLE_S", "60")))
     idle = vm_result(p)
@@ -136,7 +189,8 @@ def main() -> int:
         return round(a / b, 2) if b else None
 
     print(json.dumps({
-        "kernel": os.uname().release, "dirty_mib": mib, "seek_ms": seek_ms,
+        "kind": "dmcache" if DM else "bcache", "kernel": os.uname().release,
+        "dirty_mib": mib, "seek_ms": seek_ms,
         "vm_read_iops": iops, "max_latency_ms": bound, "hdd_scheduler": sched_now,
         "hdd_qd1_iops": qd[1], "hdd_qd8_iops": qd[8], "qd8_vs_qd1": ratio(qd[8], qd[1]),
         "idle": idle, "unpaced": unpaced, "paced": paced,

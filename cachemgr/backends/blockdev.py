@@ -4,10 +4,12 @@ it). Shared by the bcache, dm-cache and LVM backends and the procedures; none ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from cachemgr.backends import inuse
 from cachemgr.backends.scancache import ScanCache
+from cachemgr.core import pace
 from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.sysfs import Sysfs
 
@@ -100,3 +102,32 @@ def written_bytes(sysfs: Sysfs, name: str | None) -> int | None:
         return BlockStat.parse(text).write_sectors * 512 if text is not None else None
     except KernelFormatError:
         return None
+
+
+def pace_sources(sysfs: Sysfs, vm: str | None, backing: str | None) -> tuple[
+        Callable[[], pace.Counters | None], Callable[[], int | None]]:
+    """What a paced drain's :class:`cachemgr.core.pace.Sampler` reads: the counters of
+    block device ``vm`` (the one the VMs use: its IOs, their milliseconds, sectors written)
+    and the sectors written to ``backing`` (where the drain writes). The stat files are found
+    once: listing the block devices ten times a second costs the CPU the VMs' IO waits for
+    (lab: a UML guest's only CPU). A counter that cannot be read reads None."""
+    dirs = block_dirs(sysfs)
+    vm_rel, backing_rel = (dirs.get(n) if n else None for n in (vm, backing))
+
+    def read(rel: str | None) -> BlockStat | None:
+        text = sysfs.read_opt(f"{rel}/stat") if rel else None
+        try:
+            return BlockStat.parse(text) if text is not None else None
+        except KernelFormatError:
+            return None
+
+    def vm_counters() -> pace.Counters | None:
+        s = read(vm_rel)
+        return None if s is None else pace.Counters(
+            s.reads + s.writes, s.read_ms + s.write_ms, s.write_sectors)
+
+    def backing_written() -> int | None:
+        s = read(backing_rel)
+        return None if s is None else s.write_sectors
+
+    return vm_counters, backing_written

@@ -178,7 +178,7 @@ def register(sub: Any) -> None:
     s.add_argument("--stall-timeout", type=argtypes.seconds, default=60.0, metavar="S")
     s.add_argument("--max-latency", type=argtypes.milliseconds, metavar="MS",
                    help="with --drain: pace the drain as in 'cachemgr drain --max-latency' "
-                   "(bcache)")
+                   "(bcache, dm-cache, lvmcache)")
     add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_mode)
@@ -193,8 +193,9 @@ def register(sub: Any) -> None:
     s.add_argument("--max-latency", type=argtypes.milliseconds, metavar="MS",
                    help="spare the VMs: keep the p99 latency of the other IO on the device "
                    "under MS milliseconds, slowing the drain down as needed, and drain as "
-                   "fast as the disk allows otherwise (bcache; progress says the pace and "
-                   "why)")
+                   "fast as the disk allows otherwise (bcache: its writeback rate; dm-cache "
+                   "and lvmcache: dm_cache's copy throttle, one paced drain at a time; "
+                   "progress says the pace and why)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_drain)
 

@@ -104,6 +104,7 @@ def wait_clean(
     t0: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    moving: Callable[[], bool] | None = None,
 ) -> LoopResult:
     """Poll ``sample`` every ``interval`` s until it reads clean twice ``confirm`` s apart.
 
@@ -114,7 +115,9 @@ def wait_clean(
     (``progressed``: a new minimum was seen after ``t0``) and ``timeout_error(raw)``; whatever
     ``sample`` or ``check`` raise goes through. ``explain(raw, elapsed, progressed)``: the
     kind's words for what the numbers alone do not say (a wait the kernel imposes, writes
-    arriving), put in the progress report's ``note``.
+    arriving), put in the progress report's ``note``. ``moving()``: the kind's sign that the
+    drain is writing back although its dirty count stands still (a paced dm-cache drain:
+    kcopyd ends its copies in batches), which holds the stall off while true.
     """
     # the last guard: a nan timeout never expires, a nan or 0 interval busy-loops
     checks.seconds(timeout, "timeout")
@@ -126,6 +129,7 @@ def wait_clean(
     meter = Meter(action, device, t0, rate=rate)
     best: int | None = None
     best_at = entered
+    moved_at = entered  # when moving() last said so
     if first is not None:
         meter.set_start(first.dirty_bytes)
         best, best_at = first.dirty_bytes, t0
@@ -163,7 +167,9 @@ def wait_clean(
             zero_at = now - t0
         if check is not None:
             check(s.raw)
-        if now - best_at > stall_timeout:
+        if moving is not None and moving():
+            moved_at = now
+        if now - max(best_at, moved_at) > stall_timeout:
             raise stall_error(s.raw, best_at > t0)
         if now - t0 > timeout:
             raise timeout_error(s.raw)

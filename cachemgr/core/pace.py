@@ -114,9 +114,14 @@ class Pacer:
     MIN_IOS = 4  # fewer other IOs than that since the last change: too few to judge
 
     def __init__(self, bound_ms: float, *, floor: int = 64, period: float = 2.0,
-                 start: int = 256) -> None:
+                 start: int = 256, ceiling: int | None = None,
+                 fmt: Callable[[int], str] | None = None) -> None:
+        """``floor``, ``start``: the slowest and the first pace, in the pace's unit (sectors
+        per second by default); ``ceiling``: a pace that high is no pace (unpaced), None for
+        none; ``fmt``: the pace in words ("256 KiB/s")."""
         self.bound = bound_ms
-        self.floor, self.period = floor, period
+        self.floor, self.period, self.ceiling = floor, period, ceiling
+        self.fmt = fmt or kib_per_s
         # it starts paced, slow: every p99 over the bound counts in the VMs' p99, and a
         # drain let loose before the first measurement would make the first ones
         self.pace: int | None = max(floor, start)
@@ -142,12 +147,13 @@ class Pacer:
         if p99 is None or ios < self.MIN_IOS:
             if ios == 0:
                 return self._set(now, None, f"unpaced: no other IO for {self.period:g} s")
-            return self._hold(now, f"{_pace(self.pace)}: too little other IO to measure "
+            return self._hold(now, f"{self._pace(self.pace)}: too little other IO to measure "
                               f"({ios} IOs)")
         if p99 > self.bound:
             if self.pace is None and self.unpaced_short:
                 self.unpacing_hurt = True
-            base = self.pace if self.pace is not None else (drain_rate or self.floor * 4)
+            base = self.pace if self.pace is not None else (
+                drain_rate or self.ceiling or self.floor * 4)
             if self.pace is not None and drain_rate and drain_rate < self.pace:
                 base = min(base, int(drain_rate))  # the disk gave less than the pace
             new = max(self.floor, int(base / 2))
@@ -159,17 +165,20 @@ class Pacer:
                 return self._hold(now, f"unpaced: other IO p99 {p99:.0f} ms < {b}")
             if drain_rate is not None and drain_rate < self.pace / 2:
                 if self.unpacing_hurt:
-                    return self._hold(now, f"{_pace(self.pace)}: other IO p99 {p99:.0f} ms < "
-                                      f"{b}, the drain wrote under its pace (unpaced, it "
+                    return self._hold(now, f"{self._pace(self.pace)}: other IO p99 {p99:.0f} "
+                                      f"ms < {b}, the drain wrote under its pace (unpaced, it "
                                       "made the other IO slower): holding")
                 # the drain does not even take its pace: let it go (module docstring)
                 d = self._set(now, None, f"unpaced: other IO p99 {p99:.0f} ms < {b}, the "
                               "drain wrote under its pace")
                 self.unpaced_short = True
                 return d
-            return self._set(now, int(self.pace * 1.5) + 1,
+            faster = int(self.pace * 1.5) + 1
+            if self.ceiling is not None and faster >= self.ceiling:
+                return self._set(now, None, f"unpaced: other IO p99 {p99:.0f} ms < {b}")
+            return self._set(now, faster,
                              f"paced: other IO p99 {p99:.0f} ms < {b}, speeding up")
-        return self._hold(now, f"{_pace(self.pace)}: other IO p99 {p99:.0f} ms <= {b}, "
+        return self._hold(now, f"{self._pace(self.pace)}: other IO p99 {p99:.0f} ms <= {b}, "
                           "holding")
 
     def slowed_words(self) -> str:
@@ -191,9 +200,13 @@ class Pacer:
         self.pace, self.changed_at, self.note = pace, now, note
         return Decision(pace, note, changed)
 
+    def _pace(self, pace: int | None) -> str:
+        return "unpaced" if pace is None else f"paced at {self.fmt(pace)}"
 
-def _pace(pace: int | None) -> str:
-    return "unpaced" if pace is None else f"paced at {pace * 512 // 1024} KiB/s"
+
+def kib_per_s(sectors: int) -> str:
+    """A pace in sectors per second, in words: "256 KiB/s"."""
+    return f"{sectors * 512 // 1024} KiB/s"
 
 
 def pace_words(pace: int | None) -> str:

@@ -303,7 +303,8 @@ def drain(sysfs: Sysfs, target: str, *, ctl: Control | None = None, resume: bool
     """Write every dirty block back as fast as the backing device allows, with progress;
     every tunable (or table) changed for it is put back. ``resume`` first puts back what an
     interrupted drain left. ``max_latency_ms``: as fast as the p99 latency of the other IO on
-    the device (the VMs') under that bound allows (bcache; cachemgr/core/pace.py)."""
+    the device (the VMs') under that bound allows (cachemgr/core/pace.py; bcache, dm-cache and
+    lvmcache)."""
     _timeouts(timeout, stall_timeout)
     _max_latency(max_latency_ms)
     ctl = _ctl(ctl, f"drain of {target}")

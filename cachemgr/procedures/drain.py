@@ -31,7 +31,6 @@ from cachemgr.core import drainloop, pace, signals, state
 from cachemgr.core.errors import (
     AlreadyError,
     CacheMgrError,
-    KernelFormatError,
     StallError,
     TimeoutExpired,
 )
@@ -305,19 +304,6 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
                        paced.summary() if paced is not None else None)
 
 
-def _stat_path(sysfs: Sysfs, name: str | None) -> str | None:
-    rel = blockdev.block_dirs(sysfs).get(name) if name else None
-    return f"{rel}/stat" if rel else None
-
-
-def _stat(sysfs: Sysfs, path: str | None) -> blockdev.BlockStat | None:
-    text = sysfs.read_opt(path) if path else None
-    try:
-        return blockdev.BlockStat.parse(text) if text is not None else None
-    except KernelFormatError:
-        return None
-
-
 class Paced:
     """A drain under ``--max-latency``: reads the VMs' IO on the bcache device and the
     drain's writes on the backing device (:class:`cachemgr.core.pace.Sampler`, while the
@@ -332,20 +318,7 @@ class Paced:
         self.sysfs, self.bound, self.clock = sysfs, bound_ms, clock
         self.pacer = pace.Pacer(bound_ms)
         self.meter = pace.LatencyMeter()
-        # found once: listing the block devices ten times a second costs the CPU the VMs'
-        # IO waits for (lab: a UML guest's only CPU)
-        vm_stat, backing_stat = _stat_path(sysfs, b.device_name), _stat_path(
-            sysfs, b.identity.name)
-
-        def vm() -> pace.Counters | None:
-            s = _stat(sysfs, vm_stat)
-            return None if s is None else pace.Counters(
-                s.reads + s.writes, s.read_ms + s.write_ms, s.write_sectors)
-
-        def backing() -> int | None:
-            s = _stat(sysfs, backing_stat)
-            return None if s is None else s.write_sectors
-
+        vm, backing = blockdev.pace_sources(sysfs, b.device_name, b.identity.name)
         self.sampler = pace.Sampler(vm, backing, self.meter, clock=clock)
         self.sampler.read()
         self.slowest: int | None = None

@@ -79,6 +79,15 @@ def test_stall_without_any_progress_says_so() -> None:
     assert f.now == 104.0
 
 
+def test_moving_holds_the_stall_off_while_the_count_stands_still() -> None:
+    """A paced dm-cache drain: kcopyd ends its copies in batches, the count stands still
+    while the writes go on; the stall clock starts when they stop."""
+    f = Fake([1000])
+    with pytest.raises(StallError, match="stalled at 1000 False"):
+        f.run(stall_timeout=3.0, moving=lambda: f.now < 110)
+    assert f.now == 113.0  # "moving" last at 109: more than 3 s later
+
+
 def test_first_reading_counts_as_the_start_and_first_minimum() -> None:
     f = Fake([1000])
     first = drainloop.Sample(1000, 1000, CacheState.DIRTY, False)

@@ -215,6 +215,19 @@ def test_pace_words() -> None:
     assert pace.pace_words(512) == "writeback 256 KiB/s"
 
 
+def test_a_pace_in_other_units_stops_at_its_ceiling() -> None:
+    """A share of time (dm-cache's copy throttle, percent): no drain rate to compare, the
+    ceiling is "unpaced", and over the bound from unpaced it halves the ceiling."""
+    p = Pacer(10, period=1, floor=1, start=5, ceiling=100, fmt=lambda x: f"{x}%")
+    _decide(p, 0, None, ios=0)
+    assert _decide(p, 1, 30, rate=None).pace == 2
+    assert "paced at 2%" in _decide(p, 2, 7, rate=None).note  # holding, in its own words
+    for t in range(3, 20):
+        _decide(p, t, 2, rate=None)
+    assert p.pace is None and p.note.startswith("unpaced")
+    assert _decide(p, 20, 30, rate=None).pace == 50
+
+
 # ----------------------------------------------------------------------------- the sampler
 
 

@@ -43,6 +43,7 @@ The modules, each importing only those above it:
     discover    the dm-cache devices (sysfs + dmsetup), their warnings, find by name
     refusals    LVM-owned / failed / suspended devices, unknown modes
     switch      suspend -> load -> resume with signals held, the old table back on failure
+    pacing      a paced flush (drain --max-latency): dm_cache's copy throttle, its journal
     flushing    flush through writethrough + cleaner, its journal, restore after a crash
     manage      mode, remove, migration_threshold
     build       create, block and metadata sizes

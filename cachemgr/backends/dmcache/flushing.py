@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr.backends.dmcache import command, discover
+from cachemgr.backends.dmcache import command, discover, pacing
 from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
 from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable
 from cachemgr.backends.dmcache.switch import critical, switch_table, with_threshold
@@ -48,6 +48,7 @@ class FlushResult:
     elapsed_s: float
     restored: dict[str, str] = field(default_factory=dict)
     final_table: str = ""
+    pacing: dict[str, object] | None = None  # a paced flush (--max-latency): what it did
 
 
 def lock_key(d: DmCacheDevice) -> str:
@@ -87,13 +88,17 @@ def restore_saved(sysfs: Sysfs, d: DmCacheDevice) -> dict[str, str]:
         restored = {"table": original}
         log.info("%s: restored the table saved by an interrupted flush: %s", d.node, original)
     path.unlink(missing_ok=True)
+    throttle = pacing.restore_stale(sysfs)  # a paced flush's, killed with it
+    if throttle is not None:
+        restored["cache_copy_throttle"] = str(throttle)
     return restored
 
 
 def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
           stall_timeout: float = 60.0, confirm: float = 1.0, interval: float = 0.5,
           progress: Callable[[DrainProgress], None] | None = None,
-          final_mode: CacheMode | None = None) -> FlushResult:
+          final_mode: CacheMode | None = None,
+          max_latency_ms: float | None = None) -> FlushResult:
     """Write every dirty block back to the origin, then put the table back.
 
     Runs writethrough + the ``cleaner`` policy (see the package docstring for why not
@@ -102,6 +107,10 @@ def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
     ``mode --drain`` gets to passthrough without passing through writeback). On an error,
     a stall, a timeout, Ctrl-C, SIGTERM or SIGHUP the original table is restored; after a crash,
     the journal lets the next run (or ``drain --resume``) restore it.
+
+    ``max_latency_ms``: a paced flush, which keeps the p99 latency of the other IO on the
+    device under that bound through dm_cache's copy throttle (:mod:`.pacing`), put back at
+    the end as the table is.
 
     Raises AlreadyError when the device is clean and already has the final table.
     """
@@ -114,20 +123,25 @@ def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
     with state.locked(lock_key(d), d.node), terminate_as_interrupt():
         d = recover(sysfs, d)
         final = d.table.with_mode(final_mode) if final_mode else d.table
-        return flush_locked(d, final, require_clean=final.mode == CacheMode.PASSTHROUGH,
-                             timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
-                             interval=interval, progress=progress)
+        origin = d.origin.name if d.origin is not None else None
+        with pacing.paced(sysfs, d.kernel_name, origin, max_latency_ms, d.node) as paced:
+            return flush_locked(d, final, require_clean=final.mode == CacheMode.PASSTHROUGH,
+                                 timeout=timeout, stall_timeout=stall_timeout,
+                                 confirm=confirm, interval=interval, progress=progress,
+                                 paced=paced)
 
 
 def recover(sysfs: Sysfs, d: DmCacheDevice) -> DmCacheDevice:
-    if state.read_json(journal(d)) is not None and restore_saved(sysfs, d):
+    if state.read_json(journal(d)) is not None and restore_saved(sysfs, d).get("table"):
         return discover.find(sysfs, d.name)
     return d
 
 
 def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: bool,
                   timeout: float, stall_timeout: float, confirm: float, interval: float,
-                  progress: Callable[[DrainProgress], None] | None) -> FlushResult:
+                  progress: Callable[[DrainProgress], None] | None,
+                  paced: pacing.Paced | None = None) -> FlushResult:
+    """The flush of :func:`flush`, its lock held; ``paced``: its pace, set already."""
     assert d.status is not None
     original = d.table
     live_line = original.line()
@@ -163,12 +177,12 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
         switch_table(d.name, live_line, flush_line)  # on failure the live table runs on
         switched = True
         start = _poll_clean(d, timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
-                            interval=interval, progress=progress, t0=t0)
+                            interval=interval, progress=progress, t0=t0, paced=paced)
         switch_table(d.name, flush_line, final_line, require_clean=require_clean)
         done = True
         return FlushResult(d.node, start, time.monotonic() - t0,
                            {"mode": original.mode.value, "policy": original.policy},
-                           final_line)
+                           final_line, paced.summary() if paced is not None else None)
     finally:
         if switched and not done:
             try:
@@ -183,10 +197,17 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
 
 def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confirm: float,
                 interval: float, progress: Callable[[DrainProgress], None] | None,
-                t0: float) -> int:
-    """Poll ``#dirty`` to 0 (twice, ``confirm`` s apart); returns the starting dirty bytes."""
+                t0: float, paced: pacing.Paced | None = None) -> int:
+    """Poll ``#dirty`` to 0 (twice, ``confirm`` s apart); returns the starting dirty bytes.
+    ``paced``: its pacer judges at each poll and reads its counters between them."""
+    if paced is not None:
+        # the pacer reads its counters every pace.SLICE between two polls and decides every
+        # 2 s: a dmsetup twice a second would only cost the CPU the VMs' IO waits for
+        interval = max(interval, 1.0)
 
     def sample() -> drainloop.Sample[DmCacheStatus]:
+        if paced is not None:
+            paced.step(d.node)
         st = command.read_status(d.name)
         if isinstance(st, str):
             raise CacheMgrError(f"{d.node}: the cache failed ({st}) while flushing; see dmesg",
@@ -210,5 +231,8 @@ def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confi
     r = drainloop.wait_clean(sample, action="flush", device=d.node, timeout=timeout,
                              stall_timeout=stall_timeout, confirm=confirm, interval=interval,
                              progress=progress, stall_error=stalled, timeout_error=timed_out,
-                             rate="mean", t0=t0)
+                             rate="mean", t0=t0,
+                             explain=None if paced is None else lambda *_: paced.words(),
+                             sleep=time.sleep if paced is None else paced.sampler.sleep,
+                             moving=None if paced is None else paced.moving)
     return r.start_bytes or 0

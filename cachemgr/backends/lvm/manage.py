@@ -28,6 +28,7 @@ from typing import Any
 
 from cachemgr.backends import dmwritecache
 from cachemgr.backends.dmcache import command as dm_command
+from cachemgr.backends.dmcache import pacing
 from cachemgr.backends.dmcache import switch as dm_switch
 from cachemgr.backends.lvm import command
 from cachemgr.backends.lvm.report import field
@@ -53,6 +54,7 @@ from cachemgr.core.model import (
     human,
 )
 from cachemgr.core.signals import terminate_as_interrupt
+from cachemgr.core.sysfs import Sysfs
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +246,15 @@ def restore_saved(d: LvmDevice) -> dict[str, str]:
     value = str(saved.get("cleaner") or "0") if what == "cleaner" else str(saved.get("policy"))
     log.info("%s: %s %s restored (an interrupted drain had changed it)", v.full_name, what,
              value)
-    return {what: value}
+    out = {what: value}
+    throttle = pacing.restore_stale(_sysfs())  # a paced drain's, killed with it
+    if throttle is not None:
+        out["cache_copy_throttle"] = str(throttle)
+    return out
+
+
+def _sysfs() -> Sysfs:
+    return Sysfs()
 
 
 def restore_split(vg_lv: str) -> dict[str, str]:
@@ -283,7 +293,8 @@ def restore_interrupted(d: LvmDevice) -> dict[str, str]:
 def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 60.0,
           confirm: float = 1.0, interval: float = 0.5, progress: ProgressFn | None = None,
           final_mode: CacheMode | None = None, then: Callable[[LvmDevice], Any] | None = None,
-          keep_cleaner: bool = False) -> tuple[int | None, float, dict[str, Any], Any]:
+          keep_cleaner: bool = False, max_latency_ms: float | None = None,
+          ) -> tuple[int | None, float, dict[str, Any], Any]:
     """Write every dirty block back to the origin LV through lvm2's cleaner, with progress.
 
     Returns (dirty bytes at the start, seconds, what was restored, ``then``'s result).
@@ -291,8 +302,18 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
     uncache of detach/remove; ``keep_cleaner`` leaves the policy to it (the split-off pool gets
     it back). ``final_mode`` is switched to before the policy goes back. Raises AlreadyError
     when there was nothing to do.
+
+    ``max_latency_ms`` (an lvmcache only): a paced drain, which keeps the p99 latency of the
+    other IO on the LV under that bound through dm_cache's copy throttle (lvm2 has no setting
+    for it: docs/kernel-notes.md, "Pacing a dm-cache drain"), put back at the end; the
+    cleaner's table is then never loaded again to hurry its tail (that holds the LV's IO).
+    The result's restored dict then has the pacing under "pacing".
     """
     v = lv_of(d)
+    if max_latency_ms is not None and not isinstance(d, DmCacheDevice):
+        raise UsageError(f"{v.full_name}: --max-latency paces dm-cache drains (bcache, "
+                         "dm-cache, lvmcache); an LVM writecache drains at its own pace",
+                         hint="drain without --max-latency")
     if final_mode is not None:
         check_mode(d, final_mode)
     refuse_unhealthy(d, "cache contents")
@@ -319,11 +340,17 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
         state.write_json(path, saved)
         on = done = False
         result: Any = None
+        origin = d.origin.name if d.origin is not None else None
+        summary: dict[str, object] | None = None
         try:
-            _cleaner_on(v)
-            on = True
-            _wait_clean(d, timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
-                        interval=interval, progress=progress, t0=t0, start=start)
+            with pacing.paced(_sysfs(), d.kernel_name, origin, max_latency_ms,
+                              v.full_name) as paced:
+                _cleaner_on(v)
+                on = True
+                _wait_clean(d, timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
+                            interval=interval, progress=progress, t0=t0, start=start,
+                            paced=paced)
+                summary = paced.summary() if paced is not None else None
             if final_mode is not None and final_mode.value != mode_now:
                 command.lvchange(v.full_name, "--cachemode", final_mode.value)
             if then is not None:
@@ -346,6 +373,8 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
                                           if final_mode else mode_now})
         if final_mode is not None:
             restored["switched"] = final_mode.value != mode_now
+        if summary is not None:
+            restored["pacing"] = summary
         return start, time.monotonic() - t0, restored, result
 
 
@@ -374,14 +403,18 @@ def _requeue(d: DmCacheDevice, flat: list[Any], blocks: int,
 
 def _wait_clean(d: LvmDevice, *, timeout: float, stall_timeout: float, confirm: float,
                 interval: float, progress: ProgressFn | None, t0: float,
-                start: int | None) -> None:
+                start: int | None, paced: pacing.Paced | None = None) -> None:
     v = lv_of(d)
+    if paced is not None:
+        interval = max(interval, 1.0)  # as the dm-cache flush (flushing._poll_clean)
     hot: list[Any] = [None, time.monotonic()]  # dirty blocks standing still, since when
     flat: list[Any] = [None, time.monotonic(), 0]  # the same for dm-cache; fruitless loads
 
     def sample() -> drainloop.Sample[tuple[int | None, int | None]]:
+        if paced is not None:
+            paced.step(v.full_name)
         blocks, nbytes = _dirty(d)
-        if isinstance(d, DmCacheDevice) and blocks:
+        if isinstance(d, DmCacheDevice) and blocks and paced is None:
             blocks, nbytes = _requeue(d, flat, blocks, nbytes)
         if isinstance(d, DmWritecacheDevice) and blocks and blocks <= HELD_FLUSH_BLOCKS:
             now = time.monotonic()
@@ -419,7 +452,10 @@ def _wait_clean(d: LvmDevice, *, timeout: float, stall_timeout: float, confirm: 
     drainloop.wait_clean(sample, action="flush", device=v.full_name, timeout=timeout,
                          stall_timeout=stall_timeout, confirm=confirm, interval=interval,
                          progress=progress, stall_error=stalled, timeout_error=timed_out,
-                         rate="mean", first=first, t0=t0)
+                         rate="mean", first=first, t0=t0,
+                         explain=None if paced is None else lambda *_: paced.words(),
+                         sleep=time.sleep if paced is None else paced.sampler.sleep,
+                         moving=None if paced is None else paced.moving)
 
 
 # ----------------------------------------------------------------------------- detach/remove

@@ -35,9 +35,11 @@ def pacing_words(p: dict[str, Any]) -> str:
     """What a paced drain did, in words (its DrainResult.pacing)."""
     n = p.get("lowered") or 0
     slowest = p.get("slowest_sectors_per_s")
+    words = p.get("slowest_words") or (
+        f"{int(slowest) * 512 // 1024} KiB/s" if slowest else None)  # dm-cache: its own
     return (f"paced under p99 {p.get('max_latency_ms'):g} ms of the other IO: slowed down "
             f"{n} time{'s' if n != 1 else ''}"
-            + (f"; slowest pace {int(slowest) * 512 // 1024} KiB/s" if slowest else ""))
+            + (f"; slowest pace {words}" if words else ""))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.core import state
 from cachemgr.core.change import Change
-from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
+from cachemgr.core.errors import CacheMgrError, UnsafeError
 from cachemgr.core.model import (
     DM_CACHE_MODES,
     CacheMode,
@@ -101,15 +101,6 @@ class _Dm(Kind):
                 hint=f"the kernel printed: {getattr(self.obj, 'raw_status', '?')} (cachemgr "
                      "status --json: raw_status); change it with dmsetup or lvm2 yourself")
         return super().refusal(action)
-
-
-def _unpaced(node: str, max_latency_ms: float | None) -> None:
-    """A paced drain (--max-latency) is bcache's so far: the others refuse it (exit 2) before
-    they change anything (docs/cli.md, "`cachemgr drain`")."""
-    if max_latency_ms is not None:
-        raise UsageError(f"{node}: --max-latency paces bcache drains only, so far; a dm-cache "
-                         "or LVM cache drains at its own pace (migration_threshold)",
-                         hint="drain without --max-latency")
 
 
 def _unread(obj: object) -> bool:
@@ -309,14 +300,14 @@ class DmCache(_DmCacheWarm, _Dm):
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
               progress: ProgressFn | None, final_mode: CacheMode | None = None,
               max_latency_ms: float | None = None) -> Drained:
-        _unpaced(self.node, max_latency_ms)
         r = dmcache.flush(sysfs, self.obj, timeout=timeout, stall_timeout=stall_timeout,
-                          progress=progress, final_mode=final_mode)
+                          progress=progress, final_mode=final_mode,
+                          max_latency_ms=max_latency_ms)
         restored: dict[str, Any] = dict(r.restored)
         if final_mode is not None:
             restored = {"mode": final_mode.value, "policy": self.obj.table.policy,
                         "switched": bool(r.final_table)}
-        return Drained(r.device, r.start_bytes, r.elapsed_s, restored)
+        return Drained(r.device, r.start_bytes, r.elapsed_s, restored, pacing=r.pacing)
 
     def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
         """Put back the table an interrupted flush left, holding the device's lock (the one
@@ -334,7 +325,10 @@ class DmCache(_DmCacheWarm, _Dm):
             return dict(dmcache.restore_saved(sysfs, self.obj))
 
     def restored_note(self, restored: dict[str, Any]) -> str:
-        return f"{self.node}: restored table {restored['table']}"
+        out = [f"table {restored['table']}"] if "table" in restored else []
+        if "cache_copy_throttle" in restored:
+            out.append(f"dm_cache cache_copy_throttle {restored['cache_copy_throttle']}")
+        return f"{self.node}: restored " + ", ".join(out)
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return DmCache(dmcache.find(sysfs, self.obj.name))
@@ -473,11 +467,11 @@ class _Lvm(_Dm):
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
               progress: ProgressFn | None, final_mode: CacheMode | None = None,
               max_latency_ms: float | None = None) -> Drained:
-        _unpaced(self.lv.full_name, max_latency_ms)
         start, secs, restored, _ = lvm_manage.drain(
             self.obj, timeout=timeout, stall_timeout=stall_timeout, progress=progress,
-            final_mode=final_mode)
-        return Drained(self.lv.full_name, start, secs, restored)
+            final_mode=final_mode, max_latency_ms=max_latency_ms)
+        pacing = restored.pop("pacing", None)
+        return Drained(self.lv.full_name, start, secs, restored, pacing=pacing)
 
     def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
         return dict(lvm_manage.restore_interrupted(self.obj))
