@@ -240,9 +240,11 @@ class LvmCache:
         if self.cached:  # writethrough: nothing dirty to lose
             lvm("lvconvert", "-y", "--uncache", "vg0/vm1")
         lvm("lvcreate", "-y", "-n", "pool", "-l", "100%PVS", "vg0", self.ssd)
-        lvm("lvcreate", "-y", "-n", "pmeta", "-L", "4M", "vg0", self.meta)
+        lvm("lvcreate", "-y", "-n", "pmeta", "-L", "6M", "vg0", self.meta)  # lvm2: 5M at least
+        # no spare metadata LV: the VG has no room for one (lvm2 wants as much again)
         lvm("lvconvert", "-y", "--type", "cache-pool", "--poolmetadata", "vg0/pmeta",
-            "--chunksize", "64k", "--cachepolicy", "smq", "vg0/pool")
+            "--poolmetadataspare", "n", "--chunksize", "64k", "--cachepolicy", "smq",
+            "vg0/pool")
         lvm("lvconvert", "-y", "--type", "cache", "--cachepool", "vg0/pool", "--cachemode",
             "writethrough", "vg0/vm1")
         self.cached = True
