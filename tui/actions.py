@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # every action about the selected device (its kind says whether it offers it now)
 DEVICE_ACTIONS = frozenset({"mode", "drain", "detach", "attach", "tune", "remove", "replace",
-                            "bench", "detail"})
+                            "bench", "warm", "detail"})
 
 
 def selected_kind(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
@@ -192,6 +192,62 @@ def bench(app: CacheMgrApp) -> None:
     from tui.screens.bench import BenchScreen
 
     app.push_screen(BenchScreen(k.bench_target, is_bcache=k.bench_hygiene))
+
+
+WARM_NOTE = ("Cancel stops the reads and puts back every setting warm changed for them; the "
+             "blocks already read stay in the cache.")
+
+
+def warm(app: CacheMgrApp) -> None:
+    """Warm the selected device's cache from a trace (cachemgr warm): a form for the trace
+    file and how much to read, a confirmation, then the reads with progress (cancellable:
+    what warm changed is put back). The trace and the size are checked by the command
+    layer, whose refusal is shown in its own words."""
+    sel = _target(app)
+    if sel is None:
+        return
+    target = sel[0].target
+    from cachemgr.ops import warm as warm_ops  # when first used, as replace's screen
+
+    def confirm(v: dict[str, str] | None) -> None:
+        if not v:
+            return
+        size = v["bytes"] or "the cache's capacity"
+        body = (f"Read the blocks the trace {v['trace'] or '(none given)'} found hottest, "
+                f"hottest first, through the cache of {target}, up to {size}: one request "
+                "at a time in the idle IO class, none while the slow disk serves other IO "
+                "(at most 0.5 s, then one goes anyway), so the VMs' IO goes first. Nothing is "
+                "written to the device. A setting the cache needs for the reads to be cached "
+                "is journaled first and put back at the end. The trace and the size are "
+                "checked first: a trace of another device, or a size over the cache's "
+                "capacity, is refused and nothing is read.")
+        app.push_screen(ConfirmDialog(f"Warm {target}", body, [("go", "Warm", "primary")]),
+                        when(lambda b: app.start_op(
+                            f"warm {target}",
+                            lambda ctl: warm_ops.warm(app.sysfs, target, v["trace"],
+                                                      nbytes=_size(v["bytes"]), ctl=ctl),
+                            progress=True, cancel_note=WARM_NOTE)))
+
+    app.push_screen(FormDialog(
+        f"Warm the cache of {target}",
+        [("trace", "trace file (cachemgr trace of this device, best at --rate 1)", "",
+          "/var/tmp/host.trace"),
+         ("bytes", "read at most (empty: the cache's capacity)", "", "e.g. 20G")],
+        ok_label="Next"), confirm)
+
+
+def _size(text: str) -> int | None:
+    """The form's size (empty: None, the capacity); a bad one is refused as the CLI's
+    --bytes is (exit 2's words, in the operation's error dialog)."""
+    from cachemgr.core.errors import UsageError
+    from cachemgr.core.model import parse_size
+
+    if not text:
+        return None
+    n = parse_size(text)
+    if n <= 0:
+        raise UsageError(f"a size is more than 0, not {text!r}")
+    return n
 
 
 def create(app: CacheMgrApp) -> None:

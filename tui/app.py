@@ -81,7 +81,7 @@ VM_EVERY = 15.0  # seconds between two looks at libvirt's domains (the VMs on ea
 # the kernel folds them every ~13.6 s (stats.c); every poll while a detail screen is open
 STATS_EVERY = 15.0
 WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove", "replace",
-                 "bench"}
+                 "bench", "warm"}
 ERROR_WORDS: list[tuple[type[BaseException], str]] = [
     (Cancelled, "cancelled"),
     (AlreadyError, "already so (nothing changed)"),
@@ -137,6 +137,11 @@ class CacheMgrApp(App[int]):
                         "device: plan, steps, swap prompt, resume, rollback"),
         Binding("b", "bench", "Bench",
                 tooltip="benchmark a device or compare modes (fio), with charts"),
+        # not in the footer (full at 80 columns): in the help and Ctrl+P
+        Binding("w", "warm", "Warm", show=False,
+                tooltip="warm a new or emptied cache: read the blocks a trace (cachemgr "
+                        "trace) found hottest through it, with progress (cancellable: puts "
+                        "back what it changed)"),
         Binding("question_mark", "help", "Help", key_display="?",
                 tooltip="this help: every key, and what the words on the screen mean"),
         # q is in the banner and the help: the footer has room for the actions at 80 columns
@@ -726,6 +731,9 @@ class CacheMgrApp(App[int]):
 
     def action_bench(self) -> None:
         actions.bench(self)
+
+    def action_warm(self) -> None:
+        actions.warm(self)
 
     def on_unmount(self) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

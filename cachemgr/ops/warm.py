@@ -19,6 +19,9 @@ def warm(sysfs: Sysfs, target: str, trace: str, *, nbytes: int | None = None,
     from cachemgr.backends import snapshot
 
     ctl = ctl or Control(what=f"warm {target}")
+    if not trace:
+        raise UsageError("warm needs a trace file: the IO of the device, recorded by "
+                         "cachemgr trace", hint=f"cachemgr trace {target} --rate 1 -o FILE")
     snap = snapshot.take(sysfs)
     k = kinds.find(snap, target, sysfs, kinds.devices_only())
     if k is None:

@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachemgr.core import cancel
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import trace as tr
 from cachemgr.procedures.kinds import Kind
 
-Progress = Callable[[str], None]
+Progress = Callable[[object], None]  # given WarmProgress reports
 
 BUSY_WAIT_S = 0.5  # longest wait for the slow device to be idle before one read goes anyway
 POLL_S = 0.01  # how often the slow device's in-flight requests are looked at while waiting
@@ -225,10 +226,54 @@ class Warmed:
                 "ended_by": self.ended_by}
 
 
+@dataclass(frozen=True)
+class WarmProgress:
+    """One progress report of a warm: every face shows it from these fields (``str``: the
+    line; ``fraction`` and ``eta_s``: the current pass's, for a progress bar)."""
+
+    device: str
+    bytes_read: int  # in all passes so far
+    pass_bytes: int  # read in this pass
+    pass_total: int  # what a pass reads
+    pass_no: int = 1
+    passes: int = 1  # at most (a kind that reads in passes stops when one admits nothing)
+    waited_s: float = 0.0
+    elapsed_s: float = 0.0  # in this pass
+    action: str = "warm"
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.pass_bytes / self.pass_total) if self.pass_total else 1.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """The seconds left, known only for a single pass (more passes may follow)."""
+        if self.passes != 1 or not self.pass_bytes or self.elapsed_s <= 0:
+            return None
+        return (self.pass_total - self.pass_bytes) * self.elapsed_s / self.pass_bytes
+
+    def __str__(self) -> str:
+        of = (f"{human(self.pass_bytes)} of {human(self.pass_total)} read "
+              f"({100 * self.fraction:.0f}%)")
+        if self.passes != 1:
+            of = (f"pass {self.pass_no} (at most {self.passes}, until two promote nothing): "
+                  f"{of}, {human(self.bytes_read)} in all")
+        return (f"warm {self.device}: {of}, waited {self.waited_s:.1f} s for the VMs' IO")
+
+
 def read_hot(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
              progress: Progress | None, every: float = 2.0, out: Warmed,
-             total: int) -> None:
-    """Read every request once, O_DIRECT, one in flight, paced."""
+             total: int, pass_no: int = 1, passes: int = 1) -> None:
+    """Read every request once, O_DIRECT, one in flight, paced; a progress report (which
+    is where a cancel stops it) at the start and every ``every`` seconds."""
+    start, t0 = out.bytes_read, time.monotonic()
+
+    def report() -> None:
+        if progress is not None:
+            progress(WarmProgress(node, out.bytes_read, out.bytes_read - start, total,
+                                  pass_no, passes, pacer.waited_s, time.monotonic() - t0))
+
+    report()
     fd = os.open(node, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
     buf = mmap.mmap(-1, MAX_REQUEST)
     view = memoryview(buf)
@@ -241,11 +286,10 @@ def read_hot(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
             out.requests += 1
             out.bytes_read += ln
             now = time.monotonic()
-            if progress is not None and now - last >= every:
+            if now - last >= every:
                 last = now
-                progress(f"warm {node}: {human(out.bytes_read)} of {human(total)} read "
-                         f"({100 * out.bytes_read / max(total, 1):.0f}%), waited "
-                         f"{pacer.waited_s:.1f} s for the VMs' IO")
+                report()
+        report()
     finally:
         view.release()
         buf.close()
@@ -292,13 +336,14 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
             for n in range(1, max(kind.warm_passes, 1) + 1):
                 started = time.monotonic()
                 read_hot(kind.node, reqs, pacer=pacer, progress=progress, out=out,
-                         total=total * (n if admitted is not None else 1))
+                         total=total, pass_no=n,
+                         passes=kind.warm_passes if admitted is not None else 1)
                 out.passes = n
                 if admitted is None or n == kind.warm_passes:
                     break
                 rest = kind.warm_pass_s - (time.monotonic() - started)
                 if rest > 0:
-                    time.sleep(rest)
+                    cancel.sleep(rest, "warm")  # the TUI's Cancel cuts it short
                 now = kind.warm_admitted(sysfs)
                 if now is None:
                     break

@@ -602,6 +602,88 @@ def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
     assert list(bench_dir.rglob("*.json"))
 
 
+# --------------------------------------------------------------------------- warm
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=400)
+def test_tui_warm_cancel_then_warm(lab_disks: list[str], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`w` on a bcache device over a 5 ms dm-delay disk, from a trace of a hot set of 2,048
+    blocks (10 s or more of reads): cancelled from its progress dialog mid-way, every
+    setting warm changed is back and its undo journal gone; warmed again to the end, the hot
+    set hits (bcache's own counters) and a set the trace never saw does not."""
+    from tests.kernel.test_warm_kernel import (
+        bcache_hit_ratios,
+        hot_sets,
+        no_undo_journals,
+        write_trace,
+    )
+    from tests.unit.tui_helpers import settle, shown
+    from tui.app import CacheMgrApp
+    from tui.dialogs.confirm import ConfirmDialog, MessageDialog
+    from tui.dialogs.form import FormDialog
+    from tui.dialogs.progress import ProgressDialog
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    hdd, ssd = lab_disks
+    sectors = runner.run(["blockdev", "--getsz", hdd]).stdout.strip()
+    runner.run(["dmsetup", "create", "slow", "--table", f"0 {sectors} delay {hdd} 0 5"])
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=["/dev/mapper/slow"], cache=ssd, bucket="128k")
+    b = snapshot.take(sysfs).backings[0]
+    rel = bcache.backing_rel(sysfs, b.identity.name)
+    settings = [f"{rel}/sequential_cutoff",
+                f"fs/bcache/{b.cset_uuid}/congested_read_threshold_us"]
+    before = [sysfs.read(p) for p in settings]
+    size = int(runner.run(["blockdev", "--getsize64", "/dev/bcache0"]).stdout)
+    hot, cold = hot_sets(size, 2048)
+    trace = tmp_path / "vms.trace"
+    write_trace(sysfs, "/dev/bcache0", hot, trace)
+
+    def log(app: CacheMgrApp) -> str:
+        return "\n".join(app.log_history)
+
+    async def warm(pilot: object, app: CacheMgrApp) -> None:
+        await pilot.press("w")  # type: ignore[attr-defined]
+        assert isinstance(app.screen, FormDialog)
+        await _fill_form(pilot, app, {"trace": str(trace)})
+        await pilot.click("#b-ok")  # type: ignore[attr-defined]
+        await settle(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.click("#b-go")  # type: ignore[attr-defined]
+        await settle(pilot, lambda: isinstance(app.screen, ProgressDialog), tries=200)
+
+    async def go() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await _select(pilot, app, b.key)
+            await settle(pilot, lambda: app.check_action("warm", ()) is True, tries=200)
+            await warm(pilot, app)
+            await settle(pilot, lambda: "warm /dev/bcache0:" in _text(app, "#line"),
+                         tries=600)
+            assert sysfs.read(settings[0]).strip() in ("0", "0.0k")  # set for the reads
+            await pilot.click("#b-cancel")
+            await settle(pilot, lambda: shown(app, MessageDialog), tries=1200)
+            assert "cancelled by the operator" in _text(app, ".dialog-body")
+            assert [sysfs.read(p) for p in settings] == before and no_undo_journals()
+            await pilot.press("escape")
+            seen = len(app.log_history)
+            await warm(pilot, app)
+
+            def since() -> str:
+                return "\n".join(app.log_history[seen:])
+
+            await settle(pilot, lambda: "✓ warm /dev/bcache0: 8.0 MiB of its hottest" in since()
+                         or "✗" in since(), tries=3000)
+            assert "✗" not in since(), since()
+
+    asyncio.run(go())
+    assert [sysfs.read(p) for p in settings] == before and no_undo_journals()
+    warmed, unwarmed = bcache_hit_ratios(sysfs, b.identity.name, hot, cold)
+    print(f"TUI warm: read hit ratio of the warmed set {warmed:.3f}, of a cold set "
+          f"{unwarmed:.3f}")
+    assert warmed >= 0.9 and unwarmed <= 0.2, (warmed, unwarmed)
+
+
 # --------------------------------------------------------------------------- replace-ssd
 
 

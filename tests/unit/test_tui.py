@@ -744,7 +744,7 @@ def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:
 
 
 WRITE_KEYS = {"mode": "m", "drain": "d", "detach": "x", "tune": "t", "remove": "delete",
-              "replace": "s", "bench": "b", "create": "c"}
+              "replace": "s", "bench": "b", "create": "c", "warm": "w"}
 
 
 @pytest.mark.parametrize("action", sorted(WRITE_KEYS))

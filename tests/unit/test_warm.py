@@ -225,3 +225,18 @@ def test_replace_ssd_warms_as_its_last_journaled_step() -> None:
         old={"bus": "scsi", "node": "/dev/sdb", "name": "sdb", "wwid": "naa.5000",
              "serial": "S1", "hctl": "0:0:1:0"}, backings=[]))
     assert any("warm" in line and "(from /tmp/h.trace)" in line for line in lines), lines
+
+
+def test_progress_reports_say_the_pass_and_give_a_bar_and_eta_for_one_pass() -> None:
+    from cachemgr.ops.control import progress_line
+
+    one = warm.WarmProgress("/dev/bcache0", 8192, 8192, 32768, waited_s=1.25, elapsed_s=2.0)
+    assert progress_line(one) == str(one) == (
+        "warm /dev/bcache0: 8.0 KiB of 32.0 KiB read (25%), waited 1.2 s for the VMs' IO")
+    assert one.fraction == 0.25 and one.eta_s == 6.0
+    # in passes (dm-cache): the bar is the pass's, no ETA (more passes may follow)
+    third = warm.WarmProgress("/dev/mapper/vc", 5 << 20, 1 << 20, 2 << 20, pass_no=3,
+                              passes=16, elapsed_s=1.0)
+    assert third.fraction == 0.5 and third.eta_s is None
+    assert "pass 3 (at most 16, until two promote nothing): 1.0 MiB of 2.0 MiB read (50%), " \
+           "5.0 MiB in all" in str(third)

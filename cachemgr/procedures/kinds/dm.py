@@ -173,6 +173,8 @@ class _DmCacheWarm(Kind):
         """Wait until the promotions stop (the counters stand still for a second)."""
         import time
 
+        from cachemgr.core import cancel
+
         last = None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -181,7 +183,7 @@ class _DmCacheWarm(Kind):
             if cur is not None and cur == last:
                 return
             last = cur
-            time.sleep(1.0)
+            cancel.sleep(1.0, "warm")  # the TUI's Cancel cuts it short
 
 
 def _dmcache_detail(d: DmCacheDevice) -> list[Section]:
