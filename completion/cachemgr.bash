@@ -27,7 +27,7 @@ _cachemgr_node() {
     'lab demo') subs=(); opts=('-h' '--help' '--backend' '--disks' '--disk-image' '--udev' '--libvirt' '--monitor' '--timeout' '--mem' '--keep' '--rw'); vopts=('--backend' '--disks' '--disk-image' '--timeout' '--mem' '--rw') ;;
     'lab setup') subs=(); opts=('-h' '--help' '--force' '--uml-only'); vopts=() ;;
     'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '-y' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--warm' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--warm') ;;
-    'metrics') subs=(); opts=('-h' '--help' '--textfile' '--listen' '--web-config' '--connect' '--no-vms'); vopts=('--textfile' '--listen' '--web-config' '--connect') ;;
+    'metrics') subs=(); opts=('-h' '--help' '--textfile' '--interval' '--listen' '--web-config' '--connect' '--no-vms'); vopts=('--textfile' '--interval' '--listen' '--web-config' '--connect') ;;
     'ssd-health') subs=(); opts=('-h' '--help' '--refresh' '--json'); vopts=() ;;
     'check') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'bench') subs=('run' 'compare' 'replay' 'plot' 'demo'); opts=('-h' '--help'); vopts=() ;;
@@ -147,6 +147,7 @@ _cachemgr_optval() {
     'metrics')
         case $2 in
         '--textfile') spec=files ;;
+        '--interval') spec=none ;;
         '--listen') spec=none ;;
         '--web-config') spec=files ;;
         '--connect') spec=none ;;

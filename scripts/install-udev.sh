@@ -18,11 +18,13 @@
 # `cachemgr` on PATH, else this checkout's .venv), --rules-dir DIR (/etc/udev/rules.d),
 # --unit-dir DIR (/etc/systemd/system), --no-systemd (rule only), --no-reload, --metrics
 # (enable cachemgr-metrics.service, /metrics on loopback :9563), --textfile (enable
-# cachemgr-textfile.timer), --smart (enable cachemgr-smart.timer: the cache SSDs' SMART
-# health read every 10 minutes), --protect (enable cachemgr-protect.timer: the policy's
-# [protect] pass every minute), --hooks-dir DIR (libvirt's hooks directory, default
-# /etc/libvirt/hooks), --no-libvirt-hook. Units are enabled with systemctl also when systemd is not
-# running (an image or chroot being built); they are started only on a running systemd.
+# cachemgr-textfile.service: node_exporter's textfile rewritten every 15 s), --smart
+# (enable cachemgr-smart.timer: the cache SSDs' SMART health read every 10 minutes),
+# --protect (enable cachemgr-protect.timer: the policy's [protect] pass every minute),
+# --hooks-dir DIR (libvirt's hooks directory, default /etc/libvirt/hooks),
+# --no-libvirt-hook. Units are enabled with systemctl also when systemd is not running (an
+# image or chroot being built); they are started only on a running systemd. The
+# cachemgr-textfile.timer of earlier versions is disabled, stopped and removed by every run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rules_dir=/etc/udev/rules.d
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
     --textfile) textfile=1 ;;
     --smart) smart=1 ;;
     --protect) protect=1 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "install-udev: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -56,8 +58,13 @@ case $policy in
 *) echo "install-udev: --policy needs an absolute path ($policy)" >&2; exit 2 ;;
 esac
 units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.service
-    cachemgr-textfile.timer cachemgr-smart.service cachemgr-smart.timer
-    cachemgr-protect.service cachemgr-protect.timer"
+    cachemgr-smart.service cachemgr-smart.timer cachemgr-protect.service cachemgr-protect.timer"
+# what earlier versions installed and this one does not: disabled, stopped and removed by an
+# install (an upgrade) as by --uninstall. cachemgr-textfile.timer started the textfile
+# service every 15 s; the service now runs on its own (--interval 15), and a timer left
+# enabled would start it again every 15 s (a running service: nothing) and its unit file
+# would outlive the install.
+stale="cachemgr-textfile.timer"
 # sd_booted(3): systemd is PID 1 (else systemctl only edits unit files, offline)
 booted() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
 # libvirt's hooks: the qemu.d directory of --hooks-dir, or of /etc/libvirt/hooks when
@@ -97,15 +104,21 @@ reload_libvirt() {
     return 0
 }
 
+# remove_unit NAME: disabled (and stopped on a running systemd), its file and links gone
+remove_unit() {
+    [ -e "$unit_dir/$1" ] || [ -L "$unit_dir/$1" ] ||
+        compgen -G "$unit_dir/*.wants/$1" >/dev/null || return 0
+    if booted; then
+        systemctl disable --now "$1" >&2 || true
+    elif command -v systemctl >/dev/null; then
+        systemctl disable "$1" >&2 || true
+    fi
+    rm -f "$unit_dir/$1" "$unit_dir"/*.wants/"$1"
+}
+
 if [ "$uninstall" = 1 ]; then
-    for u in $units; do
-        [ -e "$unit_dir/$u" ] || continue
-        if booted; then
-            systemctl disable --now "$u" >&2 || true
-        elif command -v systemctl >/dev/null; then
-            systemctl disable "$u" >&2 || true
-        fi
-        rm -f "$unit_dir/$u" "$unit_dir"/*.wants/"$u"
+    for u in $units $stale; do
+        remove_unit "$u"
     done
     rm -f "$rules_dir/90-cachemgr.rules"
     if [ -n "$hook_path" ] && [ -e "$hook_path" ]; then
@@ -163,6 +176,15 @@ install_unit() {
     say "installed $unit_dir/$1"
 }
 enable=() start=()
+# an earlier version's units (an upgrade): gone before the ones that replace them start
+for u in $stale; do
+    if [ -e "$unit_dir/$u" ] || compgen -G "$unit_dir/*.wants/$u" >/dev/null; then
+        remove_unit "$u"
+        if booted; then systemctl daemon-reload; fi
+        say "removed $unit_dir/$u (an earlier version's timer: cachemgr-textfile.service" \
+            "now runs on its own$([ "$textfile" = 1 ] || echo ", installed by --textfile"))"
+    fi
+done
 if [ "$systemd" = 1 ]; then
     install_unit cachemgr-autoattach.service
     enable+=(cachemgr-autoattach.service)
@@ -173,8 +195,7 @@ if [ "$metrics" = 1 ]; then
 fi
 if [ "$textfile" = 1 ]; then
     install_unit cachemgr-textfile.service
-    install_unit cachemgr-textfile.timer
-    enable+=(cachemgr-textfile.timer) start+=(cachemgr-textfile.timer)
+    enable+=(cachemgr-textfile.service) start+=(cachemgr-textfile.service)
 fi
 if [ "$smart" = 1 ]; then
     install_unit cachemgr-smart.service
@@ -190,7 +211,8 @@ if [ ${#enable[@]} -gt 0 ] && command -v systemctl >/dev/null; then
     if booted; then
         systemctl daemon-reload
         systemctl enable "${enable[@]}" >&2
-        # the boot pass is for boot; the listener and the timer start now
+        # the boot pass is for boot; the listener, the textfile service and the timers
+        # start now
         if [ ${#start[@]} -gt 0 ]; then
             systemctl restart "${start[@]}"
             say "started ${start[*]}"

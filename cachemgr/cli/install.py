@@ -61,7 +61,9 @@ def register(sub: Any) -> None:
     s.add_argument("--metrics", action="store_true",
                    help="also cachemgr-metrics.service (/metrics on loopback :9563), enabled")
     s.add_argument("--textfile", action="store_true",
-                   help="also cachemgr-textfile.timer (node_exporter's textfile), enabled")
+                   help="also cachemgr-textfile.service (node_exporter's textfile, "
+                        "rewritten every 15 s), enabled; an earlier version's "
+                        "cachemgr-textfile.timer is disabled and removed by any install")
     s.add_argument("--smart", action="store_true",
                    help="also cachemgr-smart.timer (the cache SSDs' SMART health read every "
                         "10 minutes), enabled")

@@ -6,24 +6,31 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cachemgr.cli import args as argtypes
 from cachemgr.core.exitcodes import ExitCode
-from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
-
-if TYPE_CHECKING:
-    from cachemgr.core import state
-else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
-    state = lazy("cachemgr.core.state")
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from cachemgr.procedures.metrics import SnapshotCollector, bound, parse_listen, serve, text
+    from cachemgr.procedures.metrics import (
+        SnapshotCollector,
+        bound,
+        parse_listen,
+        serve,
+        text,
+        textfile_loop,
+        write_textfile,
+    )
 
     listen = parse_listen(args.listen) if args.listen is not None else None
+    if args.interval is not None and not args.textfile:
+        from cachemgr.core.errors import UsageError
+
+        raise UsageError("--interval is for --textfile: give --textfile PATH too")
     web = None
     if args.web_config is not None:
         from cachemgr.procedures import webconfig
@@ -43,13 +50,19 @@ def cmd_metrics(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
-    body = text(registry.collect())
+    if args.textfile and args.interval is not None:
+        # one process rewriting the file: the listener's collector and scan cache, so a
+        # refresh reads what a scrape reads (no identity, no dmsetup table until a uevent)
+        textfile_loop(Path(args.textfile), registry, args.interval, written=lambda: print(
+            f"cachemgr: {args.textfile} written; rewritten every {args.interval:g} s",
+            file=sys.stderr, flush=True))
+        return ExitCode.OK
     if args.textfile:
-        # node_exporter's textfile collector reads *.prom; write atomically so it never
+        # node_exporter's textfile collector reads *.prom; written atomically so it never
         # sees half a file (and no temporary file is left when the write fails)
-        state.write_atomic(Path(args.textfile), body, mode=0o644)
+        write_textfile(Path(args.textfile), registry)
     else:
-        sys.stdout.buffer.write(body)
+        sys.stdout.buffer.write(text(registry.collect()))
     return ExitCode.OK
 
 
@@ -93,6 +106,12 @@ def register(sub: Any) -> None:
                                    "dmsetup only: a scrape never opens or probes a disk.")
     s.add_argument("--textfile", metavar="PATH",
                    help="write atomically to PATH (node_exporter textfile collector *.prom)")
+    s.add_argument("--interval", type=argtypes.seconds, metavar="SECONDS",
+                   help="with --textfile: keep running and rewrite PATH every SECONDS "
+                        "through the listener's scan cache (identities and dmsetup's table "
+                        "read again only after a uevent); a failed write is logged and "
+                        "tried again at the next interval (the first one is the command's "
+                        "error); SIGTERM stops it, exit 0, the last file whole")
     s.add_argument("--listen", metavar="ADDR:PORT",
                    help="serve /metrics over HTTP. :PORT (or PORT) is loopback only: "
                         "127.0.0.1 and ::1, e.g. :9563. Another host's Prometheus needs an "

@@ -10,7 +10,7 @@ Naming (Prometheus conventions): ``cachemgr_`` prefix, base units (bytes, second
 for counters. bcache's five_minute/hour/day stats are decaying windows, exported as
 ``cachemgr_bcache_hit_ratio{interval=...}`` gauges; only ``stats_total`` feeds counters.
 
-A scrape (and the textfile timer) reads what the kernel already exposes: /sys, and dmsetup's
+A scrape (and the textfile) reads what the kernel already exposes: /sys, and dmsetup's
 table/status for dm-cache. It never opens a block device: no libblkid probe of unclaimed disks
 (the VMs' disks among them), so a backing device that bcache stopped while dirty, which only
 its superblock still shows, is not exported; ``cachemgr status`` probes for it.
@@ -20,6 +20,9 @@ Who owns each device (issue #30): ``cachemgr_device_owner_info`` and
 lock) or an interrupted procedure's journal claims (procedures/owners.py; the keys are the
 device's kind's locks), from ``Snapshot.owners``, which :class:`SnapshotCollector` fills as
 ``cachemgr status`` does (:func:`with_owners`).
+
+The textfile (:func:`write_textfile`; :func:`textfile_loop`, ``--interval``: one process
+rewriting it through the listener's collector and scan cache) is written atomically.
 
 The listener (:func:`parse_listen`, :func:`serve`) binds loopback unless told otherwise:
 ``:PORT`` or ``PORT`` is 127.0.0.1 and ::1; every address takes an explicit ``0.0.0.0:PORT``
@@ -41,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -51,6 +55,7 @@ from prometheus_client.registry import Collector
 from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.scancache import ScanCache
+from cachemgr.core import signals
 from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot, VmScan
@@ -781,3 +786,74 @@ def serve(listen: Listen, registry: Collector,
         threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
     return servers
 
+
+
+# ---------------------------------------------------------------------------- textfile
+
+
+def write_textfile(path: Path, registry: Collector) -> None:
+    """One refresh of node_exporter's textfile: the exposition of ``registry`` written
+    atomically to ``path``, readable by node_exporter (0644), so its collector never sees
+    half a file and a failed write leaves no temporary file (core/state.py ``write_atomic``)."""
+    _write(path, text(registry.collect()))
+
+
+def _write(path: Path, body: bytes) -> None:
+    state_mod.write_atomic(path, body, mode=0o644)
+
+
+def textfile_loop(path: Path, registry: Collector, interval: float, *,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep,
+                  refreshes: int | None = None,
+                  written: Callable[[], None] | None = None) -> int:
+    """Write ``path`` now, then again every ``interval`` seconds through ``registry`` (the
+    listener's :class:`SnapshotCollector`: its scan cache, the intervals and libvirt at
+    their own pace), until SIGTERM or SIGHUP (or ``refreshes`` files in all: tests);
+    returns the files written. ``written`` is called once the first file is written.
+
+    The first write is the one-shot's: its error ends the command as it ends ``metrics
+    --textfile PATH`` (exit 2 for a path the command line can fix). A later scan or write
+    that fails (the directory gone, the disk full, dmsetup refused) is logged (once per
+    distinct error, and once more when a write succeeds again) and tried again at the next
+    interval: the last complete file stays. A refresh that takes longer than the interval
+    skips the times it missed instead of running back to back. SIGTERM while a file is
+    written is held until it is whole."""
+    done = 0
+    failing: str | None = None
+    failures = 0
+    try:
+        with signals.terminate_as_interrupt():
+            due = clock()
+            body = text(registry.collect())
+            with signals.deferred():  # a SIGTERM now waits for the whole file
+                _write(path, body)
+                done = 1
+            if written is not None:
+                written()
+            while refreshes is None or done < refreshes:
+                now = clock()
+                due += interval * max(1, math.ceil((now - due) / interval))
+                if now < due:
+                    sleep(due - now)
+                try:
+                    body = text(registry.collect())
+                    with signals.deferred():
+                        _write(path, body)
+                        done += 1
+                except (CacheMgrError, OSError) as exc:
+                    failures += 1
+                    words = (exc.message if isinstance(exc, CacheMgrError)
+                             else exc.strerror or str(exc))
+                    if words != failing:
+                        log.warning("metrics: %s not written: %s (trying again every %g s)",
+                                    path, words, interval)
+                    failing = words
+                    continue
+                if failing is not None:
+                    log.warning("metrics: %s written again, after %d failed refresh%s",
+                                path, failures, "" if failures == 1 else "es")
+                    failing, failures = None, 0
+    except signals.Terminated as exc:
+        log.info("metrics: %s: stopped by %s after %d files", path, exc.name, done)
+    return done

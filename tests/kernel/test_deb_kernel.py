@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.kernel(timeout=300, qemu_timeout=900, udev=True,
 
 VENV = Path("/usr/lib/cachemgr")
 UNITS_WITH_INSTALL = ("cachemgr-autoattach.service", "cachemgr-metrics.service",
-                      "cachemgr-textfile.timer", "cachemgr-smart.timer",
+                      "cachemgr-textfile.service", "cachemgr-smart.timer",
                       "cachemgr-protect.timer")
 
 

@@ -7,8 +7,9 @@
   finds when it starts; the boot pass must have attached the device by then.
 * Hotplug: a scsi_debug hot-add after boot goes udev -> 90-cachemgr.rules -> ``systemd-run``
   (a transient unit, not the fork fallback) and ends attached as the policy says.
-* Metrics: ``install-udev.sh --metrics --textfile`` on the running system starts the
-  listener (/metrics matches ``status --json``) and the timer, which writes the textfile.
+* Metrics: ``install-udev.sh --metrics --textfile`` on the running system (over an earlier
+  version's enabled textfile timer, which it removes) starts the listener (/metrics matches
+  ``status --json``) and the textfile service, one process that rewrites the file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -233,10 +235,9 @@ def cap_bounding_set(unit: str) -> int:
 
 
 def textfile_runs(n: int, timeout: float) -> tuple[int, str]:
-    """Wait for ``n`` more runs of the textfile timer (each replaces the file: a new inode);
-    returns (runs seen, the journal cursor from before the first)."""
-    cursor = sh("journalctl", "--show-cursor", "-n", "0", "--no-pager").strip()
-    cursor = cursor.rsplit("cursor: ", 1)[-1]
+    """Wait for ``n`` more rewrites of the textfile (each replaces the file: a new inode);
+    returns (rewrites seen, the journal cursor from before the first)."""
+    cursor = journal_cursor()
     seen, ino = 0, TEXTFILE.stat().st_ino
     t0 = time.monotonic()
     while seen < n and time.monotonic() - t0 < timeout:
@@ -247,27 +248,72 @@ def textfile_runs(n: int, timeout: float) -> tuple[int, str]:
     return seen, cursor
 
 
+def journal_cursor() -> str:
+    """Now, in the journal's microseconds (__REALTIME_TIMESTAMP): what :func:`unit_journal`
+    holds is what came after."""
+    return str(time.time_ns() // 1000)
+
+
 def unit_journal(unit: str, cursor: str) -> list[str]:
-    """What the journal holds about ``unit`` after ``cursor``: PID 1's lines about it and
-    its own output (journalctl -u matches both)."""
+    """What the journal holds about ``unit`` after ``cursor`` (:func:`journal_cursor`): PID
+    1's lines about it and its own output (journalctl -u matches both)."""
     sh("journalctl", "--sync", check=False)
-    out = sh("journalctl", "-u", unit, f"--after-cursor={cursor}", "-o", "json", "--no-pager",
-             check=False)
-    return [json.loads(x).get("MESSAGE", "") for x in out.splitlines() if x.startswith("{")]
+    out = sh("journalctl", "-u", unit, f"--since=@{int(cursor) // 1_000_000 - 1}", "-o",
+             "json", "--no-pager", check=False)
+    entries = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    return [e.get("MESSAGE", "") for e in entries
+            if int(e.get("__REALTIME_TIMESTAMP", 0)) > int(cursor)]
 
 
-@pytest.mark.kernel(systemd=True, disks="256M,64M,64M,32M,16M", timeout=300)
-def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
+# what earlier versions installed for the textfile: a oneshot service and its 15 s timer
+OLD_TEXTFILE_SERVICE = """[Service]
+Type=oneshot
+ExecStart={cachemgr} metrics --textfile {path}
+"""
+OLD_TEXTFILE_TIMER = """[Timer]
+OnBootSec=30s
+OnUnitActiveSec=15s
+AccuracySec=1s
+
+[Install]
+WantedBy=timers.target
+"""
+
+
+@pytest.mark.kernel(systemd=True, disks="256M,64M,64M,32M,16M", timeout=400)
+def test_metrics_listener_and_textfile_service(lab_disks: list[str]) -> None:
     scenarios.bcache_holding_dirty(lab_disks[0], lab_disks[1], bucket="64k", size="32M",
                                    io_size="4M")
     # a dm-cache too: the sandboxed units read it with dmsetup (CAP_SYS_ADMIN, the ioctl)
     sh(sys.executable, "-m", "cachemgr", "create", "dm-cache", "vc", "--origin", lab_disks[2],
        "--cache", lab_disks[3], "--metadata", lab_disks[4], "--mode", "writethrough")
+    # an upgrade: an earlier version's oneshot and its timer, enabled and running
+    etc = Path("/etc/systemd/system")
+    TEXTFILE.parent.mkdir(parents=True, exist_ok=True)
+    (etc / "cachemgr-textfile.service").write_text(OLD_TEXTFILE_SERVICE.format(
+        cachemgr=f"{sys.executable} -m cachemgr", path=TEXTFILE))
+    (etc / "cachemgr-textfile.timer").write_text(OLD_TEXTFILE_TIMER)
+    sh("systemctl", "daemon-reload")
+    sh("systemctl", "enable", "--now", "cachemgr-textfile.timer")
+    assert show("cachemgr-textfile.timer", "ActiveState")["ActiveState"] == "active"
+    # the units run the cachemgr of this checkout, whichever checkout the venv was made for
+    # (a git worktree's tests against the main tree's editable install)
+    for u in ("cachemgr-metrics.service", "cachemgr-textfile.service"):
+        d = Path(f"/run/systemd/system/{u}.d")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "checkout.conf").write_text(f"[Service]\nEnvironment=PYTHONPATH={ROOT}\n")
     install("--metrics", "--textfile")
     assert show("cachemgr-metrics.service", "ActiveState")["ActiveState"] == "active"
     # the sandbox is in force: one capability left (CAP_SYS_ADMIN = 21, capability.h)
     assert cap_bounding_set("cachemgr-metrics.service") == 1 << 21
-    assert show("cachemgr-textfile.timer", "ActiveState")["ActiveState"] == "active"
+    # the earlier version's timer is gone: not loaded, no link left
+    timer = show("cachemgr-textfile.timer", "LoadState", "ActiveState")
+    assert timer == {"LoadState": "not-found", "ActiveState": "inactive"}, timer
+    assert not list(etc.rglob("cachemgr-textfile.timer"))
+    tf_unit = show("cachemgr-textfile.service", "ActiveState", "Type", "UnitFileState")
+    assert tf_unit == {"ActiveState": "active", "Type": "exec", "UnitFileState": "enabled"}, (
+        tf_unit, sh("journalctl", "-b", "--no-pager", "-n", "40", "-u",
+                    "cachemgr-textfile.service", check=False))
     text = ""
 
     def scrape() -> bool:
@@ -298,46 +344,93 @@ def test_metrics_listener_and_textfile_timer(lab_disks: list[str]) -> None:
     dm_mode = next(k for k in got if k[0] == "cachemgr_cache_mode"
                    and ("path", dm["device"]) in k[1] and ("mode", "writethrough") in k[1])
     assert got[dm_mode] == 1.0 and dict(dm_mode[1])["device"].startswith("dm-")
-    # the timer (OnBootSec=30s) starts the textfile service, which writes the file
-    took = wait(lambda: TEXTFILE.exists(), 45, f"{TEXTFILE} from the timer")
+    # the service writes the file, and goes on rewriting it: one process, every 15 s
+    took = wait(lambda: b"cachemgr_dirty_bytes{" in (
+        TEXTFILE.read_bytes() if TEXTFILE.exists() else b""), 45, f"{TEXTFILE} from the service")
     tf = samples(TEXTFILE.read_text())
     assert tf[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"]
-    ts = show("cachemgr-textfile.service", "Result", "ExecMainStatus")
-    assert ts == {"Result": "success", "ExecMainStatus": "0"}, ts
     assert tf[dm_mode] == 1.0
-    # a timer run every 15 s: what each leaves in the journal (5,760 runs a day). The lab
-    # boots systemd with --log-target=console: PID 1's own lines go to the journal from now
+    assert cap_bounding_set("cachemgr-textfile.service") == 1 << 21
+    pid = show("cachemgr-textfile.service", "MainPID")["MainPID"]
+    # three rewrites: what they leave in the journal (the lab boots systemd with
+    # --log-target=console: PID 1's own lines go to the journal from now)
     sh("systemctl", "log-target", "journal-or-kmsg")
-    runs, cursor = textfile_runs(3, 60)
+    runs, cursor = textfile_runs(3, 75)
     lines = unit_journal("cachemgr-textfile.service", cursor)
-    assert runs >= 2, runs
-    assert lines == [], (f"{len(lines)} lines in {runs} runs", lines)
-    # ... while a failing run is still logged: a drop-in points it at a missing directory
+    assert runs >= 3, runs
+    assert lines == [], (f"{len(lines)} lines in {runs} rewrites", lines)
+    after = show("cachemgr-textfile.service", "MainPID", "NRestarts")
+    assert after == {"MainPID": pid, "NRestarts": "0"}, (pid, after)
+    # the written-back traffic, measured between two looks as the listener does
+    assert "cachemgr_bcache_written_back_bytes_per_second{" in TEXTFILE.read_text()
+    # a write that fails (the path a directory: the rename refused) is logged once and tried
+    # again every 15 s; the file comes back when the path is free, from the same process
+    cursor = journal_cursor()
+    with contextlib.suppress(FileNotFoundError):  # (a rewrite's rename may be under way)
+        TEXTFILE.unlink()
+    TEXTFILE.mkdir()
+    wait(lambda: [m for m in unit_journal("cachemgr-textfile.service", cursor)
+                  if "not written" in m], 40, "the failed write in the journal")
+    TEXTFILE.rmdir()
+    wait(TEXTFILE.is_file, 40, "the file written again")
+    wait(lambda: [m for m in unit_journal("cachemgr-textfile.service", cursor)
+                  if "written again" in m], 20, "the write's recovery in the journal")
+    failed_write = unit_journal("cachemgr-textfile.service", cursor)
+    assert len([m for m in failed_write if "not written" in m]) == 1, failed_write
+    assert show("cachemgr-textfile.service", "MainPID")["MainPID"] == pid
+    assert "cachemgr_dirty_bytes{" in TEXTFILE.read_text()
+    # the directory removed and made again under the running service, whose namespace had
+    # the old one bind-mounted writable (ReadWritePaths=): what it makes of the new one is
+    # reported (docs/kernel-notes.md); a restart (a new namespace) writes the file again
+    cursor = journal_cursor()
+    shutil.rmtree(TEXTFILE.parent)
+    TEXTFILE.parent.mkdir()
+    wait(lambda: TEXTFILE.exists() or bool([
+        m for m in unit_journal("cachemgr-textfile.service", cursor) if "not written" in m]),
+        40, "a write into the new directory, or its failure")
+    new_dir = [m for m in unit_journal("cachemgr-textfile.service", cursor)
+               if "not written" in m] or ["written"]
+    sh("systemctl", "restart", "cachemgr-textfile.service")
+    wait(TEXTFILE.is_file, 40, "the file after the restart")
+    pid = show("cachemgr-textfile.service", "MainPID")["MainPID"]
+    # stop: SIGTERM, exit 0, the last file whole
+    sh("systemctl", "stop", "cachemgr-textfile.service")
+    stopped = show("cachemgr-textfile.service", "Result", "ExecMainStatus", "ExecMainCode")
+    assert stopped["Result"] == "success" and stopped["ExecMainStatus"] == "0", stopped
+    assert samples(TEXTFILE.read_text())[("cachemgr_dirty_bytes", labels)] == d["dirty_bytes"]
+    assert [p.name for p in TEXTFILE.parent.iterdir()] == [TEXTFILE.name]
+    # a path the command line must fix (a missing directory) fails the unit at once, logged,
+    # and is not restarted (exit 2: RestartPreventExitStatus=2)
     dropin = Path("/run/systemd/system/cachemgr-textfile.service.d/fail.conf")
     dropin.parent.mkdir(parents=True, exist_ok=True)
     exe = show("cachemgr-textfile.service", "ExecStart")["ExecStart"]
     argv = exe.split("argv[]=")[1].split(" --textfile")[0]  # @CACHEMGR@ metrics
     dropin.write_text(f"[Service]\nExecStart=\nExecStart={argv} "
-                      "--textfile /var/lib/cachemgr-missing/x.prom\n")
+                      "--textfile /var/lib/cachemgr-missing/x.prom --interval 15\n")
     sh("systemctl", "daemon-reload")
-    cursor = sh("journalctl", "--show-cursor", "-n", "0", "--no-pager").strip()
-    cursor = cursor.rsplit("cursor: ", 1)[-1]
+    cursor = journal_cursor()
     sh("systemctl", "start", "cachemgr-textfile.service", check=False)
+    wait(lambda: show("cachemgr-textfile.service", "ActiveState")["ActiveState"] == "failed",
+         30, "the unit failed")
+    wait(lambda: [m for m in unit_journal("cachemgr-textfile.service", cursor)
+                  if "Failed with result" in m], 20, "the failure in the journal")
     failed = unit_journal("cachemgr-textfile.service", cursor)
+    st = show("cachemgr-textfile.service", "ExecMainStatus", "NRestarts")
     dropin.unlink()
     sh("systemctl", "daemon-reload")
     assert [m for m in failed if "cachemgr-missing" in m], failed
     assert [m for m in failed if "Failed with result" in m], failed
+    assert st == {"ExecMainStatus": "2", "NRestarts": "0"}, st
     # uninstall stops and removes everything
     runner.run([str(INSTALL), "--uninstall"], timeout=120)
     assert not scrape()
-    for u in ("cachemgr-metrics.service", "cachemgr-textfile.timer",
+    for u in ("cachemgr-metrics.service", "cachemgr-textfile.service",
               "cachemgr-autoattach.service"):
         assert show(u, "LoadState")["LoadState"] == "not-found", u
     report("metrics", textfile_wait_s=round(took, 1),
            uptime_s=float(Path("/proc/uptime").read_text().split()[0]),
-           textfile_runs=runs, journal_lines=len(lines),
-           journal_lines_per_day=round(len(lines) / runs * 86400 / 15), failed_run=failed)
+           textfile_rewrites=runs, journal_lines=len(lines), failed_write=failed_write,
+           new_dir=new_dir, failed_run=failed)
 
 
 if __name__ == "__main__":
@@ -361,8 +454,7 @@ def test_smart_timer_reads_the_cache_ssd_in_its_sandbox(lab_disks: list[str]) ->
     install("--smart")
     assert show("cachemgr-smart.timer", "ActiveState")["ActiveState"] == "active"
     sh("systemctl", "log-target", "journal-or-kmsg")
-    cursor = sh("journalctl", "--show-cursor", "-n", "0", "--no-pager").strip()
-    cursor = cursor.rsplit("cursor: ", 1)[-1]
+    cursor = journal_cursor()
     sh("systemctl", "start", "cachemgr-smart.service")  # a oneshot: returns when it ended
     st = show("cachemgr-smart.service", "Result", "ExecMainStatus")
     assert st == {"Result": "success", "ExecMainStatus": "0"}, st

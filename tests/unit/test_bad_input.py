@@ -449,6 +449,12 @@ CASES: list[Case] = [
       word="none"),
     c("metrics-textfile-is-dir", "metrics", "--textfile", "{tmp}/d", files={"d": "DIR"},
       word="directory"),
+    # --interval: a bad path at the start is the one-shot's exit 2, before any loop
+    c("metrics-interval-missing-dir", "metrics", "--textfile", "{tmp}/none/m.prom",
+      "--interval", "15", word="none"),
+    c("metrics-interval-no-textfile", "metrics", "--interval", "15", word="--textfile"),
+    c("metrics-interval-zero", "metrics", "--textfile", "{tmp}/m.prom", "--interval", "0",
+      word="--interval"),
     # ------------------------------------------------------- policy check, autoattach
     *policy_cases(("policy", "check"), "policy-check"),
     *policy_cases(("autoattach",), "autoattach"),

@@ -120,12 +120,72 @@ def test_maintainer_scripts() -> None:
         text = (DEB / name).read_text()
         assert "#DEBHELPER#" in text and text.startswith("#!/bin/sh\n"), name
         assert os.access(DEB / name, os.X_OK), name
-        # nothing starts or enables a unit, nothing touches a device
+        # nothing starts or enables a unit, nothing touches a device; postinst's one
+        # exception, in place of the earlier version's timer the admin enabled, is run below
+        # (test_postinst_puts_the_service_in_place_of_an_enabled_timer)
+        if name == "postinst":
+            text = text.split(UPGRADE_BLOCK)[0]
         assert "systemctl" not in text and "enable" not in text.replace("enabled", ""), name
         r = subprocess.run(["sh", "-n", str(DEB / name)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
     assert "README.Debian" in (DEB / "postinst").read_text()
     assert "NOT enabled" in (DEB / "README.Debian").read_text()
+
+
+UPGRADE_BLOCK = "# An upgrade from a version that shipped cachemgr-textfile.timer"
+
+
+def postinst(root: Path, tmp_path: Path, *args: str) -> tuple[list[str], str]:
+    """debian/postinst run with ``DPKG_ROOT=root`` (what it touches is under root; no running
+    systemd is asked), deb-systemd-helper, deb-systemd-invoke and systemctl stand-ins that
+    record their arguments; returns those calls and stderr (the byte-code step's line
+    left out)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    log.write_text("")
+    for tool in ("deb-systemd-helper", "deb-systemd-invoke", "systemctl"):
+        (bin_ / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
+        (bin_ / tool).chmod(0o755)
+    r = subprocess.run(["sh", str(DEB / "postinst"), *args], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "DPKG_ROOT": str(root),
+                                        "PATH": f"{bin_}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    # the byte-code step's interpreter is the package's, absent here ("not found": || true)
+    err = "".join(x for x in r.stderr.splitlines(keepends=True)
+                  if "/usr/lib/cachemgr/bin/python3" not in x)
+    return log.read_text().splitlines(), err
+
+
+def test_postinst_puts_the_service_in_place_of_an_enabled_timer(tmp_path: Path) -> None:
+    """An upgrade from a version with cachemgr-textfile.timer (dpkg removed its file): the
+    admin's links to it and deb-systemd-helper's record of it go, and
+    cachemgr-textfile.service is enabled in its place; a fresh install, an upgrade without
+    the timer enabled, and install-udev's own timer in /etc get nothing enabled."""
+    root = tmp_path / "root"
+    etc = root / "etc/systemd/system"
+    wants = etc / "timers.target.wants"
+    wants.mkdir(parents=True)
+    link = wants / "cachemgr-textfile.timer"
+    link.symlink_to("/lib/systemd/system/cachemgr-textfile.timer")  # dangling: dpkg removed it
+    state = root / "var/lib/systemd/deb-systemd-helper-enabled"
+    state.mkdir(parents=True)
+    (state / "cachemgr-textfile.timer.dsh-also").write_text(
+        "/etc/systemd/system/timers.target.wants/cachemgr-textfile.timer\n")
+    assert postinst(root, tmp_path, "configure") == ([], "")  # a fresh install: nothing
+    assert link.is_symlink()
+    calls, err = postinst(root, tmp_path, "configure", "0.1.0")
+    assert calls == ["deb-systemd-helper purge cachemgr-textfile.timer",
+                     "deb-systemd-helper enable cachemgr-textfile.service"], calls
+    (state / "cachemgr-textfile.timer.dsh-also").unlink()  # what the purge did
+    assert not link.is_symlink() and "enabled in its place" in err
+    # again (the links gone): nothing more
+    assert postinst(root, tmp_path, "configure", "0.1.0") == ([], "")
+    # install-udev's timer in /etc is install-udev's to remove
+    (etc / "cachemgr-textfile.timer").write_text("[Timer]\n")
+    link.symlink_to(etc / "cachemgr-textfile.timer")
+    assert postinst(root, tmp_path, "configure", "0.1.0") == ([], "")
+    assert link.is_symlink()
 
 
 def test_no_index_named() -> None:

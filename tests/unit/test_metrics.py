@@ -106,7 +106,7 @@ def _no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("fx", sorted(FIXTURES.glob("*/sys")), ids=lambda p: p.parent.name)
 def test_scrape_and_textfile_never_probe_a_disk(fx: Path, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """/metrics and the textfile timer read sysfs (and dmsetup) only: libblkid on every
+    """/metrics and the textfile read sysfs (and dmsetup) only: libblkid on every
     unclaimed disk (the VMs' disks) per scrape is what issue #15 forbids."""
     from cachemgr.cli.main import main
 

@@ -145,3 +145,62 @@ def test_protect_unit_runs_the_pass_every_minute(units: Path) -> None:
     installer = (ROOT / "scripts" / "install-udev.sh").read_text()
     assert "install_unit cachemgr-protect.timer" in installer
     assert "cachemgr-protect.service cachemgr-protect.timer" in installer
+
+
+def test_textfile_unit_runs_one_process_that_rewrites_the_file(units: Path) -> None:
+    """cachemgr-textfile.service is one long-running process (``metrics --textfile PATH
+    --interval 15``), enabled on its own: no timer ships any more; restarted on a failure,
+    not on exit 2 (a path the command line must fix)."""
+    from cachemgr.cli.main import build_parser
+
+    assert not (UNITS / "cachemgr-textfile.timer").exists()
+    unit = (UNITS / "cachemgr-textfile.service").read_text()
+    lines = unit.splitlines()
+    exe = next(x for x in lines if x.startswith("ExecStart="))
+    argv = exe.removeprefix("ExecStart=").split()
+    assert argv[0] == "@CACHEMGR@"
+    args = build_parser().parse_args(argv[1:])
+    assert args.cmd == "metrics" and args.interval == 15.0
+    assert args.textfile == "/var/lib/prometheus/node-exporter/cachemgr.prom"
+    for want in ("Type=exec", "Restart=on-failure", "RestartPreventExitStatus=2",
+                 "WantedBy=multi-user.target", "PrivateNetwork=yes",
+                 "ReadWritePaths=-/var/lib/prometheus/node-exporter"):
+        assert want in lines, want
+    # no per-run settings left from the oneshot (a run every 15 s)
+    assert not [x for x in lines if x.startswith(("Type=oneshot", "LogLevelMax="))]
+    installer = (ROOT / "scripts" / "install-udev.sh").read_text()
+    assert "enable+=(cachemgr-textfile.service) start+=(cachemgr-textfile.service)" in installer
+    assert "install_unit cachemgr-textfile.timer" not in installer
+
+
+def test_installer_removes_an_earlier_versions_textfile_timer(tmp_path: Path) -> None:
+    """An install over an earlier version's (an upgrade): its cachemgr-textfile.timer, which
+    would start the textfile service every 15 s, is disabled and removed with its links, by
+    any run of the installer (here the rule only)."""
+    bash = shutil.which("bash")
+    assert bash
+    units = tmp_path / "units"
+    (units / "timers.target.wants").mkdir(parents=True)
+    (units / "cachemgr-textfile.timer").write_text("[Timer]\nOnUnitActiveSec=15s\n")
+    (units / "timers.target.wants" / "cachemgr-textfile.timer").symlink_to(
+        units / "cachemgr-textfile.timer")
+    (units / "cachemgr-smart.timer").write_text("[Timer]\n")  # not an earlier version's
+    python = ROOT / ".venv" / "bin" / "python"
+    r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--python",
+                        str(python) if python.exists() else "python3",
+                        "--rules-dir", str(tmp_path / "rules"), "--unit-dir", str(units),
+                        "--no-systemd", "--no-reload", "--no-libvirt-hook"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert f"removed {units}/cachemgr-textfile.timer" in r.stderr
+    assert sorted(str(p.relative_to(units)) for p in units.rglob("*")) == [
+        "cachemgr-smart.timer", "timers.target.wants"]
+    # --uninstall removes it too (a dangling link left from an earlier version's timer)
+    (units / "timers.target.wants" / "cachemgr-textfile.timer").symlink_to(
+        units / "cachemgr-textfile.timer")
+    r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), "--uninstall",
+                        "--rules-dir", str(tmp_path / "rules"), "--unit-dir", str(units),
+                        "--no-reload", "--no-libvirt-hook"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert not list((units / "timers.target.wants").iterdir())
