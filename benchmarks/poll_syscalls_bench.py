@@ -107,7 +107,7 @@ def child(root: str, mode: str, polls: int) -> dict[str, object]:
     return out
 
 
-_CALL = re.compile(r"^(?:\[pid\s+\d+\]\s+|\d+\s+)?(\w+)\(")
+_CALL = re.compile(r"^(?:\[pid\s+\d+\]|\d+)?\s*(\w+)\(")  # strace -f: "PID  call(..."
 
 
 def count(trace: str, section: str) -> dict[str, int]:
@@ -125,7 +125,7 @@ def count(trace: str, section: str) -> dict[str, int]:
             continue
         if MARK in line:  # another section's marker inside this one
             continue
-        m = _CALL.match(line.split(" ", 1)[1] if line[:1].isdigit() else line)
+        m = _CALL.match(line)
         if m:
             calls[m.group(1)] += 1
     return dict(calls.most_common())
