@@ -38,6 +38,12 @@ A value changed behind cachemgr's back (another process, ``echo > /sys/...``) is
 the next full scan, ``keep`` seconds at the latest. bcache's ``stats_total`` counters move
 only when the kernel folds its counters, every ~13.6 s (stats.c, ``accounting_delay``),
 so a kept bypass counter is at most one fold behind.
+
+The state directory's journals, lock files, protect record and the dm-cache records are
+not the kernel's and no uevent tells of them: ``ScanCache.state`` (core/state.py ``Kept``)
+keeps what ``ops.cache.status`` read of them while their directories' and files' times say
+nothing changed (``keep`` seconds at most), and reads which locks are held from /proc/locks
+at every poll.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cachemgr.core import state
 from cachemgr.core import sysfs as sysfs_mod
 from cachemgr.core.sysfs import Sysfs
 
@@ -71,6 +78,10 @@ class ScanCache:
         self._writes: int | None = None
         self._now: float | None = None
         self.invalidations = 0  # how often a scan found the cache stale (tests, benchmarks)
+        # the state directory's journals, lock files and records as the last poll read them
+        # (ops.cache.status; core/state.py Kept: kept while they do not change, never on a
+        # uevent's account, ``keep`` seconds at most)
+        self.state = state.Kept(keep=keep, clock=clock)
 
     def begin(self, sysfs: Sysfs) -> None:
         """At the start of a scan: keep the entries only if no uevent was sent since the last
@@ -111,6 +122,7 @@ class ScanCache:
     def clear(self) -> None:
         self._data.clear()
         self._kept.clear()
+        self.state.clear()
 
 
 def once(sysfs: Sysfs, cache: ScanCache | None) -> ScanCache:

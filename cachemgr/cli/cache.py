@@ -50,8 +50,10 @@ def table_width() -> int | None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     # --watch: identities and the like read again only after a uevent; the tunables and
-    # bypass counters every 15 s (ScanCache's keep; --stats: every look)
-    cache = cache_ops.ScanCache()
+    # bypass counters every 15 s (ScanCache's keep; --stats: every look); the state
+    # directory's journals and lock files walked once a look, what did not change kept
+    # (core/state.py Kept). A single look keeps nothing: it reads as every command reads
+    cache = cache_ops.ScanCache() if args.watch else None
     # --watch: the bytes written back per second between two looks (WB/s), measured
     meter = cache_ops.WritebackMeter() if args.watch else None
     while True:

@@ -115,20 +115,25 @@ def _not_a_dir(dfd: int, name: str, shown: str, exc: OSError) -> OSError:
     return exc
 
 
-def check_dir(fd: int, shown: str) -> None:
+def _root(root: bool | None) -> bool:
+    """Run as root? (``root``: the caller asked once for a whole walk: a poll.)"""
+    return os.geteuid() == 0 if root is None else root
+
+
+def check_dir(fd: int, shown: str, *, root: bool | None = None) -> None:
     """Run as root: refuse the directory open at ``fd`` if another user could change it."""
-    if os.geteuid() != 0:
+    if not _root(root):
         return
     why = loose(os.fstat(fd))
     if why:
         raise UnsafePathError(shown, why, dir_fix(shown))
 
 
-def check_entries(fd: int, shown: str) -> None:
+def check_entries(fd: int, shown: str, *, root: bool | None = None) -> None:
     """Run as root: every directory in the state directory is root's alone, and nothing
     in it is a symbolic link (cachemgr makes none; its callers may name a subdirectory by
     path)."""
-    if os.geteuid() != 0:
+    if not _root(root):
         return
     with os.scandir(fd) as it:
         for e in it:
@@ -141,7 +146,8 @@ def check_entries(fd: int, shown: str) -> None:
                     raise UnsafePathError(sub, why, dir_fix(sub))
 
 
-def open_sub(dfd: int, name: str, shown: str, *, create: bool) -> int | None:
+def open_sub(dfd: int, name: str, shown: str, *, create: bool,
+             root: bool | None = None) -> int | None:
     """The directory ``name`` in ``dfd``, opened without following a link and checked
     (made, mode 0700, if missing and ``create``; else None when missing)."""
     flags = _DIR | os.O_NOFOLLOW
@@ -161,24 +167,25 @@ def open_sub(dfd: int, name: str, shown: str, *, create: bool) -> int | None:
     except OSError as exc:
         raise _not_a_dir(dfd, name, shown, exc) from None
     try:
-        check_dir(fd, shown)
+        check_dir(fd, shown, root=root)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def open_state_dir(*, create: bool) -> int | None:
+def open_state_dir(*, create: bool, root: bool | None = None) -> int | None:
     """The state directory's descriptor, opened without following a link and checked (run
     as root: it, every directory in it and every directory above it only root's to
-    change); made (mode 0700) when missing if ``create``, else None then."""
+    change); made (mode 0700) when missing if ``create``, else None then. ``root``: whether
+    this runs as root, when the caller asked already."""
     shown = configured()
     fd = open_trusted_dir(shown, create=create, what=f"the state directory {shown}",
                           fix=" (or set CACHEMGR_STATE_DIR to a directory only root can "
-                              "change)")
+                              "change)", root=root)
     if fd is not None:
         try:
-            check_entries(fd, shown)
+            check_entries(fd, shown, root=root)
         except BaseException:
             os.close(fd)
             raise
@@ -338,12 +345,14 @@ def any_dmcache_record() -> bool:
 
 
 def open_trusted_dir(shown: str, *, create: bool, what: str | None = None,
-                     fix: str = "") -> int | None:
+                     fix: str = "", root: bool | None = None) -> int | None:
     """The directory ``shown`` (the state directory, /etc/cachemgr/dmcache) opened without
     following a link at its last component and, run as root, refused when a directory
     above it is another user's to change (or was replaced while it was checked); ``what``
     and ``fix`` word the refusal. Made (mode 0700, and its parents) when missing if
-    ``create``, else None then."""
+    ``create``, else None then. ``root``: whether this runs as root, when the caller asked
+    already (None: ask)."""
+    root = _root(root)
     parent, name = os.path.split(os.path.abspath(shown))
     if not name:
         parent, name = "/", "."
@@ -357,7 +366,7 @@ def open_trusted_dir(shown: str, *, create: bool, what: str | None = None,
             raise
         return None
     try:
-        if os.geteuid() == 0:
+        if root:
             bad = loose_parent(real)
             pst, rst = os.fstat(pfd), os.lstat(real)
             if bad is None and (pst.st_dev, pst.st_ino) != (rst.st_dev, rst.st_ino):
@@ -366,6 +375,6 @@ def open_trusted_dir(shown: str, *, create: bool, what: str | None = None,
                 raise UnsafePathError(bad[0], f"{bad[1]}, and {what or shown} is in it",
                                       f"chown root:root {bad[0]} && chmod go-w {bad[0]}"
                                       + fix)
-        return open_sub(pfd, name, shown, create=create)
+        return open_sub(pfd, name, shown, create=create, root=root)
     finally:
         os.close(pfd)

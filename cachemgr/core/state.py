@@ -42,14 +42,15 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cachemgr.core import safefs
 from cachemgr.core.errors import UnsafeError, UsageError
 
 DEFAULT_STATE_DIR = safefs.DEFAULT_STATE_DIR
+T = TypeVar("T")
 
 # what the policy loader (and anyone else root trusts a file of) checks: cachemgr/core/safefs.py
 loose = safefs.loose
@@ -173,22 +174,29 @@ def _read_bytes(path: Path) -> bytes | None:
         return None
     dfd, name, inside = at
     try:
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if inside else 0)
-        try:
-            fd = os.open(name, flags, dir_fd=dfd)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP and inside:
-                try:
-                    target = os.readlink(name, dir_fd=dfd)
-                except OSError:
-                    target = "?"
-                raise StateFileError(path, f"a symbolic link (to {target}); cachemgr does "
-                                           "not follow links in its state directory") from None
-            raise
+        return _read_in(dfd, name, path, nofollow=inside)
     finally:
         os.close(dfd)
+
+
+def _read_in(dfd: int, name: str, path: Path, *, nofollow: bool = True) -> bytes | None:
+    """The content of ``name`` in the directory ``dfd`` (``path`` to name it): never through
+    a link when ``nofollow`` (refused: :class:`StateFileError`), and only a regular file;
+    None when it is missing."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and nofollow:
+            try:
+                target = os.readlink(name, dir_fd=dfd)
+            except OSError:
+                target = "?"
+            raise StateFileError(path, f"a symbolic link (to {target}); cachemgr does "
+                                       "not follow links in its state directory") from None
+        raise
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise StateFileError(path, "not a regular file")
@@ -201,13 +209,19 @@ def read_json(path: Path, *, schema: int = SCHEMA) -> dict[str, Any] | None:
     ``schema``."""
     try:
         raw = _read_bytes(path)
-        if raw is None:
-            return None
+    except OSError as exc:
+        raise StateFileError(path, exc.strerror or str(exc)) from None
+    if raw is None:
+        return None
+    return parse_json(path, raw, schema=schema)
+
+
+def parse_json(path: Path, raw: bytes, *, schema: int = SCHEMA) -> dict[str, Any]:
+    """:func:`read_json`'s object from the bytes ``raw`` read from ``path``."""
+    try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise StateFileError(path, f"not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise StateFileError(path, exc.strerror or str(exc)) from None
     if not text.strip():
         raise StateFileError(path, "empty (truncated?)")
     try:
@@ -502,28 +516,43 @@ def lock_file_holder(path: Path, locks: dict[int, set[int]] | None = None
         return None
     dfd, name, _ = at
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dfd)
-    except OSError:
-        return None
+        fd = _open_lock_file(dfd, name)
     finally:
         os.close(dfd)
+    if fd is None:
+        return None
     try:
-        st = os.fstat(fd)
-        if locks is None:
-            locks = _flocks()
-        pids = locks.get(st.st_ino) if locks is not None else None
-        if locks is not None and pids is None:
-            return None
-        holder = parse_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-        if not holder:
-            return None  # released (emptied), or taken this instant and said so next
-        pid = holder.get("pid")
-        if pids and 0 not in pids and isinstance(pid, int) and pid not in pids:
-            return None  # a killed holder's record; the flock is another file's
-        return holder
+        return _holder_of(fd, os.fstat(fd), locks)
     finally:
         os.close(fd)
+
+
+def _open_lock_file(dfd: int, name: str) -> int | None:
+    """The lock file ``name`` in ``dfd`` opened to read, never through a link (None: it
+    cannot be)."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=dfd)
+    except OSError:
+        return None
+
+
+def _holder_of(fd: int, st: os.stat_result, locks: dict[int, set[int]] | None
+               ) -> dict[str, Any] | None:
+    """What the lock file open at ``fd`` (``st``: its fstat) says of its holder while it is
+    held (:func:`lock_file_holder`)."""
+    if locks is None:
+        locks = _flocks()
+    pids = locks.get(st.st_ino) if locks is not None else None
+    if locks is not None and pids is None:
+        return None
+    holder = parse_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+    if not holder:
+        return None  # released (emptied), or taken this instant and said so next
+    pid = holder.get("pid")
+    if pids and 0 not in pids and isinstance(pid, int) and pid not in pids:
+        return None  # a killed holder's record; the flock is another file's
+    return holder
 
 
 def held_locks() -> list[dict[str, Any]]:
@@ -536,3 +565,254 @@ def held_locks() -> list[dict[str, Any]]:
     locks = _flocks()
     found = [lock_file_holder(d / n, locks) for n in names]
     return [h for h in found if h is not None]
+
+
+# ------------------------------------------------------------------ a poller's reads
+# A poller (the TUI, status --watch) asks every second who owns what: the journals, the lock
+# files and their holders, the protect pass's state. Read as every command reads them, that
+# is a walk of the state directory from / for each file (about 900 system calls a poll on a
+# host with 64 devices: docs/benchmarks.md, "The idle TUI against htop"). A poller's
+# :class:`Kept` (its ScanCache's ``state``) makes it one walk a poll (:func:`polled`: the
+# state directory opened and checked once, as :func:`state_dir` checks it, each of its
+# directories opened once from it), and keeps between polls what cannot have changed:
+#
+# * a directory's listing while its mtime and ctime, inode and size stay the same (a file
+#   made, renamed or removed in it changes them; cachemgr writes every journal by renaming
+#   a new file into place);
+# * a file's bytes while its own lstat (inode, size, mtime, ctime) stays the same (one
+#   fstatat a file and poll; ctime moves with every change and nobody can set it);
+# * which lock file has which inode number, to find the held ones in /proc/locks.
+#
+# What is never kept: /proc/locks (read every poll: a holder that dies changes no file, only
+# the kernel's list of locks), and the text of a held lock file (the holder updates it in
+# place: its step, its progress). Nothing is kept that changed less than RECENT_NS before the
+# poll (a second change within the file system's timestamp tick would leave the times as
+# they were: "racy git"), nor longer than ``keep`` seconds (read again then whatever the
+# times say). A value read again is parsed as every command parses it; without a Kept
+# (a one-shot command) nothing of this runs.
+
+RECENT_NS = 2_000_000_000
+
+
+def _sig(st: os.stat_result) -> tuple[int, ...]:
+    """What moves when a directory's entries or a file's content change."""
+    return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Kept:
+    """A poller's reads of its state directories, kept from one poll to the next while
+    they did not change (see above). ``keep``: seconds at most; ``clock``: monotonic
+    seconds, ``wall``: the time the file system's timestamps are in, ns (tests)."""
+
+    def __init__(self, *, keep: float = 15.0, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], int] = time.time_ns) -> None:
+        self.keep = keep
+        self.clock = clock
+        self.wall = wall
+        # key -> (the directory's signature, when listed, the names)
+        self._dirs: dict[Hashable, tuple[tuple[int, ...], float, list[str]]] = {}
+        # (key, name) -> (the file's signature, when read, what was read)
+        self._files: dict[tuple[Hashable, str], tuple[tuple[int, ...], float, Any]] = {}
+        self._inos: dict[Hashable, dict[str, int]] = {}  # lock files: name -> inode number
+        self._others: dict[int, frozenset[int]] | None = None  # /proc/locks: not ours
+        self._now = 0.0
+        self._recent = 0
+        self.reads = 0  # listings, files read and lock files stat'd again (tests, benches)
+
+    def begin(self) -> None:
+        """At the start of a poll: its time, once."""
+        self._now = self.clock()
+        self._recent = self.wall() - RECENT_NS
+
+    def clear(self) -> None:
+        self._dirs.clear()
+        self._files.clear()
+        self._inos.clear()
+        self._others = None
+
+    def _keeps(self, st: os.stat_result) -> bool:
+        return max(st.st_mtime_ns, st.st_ctime_ns) < self._recent
+
+    def _fresh(self, at: float) -> bool:
+        return self._now - at < self.keep
+
+    def listing(self, key: Hashable, dfd: int, suffix: str) -> tuple[list[str], bool]:
+        """The names in the directory open at ``dfd`` that end with ``suffix``, sorted; and
+        whether they were listed now (not kept)."""
+        st = os.fstat(dfd)
+        sig = _sig(st)
+        hit = self._dirs.get(key)
+        if hit is not None and hit[0] == sig and self._fresh(hit[1]):
+            return hit[2], False
+        self.reads += 1
+        names = sorted(n for n in os.listdir(dfd) if n.endswith(suffix))
+        self._inos.pop(key, None)
+        for gone in [k for k in self._files if k[0] == key and k[1] not in names]:
+            del self._files[gone]
+        if self._keeps(st):
+            self._dirs[key] = (sig, self._now, names)
+        else:
+            self._dirs.pop(key, None)
+        return names, True
+
+    def file(self, key: Hashable, dfd: int, name: str, read: Callable[[], T]) -> T:
+        """What ``read()`` gives for the file ``name`` in ``dfd``: kept while the file's
+        lstat stays the same. ``read`` returns what to keep (bytes, or why not), never
+        raises for the file's content."""
+        try:
+            st: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            st = None
+        k = (key, name)
+        hit = self._files.get(k)
+        if st is not None and hit is not None and hit[0] == _sig(st) and self._fresh(hit[1]):
+            return hit[2]  # type: ignore[no-any-return]
+        self.reads += 1
+        value = read()
+        if st is not None and self._keeps(st):
+            self._files[k] = (_sig(st), self._now, value)
+        else:
+            self._files.pop(k, None)
+        return value
+
+    def inos(self, key: Hashable, dfd: int, names: list[str], *, again: bool
+             ) -> dict[str, int]:
+        """The inode number of each of ``names`` in ``dfd`` (lstat; kept with the listing,
+        looked up ``again`` when asked)."""
+        got = self._inos.get(key)
+        if got is None or again:
+            self.reads += 1
+            got = {}
+            for n in names:
+                with contextlib.suppress(OSError):
+                    got[n] = os.stat(n, dir_fd=dfd, follow_symlinks=False).st_ino
+            self._inos[key] = got
+        return got
+
+
+class View:
+    """The state directory for one poll (:func:`polled`): opened and checked once, each of
+    its directories opened once from it; what did not change taken from the :class:`Kept`.
+    Reads what :func:`read_json`, :func:`held_locks` and the journal listings read, with
+    the same results and refusals."""
+
+    def __init__(self, kept: Kept, fd: int, root: bool) -> None:
+        self.kept = kept
+        self.fd = fd
+        self.root = root
+        self.base = _configured()
+        self._subs: dict[str, int | None] = {}
+
+    def close(self) -> None:
+        for fd in self._subs.values():
+            if fd is not None:
+                os.close(fd)
+        self._subs.clear()
+        os.close(self.fd)
+
+    def _sub(self, kind: str) -> int | None:
+        """The directory ``kind`` opened without following a link and checked (None: there
+        is none, or it is not a directory: nothing of that kind)."""
+        if kind not in self._subs:
+            try:
+                with _checked():
+                    self._subs[kind] = safefs.open_sub(self.fd, kind, str(self.base / kind),
+                                                       create=False, root=self.root)
+            except UsageError as exc:
+                if isinstance(exc, UnsafeStateError):
+                    raise
+                self._subs[kind] = None
+        return self._subs[kind]
+
+    def path(self, kind: str, name: str) -> Path:
+        return self.base / kind / name
+
+    def names(self, kind: str, suffix: str = ".json") -> list[str]:
+        """The files of ``kind`` ending with ``suffix``, sorted (none when there is no such
+        directory)."""
+        fd = self._sub(kind)
+        return [] if fd is None else self.kept.listing(("state", kind), fd, suffix)[0]
+
+    def read_json(self, kind: str, name: str) -> dict[str, Any] | None:
+        """:func:`read_json` of the file ``name`` of ``kind``."""
+        fd = self._sub(kind)
+        if fd is None:
+            return None
+        path = self.path(kind, name)
+
+        def read() -> bytes | str | None:
+            try:
+                return _read_in(fd, name, path)
+            except StateFileError as exc:
+                return exc.reason
+            except OSError as exc:
+                return exc.strerror or str(exc)
+
+        raw = self.kept.file(("state", kind), fd, name, read)
+        if isinstance(raw, str):
+            raise StateFileError(path, raw)
+        return None if raw is None else parse_json(path, raw)
+
+    def held_locks(self) -> list[dict[str, Any]]:
+        """:func:`held_locks`: /proc/locks read now; of the lock files only those whose
+        inode number it lists are opened."""
+        fd = self._sub("locks")
+        if fd is None:
+            return []
+        key = ("state", "locks")
+        try:
+            names, listed = self.kept.listing(key, fd, ".lock")
+        except OSError:
+            return []
+        locks = _flocks()
+        if locks is None:  # every file read, as held_locks reads them
+            found = [self._holder(fd, n, None) for n in names]
+            return [h for h in found if h is not None]
+        inos = self.kept.inos(key, fd, names, again=False)
+        others = _others(locks, inos)
+        # a flock on an inode number that is not a known lock file's, or a known one held
+        # by other pids than at the last poll: a lock file may have another inode now
+        # (overlayfs copies a file up when it is opened to write): look again
+        if not listed and others != self.kept._others:
+            inos = self.kept.inos(key, fd, names, again=True)
+            others = _others(locks, inos)
+        self.kept._others = others
+        found = [self._holder(fd, n, locks, inos[n]) for n in names
+                 if inos.get(n) in locks]
+        return [h for h in found if h is not None]
+
+    def _holder(self, dfd: int, name: str, locks: dict[int, set[int]] | None,
+                ino: int | None = None) -> dict[str, Any] | None:
+        fd = _open_lock_file(dfd, name)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if ino is not None and st.st_ino != ino:
+                self.kept._inos.pop(("state", "locks"), None)  # looked up at the next poll
+            return _holder_of(fd, st, locks)
+        finally:
+            os.close(fd)
+
+
+def _others(locks: dict[int, set[int]], inos: dict[str, int]) -> dict[int, frozenset[int]]:
+    """The flocks of /proc/locks on inode numbers that are none of ``inos``', with pids."""
+    ours = set(inos.values())
+    return {i: frozenset(p) for i, p in locks.items() if i not in ours}
+
+
+@contextlib.contextmanager
+def polled(kept: Kept) -> Iterator[View]:
+    """The state directory for one poll of a poller that keeps ``kept``: made if missing
+    and checked as :func:`state_dir` makes and checks it (the same refusals), euid asked
+    once, every descriptor closed at the end."""
+    kept.begin()
+    root = os.geteuid() == 0
+    with _checked():
+        fd = safefs.open_state_dir(create=True, root=root)
+    assert fd is not None
+    view = View(kept, fd, root)
+    try:
+        yield view
+    finally:
+        view.close()

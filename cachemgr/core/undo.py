@@ -112,10 +112,11 @@ def recording(procedure: str, device: str, keys: Iterable[str],
         _current.reset(token)
 
 
-def load(path: Path) -> Journal | None:
-    """A journal read back (None: not one; never raises for its content)."""
+def load(path: Path, view: state.View | None = None) -> Journal | None:
+    """A journal read back (None: not one; never raises for its content). ``view``: a
+    poller's state directory for this poll (core/state.py ``polled``)."""
     try:
-        d = state.read_json(path)
+        d = state.read_json(path) if view is None else view.read_json(KIND, path.name)
     except state.StateFileError:
         return None
     if not isinstance(d, dict):
@@ -141,8 +142,12 @@ def load(path: Path) -> Journal | None:
                    entries=entries, path=path)
 
 
-def journals() -> list[Journal]:
-    """Every undo journal in the state directory (never creates it)."""
+def journals(view: state.View | None = None) -> list[Journal]:
+    """Every undo journal in the state directory (never creates it; ``view``: a poller's,
+    :func:`load`)."""
+    if view is not None:
+        return [j for j in (load(view.path(KIND, n), view) for n in view.names(KIND))
+                if j is not None]
     d = state.state_dir(create=False) / KIND
     if not d.is_dir():
         return []

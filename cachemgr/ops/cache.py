@@ -67,14 +67,27 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     """Everything on the host, once: the one snapshot every face reads. ``vms``: with the
     libvirt domains of ``uri`` (default qemu:///system) above the caches. ``stats`` False:
     a poll's scan, without bcache's five_minute/hour/day stats; ``cache``: the poller's
-    (snapshot.take)."""
+    (snapshot.take; and the owners, protected SSDs and unassembled dm-cache records read
+    through one walk of the state directory, what did not change since its last poll kept:
+    core/state.py ``Kept``). Without one, every reader walks it as every command does."""
     snap = snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
                              stats=stats, cache=cache)
-    return dataclasses.replace(snap, owners=tuple(owners.owners()),
-                               others=kinds.scan_others(sysfs),
-                               unassembled=tuple(dm_record.unassembled(
-                                   sysfs, (d.name for d in snap.dmcaches))),
-                               protected=tuple(protect.protected()))
+    if cache is None:
+        return dataclasses.replace(snap, owners=tuple(owners.owners()),
+                                   others=kinds.scan_others(sysfs),
+                                   unassembled=tuple(dm_record.unassembled(
+                                       sysfs, (d.name for d in snap.dmcaches))),
+                                   protected=tuple(protect.protected()))
+    # a poller's: the state directory walked once, what did not change since its last poll
+    # kept (core/state.py polled; the holders' liveness read from /proc/locks every time)
+    with state.polled(cache.state) as view:
+        found = tuple(owners.owners(view=view))
+        others = kinds.scan_others(sysfs)
+        unassembled = tuple(dm_record.unassembled(sysfs, (d.name for d in snap.dmcaches),
+                                                  kept=cache.state))
+        prot = tuple(protect.protected(view=view))
+    return dataclasses.replace(snap, owners=found, others=others, unassembled=unassembled,
+                               protected=prot)
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:

@@ -42,7 +42,17 @@ def lvm_key(vg_lv: str) -> str:
     return f"lvm-{vg_lv}"
 
 
-def _journals(kind: str) -> Iterable[tuple[Path, dict[str, Any]]]:
+def _journals(kind: str, view: state.View | None = None
+              ) -> Iterable[tuple[Path, dict[str, Any]]]:
+    if view is not None:  # a poller's (state.polled)
+        for n in view.names(kind):
+            try:
+                data = view.read_json(kind, n)
+            except state.StateFileError:
+                continue
+            if data is not None:
+                yield view.path(kind, n), data
+        return
     d = state.state_dir(create=False) / kind
     if not d.is_dir():
         return
@@ -59,34 +69,35 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def interrupted() -> list[Owner]:
+def interrupted(view: state.View | None = None) -> list[Owner]:
     """The procedures whose journals claim objects (running or not: :func:`owners` tells
-    which are running)."""
+    which are running). ``view``: a poller's state directory for this poll
+    (core/state.py ``polled``)."""
     found: list[Owner] = []
-    for p, d in _journals("drain"):
+    for p, d in _journals("drain", view):
         key = d.get("uuid") or os.path.basename(str(d.get("backing") or ""))
         dev = str(d.get("device") or d.get("backing") or key)
         if key:
             found.append(Owner("drain", frozenset({bcache_key(str(key))}), dev, False,
                                since=_num(d.get("started")), journal=str(p),
                                resume=f"cachemgr drain {dev} --resume"))
-    for p, d in _journals("dmcache-flush"):
+    for p, d in _journals("dmcache-flush", view):
         name = d.get("name")
         if isinstance(name, str) and name:
             dev = str(d.get("device") or f"/dev/mapper/{name}")
             found.append(Owner("dm-cache flush", frozenset({dmcache_key(name)}), dev, False,
                                since=_num(d.get("started")), journal=str(p),
                                resume=f"cachemgr drain {dev} --resume"))
-    for p, d in _journals("lvm-drain"):
+    for p, d in _journals("lvm-drain", view):
         lv = d.get("lv")
         if isinstance(lv, str) and lv:
             found.append(Owner("lvm drain", frozenset({lvm_key(lv)}), lv, False,
                                since=_num(d.get("started")), journal=str(p),
                                resume=f"cachemgr drain {lv} --resume"))
-    for j in undo.journals():
+    for j in undo.journals(view):
         found.append(Owner(j.procedure, j.keys, j.device, False, since=j.started,
                            journal=str(j.path), resume="cachemgr restore"))
-    found.extend(_replace_runs())
+    found.extend(_replace_runs(view))
     return found
 
 
@@ -131,11 +142,11 @@ def replace_keys(kind: str, cset: str, backings: Iterable[dict[str, Any]],
     return frozenset(keys)
 
 
-def _replace_runs() -> list[Owner]:
+def _replace_runs(view: state.View | None = None) -> list[Owner]:
     from cachemgr.procedures import replace
 
     out = []
-    for j in replace.list_runs():
+    for j in replace.list_runs(view):
         if j.status in ("done", "rolled-back"):
             continue
         kind = replace.kind_of(j.kind)
@@ -150,13 +161,19 @@ def _replace_runs() -> list[Owner]:
     return out
 
 
-def owners(keys: Iterable[str] | None = None) -> list[Owner]:
+def owners(keys: Iterable[str] | None = None, *, view: state.View | None = None
+           ) -> list[Owner]:
     """Who owns what now: each interrupted procedure's claim (marked running when its lock is
     held, as a running drain's or replace-ssd run's is), and the runs holding locks of
-    ``keys`` that no journal names (a mode switch, a tune). ``keys`` None: every lock file."""
-    claims = interrupted()
-    holders = state.held_locks() if keys is None else [
-        {"key": k, **h} for k in set(keys) for h in [state.current_holder(k)] if h is not None]
+    ``keys`` that no journal names (a mode switch, a tune). ``keys`` None: every lock file.
+    ``view``: a poller's state directory for this poll (core/state.py ``polled``: the same
+    answer, read through one walk, what did not change kept from the last poll)."""
+    claims = interrupted(view)
+    if keys is not None:
+        holders = [{"key": k, **h} for k in set(keys) for h in [state.current_holder(k)]
+                   if h is not None]
+    else:
+        holders = state.held_locks() if view is None else view.held_locks()
     pairs = [(h, o) for h in holders for o in [_from_holder(h)] if o is not None]
     held = [o for _, o in pairs]
     out: list[Owner] = []

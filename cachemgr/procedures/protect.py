@@ -222,13 +222,17 @@ def state_path() -> Any:
     return state.state_dir(create=False) / "protect" / "state.json"
 
 
-def load_state() -> dict[str, Any]:
+def load_state(view: state.View | None = None) -> dict[str, Any]:
     """``{"counts": {key: n}, "protected": {ssd: {...}}}``; empty when there is none (never
-    creates the state directory: a scrape and ``check`` read it too)."""
+    creates the state directory: a scrape and ``check`` read it too). ``view``: a poller's
+    state directory for this poll (core/state.py ``polled``)."""
     try:
-        if not state.state_dir(create=False).is_dir():
+        if view is not None:
+            data = view.read_json("protect", "state.json") or {}
+        elif not state.state_dir(create=False).is_dir():
             return {"counts": {}, "protected": {}}
-        data = state.read_json(state_path()) or {}
+        else:
+            data = state.read_json(state_path()) or {}
     except (CacheMgrError, OSError):
         data = {}
     counts = data.get("counts")
@@ -263,10 +267,12 @@ def earlier(st: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v.get("why")) for k, v in st.get("protected", {}).items()}
 
 
-def protected(st: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+def protected(st: Mapping[str, Any] | None = None, *, view: state.View | None = None
+              ) -> list[tuple[str, str]]:
     """(SSD node, words) for every SSD a pass protected, the words after "failing" in the
-    health model's CRITICAL finding: why, and what became of its devices."""
-    st = load_state() if st is None else st
+    health model's CRITICAL finding: why, and what became of its devices (``view``:
+    :func:`load_state`'s)."""
+    st = load_state(view) if st is None else st
     out = []
     for v in st.get("protected", {}).values():
         devs = v.get("devices") if isinstance(v.get("devices"), dict) else {}

@@ -37,6 +37,7 @@ directory's discipline).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -48,7 +49,7 @@ from cachemgr.backends import identity as identity_mod
 from cachemgr.backends.blockdev import block_dirs, in_use
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.build import CACHE_SUPERBLOCK_MAGIC
-from cachemgr.core import safefs
+from cachemgr.core import safefs, state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmCacheTable, Identity, UnassembledDmCache
 from cachemgr.core.sysfs import Sysfs
@@ -417,8 +418,10 @@ def delete(name: str) -> bool:
     return True
 
 
-def load_all() -> tuple[list[Record], list[str]]:
-    """Every record, and one line for each file that is not one (never raises for a file)."""
+def load_all(kept: state.Kept | None = None) -> tuple[list[Record], list[str]]:
+    """Every record, and one line for each file that is not one (never raises for a file).
+    ``kept``: a poller's (core/state.py ``Kept``): the directory is opened and checked as
+    always, its listing and files read again only when they changed since its last poll."""
     out: list[Record] = []
     bad: list[str] = []
     try:
@@ -429,27 +432,40 @@ def load_all() -> tuple[list[Record], list[str]]:
     try:
         if fd is None:
             return [], []
-        for n in sorted(os.listdir(fd)):
+        key = ("dmcache-records", records_dir())
+        names = sorted(os.listdir(fd)) if kept is None else kept.listing(key, fd, ".json")[0]
+        for n in names:
             if not n.endswith(".json") or n.startswith("."):
                 continue
             shown = os.path.join(records_dir(), n)
+            raw = _read(fd, n, shown) if kept is None else kept.file(
+                key, fd, n, functools.partial(_read, fd, n, shown))
+            if isinstance(raw, str):
+                bad.append(raw)
+                continue
             try:
-                f = safefs.open_file(fd, n, shown, os.O_RDONLY | os.O_NONBLOCK)
-                with os.fdopen(f, "rb") as fh:
-                    raw = fh.read(1 << 20)
                 rec = Record.from_json(json.loads(raw.decode("utf-8")), shown)
                 if rec.name != n[:-5]:
                     raise ValueError(f"it names {rec.name!r}")
-            except safefs.UnsafePathError as exc:
-                bad.append(exc.message)
-                continue
-            except (OSError, ValueError, RecursionError) as exc:
+            except (ValueError, RecursionError) as exc:
                 bad.append(f"{shown}: not a dm-cache record cachemgr can read: {exc}")
                 continue
             out.append(rec)
     finally:
         ctx.__exit__(None, None, None)
     return out, bad
+
+
+def _read(fd: int, name: str, shown: str) -> bytes | str:
+    """The bytes of the record file ``name`` in ``fd``, or the line that says why not."""
+    try:
+        f = safefs.open_file(fd, name, shown, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(f, "rb") as fh:
+            return fh.read(1 << 20)
+    except safefs.UnsafePathError as exc:
+        return exc.message
+    except OSError as exc:
+        return f"{shown}: not a dm-cache record cachemgr can read: {exc}"
 
 
 def load(name: str) -> Record | None:
@@ -515,9 +531,11 @@ def assemble(sysfs: Sysfs, rec: Record,
 
 
 def unassembled(sysfs: Sysfs, assembled: Iterable[str],
-                devices: Mapping[str, DeviceId] | None = None) -> list[UnassembledDmCache]:
-    """The records whose device is not among ``assembled`` (dm names), each with why."""
-    recs, _ = load_all()
+                devices: Mapping[str, DeviceId] | None = None, *,
+                kept: state.Kept | None = None) -> list[UnassembledDmCache]:
+    """The records whose device is not among ``assembled`` (dm names), each with why
+    (``kept``: a poller's, :func:`load_all`)."""
+    recs, _ = load_all(kept)
     names = set(assembled)
     todo = [r for r in recs if r.name not in names]
     if not todo:

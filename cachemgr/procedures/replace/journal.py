@@ -96,16 +96,19 @@ class Journal:
         return j
 
     @classmethod
-    def read(cls, path: Path) -> Journal | None:
-        """The journal in ``path`` (None if there is no file), checked field by field."""
-        data = state.read_json(path)
+    def read(cls, path: Path, view: state.View | None = None) -> Journal | None:
+        """The journal in ``path`` (None if there is no file), checked field by field.
+        ``view``: a poller's state directory for this poll (core/state.py ``polled``)."""
+        data = state.read_json(path) if view is None else view.read_json("replace", path.name)
         if data is None:
             return None
         if isinstance(data.get("done"), list):
             data["done"] = [RENAMED_STEPS.get(s, s) if isinstance(s, str) else s
                             for s in data["done"]]
         problem = _journal_problem(data)
-        if problem is None and state.journal_path("replace", data["id"]) != path:
+        if problem is None and (state.journal_path("replace", data["id"]) if view is None
+                                else view.path("replace", state.journal_name(data["id"]))
+                                ) != path:
             problem = f"it is the journal of run {data['id']!r}, not of its file name"
         if problem is not None:
             raise state.StateFileError(path, f"not a replace-ssd journal: {problem}")
@@ -198,16 +201,22 @@ def _journal_problem(data: dict[str, Any]) -> str | None:
     return None
 
 
-def scan_runs() -> tuple[list[Journal], list[state.StateFileError]]:
-    """Every journaled run (oldest first) and every journal that cannot be read."""
-    d = state.state_dir() / "replace"
-    if not d.is_dir():
-        return [], []
+def scan_runs(view: state.View | None = None
+              ) -> tuple[list[Journal], list[state.StateFileError]]:
+    """Every journaled run (oldest first) and every journal that cannot be read. ``view``:
+    a poller's state directory for this poll (core/state.py ``polled``)."""
+    if view is not None:
+        paths = [view.path("replace", n) for n in view.names("replace")]
+    else:
+        d = state.state_dir() / "replace"
+        if not d.is_dir():
+            return [], []
+        paths = sorted(d.glob("*.json"))
     found: list[Journal] = []
     bad: list[state.StateFileError] = []
-    for p in sorted(d.glob("*.json")):
+    for p in paths:
         try:
-            j = Journal.read(p)
+            j = Journal.read(p, view)
         except state.StateFileError as exc:
             bad.append(exc)
             continue
@@ -216,9 +225,9 @@ def scan_runs() -> tuple[list[Journal], list[state.StateFileError]]:
     return sorted(found, key=lambda j: j.created), bad
 
 
-def list_runs() -> list[Journal]:
+def list_runs(view: state.View | None = None) -> list[Journal]:
     """The readable journaled runs, oldest first (:func:`scan_runs` also gives the others)."""
-    return scan_runs()[0]
+    return scan_runs(view)[0]
 
 
 def new_run_id(tag: str) -> str:
