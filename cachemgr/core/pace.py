@@ -129,6 +129,7 @@ class Pacer:
         # VMs' p99 go over the bound (then it is not done again)
         self.unpaced_short = False
         self.unpacing_hurt = False
+        self.over_at_floor = 0  # judgements over the bound while already at the floor
         self.changed_at: float | None = None
         self.lowered = 0  # how many times the pace went down
         self.last_lowered: str | None = None  # why, the last time: "p99 22 ms > 15 ms"
@@ -159,6 +160,12 @@ class Pacer:
             new = max(self.floor, int(base / 2))
             self.lowered += 1
             self.last_lowered = f"p99 {p99:.0f} ms > {b}"
+            if self.pace is not None and self.pace <= self.floor:
+                # slower than the floor the drain would not end: the bound is not held here
+                self.over_at_floor += 1
+                return self._set(now, new, f"paced at its slowest: other IO p99 {p99:.0f} ms > "
+                                 f"{b}, not held (the disk cannot serve the slowest drain "
+                                 "beside this IO)")
             return self._set(now, new, f"paced: other IO p99 {p99:.0f} ms > {b}")
         if p99 < self.bound / 2:
             if self.pace is None:

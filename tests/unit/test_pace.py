@@ -146,6 +146,26 @@ def test_never_below_the_floor() -> None:
     assert d.pace == 64
 
 
+def test_over_the_bound_at_the_floor_says_the_bound_is_not_held() -> None:
+    """At its slowest pace the drain cannot spare the VMs more: said, counted, not hidden
+    as another slow-down (lab: a FIFO 20 ms disk at 32 KiB/s, docs/benchmarks.md)."""
+    p = Pacer(10, period=1, floor=64, start=128)
+    _decide(p, 0, 50)
+    d = _decide(p, 1, 50, rate=None)
+    assert d.pace == 64 and p.over_at_floor == 0 and d.note.startswith("paced: other IO")
+    d = _decide(p, 2, 50, rate=None)
+    assert d.pace == 64 and p.over_at_floor == 1
+    assert d.note == ("paced at its slowest: other IO p99 50 ms > 10 ms, not held (the disk "
+                      "cannot serve the slowest drain beside this IO)")
+    from cachemgr.procedures.kinds.base import pacing_words
+    assert pacing_words({"max_latency_ms": 10.0, "lowered": 2, "over_at_floor": 1,
+                         "slowest_sectors_per_s": 64}) == (
+        "paced under p99 10 ms of the other IO: slowed down 2 times; slowest pace 32 KiB/s; "
+        "over the bound 1 time at the slowest pace: not held")
+    assert "not held" not in pacing_words({"max_latency_ms": 10.0, "lowered": 1,
+                                           "over_at_floor": 0})
+
+
 def test_under_half_the_bound_speeds_up() -> None:
     p = Pacer(10, period=1, start=256)
     _decide(p, 0, 3)

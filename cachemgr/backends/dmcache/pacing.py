@@ -141,6 +141,7 @@ class Paced:
 
     def summary(self) -> dict[str, object]:
         return {"max_latency_ms": self.bound, "lowered": self.pacer.lowered,
+                "over_at_floor": self.pacer.over_at_floor,
                 "slowest_copy_percent": self.slowest,
                 "slowest_words": None if self.slowest is None else pace_words(self.slowest),
                 "final": pace_words(self.pacer.pace), "note": self.pacer.note}

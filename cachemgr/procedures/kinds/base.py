@@ -37,9 +37,12 @@ def pacing_words(p: dict[str, Any]) -> str:
     slowest = p.get("slowest_sectors_per_s")
     words = p.get("slowest_words") or (
         f"{int(slowest) * 512 // 1024} KiB/s" if slowest else None)  # dm-cache: its own
+    floor = p.get("over_at_floor") or 0
     return (f"paced under p99 {p.get('max_latency_ms'):g} ms of the other IO: slowed down "
             f"{n} time{'s' if n != 1 else ''}"
-            + (f"; slowest pace {words}" if words else ""))
+            + (f"; slowest pace {words}" if words else "")
+            + (f"; over the bound {floor} time{'s' if floor != 1 else ''} at the slowest "
+               "pace: not held" if floor else ""))
 
 
 @dataclass(frozen=True)
