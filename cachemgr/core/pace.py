@@ -203,7 +203,8 @@ class Pacer:
 
     def _set(self, now: float, pace: int | None, note: str) -> Decision:
         changed = pace != self.pace
-        self.unpaced_short = False
+        if changed:  # still unpaced (no other IO for a while): it is the same unpacing
+            self.unpaced_short = False
         self.pace, self.changed_at, self.note = pace, now, note
         return Decision(pace, note, changed)
 

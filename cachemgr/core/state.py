@@ -599,6 +599,15 @@ def _sig(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+class Transient(Exception):
+    """A read that failed for now (EMFILE, ENOMEM, EIO): :meth:`Kept.file` returns its
+    ``value`` without keeping it, so the next poll reads the file again."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(value)
+        self.value = value
+
+
 class Kept:
     """A poller's reads of its state directories, kept from one poll to the next while
     they did not change (see above). ``keep``: seconds at most; ``clock``: monotonic
@@ -668,7 +677,11 @@ class Kept:
         if st is not None and hit is not None and hit[0] == _sig(st) and self._fresh(hit[1]):
             return hit[2]  # type: ignore[no-any-return]
         self.reads += 1
-        value = read()
+        try:
+            value = read()
+        except Transient as exc:
+            self._files.pop(k, None)
+            return exc.value  # type: ignore[return-value]
         if st is not None and self._keeps(st):
             self._files[k] = (_sig(st), self._now, value)
         else:
@@ -745,8 +758,8 @@ class View:
                 return _read_in(fd, name, path)
             except StateFileError as exc:
                 return exc.reason
-            except OSError as exc:
-                return exc.strerror or str(exc)
+            except OSError as exc:  # for now, perhaps: read again at the next poll
+                raise Transient(exc.strerror or str(exc)) from None
 
         raw = self.kept.file(("state", kind), fd, name, read)
         if isinstance(raw, str):

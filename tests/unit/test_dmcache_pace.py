@@ -140,3 +140,46 @@ def test_unpaced_changes_nothing_and_no_module_no_pace(tmp_path: Path, statedir:
             pacing.paced(sysfs, VM, ORIGIN, 10, "vc"):
         pass
     assert not pacing.journal().exists()
+
+
+def test_an_unpaced_drain_beside_a_paced_one_says_it_copies_at_its_pace(
+        tmp_path: Path, statedir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The throttle is the module's: a second, unpaced drain runs at the paced one's pace,
+    and says so (it cannot put back what the running one holds)."""
+    import threading
+
+    sysfs = _tree(tmp_path)
+    seen: list[object] = []
+
+    def unpaced() -> None:  # another TUI worker, or another process: not the lock's owner
+        with pacing.paced(sysfs, VM, ORIGIN, None, "vd") as p:
+            seen.extend([p, _throttle(sysfs)])
+
+    with pacing.paced(sysfs, VM, ORIGIN, 10, "vc"):
+        assert _throttle(sysfs) == "5"
+        with caplog.at_level("WARNING"):
+            t = threading.Thread(target=unpaced)
+            t.start()
+            t.join()
+        assert seen == [None, "5"] and pacing.journal().exists()
+    assert "vd: another paced dm-cache drain holds dm_cache's cache_copy_throttle at 5%" \
+        in caplog.text
+    assert _throttle(sysfs) == "100"
+
+
+def test_resume_puts_back_a_throttle_whose_flush_journal_is_gone(
+        tmp_path: Path, statedir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between setting the throttle and writing the flush's journal (or after its
+    journal went): `drain DEV --resume` finds no flush journal but puts the throttle back."""
+    from cachemgr.procedures.kinds import dm
+
+    sysfs = _tree(tmp_path, "3")
+    state.write_json(pacing.journal(), {"original": 100, "device": "vc", "started": 0})
+    obj = type("Obj", (), {"node": "/dev/mapper/vc", "name": "vc"})()
+    monkeypatch.setattr(dm.flushing, "lock_key", lambda o: "dmcache-flush-vc")
+    monkeypatch.setattr(dm.flushing, "journal", lambda o: statedir / "none.json")
+    kind = dm.DmCache.__new__(dm.DmCache)
+    kind.obj = obj  # type: ignore[misc]
+    assert kind.restore_interrupted(sysfs) == {"cache_copy_throttle": 100}
+    assert _throttle(sysfs) == "100" and not pacing.journal().exists()
+    assert kind.restore_interrupted(sysfs) == {}  # nothing left: "no interrupted flush"

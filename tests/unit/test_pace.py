@@ -353,3 +353,16 @@ def _quick_pacer(init):  # type: ignore[no-untyped-def]
     def quick(self, bound_ms, **kw):  # type: ignore[no-untyped-def]
         init(self, bound_ms, **{**kw, "period": 0.0})
     return quick
+
+
+def test_a_lull_while_unpaced_does_not_forget_why_it_was_unpaced() -> None:
+    """Unpaced because the drain wrote under its pace, then 2 s without other IO, then the
+    VMs back and over the bound: that unpacing hurt them, and is not done again."""
+    p = Pacer(10, period=1, start=4000)
+    _decide(p, 0, 3)
+    assert _decide(p, 1, 3, rate=1500).pace is None  # short of its pace: unpaced
+    assert _decide(p, 2, None, ios=0).pace is None  # a lull: still unpaced
+    assert _decide(p, 3, 40, rate=1500).pace == 750 and p.unpacing_hurt
+    d = _decide(p, 4, 3, rate=100)
+    assert d.pace == 750 and "holding" in d.note
+

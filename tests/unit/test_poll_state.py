@@ -360,3 +360,28 @@ def test_status_without_a_scan_cache_keeps_nothing(sd: Path, kept: bool,
     monkeypatch.setattr(state.Kept, "file", refused)
     assert owners(cache_ops.status(WB, stats=False)) == [("drain", "/dev/bcache0", False)]
     assert owners(cache_ops.status(WB)) == [("drain", "/dev/bcache0", False)]
+
+
+def test_a_read_that_failed_for_now_is_read_again_at_the_next_poll(tmp_path: Path) -> None:
+    """EMFILE, EIO...: not the file's content. Kept, the journal would count as unreadable
+    (and its owner's claim be gone from the TUI) until ``keep`` ran out."""
+    from cachemgr.core import state
+
+    k = state.Kept(keep=3600, wall=lambda: 2**62)  # everything old enough to keep
+    (tmp_path / "j.json").write_text("{}")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        calls: list[int] = []
+
+        def failing() -> bytes:
+            calls.append(1)
+            raise state.Transient("Too many open files")
+
+        k.begin()
+        assert k.file("d", fd, "j.json", failing) == "Too many open files"
+        k.begin()
+        assert k.file("d", fd, "j.json", lambda: b"{}") == b"{}"  # read again
+        assert k.file("d", fd, "j.json", failing) == b"{}"  # now kept: unchanged file
+        assert len(calls) == 1
+    finally:
+        os.close(fd)

@@ -167,6 +167,11 @@ def paced(sysfs: Sysfs, vm: str | None, origin: str | None, bound_ms: float | No
     one left: it would otherwise run at that one's pace."""
     if bound_ms is None:
         restore_stale(sysfs)
+        held = read_throttle(sysfs) if state.read_json(journal()) is not None else None
+        if held is not None:  # a paced drain runs now: its pace is the module's
+            log.warning("%s: another paced dm-cache drain holds dm_cache's cache_copy_throttle "
+                        "at %d%% (one setting for every dm-cache device): this drain copies "
+                        "at that pace too until it ends", device, held)
         yield None
         return
     with state.locked(LOCK, "dm_cache cache_copy_throttle"):

@@ -439,7 +439,7 @@ def load_all(kept: state.Kept | None = None) -> tuple[list[Record], list[str]]:
                 continue
             shown = os.path.join(records_dir(), n)
             raw = _read(fd, n, shown) if kept is None else kept.file(
-                key, fd, n, functools.partial(_read, fd, n, shown))
+                key, fd, n, functools.partial(_read, fd, n, shown, transient=True))
             if isinstance(raw, str):
                 bad.append(raw)
                 continue
@@ -456,8 +456,10 @@ def load_all(kept: state.Kept | None = None) -> tuple[list[Record], list[str]]:
     return out, bad
 
 
-def _read(fd: int, name: str, shown: str) -> bytes | str:
-    """The bytes of the record file ``name`` in ``fd``, or the line that says why not."""
+def _read(fd: int, name: str, shown: str, *, transient: bool = False) -> bytes | str:
+    """The bytes of the record file ``name`` in ``fd``, or the line that says why not
+    (``transient``: an OSError's line raised as state.Transient, for a poller not to keep
+    it)."""
     try:
         f = safefs.open_file(fd, name, shown, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(f, "rb") as fh:
@@ -465,7 +467,10 @@ def _read(fd: int, name: str, shown: str) -> bytes | str:
     except safefs.UnsafePathError as exc:
         return exc.message
     except OSError as exc:
-        return f"{shown}: not a dm-cache record cachemgr can read: {exc}"
+        why = f"{shown}: not a dm-cache record cachemgr can read: {exc}"
+        if transient:
+            raise state.Transient(why) from None
+        return why
 
 
 def load(name: str) -> Record | None:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from cachemgr.backends import dmcache
 from cachemgr.backends.dmcache import flushing
 from cachemgr.backends.dmcache import manage as dm_manage
+from cachemgr.backends.dmcache import pacing as dm_pacing
 from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.lvm import manage as lvm_manage
 from cachemgr.core import state
@@ -320,7 +321,10 @@ class DmCache(_DmCacheWarm, _Dm):
             path = flushing.journal(self.obj)
             saved = state.read_json(path)
             if saved is None:
-                return {}
+                # a paced drain killed before its flush journal was written or after it was
+                # removed leaves only the copy throttle's journal
+                value = dm_pacing.restore_stale(sysfs)
+                return {} if value is None else {"cache_copy_throttle": value}
             if not (isinstance(saved.get("original"), str) and saved["original"].strip()):
                 raise state.StateFileError(path, "not a dm-cache flush journal: no 'original' "
                                                  "table")
