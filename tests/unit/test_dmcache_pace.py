@@ -183,3 +183,19 @@ def test_resume_puts_back_a_throttle_whose_flush_journal_is_gone(
     assert kind.restore_interrupted(sysfs) == {"cache_copy_throttle": 100}
     assert _throttle(sysfs) == "100" and not pacing.journal().exists()
     assert kind.restore_interrupted(sysfs) == {}  # nothing left: "no interrupted flush"
+
+
+def test_a_pace_that_cannot_start_leaves_no_journal(
+        tmp_path: Path, statedir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its counters unreadable as the drain starts: no journal is left behind, which a later
+    drain would 'put back' over what the admin set in between."""
+    sysfs = _tree(tmp_path)
+
+    def broken(*a: object) -> None:
+        raise OSError("no such device")
+
+    monkeypatch.setattr(pacing.blockdev, "pace_sources", broken)
+    with pytest.raises(OSError), pacing.paced(sysfs, VM, ORIGIN, 10, "vc"):
+        pass
+    assert not pacing.journal().exists() and _throttle(sysfs) == "100"
+

@@ -183,8 +183,8 @@ def paced(sysfs: Sysfs, vm: str | None, origin: str | None, bound_ms: float | No
                                 hint="drain without --max-latency")
         state.write_json(journal(), {"original": original, "device": device,
                                      "started": time.time()})
-        p = Paced(sysfs, vm, origin, bound_ms, original)
-        try:
+        try:  # the journal is put back and removed whatever fails from here on
+            p = Paced(sysfs, vm, origin, bound_ms, original)
             p.apply(p.pacer.pace)
             yield p
         finally:
