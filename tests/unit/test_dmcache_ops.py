@@ -209,6 +209,37 @@ def test_flush_with_final_mode_never_passes_through_writeback(
     assert " passthrough smq 0" in fake.live
 
 
+def test_a_block_dirty_again_under_the_suspended_device_is_cleaned_and_switched(
+        fake: FakeDm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clean twice, then one dirty block while suspended for the switch to passthrough (lab,
+    replace-ssd under a writing VM): the cleaner runs again and the switch is made; a block
+    that keeps coming back is refused after SWITCH_TRIES, with the original table back."""
+    real = command.read_status
+    again = [1]
+
+    def read_status(name: str):  # type: ignore[no-untyped-def]
+        if "cleaner" in fake.live:
+            if fake.suspended and again[0]:
+                again[0] -= 1
+                fake.dirty = 1  # a write that raced the last poll
+            elif not fake.suspended:
+                fake.dirty = 0
+        return real(name)
+
+    monkeypatch.setattr(command, "read_status", read_status)
+    dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
+                  final_mode=CacheMode.PASSTHROUGH)
+    loads = [a[-1].split()[8] for a in fake.log if a[0] == "load"]
+    assert loads == ["writethrough", "passthrough"] and " passthrough smq 0" in fake.live
+
+    fake.live, fake.dirty, fake.log[:] = ORIGINAL, 10, []
+    again[0] = dmcache.flushing.SWITCH_TRIES  # every try: refused, the table put back
+    with pytest.raises(UnsafeError, match="dirty blocks appeared again"):
+        dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
+                      final_mode=CacheMode.PASSTHROUGH)
+    assert fake.live == ORIGINAL and not fake.suspended
+
+
 def test_a_killed_flush_is_restored_by_the_next_run(fake: FakeDm) -> None:
     d = device(fake)
     flush_line = ORIGINAL.replace("writeback smq", "writethrough cleaner")

@@ -23,6 +23,7 @@ from cachemgr.core.errors import (
     KernelFormatError,
     StallError,
     TimeoutExpired,
+    UnsafeError,
     require_root,
 )
 from cachemgr.core.model import (
@@ -49,6 +50,10 @@ class FlushResult:
     restored: dict[str, str] = field(default_factory=dict)
     final_table: str = ""
     pacing: dict[str, object] | None = None  # a paced flush (--max-latency): what it did
+
+
+SWITCH_TRIES = 3  # cleaned and switched: how often before dirty blocks that keep coming back
+# under the suspended device refuse the switch
 
 
 def lock_key(d: DmCacheDevice) -> str:
@@ -176,11 +181,25 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
     try:
         switch_table(d.name, live_line, flush_line)  # on failure the live table runs on
         switched = True
-        start = _poll_clean(d, timeout=timeout, stall_timeout=stall_timeout, confirm=confirm,
-                            interval=interval, progress=progress, t0=t0, paced=paced)
-        switch_table(d.name, flush_line, final_line, require_clean=require_clean)
+        start: int | None = None
+        for attempt in range(1, SWITCH_TRIES + 1):
+            got = _poll_clean(d, timeout=timeout, stall_timeout=stall_timeout,
+                              confirm=confirm, interval=interval, progress=progress, t0=t0,
+                              paced=paced)
+            start = got if start is None else start
+            try:
+                switch_table(d.name, flush_line, final_line, require_clean=require_clean)
+                break
+            except UnsafeError as exc:
+                # clean twice, then a dirty block under the suspended device (lab, 7.2.7,
+                # replace-ssd under a writing VM): the cleaner table runs again (switch_table
+                # resumed it) and cleans it; refused only when it keeps coming back
+                if attempt == SWITCH_TRIES:
+                    raise
+                log.info("%s: %s; cleaning again (%d of %d)", d.node, exc.message, attempt,
+                         SWITCH_TRIES)
         done = True
-        return FlushResult(d.node, start, time.monotonic() - t0,
+        return FlushResult(d.node, start or 0, time.monotonic() - t0,
                            {"mode": original.mode.value, "policy": original.policy},
                            final_line, paced.summary() if paced is not None else None)
     finally:
