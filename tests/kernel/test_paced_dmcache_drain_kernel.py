@@ -18,8 +18,9 @@ from cachemgr.core import runner, state
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.lab.hdd import queueing_hdd
 from tests.kernel import clirun
+from tests.kernel import test_paced_drain_kernel as paced_bcache
 
-STOP = "/run/stop-paced-reader"
+STOP = paced_bcache.STOP
 # Under what the HDD gives the reader alone (5 ms requests counted in 10 ms jiffies), so the
 # pace must go down while the reader reads: the test_paced_drain_kernel.py reasoning (a bound
 # crossed only behind the drain's writes would make the test depend on the host's load).
@@ -63,12 +64,7 @@ def fill(mib: int) -> None:
 
 def reader() -> subprocess.Popen[str]:
     """A VM reading at QD1 (50 IOPS) where nothing is cached: its reads go to the HDD."""
-    Path(STOP).unlink(missing_ok=True)
-    return subprocess.Popen(
-        ["fio", "--name=vm", "--filename=/dev/mapper/vc", "--rw=randread", "--bs=4k",
-         "--offset=64M", "--size=64M", "--direct=1", "--time_based", "--runtime=600",
-         "--rate_iops=50", f"--trigger-file={STOP}", "--output-format=json"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+    return paced_bcache.reader("/dev/mapper/vc")
 
 
 def wait_for(drain: subprocess.Popen[str], words: tuple[str, ...], lines: list[str]) -> str:

@@ -51,11 +51,12 @@ def setup_dirty(cache: str, dirty: str = "8M") -> Sysfs:
     return sysfs
 
 
-def reader() -> subprocess.Popen[str]:
-    """A VM reading at QD1 (50 IOPS) where nothing is dirty: its reads go to the HDD."""
+def reader(dev: str = "/dev/bcache0") -> subprocess.Popen[str]:
+    """A VM reading ``dev`` at QD1 (50 IOPS) where nothing is dirty or cached: its reads go
+    to the HDD (test_paced_dmcache_drain_kernel's too). It stops when STOP appears."""
     Path(STOP).unlink(missing_ok=True)
     return subprocess.Popen(
-        ["fio", "--name=vm", "--filename=/dev/bcache0", "--rw=randread", "--bs=4k",
+        ["fio", "--name=vm", f"--filename={dev}", "--rw=randread", "--bs=4k",
          "--offset=64M", "--size=64M", "--direct=1", "--time_based", "--runtime=600",
          "--rate_iops=50", f"--trigger-file={STOP}", "--output-format=json"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
