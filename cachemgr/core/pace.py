@@ -188,6 +188,12 @@ class Pacer:
         return self._hold(now, f"{self._pace(self.pace)}: other IO p99 {p99:.0f} ms <= {b}, "
                           "holding")
 
+    def summary(self, final: str) -> dict[str, object]:
+        """What every kind's paced drain reports of its pacer (DrainResult.pacing), ``final``
+        its last pace in the kind's words; the kind adds its slowest pace."""
+        return {"max_latency_ms": self.bound, "lowered": self.lowered,
+                "over_at_floor": self.over_at_floor, "final": final, "note": self.note}
+
     def slowed_words(self) -> str:
         """How often the pace went down and why the last time, for a progress line that is
         printed less often than the pacer decides: "" until it first does."""

@@ -351,10 +351,8 @@ class Paced:
                 + (f" ({slowed})" if slowed else ""))
 
     def summary(self) -> dict[str, object]:
-        return {"max_latency_ms": self.bound, "lowered": self.pacer.lowered,
-                "over_at_floor": self.pacer.over_at_floor,
-                "slowest_sectors_per_s": self.slowest,
-                "final": pace.pace_words(self.pacer.pace), "note": self.pacer.note}
+        return {**self.pacer.summary(pace.pace_words(self.pacer.pace)),
+                "slowest_sectors_per_s": self.slowest}
 
 
 class WriteMeter:

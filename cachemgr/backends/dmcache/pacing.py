@@ -140,11 +140,9 @@ class Paced:
                 + (f" ({slowed})" if slowed else ""))
 
     def summary(self) -> dict[str, object]:
-        return {"max_latency_ms": self.bound, "lowered": self.pacer.lowered,
-                "over_at_floor": self.pacer.over_at_floor,
+        return {**self.pacer.summary(pace_words(self.pacer.pace)),
                 "slowest_copy_percent": self.slowest,
-                "slowest_words": None if self.slowest is None else pace_words(self.slowest),
-                "final": pace_words(self.pacer.pace), "note": self.pacer.note}
+                "slowest_words": None if self.slowest is None else pace_words(self.slowest)}
 
 
 def percent(p: int) -> str:
