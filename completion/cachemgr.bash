@@ -38,7 +38,7 @@ _cachemgr_node() {
     'bench demo') subs=(); opts=('-h' '--help' '--disks' '--runtime' '--repeat' '--timeout' '--out'); vopts=('--disks' '--runtime' '--repeat' '--timeout' '--out') ;;
     'udev-event') subs=(); opts=('-h' '--help' '--policy' '--spawn'); vopts=('--policy' '--spawn') ;;
     'autoattach') subs=(); opts=('-h' '--help' '--policy' '--dry-run' '--json'); vopts=('--policy') ;;
-    'protect') subs=(); opts=('-h' '--help' '--policy' '--dry-run' '--json'); vopts=('--policy') ;;
+    'protect') subs=(); opts=('-h' '--help' '--policy' '--dry-run' '--clear' '--json'); vopts=('--policy' '--clear') ;;
     'policy') subs=('check'); opts=('-h' '--help'); vopts=() ;;
     'policy check') subs=(); opts=('-h' '--help' '--policy' '--json'); vopts=('--policy') ;;
     'scheduler') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
@@ -233,6 +233,7 @@ _cachemgr_optval() {
     'protect')
         case $2 in
         '--policy') spec=files ;;
+        '--clear') spec=host; vals=('disks') ;;
         esac ;;
     'policy check')
         case $2 in

@@ -562,6 +562,8 @@ class Snapshot:
     # (SSD, words) for each cache SSD the protect policy acted on and that still caches
     # (procedures/protect.py's state; ops.cache.status fills it)
     protected: tuple[tuple[str, str], ...] = ()
+    # the last protect pass found protect off: ``protected`` is only what earlier passes did
+    protect_off: bool = False
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

@@ -77,7 +77,7 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
                                    others=kinds.scan_others(sysfs),
                                    unassembled=tuple(dm_record.unassembled(
                                        sysfs, (d.name for d in snap.dmcaches))),
-                                   protected=tuple(protect.protected()))
+                                   **protect_fields())
     # a poller's: the state directory walked once, what did not change since its last poll
     # kept (core/state.py polled; the holders' liveness read from /proc/locks every time)
     with state.polled(cache.state) as view:
@@ -85,9 +85,16 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
         others = kinds.scan_others(sysfs)
         unassembled = tuple(dm_record.unassembled(sysfs, (d.name for d in snap.dmcaches),
                                                   kept=cache.state))
-        prot = tuple(protect.protected(view=view))
+        prot = protect_fields(view)
     return dataclasses.replace(snap, owners=found, others=others, unassembled=unassembled,
-                               protected=prot)
+                               **prot)
+
+
+def protect_fields(view: state.View | None = None) -> dict[str, Any]:
+    """The snapshot's ``protected`` and ``protect_off``, from one read of the protect
+    state (procedures/protect.py)."""
+    st = protect.load_state(view)
+    return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st)}
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:

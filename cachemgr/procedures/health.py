@@ -14,13 +14,14 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   without the set its dirty data is on; an interrupted replace-ssd run; a recorded
   writeback dm-cache device that is not assembled (its origin is stale); a cache SSD the
   protect policy acted on (``snap.protected``: its devices switched to writethrough and
-  drained; it is failing and wants replacing).
+  drained; it is failing and wants replacing, or ``cachemgr protect --clear`` if sound).
 * WARNING: IO errors on a cache or backing device holding no dirty data; an interrupted
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
   recorded writethrough or passthrough dm-cache device that is not assembled; a procedure
   journal cachemgr cannot read; a drain or flush under way that has not lowered the dirty
-  data for :data:`STALLED_AFTER` seconds (its lock files say when it last did).
+  data for :data:`STALLED_AFTER` seconds (its lock files say when it last did); an SSD
+  protected earlier while protect is now off (``snap.protect_off``).
 """
 
 from __future__ import annotations
@@ -90,9 +91,14 @@ def worst(findings: Iterable[Finding]) -> Level:
 
 def _protected(snap: Snapshot) -> Iterable[Finding]:
     for ssd, words in snap.protected:
-        yield Finding(Level.CRITICAL, "protected", ssd,
-                      f"protected: SSD {ssd} failing {words}; replace it",
-                      f"cachemgr replace-ssd {ssd}")
+        if snap.protect_off:  # history: nothing acts on it any more
+            yield Finding(Level.WARNING, "protect-off", ssd,
+                          f"protected earlier: SSD {ssd}: {words}",
+                          f"cachemgr protect --clear {ssd}")
+        else:
+            yield Finding(Level.CRITICAL, "protected", ssd,
+                          f"protected: SSD {ssd} failing: {words}",
+                          f"cachemgr replace-ssd {ssd}")
 
 
 def _bcache(snap: Snapshot) -> Iterable[Finding]:
