@@ -277,6 +277,7 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
     done = time.time()
     autoattach.record({"kind": "pass", "events": len(events), "rounds": res.rounds,
                        "changed": len(res.changed), "failed": len(res.failed),
+                       "refused": len(res.refused),
                        "seqnums": [e.seqnum for e in events][:50],
                        "last_event": round(last, 3), "latency_s": round(done - last, 3),
                        "pass_s": round(done - t0, 3),
