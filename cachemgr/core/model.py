@@ -526,6 +526,11 @@ class UnassembledDmCache:
     mode: CacheMode
     # role -> why it cannot be used ("missing", "a different disk ..."); empty: all present
     problems: tuple[tuple[str, str], ...] = ()
+    # role -> why it is not proven: present, but known by its place only, so the boot pass
+    # leaves it to the admin (backends/dmcache/record.py)
+    unproven: tuple[tuple[str, str], ...] = ()
+    # with ``unproven`` and no problems: what the admin checks, then the command
+    check: str | None = None
 
     @property
     def node(self) -> str:

@@ -15,6 +15,9 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   writeback dm-cache device that is not assembled (its origin is stale); a cache SSD the
   protect policy acted on (``snap.protected``: its devices switched to writethrough and
   drained; it is failing and wants replacing, or ``cachemgr protect --clear`` if sound).
+  A recorded writeback dm-cache device whose devices are there but known by their place
+  only (``dmcache-unproven``) is CRITICAL too, naming what to check and
+  ``cachemgr assemble NAME``.
 * WARNING: IO errors on a cache or backing device holding no dirty data; an interrupted
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
@@ -205,6 +208,14 @@ def _unassembled(snap: Snapshot) -> Iterable[Finding]:
         else:
             what = f"recorded {u.mode.value} dm-cache device not assembled"
             lvl = Level.WARNING
+        if not u.problems and u.unproven:
+            # every device there, but known by its place only: the boot pass leaves it to
+            # the admin (backends/dmcache/record.py), whose one command assembles it
+            yield Finding(lvl, "dmcache-unproven", u.node, what + "; the boot pass does not "
+                          "assemble it: " + "; ".join(f"{role}: {w}" for role, w in u.unproven)
+                          + (f"; {u.check}" if u.check else ""),
+                          f"cachemgr assemble {u.name}")
+            continue
         yield Finding(lvl, "dmcache-unassembled", u.node, what + (f" ({why})" if why else ""),
                       "bring its devices back, then cachemgr autoattach" if u.problems
                       else "cachemgr autoattach")
