@@ -1,6 +1,7 @@
 """The one gate (cachemgr/ops/gate.py) on the lab kernel, tried as a second admin would:
 every change to a device a drain or a replace-ssd run owns is refused (exit 3) and changes
-nothing; an interrupted drain owns its device until it is resumed."""
+nothing; an interrupted drain owns its device until it is resumed, or until ``restore`` puts
+back what it left."""
 
 from __future__ import annotations
 
@@ -240,3 +241,37 @@ def test_replacement_owns_its_devices_for_its_whole_run(lab_disks: list[str]) ->
              and f"pid {os.getpid()}" not in t[5]]
     assert not words, words
     verify_pre(devices)
+
+
+@pytest.mark.kernel(disks="1G,256M", timeout=500)
+def test_restore_puts_back_what_a_killed_drain_left(lab_disks: list[str]) -> None:
+    """A drain SIGKILLed mid-way leaves writeback_percent 0 and writeback_delay 1; status
+    and check name ``drain DEV --resume``. ``restore`` said "nothing to put back" (exit 4):
+    it puts the drain's originals back (what drain --resume does first), and then status,
+    check and drain --resume have nothing left of the drain."""
+    sysfs = setup_dirty(lab_disks, delay_ms=20, dirty="64M")
+    reader = light_load()
+    writeback_on(sysfs)
+    try:
+        p = clirun.process("drain", "/dev/bcache0")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and tunables(sysfs)[:2] != ("0", "1"):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert tunables(sysfs)[:2] == ("0", "1")
+        r = here("check")
+        assert "cachemgr drain /dev/bcache0 --resume" in r.stdout, r.stdout
+        r = here("restore")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "/dev/bcache0: restored tunables" in r.stdout, r.stdout
+        assert tunables(sysfs) == ("10", "30", "1")
+        assert '"procedure": "drain"' not in here("status", "--json").stdout
+        assert "--resume" not in here("check").stdout
+        r = here("drain", "/dev/bcache0", "--resume")
+        assert r.returncode == 4, r.stderr
+        r = here("restore")
+        assert r.returncode == 4 and "nothing to put back" in r.stdout, r.stdout
+    finally:
+        stop_light(reader)
+    assert not list((Path(state.state_dir()) / "drain").glob("*.json"))
