@@ -88,6 +88,29 @@ def _unclaimed(sysfs: Sysfs) -> list[tuple[str, str]]:
     return out
 
 
+def not_probed(sysfs: Sysfs) -> tuple[str, ...]:
+    """Unclaimed block devices this process may not open (not root, not in their group), of
+    which udevd has not said that they carry no bcache superblock: where a backing device
+    bcache stopped while dirty could be, unseen (:func:`scan_unregistered` probes the others).
+    udevd's probe (its blkid builtin, and bcache-tools' probe-bcache rule) records
+    ``ID_FS_TYPE`` in its database, which every user may read (/run/udev/data); a device udev
+    initialized without ``ID_FS_TYPE=bcache`` has no bcache superblock that udev saw. Live
+    only; opens nothing."""
+    if not sysfs.live:
+        return ()
+    out = []
+    for name, rel in _unclaimed(sysfs):
+        node = f"/dev/{name}"
+        if os.access(node, os.R_OK) or not os.path.exists(node):
+            continue
+        info = identity.udev_info(name)
+        if info is not None and info.fs_type != "bcache":
+            continue
+        dm_name = (sysfs.read_opt(f"{rel}/dm/name") or "").strip()
+        out.append(f"/dev/mapper/{dm_name}" if dm_name else node)
+    return tuple(out)
+
+
 def unreadable(sysfs: Sysfs) -> tuple[str, ...]:
     """Unclaimed block devices whose bcache superblock (4 KiB at 4 KiB) cannot be read (EIO):
     a dead disk may be a backing device that bcache stopped while dirty, and nothing on the

@@ -35,6 +35,7 @@ per-poll path: the snapshot never asks for health.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -347,7 +348,9 @@ def ssd_health(sysfs: Sysfs, snap: Snapshot, *, refresh: bool = True,
     """Each cache SSD of ``snap`` with its (cached) health; smartctl for an answer older than
     ``max_age`` (0: every disk now). smartctl runs only against the live /sys (a captured
     tree's disks are not this host's): elsewhere the cache alone."""
-    refresh = refresh and sysfs.live
+    # smartctl opens the disk: root's to do (another user's run would only store "permission
+    # denied" answers); the cache then, as far as this process may read it
+    refresh = refresh and sysfs.live and os.geteuid() == 0
     return [(s, lookup(s.node, s.key, refresh=refresh, max_age=max_age))
             for s in cache_ssds(sysfs, snap)]
 

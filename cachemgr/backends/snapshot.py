@@ -9,6 +9,7 @@ with at least kind, device, mode, state, dirty_bytes, cache.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Mapping
 from dataclasses import replace
@@ -16,6 +17,7 @@ from typing import Any
 
 from cachemgr.backends import bcache, dmcache, dmwritecache
 from cachemgr.backends import vms as vms_mod
+from cachemgr.backends.dmcache.discover import dm_names
 from cachemgr.backends.scancache import ScanCache, once
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
@@ -28,6 +30,7 @@ from cachemgr.core.model import (
     Snapshot,
     Stats,
     UnregisteredBcache,
+    Unseen,
     Vm,
     VmScan,
 )
@@ -59,13 +62,33 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
     cache = once(sysfs, cache)
     scan = bcache.scan(sysfs, stats=stats, cache=cache)
     unregistered: tuple[UnregisteredBcache, ...] = ()
+    unseen: list[Unseen] = []
+    privileged = sees_all(sysfs)
     if probe_unregistered:
         from cachemgr.backends import bcache_super
 
         unregistered = bcache_super.scan_unregistered(sysfs)
+        if not privileged:
+            closed = bcache_super.not_probed(sysfs)
+            if closed:
+                unseen.append(Unseen(
+                    "superblocks", None, "opening a disk needs root",
+                    f"whether {_few(closed)} carries a bcache superblock (a backing device "
+                    "bcache stopped while dirty)"))
     src = _Once(dmcache.default_source(sysfs), cache)  # one dmsetup call per listing
-    dm = dmcache.scan(sysfs, src, cache=cache)
-    wc = dmwritecache.scan(sysfs, src, cache=cache)
+    if privileged or not dm_names(sysfs, cache):
+        dm = dmcache.scan(sysfs, src, cache=cache)
+        wc = dmwritecache.scan(sysfs, src, cache=cache)
+    else:
+        # dmsetup opens /dev/mapper/control, root's only (crw-------): run by another user
+        # it fails ("open failed: Permission denied", lab 7.2), and sysfs's dm/ directory
+        # has no table: which dm devices are caches, and their dirty blocks, stay unseen
+        names = sorted(dm_names(sysfs, cache))
+        unseen.append(Unseen(
+            "dmsetup", "/dev/mapper/control", "dmsetup needs root",
+            f"which of the device-mapper devices {_few(names)} are dm-cache or dm-writecache "
+            "devices, their modes, dirty blocks and failures"))
+        dm, wc = dmcache.DmCacheScan((), ()), dmwritecache.WritecacheScan((), ())
     dmcaches, writecaches, lvm_warnings = _with_lvm(sysfs, dm.devices, wc.devices)
     snap = Snapshot(
         kernel=kernel_release(sysfs),
@@ -76,6 +99,7 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
         unregistered=unregistered,
         dmcaches=dmcaches,
         writecaches=writecaches,
+        unseen=tuple(unseen),
     )
     if vms:
         from cachemgr.backends import virsh
@@ -83,6 +107,19 @@ def take(sysfs: Sysfs | None = None, *, probe_unregistered: bool = False,
         snap = replace(snap, vms=vms_mod.scan(sysfs, snap, virsh.default_source(sysfs, uri),
                                               cache))
     return snap
+
+
+def sees_all(sysfs: Sysfs) -> bool:
+    """Whether a scan of ``sysfs`` can read everything it reads: run as root, or a captured
+    tree (its dmsetup answers are files beside it, and it has no disks to open). Another
+    user's scan of the live /sys lists what it could not read in ``Snapshot.unseen``."""
+    return not sysfs.live or os.geteuid() == 0
+
+
+def _few(names: list[str] | tuple[str, ...], most: int = 4) -> str:
+    """``names`` in words, the first ``most`` of them and how many more."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def kernel_release(sysfs: Sysfs) -> str | None:

@@ -59,10 +59,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     cache = cache_ops.ScanCache() if args.watch else None
     # --watch: the bytes written back per second between two looks (WB/s), measured
     meter = cache_ops.WritebackMeter() if args.watch else None
+    said = None
     while True:
         snap = cache_ops.status(_sysfs(args), probe_unregistered=not args.watch,
                                 vms=not args.no_vms, uri=args.connect, stats=args.stats,
                                 cache=cache)
+        if snap.unseen and snap.unseen != said:  # once (--watch: again when it changes)
+            print(f"cachemgr: {cache_ops.unseen_words(snap.unseen)}", file=sys.stderr,
+                  flush=True)
+        said = snap.unseen
         wb = (meter.update(_sysfs(args), snap.backings, time.monotonic(), cache)
               if meter is not None else None)
         if args.json:

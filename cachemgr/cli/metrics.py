@@ -152,7 +152,10 @@ def register(sub: Any) -> None:
                                    "failing cache, stranded dirty data, an interrupted "
                                    "replacement; WARNING: IO errors, wear, an interrupted "
                                    "drain. Changes nothing; smartctl is not run (its cached "
-                                   "answers are read). docs/admin-guide.md, 'Health and "
-                                   "cachemgr check'.")
+                                   "answers are read). Run as another user than root (a "
+                                   "monitoring agent's), what it could not read (the state "
+                                   "directory, dmsetup...) is said in one line, and the level "
+                                   "is UNKNOWN unless a CRITICAL is seen anyway. "
+                                   "docs/admin-guide.md, 'Health and cachemgr check'.")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
     s.set_defaults(func=cmd_check)

@@ -538,6 +538,26 @@ class UnassembledDmCache:
 
 
 @dataclass(frozen=True)
+class Unseen:
+    """Something a run without root could not read (``cachemgr check``, ``status`` and the
+    metrics run by a monitoring agent's user): ``what`` (``state-directory``,
+    ``dmcache-records``, ``dmsetup``, ``superblocks``: a stable word, the metrics' label),
+    ``path`` (where it is, or None), ``why`` (the kernel's or the tool's words) and
+    ``hides`` (what cannot be seen because of it, in words). Every one of them can hide a
+    CRITICAL finding: ``check`` says UNKNOWN rather than OK or WARNING while one is
+    listed (docs/admin-guide.md, "Monitoring as a user other than root")."""
+
+    what: str
+    path: str | None
+    why: str
+    hides: str
+
+    def line(self) -> str:
+        where = f" {self.path}" if self.path else ""
+        return f"{self.what}{where} ({self.why}): {self.hides}"
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything cachemgr knows about the host's caches, read once.
 
@@ -569,6 +589,8 @@ class Snapshot:
     protected: tuple[tuple[str, str], ...] = ()
     # the last protect pass found protect off: ``protected`` is only what earlier passes did
     protect_off: bool = False
+    # what this run could not read without root (empty when run as root: :class:`Unseen`)
+    unseen: tuple[Unseen, ...] = ()
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

@@ -72,6 +72,12 @@ def state_dir(*, create: bool = True) -> Path:
     return _configured()
 
 
+def exists() -> bool:
+    """Whether the state directory is there (an lstat: neither opened nor checked; a
+    reader that must not create it, run as another user, asks this first)."""
+    return os.path.lexists(_configured())
+
+
 class UnsafeStateError(UsageError):
     """A state directory or file that another user could turn against root, or a symbolic
     link where cachemgr keeps its own files (exit 2): one line, the path and the fix."""

@@ -46,13 +46,14 @@ from cachemgr.core.model import (
     Snapshot,
     UnassembledDmCache,
     UnregisteredBcache,
+    Unseen,
     human,
 )
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import kinds, owners, protect, traffic
+from cachemgr.procedures import kinds, owners, protect, traffic, unseen
 from cachemgr.procedures.kinds.base import dirty_words
 from cachemgr.procedures.kinds.base import size_words as size_words
 
@@ -72,12 +73,11 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     core/state.py ``Kept``). Without one, every reader walks it as every command does."""
     snap = snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
                              stats=stats, cache=cache)
-    if cache is None:
-        return dataclasses.replace(snap, owners=tuple(owners.owners()),
-                                   others=kinds.scan_others(sysfs),
-                                   unassembled=tuple(dm_record.unassembled(
-                                       sysfs, (d.name for d in snap.dmcaches))),
-                                   **protect_fields())
+    # run by another user than root (a monitoring agent's): what cachemgr's own directories
+    # hold is left out, and said once (Snapshot.unseen); nothing is created or written
+    hidden = unseen.own_files()
+    if cache is None or hidden or (os.geteuid() != 0 and not state.exists()):
+        return _with_files(sysfs, snap, hidden)
     # a poller's: the state directory walked once, what did not change since its last poll
     # kept (core/state.py polled; the holders' liveness read from /proc/locks every time)
     with state.polled(cache.state) as view:
@@ -95,6 +95,25 @@ def protect_fields(view: state.View | None = None) -> dict[str, Any]:
     state (procedures/protect.py)."""
     st = protect.load_state(view)
     return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st)}
+
+
+def _with_files(sysfs: Sysfs, snap: Snapshot, hidden: list[Unseen]) -> Snapshot:
+    """``snap`` with what cachemgr's own files add (owners, unassembled dm-cache devices,
+    protected SSDs), read as every command reads them; what ``hidden`` lists (and whatever
+    else is refused to this process on the way) left out and added to ``snap.unseen``."""
+    found = list(hidden)
+    blind_state = unseen.blind(found, unseen.STATE)
+    own: tuple[Owner, ...] = () if blind_state else tuple(unseen.guarded(
+        found, unseen.state_directory, owners.owners, []))
+    none: dict[str, Any] = {}
+    prot = none if blind_state else unseen.guarded(
+        found, unseen.state_directory, protect_fields, none)
+    names = [d.name for d in snap.dmcaches]
+    left: tuple[UnassembledDmCache, ...] = () if unseen.blind(found, unseen.RECORDS) else \
+        tuple(unseen.guarded(found, unseen.records,
+                             lambda: dm_record.unassembled(sysfs, names), []))
+    return dataclasses.replace(snap, owners=own, others=kinds.scan_others(sysfs),
+                               unassembled=left, unseen=snap.unseen + tuple(found), **prot)
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:
@@ -747,6 +766,7 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
                                    "owner": owners.owner_json(owner_of(snap, obj))})
     doc["owners"] = [owners.owner_json(o) for o in snap.owners]
     doc["unassembled"] = [unassembled_json(u) for u in snap.unassembled]
+    doc["unseen"] = [unseen_json(u) for u in snap.unseen]
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc
@@ -764,6 +784,14 @@ def ssd_health_json(rows: list[tuple[smart.Ssd, smart.Health | None]]) -> list[d
     return [{"device": ssd.node, "name": ssd.name, "caches": list(ssd.caches),
              "health": smart.health_json(h)}
             for ssd, h in rows]
+
+
+def unseen_json(u: Unseen) -> dict[str, Any]:
+    """docs/json.md, ``unseen``: one thing this run (not root) could not read."""
+    return {"what": u.what, "path": u.path, "why": u.why, "hides": u.hides}
+
+
+unseen_words = unseen.words  # the one line a face prints (the faces import this layer)
 
 
 def unassembled_json(u: UnassembledDmCache) -> dict[str, Any]:

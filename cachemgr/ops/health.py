@@ -12,7 +12,7 @@ from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.control import Result
-from cachemgr.procedures import health, kinds, owners
+from cachemgr.procedures import health, kinds, owners, unseen
 from cachemgr.procedures.health import Finding, Level
 
 __all__ = ["Finding", "Level", "check", "findings", "report"]
@@ -43,7 +43,15 @@ def findings(snap: Snapshot) -> list[Finding]:
     """The health model's findings of ``snap`` as a face shows them (status's, the TUI's):
     with the journals that cannot be read, without SMART (``check`` adds its cached
     answers)."""
-    return health.assess(snap, unreadable=owners.unreadable())
+    return health.assess(snap, unreadable=_unreadable(snap))
+
+
+def _unreadable(snap: Snapshot) -> list[tuple[str, str]]:
+    """The procedure journals that cannot be read; none looked for when the state directory
+    itself could not be (``snap.unseen`` says so, once)."""
+    if unseen.blind(list(snap.unseen), unseen.STATE):
+        return []
+    return owners.unreadable()
 
 
 def check(sysfs: Sysfs) -> Result:
@@ -53,10 +61,14 @@ def check(sysfs: Sysfs) -> Result:
     unregistered devices' superblocks included, as status does) and the SSDs' cached SMART
     answers (smartctl is the timer's job, never a check's). Changes nothing."""
     snap = cache_ops.status(sysfs, probe_unregistered=True)
-    rows = smart.ssd_health(sysfs, snap, refresh=False)
+    blind = list(snap.unseen)
+    none: list[tuple[smart.Ssd, smart.Health | None]] = []
+    rows = none if unseen.blind(blind, unseen.STATE) else unseen.guarded(
+        blind, unseen.state_directory, lambda: smart.ssd_health(sysfs, snap, refresh=False),
+        none)
     soon = [(ssd.node, "; ".join(h.warnings) or "replace soon") for ssd, h in rows
             if h is not None and h.replace_soon]
-    findings = health.assess(snap, replace_soon=soon, unreadable=owners.unreadable())
+    findings = health.assess(snap, replace_soon=soon, unreadable=_unreadable(snap))
     level = health.worst(findings)
     devices = list(kinds.listed(snap))
     dirty = sum(k.dirty_bytes or 0 for k in devices)
@@ -68,10 +80,21 @@ def check(sysfs: Sysfs) -> Result:
         head = f"{len(devices)} cached devices, nothing wrong"
     perf = (f"devices={len(devices)} critical={crit} warning={warn} dirty_bytes={dirty}B "
             f"owners={len(snap.owners)}")
+    lines = [f.line() for f in findings[1:]]
+    if blind:
+        # what could not be read can hide a CRITICAL (unseen.verdict)
+        words = unseen.words(blind)
+        level = unseen.verdict(level, blind)
+        if level == health.Level.UNKNOWN:
+            lines = [f.line() for f in findings]
+            head = f"{words}; run it as root to see everything (sudo cachemgr check)"
+        else:
+            lines.append(words)
     line = f"CACHEMGR {level.name} - {head} | {perf}"
-    return Result(lines=[line, *(f.line() for f in findings[1:])], value=level,
+    return Result(lines=[line, *lines], value=level,
                   data={"schema": 1, "status": level.name, "exit_code": int(level),
                         "findings": [f.to_json() for f in findings],
+                        "unseen": [cache_ops.unseen_json(u) for u in blind],
                         "perfdata": {"devices": len(devices), "critical": crit,
                                      "warning": warn, "dirty_bytes": dirty,
                                      "owners": len(snap.owners)}})

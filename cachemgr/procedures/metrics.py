@@ -58,9 +58,9 @@ from cachemgr.backends.scancache import ScanCache
 from cachemgr.core import signals
 from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheState, Snapshot, VmScan
+from cachemgr.core.model import CacheState, Snapshot, Unseen, VmScan
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import health, kinds, owners, protect, traffic, webconfig
+from cachemgr.procedures import health, kinds, owners, protect, traffic, unseen, webconfig
 
 log = logging.getLogger(__name__)
 
@@ -247,10 +247,16 @@ def collect(snap: Snapshot, *, journals: bool = True,
     up.add_metric([], 1.0 if snap.bcache_loaded else 0.0)
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
+    blind = _g("unseen", "1 for each thing this exporter could not read because it does not "
+               "run as root (what: state-directory, dmcache-records, dmsetup, superblocks): "
+               "a CRITICAL finding there would not be seen (cachemgr_health_status is 3).",
+               ["what", "path"])
+    for u in snap.unseen:
+        blind.add_metric([u.what, u.path or ""], 1.0)
     yield from (dirty, size, mode, state, hit, hits, misses, bypassed, bhits, bmiss, coll, rate,
                 wrote, wbp, errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
-                up, warn, *owned)
+                up, warn, blind, *owned)
     yield from _health_metrics(snap)
     if journals:
         yield from _journal_metrics(snap)
@@ -264,8 +270,9 @@ def _health_metrics(snap: Snapshot) -> tuple[Metric, Metric]:
     ``check`` and ``status`` read those)."""
     findings = health.assess(snap)
     level = _g("health_status", "The worst finding of the health model: 0 OK, 1 WARNING, "
-               "2 CRITICAL (cachemgr check's exit codes).", [])
-    level.add_metric([], float(health.worst(findings)))
+               "2 CRITICAL, 3 UNKNOWN: not root, something not read could hide a CRITICAL "
+               "(cachemgr_unseen; cachemgr check's exit codes).", [])
+    level.add_metric([], float(unseen.verdict(health.worst(findings), snap.unseen)))
     each = _g("health_finding", "1 for each finding of the health model: its level, a stable "
               "code (failing-cache-dirty, dirty-without-cache, failed-cache, "
               "interrupted-replace-ssd, ...) and the device.", ["level", "code", "device"])
@@ -307,6 +314,10 @@ def with_owners(sysfs: Sysfs, snap: Snapshot) -> Snapshot:
     procedures that own cache objects (``owners``) and the objects of the kinds registered
     beyond the built-in ones (``others``). Read from the state directory's lock files and
     journals, never created by a scrape (a read-only sandbox): no state directory, no owner."""
+    hidden = [u for u in unseen.own_files() if u.what == unseen.STATE]
+    if hidden:  # not root: the journals and lock files are root's (procedures/unseen.py)
+        return dataclasses.replace(snap, others=kinds.scan_others(sysfs),
+                                   unseen=snap.unseen + tuple(hidden))
     found = owners.owners() if state_mod.state_dir(create=False).is_dir() else []
     st = protect.load_state()
     return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs),
@@ -334,7 +345,8 @@ def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:
                  "devices switched to writethrough and drained) that still caches.", ["ssd"])
     guarded_since = _g("protect_since_timestamp_seconds", "When the protect policy first "
                        "acted on the SSD.", ["ssd"])
-    if not state_mod.state_dir(create=False).is_dir():  # no journal ever written here
+    if any(u.what == unseen.STATE for u in snap.unseen) \
+            or not state_mod.state_dir(create=False).is_dir():  # none written here, or root's
         unreadable.add_metric([], 0)
         yield from (draining, unfinished, updated, unreadable, guarded, guarded_since)
         return
@@ -501,6 +513,7 @@ class SnapshotCollector(Collector):
         self._with_stats: Snapshot | None = None
         self._vms_at: float | None = None
         self._vms: VmScan | None = None
+        self._said: tuple[Unseen, ...] = ()  # what was not read, as last logged
 
     def snapshot(self) -> Snapshot:
         """This scrape's snapshot (what :meth:`collect` exports)."""
@@ -550,8 +563,13 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         snap, written = self._scrape()
+        blind = any(u.what == unseen.STATE for u in snap.unseen)
+        if snap.unseen and snap.unseen != self._said:  # said once on stderr (the unit's log)
+            self._said = snap.unseen
+            log.warning("%s", unseen.words(snap.unseen))
         return [*collect(snap, written_back=written),
-                *health_metrics(smart.ssd_health(self.sysfs, snap, refresh=False))]
+                *health_metrics([] if blind else smart.ssd_health(self.sysfs, snap,
+                                                                  refresh=False))]
 
 
 # ---------------------------------------------------------------------------- exposition

@@ -208,7 +208,7 @@ def scan_runs(view: state.View | None = None
     if view is not None:
         paths = [view.path("replace", n) for n in view.names("replace")]
     else:
-        d = state.state_dir() / "replace"
+        d = state.state_dir(create=False) / "replace"
         if not d.is_dir():
             return [], []
         paths = sorted(d.glob("*.json"))
