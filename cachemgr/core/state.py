@@ -370,10 +370,17 @@ class BusyError(UnsafeError):
         self.holder = holder
 
 
-def _write_holder(fd: int, holder: dict[str, Any]) -> None:
+def _write_holder(fd: int, holder: dict[str, Any], path: Path | None = None) -> None:
+    """Write ``holder`` into the lock file ``fd``; an OSError (ENOSPC: the state directory's
+    filesystem is full) names the file ``path``."""
     data = (json.dumps(holder, sort_keys=True) + "\n").encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError as exc:
+        if path is None or exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def open_lock(path: Path) -> int:
@@ -408,6 +415,8 @@ def append(path: Path, data: bytes) -> None:
         os.close(dfd)
     try:
         os.write(fd, data)
+    except OSError as exc:  # ENOSPC: name the file, not only the errno
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         os.close(fd)
 
@@ -433,7 +442,8 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
             with _held_mutex:
                 mine.depth -= 1
         return
-    fd = _open_lock(_configured() / "locks" / f"{_safe(key)}.lock")
+    lock_path = _configured() / "locks" / f"{_safe(key)}.lock"
+    fd = _open_lock(lock_path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -450,7 +460,7 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
                                        "note": "another operation of this process"})
             _held[key] = _Held(me, 1, fd, info)
         try:
-            _write_holder(fd, info)
+            _write_holder(fd, info, lock_path)
             yield
         finally:
             with _held_mutex:

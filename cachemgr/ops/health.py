@@ -5,9 +5,13 @@ an answer at most that old (systemd/README.md)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import time
+
 from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
-from cachemgr.core.errors import require_root
+from cachemgr.core.errors import CacheMgrError, require_root
 from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
@@ -53,6 +57,14 @@ def check(sysfs: Sysfs) -> Result:
     unregistered devices' superblocks included, as status does) and the SSDs' cached SMART
     answers (smartctl is the timer's job, never a check's). Changes nothing."""
     snap = cache_ops.status(sysfs, probe_unregistered=True)
+    if sysfs.live and os.geteuid() == 0:
+        # remember the dirty backing devices, to say so when one is gone (health.remember)
+        try:
+            health.save_remembered(health.remember(snap, [*health.remembered()],
+                                                   time.time()))
+        except (OSError, CacheMgrError) as exc:
+            snap = dataclasses.replace(snap, warnings=(
+                *snap.warnings, f"the dirty backing devices not remembered: {exc}"))
     rows = smart.ssd_health(sysfs, snap, refresh=False)
     soon = [(ssd.node, "; ".join(h.warnings) or "replace soon") for ssd, h in rows
             if h is not None and h.replace_soon]
