@@ -139,8 +139,16 @@ def _bcache(snap: Snapshot) -> Iterable[Finding]:
                           "cachemgr register SSD (its cache set's SSD: status lists the "
                           "unregistered ones)")
         elif b.io_errors:  # with or without a cache set: its own disk fails IO
+            cs = sets.get(b.cset_uuid) if b.cset_uuid else None
+            ssd_errors = sum(x.io_errors or 0 for x in cs.caches) if cs is not None else 0
+            # bcache counts a failed read of dirty data from the SSD as a backing device
+            # error too (docs/kernel-notes.md, "Which disk a stopped drain names")
+            also = (f", or failed reads of its dirty data on cache SSD "
+                    f"{','.join(x.identity.node for x in cs.caches)} (bcache counts those "
+                    "there too)" if cs is not None and ssd_errors else "")
             yield Finding(Level.WARNING, "backing-io-errors", dev,
-                          f"{b.io_errors} IO errors on its backing device {b.identity.node}")
+                          f"{b.io_errors} IO errors on its backing device {b.identity.node}"
+                          + also)
     for u in snap.unregistered:
         if u.kind != "backing" or u.sb_state != "dirty":
             continue

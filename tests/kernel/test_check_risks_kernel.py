@@ -233,3 +233,51 @@ def test_a_backing_device_pulled_while_dirty_is_critical(lab_disks: list[str],
     assert (rc, found) == (0, []), text
     assert json.loads((state_dir / "health" / "dirty-backings.json").read_text())[
         "devices"] == []
+
+
+@pytest.mark.kernel(disks="512M", timeout=400)
+def test_following_the_advice_for_a_failing_bcache_ssd_names_the_ssd(
+        lab_disks: list[str]) -> None:
+    """The issue's case: check's advice for a bcache SSD failing reads of dirty data is
+    followed (``mode DEV writethrough --drain``); bcache fails within a second, counting the
+    SSD's failed reads as backing device errors ("too many IO errors on backing device
+    ubda"). The drain names the SSD and the order to register them in, never "repair" the
+    healthy backing device; following that brings every byte back."""
+    sysfs = Sysfs()
+    (ssd,) = scsi.load_scsi_debug(sysfs, dev_size_mb=160, per_host_store=1)
+    hdd = lab_disks[0]
+    r = cm("create", "bcache", "--backing", hdd, "--cache", ssd.node, "--bucket", "64k",
+           "--mode", "writeback", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    b = "block/bcache0/bcache"
+    sysfs.write(f"{b}/sequential_cutoff", "0")
+    sysfs.write(f"{b}/writeback_running", "0")
+    sha = write("/dev/bcache0", 32 << 20, 4)
+    (PARAMS / "medium_error_start").write_text("0")
+    (PARAMS / "medium_error_count").write_text(str(400_000))
+    (PARAMS / "opts").write_text("2")
+    try:
+        with pytest.raises(OSError):  # one block: more reads would fail the set at once
+            read_sha("/dev/bcache0", 4096)
+        rc, found, text = check()
+        assert rc == 2, text
+        f = found[0]
+        assert (f["code"], f["device"]) == ("failing-cache-dirty", "/dev/bcache0"), f
+        assert f"cache SSD {ssd.node}" in f["what"], f
+        assert f["next"] == "cachemgr mode /dev/bcache0 writethrough --drain"
+        r = cm(*f["next"].split()[1:])
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert f"its cache SSD {ssd.node} fails" in r.stderr, r.stderr
+        assert f"cachemgr register {ssd.node} {hdd}" in r.stderr, r.stderr
+        assert f"repair {hdd}" not in r.stderr, r.stderr
+    finally:
+        (PARAMS / "opts").write_text("0")
+
+    # the SSD reads again: the advice followed, every byte comes back
+    r = cm("register", ssd.node, hdd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cm("drain", "/dev/bcache0")
+    assert r.returncode in (0, 4), r.stdout + r.stderr
+    assert read_sha("/dev/bcache0", 32 << 20) == sha
+    rc, found, text = check()
+    assert (rc, found) == (0, []), text

@@ -276,6 +276,14 @@ def test_a_backing_row_shows_its_ssd_s_errors(tmp_path: Path) -> None:
     rows = view.rows(snap)
     (b,) = [r for r in rows if r.device.endswith("bcache0")]
     assert b.errors == "0+4 SSD" and b.alert
+    # bcache counted the SSD's failed reads of dirty data on the backing device too: the
+    # finding says so instead of blaming the backing disk alone
+    (bb,) = snap.backings
+    both = dataclasses.replace(snap, backings=(dataclasses.replace(bb, io_errors=3),))
+    (f,) = [f for f in health.assess(both) if f.code == "backing-io-errors"]
+    assert f.what == (f"3 IO errors on its backing device {bb.identity.node}, or failed reads "
+                      f"of its dirty data on cache SSD {c.caches[0].identity.node} (bcache "
+                      "counts those there too)")
 
 
 def test_a_stopped_drain_names_the_ssd_the_log_names(tmp_path: Path) -> None:
