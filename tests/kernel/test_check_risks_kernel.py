@@ -197,9 +197,15 @@ def test_a_backing_device_pulled_while_dirty_is_critical(lab_disks: list[str],
     b = "block/bcache0/bcache"
     sysfs.write(f"{b}/sequential_cutoff", "0")
     sysfs.write(f"{b}/writeback_running", "0")  # the dirty data stays on the SSD
+    # the SSD is a file on the host: under load its writes can take longer than bcache's
+    # congestion threshold (20 ms), and bcache then bypasses it (seen: 7 and 11 of 16 MiB
+    # dirty); 0 turns that bypass off
+    (cset,) = snapshot.take(sysfs).cache_sets
+    for t in ("congested_read_threshold_us", "congested_write_threshold_us"):
+        sysfs.write(f"fs/bcache/{cset.uuid}/{t}", "0")
     sha = write("/dev/bcache0", 16 << 20, 3)
     (bb,) = snapshot.take(sysfs).backings
-    assert (bb.dirty_bytes or 0) >= 8 << 20, bb.dirty
+    assert (bb.dirty_bytes or 0) >= 16 << 20, bb.dirty
     rc, found, text = check()  # a check sees it dirty (and remembers it)
     assert (rc, found) == (0, []), text
     assert (state_dir / "health" / "dirty-backings.json").is_file()
