@@ -149,10 +149,13 @@ def register(sub: Any) -> None:
                                    "the Zabbix agent): one line 'CACHEMGR LEVEL - summary | "
                                    "perfdata', the other findings after it, and the level as "
                                    "the exit code. CRITICAL: dirty data on a failed or "
-                                   "failing cache, stranded dirty data, an interrupted "
-                                   "replacement; WARNING: IO errors, wear, an interrupted "
-                                   "drain. Changes nothing; smartctl is not run (its cached "
-                                   "answers are read). docs/admin-guide.md, 'Health and "
-                                   "cachemgr check'.")
+                                   "failing cache, stranded dirty data, a backing device "
+                                   "gone while dirty, a dm-cache record it cannot use, an "
+                                   "interrupted replacement; WARNING: IO errors, wear, an "
+                                   "interrupted drain, what the scan could not read. Changes "
+                                   "no device (as root it remembers the dirty backing "
+                                   "devices it saw, to say when one is gone); smartctl is "
+                                   "not run (its cached answers are read). See "
+                                   "docs/admin-guide.md, 'Health and cachemgr check'.")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
     s.set_defaults(func=cmd_check)

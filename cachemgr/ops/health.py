@@ -55,7 +55,8 @@ def check(sysfs: Sysfs) -> Result:
     agent): one summary line with performance data, exit 0 OK, 1 WARNING, 2 CRITICAL, 3
     UNKNOWN (the CLI maps an error of its own to UNKNOWN). Reads the host once (the
     unregistered devices' superblocks included, as status does) and the SSDs' cached SMART
-    answers (smartctl is the timer's job, never a check's). Changes nothing."""
+    answers (smartctl is the timer's job, never a check's). Changes no device; as root it
+    keeps the dirty bcache backing devices it saw (health.remember), to say when one is gone."""
     snap = cache_ops.status(sysfs, probe_unregistered=True)
     if sysfs.live and os.geteuid() == 0:
         # remember the dirty backing devices, to say so when one is gone (health.remember)
