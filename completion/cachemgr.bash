@@ -7,7 +7,7 @@
 _cachemgr_node() {
     # $1: the command path; sets subs, opts and vopts (the options taking a value)
     case $1 in
-    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'create' 'remove' 'tune' 'register' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
+    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
     'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '--max-latency' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
     'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--max-latency' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
@@ -17,6 +17,7 @@ _cachemgr_node() {
     'remove') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--keep-device' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'tune') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'register') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
+    'assemble') subs=(); opts=('-h' '--help' '-y' '--yes' '--json'); vopts=() ;;
     'force-run') subs=(); opts=('-h' '--help' '--i-accept-data-loss' '-y' '--yes' '--json'); vopts=() ;;
     'stop-set') subs=(); opts=('-h' '--help' '--i-accept-data-loss' '-y' '--yes' '--json'); vopts=() ;;
     'tui') subs=(); opts=('-h' '--help' '--interval'); vopts=('--interval') ;;
@@ -38,7 +39,7 @@ _cachemgr_node() {
     'bench demo') subs=(); opts=('-h' '--help' '--disks' '--runtime' '--repeat' '--timeout' '--out'); vopts=('--disks' '--runtime' '--repeat' '--timeout' '--out') ;;
     'udev-event') subs=(); opts=('-h' '--help' '--policy' '--spawn'); vopts=('--policy' '--spawn') ;;
     'autoattach') subs=(); opts=('-h' '--help' '--policy' '--dry-run' '--json'); vopts=('--policy') ;;
-    'protect') subs=(); opts=('-h' '--help' '--policy' '--dry-run' '--json'); vopts=('--policy') ;;
+    'protect') subs=(); opts=('-h' '--help' '--policy' '--dry-run' '--clear' '--json'); vopts=('--policy' '--clear') ;;
     'policy') subs=('check'); opts=('-h' '--help'); vopts=() ;;
     'policy check') subs=(); opts=('-h' '--help' '--policy' '--json'); vopts=('--policy') ;;
     'scheduler') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
@@ -233,6 +234,7 @@ _cachemgr_optval() {
     'protect')
         case $2 in
         '--policy') spec=files ;;
+        '--clear') spec=host; vals=('disks') ;;
         esac ;;
     'policy check')
         case $2 in
@@ -321,6 +323,10 @@ _cachemgr_posval() {
     'register')
         case $2 in
         *) spec=host; vals=('disks') ;;
+        esac ;;
+    'assemble')
+        case $2 in
+        0) spec=none ;;
         esac ;;
     'force-run')
         case $2 in

@@ -432,6 +432,15 @@ class Superblock:
     label: str | None = None
     usage: str | None = None
     version: str | None = None
+    pttype: str | None = None  # PTTYPE (gpt, dos), with partitions probed (probe_signature)
+    ptuuid: str | None = None  # PTUUID
+
+    def words(self) -> str:
+        """What it is, as an admin compares it: "ext4 UUID 1b2c...", "gpt PTUUID 9f..."."""
+        parts = [f"{self.type} UUID {self.uuid}" if self.type and self.uuid else
+                 self.type or "", f"{self.pttype} PTUUID {self.ptuuid}" if self.pttype
+                 and self.ptuuid else self.pttype or ""]
+        return ", ".join(p for p in parts if p) or "no signature"
 
     @classmethod
     def from_probe(cls, values: Mapping[str, bytes | str]) -> Superblock:
@@ -444,7 +453,8 @@ class Superblock:
             return _nonempty(v)
 
         return cls(type=get("TYPE"), uuid=get("UUID"), label=get("LABEL"),
-                   usage=get("USAGE"), version=get("VERSION"))
+                   usage=get("USAGE"), version=get("VERSION"), pttype=get("PTTYPE"),
+                   ptuuid=get("PTUUID"))
 
 
 Prober = Callable[[str], Superblock | None]
@@ -469,6 +479,26 @@ def probe_superblock(node: str) -> Superblock | None:
         return Superblock.from_probe(dict(probe))
     except (ImportError, OSError, RuntimeError) as exc:
         # pylibblkid raises OSError when open() fails, RuntimeError when libblkid fails
+        log.debug("blkid: cannot probe %s: %s", node, exc)
+        return None
+
+
+def probe_signature(node: str) -> Superblock | None:
+    """What ``node`` holds as ``blkid -p`` shows it: a superblock (file system, LVM PV,
+    RAID member) or a partition table (PTTYPE, PTUUID); an empty :class:`Superblock` when
+    it holds none, None when it cannot be read. Read-only, as :func:`probe_superblock`."""
+    try:
+        import blkid
+
+        probe = blkid.Probe()
+        probe.set_device(node)
+        probe.enable_superblocks(True)
+        probe.set_superblocks_flags(blkid.SUBLKS_TYPE | blkid.SUBLKS_UUID | blkid.SUBLKS_LABEL
+                                    | blkid.SUBLKS_USAGE | blkid.SUBLKS_VERSION)
+        probe.enable_partitions(True)
+        found = probe.do_safeprobe()
+        return Superblock.from_probe(dict(probe)) if found else Superblock()
+    except (ImportError, OSError, RuntimeError) as exc:
         log.debug("blkid: cannot probe %s: %s", node, exc)
         return None
 

@@ -1,6 +1,7 @@
-"""The cache commands: status, mode, drain, attach, detach, create, remove, tune, force-run,
-stop-set, and the TUI. Each parses its arguments, calls the command layer (cachemgr/ops/cache.py)
-and renders the result."""
+"""The cache commands: status, mode, drain, attach, detach, create, remove, tune, register,
+assemble, force-run, stop-set, and the TUI. Each parses its arguments, calls the command
+layer (cachemgr/ops/cache.py; assemble: cachemgr/ops/autoattach.py) and renders the
+result."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from cachemgr.core.lazy import lazy
 from cachemgr.core.sysfs import Sysfs
 
 if TYPE_CHECKING:
+    from cachemgr.ops import autoattach as autoattach_ops
     from cachemgr.ops import cache as cache_ops
     from cachemgr.ops import control, render
     from cachemgr.ops.control import Control
 else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring)
+    autoattach_ops = lazy("cachemgr.ops.autoattach")
     cache_ops = lazy("cachemgr.ops.cache")
     control = lazy("cachemgr.ops.control")
     render = lazy("cachemgr.ops.render")
@@ -141,6 +144,10 @@ def cmd_force_run(args: argparse.Namespace) -> int:
 
 def cmd_register(args: argparse.Namespace) -> int:
     return emit(args, cache_ops.register(_sysfs(args), args.devices))
+
+
+def cmd_assemble(args: argparse.Namespace) -> int:
+    return emit(args, autoattach_ops.assemble(_sysfs(args), args.name, ctl=_asking(args)))
 
 
 def cmd_stop_set(args: argparse.Namespace) -> int:
@@ -263,6 +270,15 @@ def register(sub: Any) -> None:
                    help="a cache SSD or a backing device carrying a bcache superblock")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_register)
+
+    s = sub.add_parser("assemble", help="assemble a recorded dm-cache device the boot pass "
+                       "left to you (its disks known by their place only), once you have "
+                       "checked them")
+    s.add_argument("name", metavar="NAME",
+                   help="its dm name or /dev/mapper/NAME (cachemgr check names it)")
+    add_yes(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_assemble)
 
     s = sub.add_parser("force-run", help="start a backing device without its cache (DANGER)")
     s.add_argument("backing", metavar="BACKING")

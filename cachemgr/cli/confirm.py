@@ -1,7 +1,8 @@
 """The one confirmation rule of the command line (docs/cli.md, "Confirmations").
 
 Every command that can lose data or disrupt a VM (remove, detach, stop-set, force-run, mode
-to a mode that caches nothing, create --force over a signature, vm-cache, replace-ssd) shows
+to a mode that caches nothing, create --force over a signature, vm-cache, replace-ssd,
+assemble over disks known by their place only) shows
 its plan on stderr, each change not made yet said as "would ...", then:
 
 * on a terminal (stdin is one) asks ``Go ahead? [y/N]`` and goes on only on ``y`` or
@@ -36,7 +37,8 @@ YES_HELP = ('confirm without asking (needed when stdin is not a terminal: '
 
 # what the commands' --help and docs/cli.md say of the rule (the main parser's epilog)
 RULE = ("Confirmations: remove, detach, stop-set, force-run, vm-cache, replace-ssd, a mode "
-        "that caches nothing (none, passthrough) and create --force over a signature show "
+        "that caches nothing (none, passthrough), create --force over a signature and "
+        "assemble over disks known by their place only show "
         "what they would do and ask on a terminal (Go ahead? [y/N]); without a terminal "
         "they refuse (exit 3, nothing changed) unless given --yes.")
 

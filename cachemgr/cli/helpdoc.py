@@ -28,6 +28,8 @@ CONFIRMATIONS = [
     "superblock, dm-cache metadata) |",
     "| `vm-cache` | always (a VM's persistent definition) |",
     "| `replace-ssd` | a run (not `--dry-run`, `--list`, `--resume` or `--rollback`) |",
+    "| `assemble` | a device of the dm-cache is known by its place only (the boot pass left "
+    "it to the admin) |",
     "",
     "1. First every check it can make without acting: the words, the target, root, the "
     "locks, an interrupted procedure. Their refusals (exit 2, 3) and \"already so\" "

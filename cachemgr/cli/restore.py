@@ -1,5 +1,6 @@
 """``cachemgr restore [TARGET]``: put back the settings an interrupted procedure (a bench
-killed outright) left changed (docs/cli.md; the command layer: cachemgr/ops/restore.py)."""
+or a drain killed outright) left changed (docs/cli.md; the command layer:
+cachemgr/ops/restore.py)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ def register(sub: Any) -> None:
                     "settings back first. This command does only that: every such journal "
                     "(with TARGET, those on it), through the gate (refused, exit 3, while "
                     "its procedure still runs). Exit 4 when there is nothing to put back. "
-                    "An interrupted drain is resumed by drain --resume, a replace-ssd run by "
-                    "replace-ssd --resume or --rollback.")
+                    "An interrupted drain or flush (a bcache drain's tunables, a dm-cache "
+                    "flush's cleaner table, an LVM drain's policy) is put back too, as "
+                    "drain DEV --resume does before it drains again: its dirty data is then "
+                    "written back at the kernel's own pace. A replace-ssd run is finished by "
+                    "replace-ssd --resume or undone by --rollback.")
     s.add_argument("target", nargs="?", metavar="TARGET",
                    help="a cached device, cache set or disk the journal names (default: all)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")

@@ -98,6 +98,10 @@ def cmd_protect(args: argparse.Namespace) -> int:
     from cachemgr.ops import protect as protect_ops
 
     udev_ops.setup_logging(stderr=False)
+    if args.clear is not None:
+        return emit(args, protect_ops.clear(Sysfs(args.sysfs_root), args.clear,
+                                            udev_ops.resolve_policy(args.policy),
+                                            dry_run=args.dry_run))
     return emit(args, protect_ops.run(Sysfs(args.sysfs_root),
                                       udev_ops.resolve_policy(args.policy),
                                       dry_run=args.dry_run))
@@ -124,6 +128,11 @@ def register(sub: Any) -> None:
                                         "switched to writethrough and drained")
     pr.add_argument("--policy", metavar="PATH", help=f"default {DEFAULT_POLICY}")
     pr.add_argument("--dry-run", action="store_true", help="say what would be done")
+    pr.add_argument("--clear", metavar="DEV",
+                    help="undo what the passes did to the cache SSD DEV (as the finding "
+                         "names it): put back the mode each device had before protect "
+                         "switched it, then forget the SSD's record and count its errors "
+                         "from now (root; journaled, through the gate)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_protect)
 

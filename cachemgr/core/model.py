@@ -566,6 +566,11 @@ class UnassembledDmCache:
     mode: CacheMode
     # role -> why it cannot be used ("missing", "a different disk ..."); empty: all present
     problems: tuple[tuple[str, str], ...] = ()
+    # role -> why it is not proven: present, but known by its place only, so the boot pass
+    # leaves it to the admin (backends/dmcache/record.py)
+    unproven: tuple[tuple[str, str], ...] = ()
+    # with ``unproven`` and no problems: what the admin checks, then the command
+    check: str | None = None
 
     @property
     def node(self) -> str:
@@ -602,6 +607,8 @@ class Snapshot:
     # (SSD, words) for each cache SSD the protect policy acted on and that still caches
     # (procedures/protect.py's state; ops.cache.status fills it)
     protected: tuple[tuple[str, str], ...] = ()
+    # the last protect pass found protect off: ``protected`` is only what earlier passes did
+    protect_off: bool = False
     # (cached device node, failed requests logged for a disk under its cache device): the
     # device-mapper kinds' cache SSD errors (ops.cache.status fills it; bcache counts its
     # own, BcacheCache.io_errors)

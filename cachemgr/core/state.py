@@ -349,8 +349,11 @@ def parse_holder(text: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except ValueError:
-        m = re.fullmatch(r"pid (\d+)", text)
-        return {"pid": int(m.group(1))} if m else {"raw": text[:200]}
+        try:  # a record being rewritten in place: the new one, then the old one's tail
+            data = json.JSONDecoder().raw_decode(text)[0]
+        except ValueError:
+            m = re.fullmatch(r"pid (\d+)", text)
+            return {"pid": int(m.group(1))} if m else {"raw": text[:200]}
     return data if isinstance(data, dict) else {"raw": text[:200]}
 
 
@@ -371,12 +374,16 @@ class BusyError(UnsafeError):
 
 
 def _write_holder(fd: int, holder: dict[str, Any], path: Path | None = None) -> None:
-    """Write ``holder`` into the lock file ``fd``; an OSError (ENOSPC: the state directory's
-    filesystem is full) names the file ``path``."""
+    """Say who holds the lock, in place: the new record over the old one, then the file cut
+    to it. Never empty on the way (emptied then written, a reader in between, status or a
+    command's check before its question, saw nobody holding a lock a run held: its step
+    and its drains' progress are rewritten every few seconds); a reader in between sees the
+    new record followed by the old one's tail (:func:`parse_holder` takes the first). An
+    OSError (ENOSPC: the state directory's filesystem is full) names the file ``path``."""
     data = (json.dumps(holder, sort_keys=True) + "\n").encode()
     try:
-        os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
     except OSError as exc:
         if path is None or exc.filename is not None:
             raise
@@ -426,7 +433,13 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
     """Hold the lock for cache object ``key``; refuse (exit 3, :class:`BusyError` naming the
     holder) if another run holds it. ``holder`` (procedure, run, step...) is written into
     the lock file with this pid and the time, for the refusal of the next one and for
-    status. Re-entrant for the same owner (see above); another thread is refused."""
+    status. Re-entrant for the same owner (see above); another thread is refused.
+
+    The lock is let go when the last block of its owner ends, not the first one that took
+    it: a procedure's worker thread acting for it (a replace-ssd run's drain) that is still
+    in its block when the procedure's own block ends (a second Ctrl-C while it waits for
+    its drains to put their tunables back) still owns the device; a second admin gets in
+    only once that thread is out."""
     me = _me()
     with _held_mutex:
         mine = _held.get(key)
@@ -439,17 +452,12 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
         try:
             yield
         finally:
-            with _held_mutex:
-                mine.depth -= 1
+            _leave(key, mine)
         return
     lock_path = _configured() / "locks" / f"{_safe(key)}.lock"
     fd = _open_lock(lock_path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BusyError(what, parse_holder(
-                os.pread(fd, 4096, 0).decode(errors="replace"))) from None
+        _flock_or_refuse(fd, what)
         # "owner": which run of this process (a thread, or a procedure's workers acting as
         # one): the locks one run holds are one owner to status, however far apart taken
         info = {"pid": os.getpid(), "owner": _owner_word(me), "since": round(time.time(), 3),
@@ -458,17 +466,57 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
             if key in _held:  # another thread of ours won the race for the same key
                 raise BusyError(what, {**_held[key].holder,
                                        "note": "another operation of this process"})
-            _held[key] = _Held(me, 1, fd, info)
-        try:
-            _write_holder(fd, info, lock_path)
-            yield
-        finally:
-            with _held_mutex:
-                _held.pop(key, None)
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)  # released: nobody holds it (a SIGKILL leaves the text)
-    finally:
+            mine = _held[key] = _Held(me, 1, fd, info)
+    except BaseException:
         os.close(fd)
+        raise
+    try:
+        _write_holder(fd, info, lock_path)
+        yield
+    finally:
+        _leave(key, mine)
+
+
+# how long a refusal waits for the holder's record when the lock file is empty: a holder
+# writes it right after its flock, a release empties it right before its close
+SAID_WITHIN = 0.2
+
+
+def _flock_or_refuse(fd: int, what: str) -> None:
+    """Take the lock open at ``fd``, or refuse (:class:`BusyError`) with what its holder's
+    record says. An empty record is a holder that took the lock this instant and says so
+    next, or one letting it go: asked again (the flock, then the record) for up to
+    :data:`SAID_WITHIN` seconds, so that a refusal names the run that holds the device
+    (seen in the lab: a second admin refused "another cachemgr run ... (pid unknown)"
+    while a replace-ssd run held it)."""
+    deadline = time.monotonic() + SAID_WITHIN
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = parse_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        if holder or time.monotonic() >= deadline:
+            raise BusyError(what, holder)
+        time.sleep(0.005)
+
+
+def _leave(key: str, h: _Held) -> None:
+    """One block of ``h``'s owner ends; the last one lets the lock go: the file emptied
+    (nobody holds it; a SIGKILL leaves the text) and closed, which releases the flock, before
+    the key is free again in this process (a new block of ours would be refused by our own
+    flock otherwise)."""
+    with _held_mutex:
+        h.depth -= 1
+        if h.depth > 0:
+            return
+        try:
+            with contextlib.suppress(OSError):
+                os.ftruncate(h.fd, 0)
+            os.close(h.fd)
+        finally:
+            if _held.get(key) is h:
+                del _held[key]
 
 
 def update_holder(**fields: Any) -> None:

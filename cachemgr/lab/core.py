@@ -165,6 +165,10 @@ class LabSpec:
     # NVMe ones) and never removed: a second boot on what an earlier run wrote, as after a
     # reboot or a power cut (``lab run --disk-image PATH``)
     disk_images: tuple[str, ...] = ()
+    # qemu: a serial number for each plain disk, in $LAB_DISKS order ("" for none): the
+    # virtio disk's ``serial=`` (/sys/block/vdX/serial), an identity that follows the disk
+    # from slot to slot. UML's ubd disks cannot have one (refused)
+    disk_serials: tuple[str, ...] = ()
     # qemu: the guest's CPUs (TCG runs one host thread each). A guest doing one thing at a
     # time costs less host CPU with one (a package install 137 against ~180 CPU-seconds, the
     # sizing test 66 against 90, the NVMe refusals 41 against 73); one running a procedure
@@ -273,6 +277,12 @@ def run(
     if spec.monitor and spec.backend != "qemu":
         raise UsageError("the machine monitor needs the qemu backend",
                          hint="cachemgr lab run --backend qemu --monitor -- CMD")
+    if spec.disk_serials and spec.backend != "qemu":
+        raise UsageError("disk serials are the qemu lab's (UML's ubd disks have none)")
+    if len(spec.disk_serials) > spec.n_disks or not all(
+            re.fullmatch(r"[A-Za-z0-9_-]{0,20}", s) for s in spec.disk_serials):
+        raise UsageError("disk serials: one for each plain disk at most, each up to 20 "
+                         "letters, digits, '-' or '_'")
     for p in spec.rw_paths:
         # a guest cannot mount what the host does not have (it died at boot: exit 125)
         if not Path(p).is_dir():

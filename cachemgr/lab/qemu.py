@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import termios
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -105,12 +105,7 @@ class QemuBackend(Backend):
             ]
         # disks first: virtio-blk names follow the PCI order (vda = disk0)
         plain, nvme = disks[:spec.n_disks], disks[spec.n_disks:]
-        for i, d in enumerate(plain):
-            argv += [
-                "-drive", f"file={_opt(d)},format=raw,if=none,id=disk{i},"
-                          "cache=writeback,discard=unmap",
-                "-device", f"virtio-blk-pci,drive=disk{i}",
-            ]
+        argv += virtio_disks(plain, spec.disk_serials)
         # NVMe: the images in controller order, each controller's in namespace order
         images = iter(nvme)
         argv += nvme_devices([[next(images) for _ in sizes] for sizes in spec.nvme])
@@ -162,6 +157,20 @@ class QemuBackend(Backend):
         finally:
             if saved is not None:
                 _term_restore(saved)
+
+
+def virtio_disks(images: Sequence[Path], serials: Sequence[str] = ()) -> list[str]:
+    """The -drive and -device options of the plain disks (virtio-blk, vda = the first),
+    each with its serial when ``serials`` gives one (LabSpec.disk_serials)."""
+    argv: list[str] = []
+    for i, d in enumerate(images):
+        serial = f",serial={serials[i]}" if i < len(serials) and serials[i] else ""
+        argv += [
+            "-drive", f"file={_opt(d)},format=raw,if=none,id=disk{i},"
+                      "cache=writeback,discard=unmap",
+            "-device", f"virtio-blk-pci,drive=disk{i}{serial}",
+        ]
+    return argv
 
 
 def nvme_devices(controllers: list[list[Path]]) -> list[str]:

@@ -13,16 +13,24 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cachemgr.backends import bcache
+from cachemgr.backends import bcache, identity
 from cachemgr.backends import scheduler as sched
+from cachemgr.backends.dmcache import discover as dm_discover
 from cachemgr.backends.dmcache import record as dm_record
 from cachemgr.core import state
-from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, require_root
+from cachemgr.core.errors import (
+    AlreadyError,
+    CacheMgrError,
+    KernelFormatError,
+    UnsafeError,
+    UsageError,
+    require_root,
+)
 from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import gate
-from cachemgr.ops.control import Result
+from cachemgr.ops.control import Control, Plan, Result
 from cachemgr.procedures import autoattach, owners, policy
 from cachemgr.procedures.autoattach import (
     Action,
@@ -151,6 +159,10 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
             for o in res.outcomes]}
     notes: list[str] = []
     failed = bool(res.failed)
+    if res.refused:  # exit 3 (unless something failed: 1); the rest was done
+        notes.append(f"cachemgr: autoattach refused {len(res.refused)} thing(s) as unsafe "
+                     "(the lines above say what and what to do); everything else it could "
+                     "do is done")
     if pol.protect.enabled:  # then the protect pass's switches (its drains: the timer's)
         from cachemgr.ops import protect as protect_ops
 
@@ -159,7 +171,73 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
         notes += pr.notes
         failed = failed or pr.failed
         data["protect"] = pr.data
-    return Result(lines=lines, notes=notes, failed=failed, value=res, data=data)
+    return Result(lines=lines, notes=notes, failed=failed, refused=bool(res.refused),
+                  value=res, data=data)
+
+
+def assemble(sysfs: Sysfs, target: str, *, ctl: Control | None = None) -> Result:
+    """``cachemgr assemble NAME``: the admin's assembly of a recorded dm-cache device that
+    the boot pass leaves alone because a device of it is known by its place only
+    (backends/dmcache/record.py). Every check the boot pass makes (present, the recorded
+    size, the metadata superblock, not busy) is made; what proves nothing (the place) is
+    put to the admin with what blkid sees on each device now beside what it saw at create
+    (``ctl``'s question: the CLI asks on a terminal, needs --yes without one). Through the
+    gate, in the action journal as the admin's. A record whose devices are all proven is
+    assembled as the boot pass would, without a question."""
+    name = target.removeprefix("/dev/mapper/")
+    require_root("assembling a dm-cache device")  # the records are root's to read
+    rec = dm_record.load(name)
+    if rec is None:
+        _, bad = dm_record.load_all()
+        mine = [b for b in bad if os.path.basename(b.split(":", 1)[0]) == f"{name}.json"]
+        if mine:
+            raise UnsafeError(mine[0].split("; fix: ", 1)[0], hint=(
+                mine[0].split("; fix: ", 1)[1] if "; fix: " in mine[0] else None))
+        raise UsageError(f"no dm-cache record of {name!r} in {dm_record.records_dir()}",
+                         hint="cachemgr status lists the unassembled dm-cache devices")
+    if rec.name in dm_discover.dm_devices(sysfs):
+        raise AlreadyError(f"{rec.node} is assembled already")
+    res = dm_record.resolve(rec, dm_record.identities(sysfs))
+    if not res.found:
+        raise UnsafeError(f"{rec.node} not assembled: " + "; ".join(
+            f"{role}: {why}" for role, why in res.problems),
+            hint=f"its record: {rec.path}" + ("; the udev worker assembles it when its "
+                                               "devices come" if res.missing else ""))
+    subject = gate.of_names(rec.node, [owners.dmcache_key(rec.name),
+                                       owners.cache_key(rec.name)]) + gate.of_disks(
+        [res.nodes[r] for r in dm_record.ROLES])
+    ctl = ctl if ctl is not None else Control(what=f"assemble {name}")
+    if res.unproven and ctl.asks:
+        gate.check(subject)  # the gate's refusals before the question
+        probe = identity.probe_signature if sysfs.live else None
+        lines = [f"would assemble {rec.node} (dm-cache {rec.mode.value}, as recorded in "
+                 f"{rec.path}) over these devices, which cachemgr cannot prove are its own:"]
+        for r in dm_record.ROLES:
+            d = rec.device(r)
+            now = probe(res.nodes[r]) if probe is not None else None
+            lines.append(f"{r}: {res.nodes[r]}, {d.words().split(' (was')[0]}; blkid at "
+                         f"create: {d.signature or 'not recorded'}; now: "
+                         f"{now.words() if now is not None else 'not read'}")
+        if rec.mode == CacheMode.WRITEBACK:
+            lines.append("in writeback the cache's dirty blocks are written to the origin: "
+                         "over another disk they overwrite it")
+        ctl.ask(Plan(f"assemble {name}", tuple(lines)))  # not confirmed: exit 3
+    with gate.gate(subject, "assemble dm-cache"):
+        # matched again inside the gate, on a fresh read: the devices the admin was shown
+        ids = dm_record.identities(sysfs)
+        if dict(dm_record.resolve(rec, ids).nodes) != dict(res.nodes):
+            raise UnsafeError(f"{rec.node} not assembled: its devices changed while the "
+                              "question was put; nothing was changed",
+                              hint=f"look again: cachemgr assemble {name}")
+        done = dm_record.assemble(sysfs, rec, ids, admin=True)
+    autoattach.record({"kind": "dmcache-assemble", "device": rec.name, "stable_id": rec.node,
+                       "policy": "cachemgr assemble", "result": "done", "by": "admin",
+                       "unproven": [r for r, _ in res.unproven],
+                       "nodes": dict(res.nodes)})
+    log.info("%s (cachemgr assemble)", done)
+    return Result(lines=[done], data={"schema": 1, "device": rec.node, "name": rec.name,
+                                       "mode": rec.mode.value, "nodes": dict(res.nodes),
+                                       "unproven": [r for r, _ in res.unproven]})
 
 
 def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
@@ -199,6 +277,7 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
     done = time.time()
     autoattach.record({"kind": "pass", "events": len(events), "rounds": res.rounds,
                        "changed": len(res.changed), "failed": len(res.failed),
+                       "refused": len(res.refused),
                        "seqnums": [e.seqnum for e in events][:50],
                        "last_event": round(last, 3), "latency_s": round(done - last, 3),
                        "pass_s": round(done - t0, 3),

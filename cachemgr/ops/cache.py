@@ -80,7 +80,7 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
                                    others=kinds.scan_others(sysfs),
                                    unassembled=tuple(dm_record.unassembled(
                                        sysfs, (d.name for d in snap.dmcaches))),
-                                   protected=tuple(protect.protected()))
+                                   **protect_fields())
     # a poller's: the state directory walked once, what did not change since its last poll
     # kept (core/state.py polled; the holders' liveness read from /proc/locks every time)
     with state.polled(cache.state) as view:
@@ -88,9 +88,16 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
         others = kinds.scan_others(sysfs)
         unassembled = tuple(dm_record.unassembled(sysfs, (d.name for d in snap.dmcaches),
                                                   kept=cache.state))
-        prot = tuple(protect.protected(view=view))
+        prot = protect_fields(view)
     return dataclasses.replace(snap, owners=found, others=others, unassembled=unassembled,
-                               protected=prot)
+                               **prot)
+
+
+def protect_fields(view: state.View | None = None) -> dict[str, Any]:
+    """The snapshot's ``protected`` and ``protect_off``, from one read of the protect
+    state (procedures/protect.py)."""
+    st = protect.load_state(view)
+    return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st)}
 
 
 def _health_inputs(sysfs: Sysfs, snap: Snapshot, cache: ScanCache | None, *,
@@ -591,12 +598,18 @@ def _record_dmcache(sysfs: Sysfs, name: str, nodes: dict[str, str]) -> list[str]
     except CacheMgrError as exc:
         return [f"cachemgr: {name} is NOT recorded, so nothing assembles it after a reboot "
                 f"(in writeback its origin is then stale): {exc}"]
-    notes = [f"cachemgr: recorded in {path} (cachemgr autoattach assembles it at boot)"]
-    for role in dm_record.ROLES:
-        if rec.device(role).strongest() is None:
-            notes.append(f"cachemgr: {nodes[role]} ({role}) has no stable identity (WWN, "
-                         "serial, by-id or by-path link, sysfs place): the boot pass will "
-                         "not assemble it")
+    place = [role for role in dm_record.ROLES if rec.device(role).place_only]
+    none = [role for role in dm_record.ROLES if rec.device(role).strongest() is None]
+    notes = [f"cachemgr: recorded in {path} (cachemgr autoattach assembles it at boot)"
+             if not place and not none else f"cachemgr: recorded in {path}"]
+    for role in none:
+        notes.append(f"cachemgr: {nodes[role]} ({role}) has no stable identity (WWN, "
+                     "serial, by-id or by-path link, sysfs place): nothing will assemble "
+                     "it after a reboot")
+    for role in place:
+        notes.append(f"cachemgr: {nodes[role]} ({role}) is known by its place only (no WWN, "
+                     "serial or by-id link): after a reboot the boot pass leaves the device "
+                     f"to you (check its disks, then: cachemgr assemble {name})")
     return notes
 
 
@@ -798,4 +811,6 @@ def unassembled_json(u: UnassembledDmCache) -> dict[str, Any]:
     """docs/json.md, ``unassembled``: a recorded dm-cache device that is not assembled."""
     return {"kind": "dm-cache", "name": u.name, "device": u.node, "record": u.record,
             "mode": u.mode.value, "stale_origin": u.mode == CacheMode.WRITEBACK,
-            "problems": [{"role": r, "why": w} for r, w in u.problems]}
+            "problems": [{"role": r, "why": w} for r, w in u.problems],
+            "unproven": [{"role": r, "why": w} for r, w in u.unproven],
+            "check": u.check}

@@ -100,6 +100,9 @@ class Result:
     notes: list[str] = field(default_factory=list)
     already: bool = False  # "already so" (exit 4): nothing changed
     failed: bool = False  # done, but with failures the lines/data describe (exit 1)
+    # done, but something was refused as unsafe (the lines/data say what): exit 3 unless
+    # something failed too (the boot pass: everything else it could do is done)
+    refused: bool = False
     data: dict[str, Any] | None = None
     value: Any = None  # the typed result for callers that want more than words
 
@@ -110,6 +113,8 @@ class Result:
     def exit_code(self) -> ExitCode:
         if self.failed:
             return ExitCode.FAILED
+        if self.refused:
+            return ExitCode.UNSAFE
         return ExitCode.ALREADY if self.already else ExitCode.OK
 
     def text(self) -> list[str]:

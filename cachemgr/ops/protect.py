@@ -9,7 +9,10 @@ replacement or a drain owns is skipped with the gate's words. Each action is jou
 ``<state dir>/autoattach/actions.jsonl`` (``kind: protect``) and said on stderr (the unit's
 journal); the state (counts, the SSDs protected) is kept in ``<state dir>/protect/``.
 Run by ``cachemgr-protect.timer`` every minute and by the boot pass (``cachemgr
-autoattach``); ``--dry-run`` says what it would do.
+autoattach``); ``--dry-run`` says what it would do. With protect off (or no policy) a pass
+acts on nothing: it keeps the counts as the new baseline and marks the SSDs protected
+earlier as history (the health model's warning). ``cachemgr protect --clear SSD``
+(:func:`clear`) undoes what the passes did to one SSD, through the gate and journaled.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,20 +39,59 @@ log = logging.getLogger("cachemgr.protect")
 STALL_TIMEOUT = 120.0  # a drain that makes no progress for this long gives up (and says so)
 
 
-def _ioerr(sysfs: Sysfs, name: str) -> int | None:
-    """A SCSI disk's ``device/ioerr_cnt`` (commands that completed with an error), else None."""
-    raw = sysfs.read_opt(f"block/{name}/device/ioerr_cnt")
+def _count(sysfs: Sysfs, path: str) -> int | None:
+    raw = sysfs.read_opt(path)
     try:
         return int(raw.strip(), 0) if raw else None
     except ValueError:
         return None
 
 
+# /sys/block/<disk>/stat, Documentation/block/stat.rst: reads completed (field 1), writes
+# completed (5), discards completed (12, 4.18+), flushes completed (15, 5.5+); a pass-through
+# command (SG_IO: smartctl, sg3_utils, udev's probes) is none of them
+_REQUEST_FIELDS = (0, 4, 11, 14)
+
+
+def _requests(sysfs: Sysfs, name: str) -> int | None:
+    raw = sysfs.read_opt(f"block/{name}/stat")
+    fields = raw.split() if raw else []
+    try:
+        return sum(int(fields[i]) for i in _REQUEST_FIELDS if i < len(fields)) \
+            if len(fields) >= 11 else None
+    except ValueError:
+        return None
+
+
+def counters(sysfs: Sysfs, name: str) -> tuple[int, tuple[int, int] | None] | None:
+    """A SCSI disk's ``device/ioerr_cnt`` (commands that completed with an error) and its
+    traffic (``device/iodone_cnt``: commands completed; the block requests completed, from
+    ``stat``), else None (not a SCSI disk: NVMe has no such counter). The order of the
+    reads is the kernel's order reversed, so that nothing is counted twice as a probe's
+    (drivers/scsi/scsi_lib.c ``scsi_complete``: iodone_cnt, then ioerr_cnt; the request is
+    accounted in ``stat`` when it ends, after that): ``stat`` first, then ``ioerr_cnt``,
+    then ``iodone_cnt``, so every error read was a command already counted as done and
+    every block request read was a command already counted as done."""
+    requests = _requests(sysfs, name)
+    errors = _count(sysfs, f"block/{name}/device/ioerr_cnt")
+    done = _count(sysfs, f"block/{name}/device/iodone_cnt")
+    if errors is None:
+        return None
+    return errors, ((done, requests) if done is not None and requests is not None else None)
+
+
 def gather(sysfs: Sysfs, snap: Snapshot) -> list[protect.Ssd]:
     """The SSDs of ``snap`` with what a decision reads: never runs smartctl."""
     rows = smart.ssd_health(sysfs, snap, refresh=False)
-    errors = {s.name: n for s, _ in rows if (n := _ioerr(sysfs, s.name)) is not None}
-    return protect.ssds(snap, rows, errors)
+    errors: dict[str, int] = {}
+    traffic: dict[str, tuple[int, int]] = {}
+    for s, _ in rows:
+        got = counters(sysfs, s.name)
+        if got is not None:
+            errors[s.name] = got[0]
+            if got[1] is not None:
+                traffic[s.name] = got[1]
+    return protect.ssds(snap, rows, errors, traffic)
 
 
 def _load(policy_path: str) -> policy.Policy | None:
@@ -70,8 +113,11 @@ def run(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False,
     left to the next pass (cachemgr-protect.timer)."""
     pol = pol if pol is not None else _load(policy_path)
     if pol is None or not pol.protect.enabled:
-        why = "no policy file" if pol is None else "[protect] enabled = false"
-        return Result(lines=[f"protect is off ({why}): nothing decided"],
+        why = "no policy file" if pol is None else "its protect table has enabled = false"
+        lines = [f"protect is off, {why}: nothing decided"]
+        if not dry_run and os.geteuid() == 0 and state.state_dir(create=False).is_dir():
+            lines += _off(sysfs)
+        return Result(lines=lines,
                       data={"schema": 1, "enabled": False, "ssds": [], "actions": []})
     if not dry_run:
         require_root("protect")
@@ -100,13 +146,31 @@ def _pass_lock() -> Iterator[bool]:
         os.close(fd)
 
 
+def _off(sysfs: Sysfs) -> list[str]:
+    """Protect off: the counts kept as the new baseline, the records marked off (only
+    when a pass ever wrote a state: an idle host's state directory is left as it is)."""
+    with _pass_lock() as got:
+        if not got:
+            return ["another protect pass is running: nothing kept"]
+        old = protect.load_state()
+        if not (old["counts"] or old["protected"]):
+            return []
+        snap = cache_ops.status(sysfs, probe_unregistered=False)
+        new = protect.off_state(old, gather(sysfs, snap))
+        state.write_json(state.state_dir() / "protect" / "state.json", new)
+        return [f"SSD {v.get('ssd')} stays recorded as protected, nothing done while protect "
+                f"is off: cachemgr protect --clear {v.get('ssd')} forgets it"
+                for v in new["protected"].values()]
+
+
 def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None,
          stall_timeout: float, drains: bool) -> Result:
     ctl = ctl if ctl is not None else Control(what="protect")
     snap = cache_ops.status(sysfs, probe_unregistered=False)
     groups = gather(sysfs, snap)
     old = protect.load_state()
-    d = protect.decide(groups, pol.protect, old["counts"], protect.earlier(old))
+    now = time.time()
+    d = protect.decide_from(groups, pol.protect, old, now)
     lines: list[str] = []
     notes: list[str] = []
     for s, why in d.triggered:
@@ -148,14 +212,25 @@ def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None
                 notes.append(f"cachemgr: protect: {o['device']} {o['result']}: {o['error']}")
     if not dry_run:
         state.write_json(state.state_dir() / "protect" / "state.json",
-                         protect.next_state(old, d, groups, results))
+                         protect.next_state(old, d, groups, results, now))
     if not d.triggered:
         lines.append(f"protect: {len(groups)} cache SSD(s), none failing")
+    for key, why in sorted(d.ignored.items()):
+        if why == "first seen":
+            lines.append(f"protect: {key}: first seen at {d.counts.get(key)} errors, the "
+                         "baseline" + (" the next pass counts from" if not dry_run else
+                                       " a pass would keep, nothing counted from it yet"))
+        elif why == "explained":
+            lines.append(f"protect: {key}: rose to {d.counts.get(key)}, no more than the probe "
+                         "commands in between (smartctl) explain: not counted")
     return Result(lines=lines, notes=notes,
                   failed=any(o["result"] == "failed" for o in outcomes),
                   value=d, data={
                       "schema": 1, "enabled": True, "dry_run": dry_run,
                       "ssds": [{"ssd": s.node, "key": s.key, "io_errors": dict(s.io_errors),
+                                "baseline": {k: old["counts"].get(k) for k in s.io_errors},
+                                "ignored": {k: d.ignored[k] for k in s.io_errors
+                                            if k in d.ignored},
                                 "why": next((w for t, w in d.triggered if t is s), None),
                                 "devices": [m.node for m in s.members]} for s in groups],
                       "actions": outcomes})
@@ -179,3 +254,113 @@ def _do(sysfs: Sysfs, a: protect.Act, *, dry_run: bool, ctl: Control,
     except CacheMgrError as exc:
         return "failed", exc.message
     return "done", None
+
+
+# --------------------------------------------------------------------------- --clear
+
+
+def clear(sysfs: Sysfs, name: str, policy_path: str, *, dry_run: bool = False,
+          ctl: Control | None = None) -> Result:
+    """``cachemgr protect --clear SSD``: undo what the passes did to one SSD. Every device a
+    pass switched to writethrough and that is still in writethrough goes back to the mode
+    it had (the ``mode`` command: through the gate, so a device another procedure owns is
+    refused with its words); then the SSD's record is forgotten and its counts read now as
+    its new baseline, so only errors that rise from here count. A device switched by hand
+    since is left as it is. Journaled in ``<state dir>/autoattach/actions.jsonl`` (``kind:
+    protect``, ``what: clear``). Exit 4 when nothing is recorded for ``name``; 3 when a
+    device could not be put back (the record stays: run it again) or a pass is running."""
+    ctl = ctl if ctl is not None else Control(what="protect --clear")
+    if dry_run:
+        return _clear(sysfs, name, policy_path, dry_run=True, ctl=ctl)
+    require_root("protect --clear")
+    with _pass_lock() as got:
+        if not got:
+            raise UnsafeError(f"a protect pass is running (its drains): {name} is left as it "
+                              "is", hint="wait for it, then run cachemgr protect --clear "
+                              f"{name} again")
+        return _clear(sysfs, name, policy_path, dry_run=False, ctl=ctl)
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _clear(sysfs: Sysfs, name: str, policy_path: str, *, dry_run: bool,
+           ctl: Control) -> Result:
+    old = protect.load_state()
+    key = protect.find(old, name, _same if sysfs.live else None)
+    if key is None:
+        known = ", ".join(str(v.get("ssd")) for v in old["protected"].values())
+        raise AlreadyError(f"{name}: no SSD recorded as protected by that name"
+                           + (f" (recorded: {known})" if known else ""))
+    entry = old["protected"][key]
+    ssd = str(entry.get("ssd"))
+    snap = cache_ops.status(sysfs, probe_unregistered=False)
+    groups = gather(sysfs, snap)
+    group = next((g for g in groups if g.key == key), None)
+    now_modes = {m.node: m.mode for m in group.members} if group else {}
+    modes = entry.get("modes") if isinstance(entry.get("modes"), dict) else {}
+    devs = entry.get("devices") if isinstance(entry.get("devices"), dict) else {}
+    lines: list[str] = []
+    notes: list[str] = []
+    outcomes: list[dict[str, Any]] = []
+    for dev in sorted(set(devs) | set(modes)):
+        to = modes.get(dev)
+        cur = now_modes.get(dev)
+        rec = {"kind": "protect", "what": "clear", "ssd": ssd, "device": dev, "to": to,
+               "error": None}
+        if to is None:
+            rec["result"] = "unknown"
+            rec["error"] = ("the mode it had before protect was not recorded: set it by "
+                            f"hand if wanted, cachemgr mode {dev} writeback")
+        elif dev not in now_modes:
+            rec["result"] = "gone"
+        elif cur is None or cur.value != "writethrough" or to == "writethrough":
+            rec["result"] = "left"
+            rec["error"] = f"it is in {cur.value if cur else 'an unknown mode'} now, left so"
+        elif dry_run:
+            rec["result"] = "dry-run"
+        else:
+            try:
+                cache_ops.mode(sysfs, dev, to, ctl=ctl)
+                rec["result"] = "done"
+            except AlreadyError:
+                rec["result"] = "already"
+            except UnsafeError as exc:
+                rec["result"], rec["error"] = "skipped", exc.message
+            except CacheMgrError as exc:
+                rec["result"], rec["error"] = "failed", exc.message
+        outcomes.append(rec)
+        lines.append(f"{rec['result']:8} {dev}: back to {to or 'its mode before protect'}"
+                     + (f": {rec['error']}" if rec["error"] else ""))
+    stuck = [o for o in outcomes if o["result"] in ("skipped", "failed")]
+    if not dry_run:
+        for o in outcomes:
+            autoattach.record(o)
+            log.info("protect --clear %s %s: %s", o["result"], o["device"], o["error"] or "")
+        if not stuck:
+            new = protect.forget(old, key, groups)
+            state.write_json(state.state_dir() / "protect" / "state.json", new)
+            autoattach.record({"kind": "protect", "what": "forget", "ssd": ssd,
+                               "device": ssd, "result": "done", "error": None})
+            lines.append(f"forgot   SSD {ssd}: its record gone; its error counts now "
+                         + ", ".join(f"{k} {n}" for k, n in sorted(
+                             (group.io_errors if group else {}).items()))
+                         + " are the baseline the next pass counts from")
+    else:
+        lines.append(f"dry-run  SSD {ssd}: its record would be forgotten and its counts taken "
+                     "as the new baseline")
+    pol = _load(policy_path)
+    if pol is not None and pol.protect.enabled and group is not None:
+        again = protect.decide([group], pol.protect, {k: n for k, n in group.io_errors.items()})
+        if again.triggered:
+            notes.append(f"cachemgr: warning: protect: SSD {ssd} still fails by its SMART "
+                         f"answer: {again.triggered[0][1]}; the next pass protects it again "
+                         "(replace it, or turn protect off)")
+    if stuck:
+        raise UnsafeError(f"protect --clear {ssd}: " + "; ".join(
+            f"{o['device']} {o['result']}: {o['error']}" for o in stuck)
+            + "; its record is kept", hint=f"then run cachemgr protect --clear {name} again")
+    return Result(lines=lines, notes=notes, data={
+        "schema": 1, "ssd": ssd, "key": key, "dry_run": dry_run, "actions": outcomes,
+        "forgotten": not dry_run})

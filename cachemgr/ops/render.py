@@ -209,6 +209,8 @@ def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = 
     for d in snap.unassembled:
         lines.append(f"unassembled dm-cache {d.node}: {d.mode.value}, recorded in {d.record}"
                      + ("; " + "; ".join(f"{r} {w}" for r, w in d.problems) if d.problems
+                        else "; its devices are present, known by their place only: check "
+                        f"them, then cachemgr assemble {d.name}" if d.unproven
                         else "; its devices are present (cachemgr autoattach assembles it)"))
     if snap.vms is not None:
         for node in [b.device for b in snap.backings if b.device] + [

@@ -5,6 +5,7 @@ in a face)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -114,6 +115,20 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
 
         tr.read(opts.warm)
         opts = dataclasses.replace(opts, warm=os.path.abspath(opts.warm))
+    j = _planned(sysfs, cache, opts)
+    # a drain or another change running on one of its devices: said now, not after the
+    # operator confirmed (the run enters the gate again, for real, when it starts). An
+    # interrupted drain or flush is refused too, not taken over: it left its interim
+    # tunables (writeback_percent=0) or table (the cleaner policy), which the plan has just
+    # recorded as the ones the run restores at its end, and the run's drain step would
+    # consume the journal that holds the real ones
+    gate.check(subject(j))
+    return j
+
+
+def _planned(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal:
+    """The plan without the look at who owns its devices (the gate's, which a run holding
+    them makes itself): another unfinished run on the cache is refused, then the kind plans."""
     unfinished = runs(unfinished=True)
     for r in unfinished:
         if r.named_by(cache):
@@ -122,13 +137,6 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
     for r in unfinished:
         if r.same_cache(j):
             _refuse_second(r)
-    # a drain or another change running on one of its devices: said now, not after the
-    # operator confirmed (the run enters the gate again, for real, when it starts). An
-    # interrupted drain or flush is refused too, not taken over: it left its interim
-    # tunables (writeback_percent=0) or table (the cleaner policy), which the plan has just
-    # recorded as the ones the run restores at its end, and the run's drain step would
-    # consume the journal that holds the real ones
-    gate.check(subject(j))
     return j
 
 
@@ -210,13 +218,68 @@ def subject(j: replace.Journal) -> gate.Subject:
 
 
 @contextlib.contextmanager
-def _owning(j: replace.Journal, action: str = "replace-ssd") -> Iterator[None]:
+def _owning(j: replace.Journal, action: str = "replace-ssd", *,
+            fresh: bool = False) -> Iterator[None]:
     """Run ``j`` owns its cache and every device on it for its whole run (the gate), and its
-    drains, in worker threads, act for it (state.acting_as)."""
+    drains, in worker threads, act for it (state.acting_as). A ``fresh`` run (nothing done
+    yet) takes over nothing: a drain or flush interrupted on one of its devices left interim
+    settings that its plan would record as the ones to restore (refused, exit 3, as the
+    plan refuses it); a resumed run or a rollback takes over its own drains."""
+    takes_over = gate.resumes(run=j.id) if fresh else gate.resumes(
+        "drain", "dm-cache flush", "lvm drain", run=j.id)
     with state.acting_as(("replace-ssd", j.id)), gate.gate(
-            subject(j), action, run=j.id,
-            takes_over=gate.resumes("drain", "dm-cache flush", "lvm drain", run=j.id)):
+            subject(j), action, run=j.id, takes_over=takes_over):
         yield
+
+
+def _record_again(sysfs: Sysfs, j: replace.Journal) -> list[str]:
+    """Plan fresh run ``j`` again, now that it holds its devices, and take that plan (its
+    id kept): what it checks and records (its first steps, preflight and remember: the
+    modes and tunables it restores at its end) is read while no other command can change
+    them. A plan made before the locks were taken (to know which devices to lock, and to
+    show it) is only a forecast: a second admin's change in between was lost, the run
+    putting back what it had read before. The words of what changed since (for the face);
+    refused (exit 3, nothing changed) when the cache now has devices the run does not
+    hold."""
+    again = _planned(sysfs, j.cset, replace.Options(**j.options))
+    held = subject(j).keys
+    more = sorted(subject(again).keys - held)
+    if (again.kind, again.cset) != (j.kind, j.cset) or more:
+        what = replace.kind_of(j.kind).label(j.cset)
+        raise UnsafeError(
+            f"{what} changed while run {j.id} was starting (now also: "
+            f"{', '.join(more) or again.cset}); nothing was changed",
+            hint="plan again: cachemgr replace-ssd --dry-run shows the new plan")
+    said = _changed_words(j, again)
+    for f in dataclasses.fields(replace.Journal):
+        if f.name != "id":
+            setattr(j, f.name, getattr(again, f.name))
+    return said
+
+
+def _changed_words(before: replace.Journal, now: replace.Journal) -> list[str]:
+    """What the plan read again under the locks found changed since the plan shown."""
+    out = []
+    was = {str(b.get("uuid") or b.get("name")): b for b in before.backings}
+    for b in now.backings:
+        old = was.get(str(b.get("uuid") or b.get("name")))
+        if old is None:
+            continue
+        dev = b.get("device") or b.get("node")
+        diffs = [f"mode {old.get('mode')} -> {b.get('mode')}"] if old.get("mode") != b.get(
+            "mode") else []
+        o_t, n_t = old.get("tunables") or {}, b.get("tunables") or {}
+        diffs += [f"{k} {o_t.get(k)} -> {n_t.get(k)}" for k in sorted(set(o_t) | set(n_t))
+                  if o_t.get(k) != n_t.get(k)]
+        if diffs:
+            out.append(f"{dev}: changed since the plan was made ({', '.join(diffs)}); the "
+                       "run restores what it holds now")
+    for name in ("congested", "lvm", "dm"):
+        if getattr(before, name) != getattr(now, name):
+            out.append(f"the {replace.kind_of(now.kind).what} {now.cset} changed since the "
+                       "plan was made; the run restores what it holds now")
+            break
+    return out
 
 
 def dry_run(sysfs: Sysfs, cache: str | None, opts: replace.Options) -> Result:
@@ -248,7 +311,11 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
     """Execute (or continue) the journaled run ``j``, step by step."""
     require_root("replace-ssd")
     ctl = ctl or Control(what=f"replace-ssd {replace.kind_of(j.kind).short(j.cset)}")
-    with _owning(j):
+    fresh = not j.done  # a plan: a journaled run has preflight and remember done
+    with _owning(j, fresh=fresh):
+        if fresh:
+            for line in _record_again(sysfs, j):
+                ctl.note(line)
         done = replace.execute(sysfs, j, **_hooks(ctl))
     return Result(lines=[replace.kind_of(done.kind).done_line(done), timing_line(done)],
                   data=journal_json(done), value=done)

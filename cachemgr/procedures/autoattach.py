@@ -460,10 +460,14 @@ class Format(Action):
 
 @dataclass(frozen=True)
 class Note(Action):
-    """Nothing to do, and why (logged; changes nothing)."""
+    """Nothing to do, and why (logged; changes nothing). ``refused``: something the pass
+    would otherwise do and will not, for safety (a recorded dm-cache device over a disk it
+    cannot prove, a record it does not trust): its outcome is "refused", and the boot pass
+    exits 3."""
 
     message: str = ""
     level: int = logging.INFO
+    refused: bool = False
     kind = "note"
 
     def describe(self) -> str:
@@ -816,13 +820,18 @@ def decide(event: Event | None, view: View, policy: Policy) -> list[Action]:
 
 
 def _dm_records(event: Event | None, view: View) -> list[Action]:
-    """Assemble each recorded dm-cache device whose three devices are present and are the
-    recorded ones; a note saying which device is missing or is another one otherwise (on a
-    full pass always; on an event only when the event's device is one of the record's)."""
+    """Assemble each recorded dm-cache device whose three devices are present, are the
+    recorded ones and are proven so (a key stronger than their place:
+    backends/dmcache/record.py); a note saying which device is missing, is another one or
+    is known by its place only otherwise (on a full pass always; on an event only when the
+    event's device is one of the record's). Refused (the boot pass exits 3): a record that
+    cannot be used, a device that is another one, one known by its place only (the
+    admin's ``cachemgr assemble NAME`` assembles it); a device that is missing is waited
+    for (the udev worker assembles it when it comes)."""
     out: list[Action] = []
     name = view.event_device(event) if event is not None else None
     if event is None:
-        out += [Note("", "", DMCACHE_RECORD, msg, logging.ERROR)
+        out += [Note("", "", DMCACHE_RECORD, msg, logging.ERROR, refused=True)
                 for msg in view.dm_record_errors]
     for rec, res in view.dm_records:
         if res.ok:
@@ -834,10 +843,18 @@ def _dm_records(event: Event | None, view: View) -> list[Action]:
             continue
         stale = " (writeback: its origin is stale; nothing may open it)" \
             if rec.mode.value == "writeback" else ""
+        if res.found:  # every device there, some known by their place only
+            out.append(Note(rec.name, rec.node, DMCACHE_RECORD,
+                            f"dm-cache {rec.node} not assembled{stale}: " + "; ".join(
+                                f"{role} {why}" for role, why in res.unproven)
+                            + f"; {dm_record.admin_hint(rec, res)}", logging.ERROR,
+                            refused=True))
+            continue
         out.append(Note(rec.name, rec.node, DMCACHE_RECORD,
                         f"dm-cache {rec.node} not assembled{stale}: " + "; ".join(
                             f"{role} {why}" for role, why in res.problems),
-                        logging.WARNING if res.missing else logging.ERROR))
+                        logging.WARNING if res.missing else logging.ERROR,
+                        refused=not res.missing))
     return out
 
 
@@ -872,7 +889,7 @@ def record(entry: Mapping[str, Any]) -> None:
 @dataclass
 class Outcome:
     action: Action
-    result: Literal["done", "already", "failed", "skipped", "dry-run", "note"]
+    result: Literal["done", "already", "failed", "skipped", "dry-run", "note", "refused"]
     error: str | None = None
 
 
@@ -893,10 +910,11 @@ def execute(sysfs: Sysfs, view: View, actions: Iterable[Action], *, act: Act | N
                 continue
             if noted is not None:
                 noted.add(a.message)
+            result: Literal["note", "refused"] = "refused" if a.refused else "note"
             log.log(a.level, "%s: %s", a.policy or "policy", a.message)
             record({**ctx, **a.record(), "level": logging.getLevelName(a.level),
-                    "result": "note"})
-            out.append(Outcome(a, "note"))
+                    "result": result})
+            out.append(Outcome(a, result))
             continue
         if dry_run:
             log.info("would %s [policy %s]", a.describe(), a.policy)
@@ -940,6 +958,12 @@ class PassResult:
     @property
     def changed(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.result == "done"]
+
+    @property
+    def refused(self) -> list[Outcome]:
+        """What the pass would have done and did not, for safety: a refused note, or an
+        action its command refused (UnsafeError: a busy or unproven device)."""
+        return [o for o in self.outcomes if o.result in ("refused", "skipped")]
 
 
 def reconcile(sysfs: Sysfs, policy: Policy, events: Sequence[Event | None], *,

@@ -14,7 +14,10 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   without the set its dirty data is on; an interrupted replace-ssd run; a recorded
   writeback dm-cache device that is not assembled (its origin is stale); a cache SSD the
   protect policy acted on (``snap.protected``: its devices switched to writethrough and
-  drained; it is failing and wants replacing); a device-mapper cache (dm-cache, LVM cache,
+  drained; it is failing and wants replacing, or ``cachemgr protect --clear`` if sound).
+  A recorded writeback dm-cache device whose devices are there but known by their place
+  only (``dmcache-unproven``) is CRITICAL too, naming what to check and
+  ``cachemgr assemble NAME``. A device-mapper cache (dm-cache, LVM cache,
   dm-writecache) with dirty data whose cache SSD logged failed reads or writes in the last
   hour (the kernel log: backends/kernlog.py); a dm-cache record that cannot be read or is
   not trusted, of a device that is not assembled (its dirty data, if any, is stranded on
@@ -25,7 +28,8 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
   recorded writethrough or passthrough dm-cache device that is not assembled; a procedure
   journal cachemgr cannot read; a drain or flush under way that has not lowered the dirty
-  data for :data:`STALLED_AFTER` seconds (its lock files say when it last did); failed
+  data for :data:`STALLED_AFTER` seconds (its lock files say when it last did); an SSD
+  protected earlier while protect is now off (``snap.protect_off``); failed
   requests logged for the cache SSD of a device-mapper cache holding no dirty data; an
   unreadable or untrusted dm-cache record of a device that is assembled (the boot pass
   will not assemble it again); a line of the scan that could not be read (the snapshot's
@@ -105,9 +109,14 @@ def worst(findings: Iterable[Finding]) -> Level:
 
 def _protected(snap: Snapshot) -> Iterable[Finding]:
     for ssd, words in snap.protected:
-        yield Finding(Level.CRITICAL, "protected", ssd,
-                      f"protected: SSD {ssd} failing {words}; replace it",
-                      f"cachemgr replace-ssd {ssd}")
+        if snap.protect_off:  # history: nothing acts on it any more
+            yield Finding(Level.WARNING, "protect-off", ssd,
+                          f"protected earlier: SSD {ssd}: {words}",
+                          f"cachemgr protect --clear {ssd}")
+        else:
+            yield Finding(Level.CRITICAL, "protected", ssd,
+                          f"protected: SSD {ssd} failing: {words}",
+                          f"cachemgr replace-ssd {ssd}")
 
 
 def _bcache(snap: Snapshot) -> Iterable[Finding]:
@@ -245,6 +254,14 @@ def _unassembled(snap: Snapshot) -> Iterable[Finding]:
         else:
             what = f"recorded {u.mode.value} dm-cache device not assembled"
             lvl = Level.WARNING
+        if not u.problems and u.unproven:
+            # every device there, but known by its place only: the boot pass leaves it to
+            # the admin (backends/dmcache/record.py), whose one command assembles it
+            yield Finding(lvl, "dmcache-unproven", u.node, what + "; the boot pass does not "
+                          "assemble it: " + "; ".join(f"{role}: {w}" for role, w in u.unproven)
+                          + (f"; {u.check}" if u.check else ""),
+                          f"cachemgr assemble {u.name}")
+            continue
         yield Finding(lvl, "dmcache-unassembled", u.node, what + (f" ({why})" if why else ""),
                       "bring its devices back, then cachemgr autoattach" if u.problems
                       else "cachemgr autoattach")

@@ -308,8 +308,10 @@ def with_owners(sysfs: Sysfs, snap: Snapshot) -> Snapshot:
     beyond the built-in ones (``others``). Read from the state directory's lock files and
     journals, never created by a scrape (a read-only sandbox): no state directory, no owner."""
     found = owners.owners() if state_mod.state_dir(create=False).is_dir() else []
+    st = protect.load_state()
     return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs),
-                               protected=tuple(protect.protected()))
+                               protected=tuple(protect.protected(st)),
+                               protect_off=protect.is_off(st))
 
 
 def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:

@@ -8,7 +8,9 @@ lives only on the SSD when it dies. The policy's ``[protect]`` table::
     [protect]
     enabled = true          # default false: nothing is decided at all
     io_errors = 1           # act when the SSD's IO error count rose by this much since the
-                            # last pass recorded it (kept in <state dir>/protect/state.json)
+                            # last pass recorded it (kept in <state dir>/protect/state.json):
+                            # never on a count first seen (that is the baseline), never on
+                            # errors that probe commands (smartctl) can explain
     smart_critical = true   # act on a failed SMART self-assessment or an NVMe critical warning
     wear_percent = 90       # act once SMART says this much of the rated endurance is used
 
@@ -18,6 +20,23 @@ the policy and the counts the last pass recorded -> actions and the counts to re
 what to do. ops/protect.py carries the actions out through the command layer (the ``mode``
 and ``drain`` commands, so through the gate: a device a replacement or a drain owns is
 skipped with the gate's words), journals them and keeps the state.
+
+What counts as a rise (issue #41 item 4; docs/kernel-notes.md, "What smartctl does to
+ioerr_cnt"): a counter first seen is only a baseline, whatever it reads; a counter that fell
+(a disk added again, bcache's count decaying) is a new baseline. A SCSI disk's
+``device/ioerr_cnt`` counts every command that completed with an error, smartctl's own
+pass-through commands too (smartctl 7.3 ``-a`` on scsi_debug: 24 commands, 2 of them
+rejected, +2 every run), so for a disk counter the pass also keeps the disk's completed
+commands (``device/iodone_cnt``) and the block layer's own requests completed (the disk's
+``stat``: reads, writes, discards, flushes; a pass-through command is not among them): the
+commands that were not block requests in the window are probes, and that many of the new
+errors are taken as theirs. bcache's own count on the cache device is never raised by a
+probe (it counts bcache's IO).
+
+Undone by ``cachemgr protect --clear SSD`` (ops/protect.py ``clear``): the modes the passes
+changed are put back and the SSD's record and baseline start again. Off (``enabled =
+false``, or no policy), a pass acts on nothing, keeps the counts as the new baseline and
+marks its records off: the health model then says so, a warning naming ``--clear``.
 
 Devices in a mode that writes nothing new to the SSD as dirty (bcache writearound or none,
 dm-cache/LVM passthrough) keep their mode and are only drained when dirty: switching them to
@@ -64,6 +83,9 @@ class Ssd:
     members: tuple[Member, ...]
     io_errors: Mapping[str, int] = field(default_factory=dict)  # counter key -> count
     health: smart.Health | None = None
+    # a disk counter's key -> (the disk's commands completed, the block layer's requests
+    # completed): the commands that were not block requests are probes (module doc)
+    traffic: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,10 @@ class Decision:
     triggered: tuple[tuple[Ssd, str], ...]  # each SSD to protect and why
     counts: dict[str, int]  # the IO error counts to record for the next pass
     notes: tuple[str, ...] = ()
+    traffic: dict[str, tuple[int, int]] = field(default_factory=dict)  # and the traffic
+    # counter key -> why its rise was not acted on: "first seen", "fell", "explained" (by
+    # probe commands), "unknown window"
+    ignored: dict[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- the groups
@@ -107,13 +133,16 @@ def _member(k: kinds.Kind) -> Member:
 
 
 def ssds(snap: Snapshot, health: Sequence[tuple[smart.Ssd, smart.Health | None]] = (),
-         disk_errors: Mapping[str, int] | None = None) -> list[Ssd]:
+         disk_errors: Mapping[str, int] | None = None,
+         disk_traffic: Mapping[str, tuple[int, int]] | None = None) -> list[Ssd]:
     """The snapshot's cached devices grouped by the SSD under their cache. ``health``: the
     SMART answers (smart.ssd_health: each SCSI/NVMe cache SSD, the caches on it, its
     cached health); ``disk_errors``: each such disk's kernel error counter by disk name (the
-    SCSI ``device/ioerr_cnt``). A cache on a disk SMART does not know (virtio, UML's ubd, a
+    SCSI ``device/ioerr_cnt``); ``disk_traffic``: its (commands completed, block requests
+    completed), read with it. A cache on a disk SMART does not know (virtio, UML's ubd, a
     dm device) is its own group, named by its cache devices."""
     disk_errors = disk_errors or {}
+    disk_traffic = disk_traffic or {}
     by_cache: dict[str, tuple[smart.Ssd, smart.Health | None]] = {}
     for disk, h in health:
         for name in disk.caches:
@@ -125,12 +154,16 @@ def ssds(snap: Snapshot, health: Sequence[tuple[smart.Ssd, smart.Health | None]]
         if hit is not None:
             disk, h = hit
             g = groups.setdefault(disk.key, {"node": disk.node, "key": disk.key,
-                                             "members": [], "errors": {}, "health": h})
+                                             "members": [], "errors": {}, "health": h,
+                                             "traffic": {}})
             if disk.name in disk_errors:
                 g["errors"][f"disk:{disk.key}"] = disk_errors[disk.name]
+                if disk.name in disk_traffic:
+                    g["traffic"][f"disk:{disk.key}"] = disk_traffic[disk.name]
             return g
         return groups.setdefault(fallback_key, {"node": fallback_node, "key": fallback_key,
-                                                "members": [], "errors": {}, "health": None})
+                                                "members": [], "errors": {}, "health": None,
+                                                "traffic": {}})
 
     for c in snap.cache_sets:
         node = ",".join(x.identity.node for x in c.caches) or c.uuid
@@ -149,20 +182,57 @@ def ssds(snap: Snapshot, health: Sequence[tuple[smart.Ssd, smart.Health | None]]
             continue
         g = group(d.node, under.node, f"dev:{under.node}")
         g["members"].append(_member(k))
-    return [Ssd(g["node"], g["key"], tuple(g["members"]), dict(g["errors"]), g["health"])
-            for g in groups.values()]
+    return [Ssd(g["node"], g["key"], tuple(g["members"]), dict(g["errors"]), g["health"],
+                dict(g["traffic"])) for g in groups.values()]
 
 
 # --------------------------------------------------------------------------- the decision
 
 
-def _why(s: Ssd, p: ProtectPolicy, last: Mapping[str, int]) -> list[str]:
+def when(t: float | None) -> str:
+    """An epoch time in the words of a finding (UTC, to the second)."""
+    if t is None:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _rise(key: str, n: int, last: Mapping[str, int],
+          traffic: Mapping[str, tuple[int, int]], now_traffic: Mapping[str, tuple[int, int]]
+          ) -> tuple[int, str | None]:
+    """(errors that count, why none count) for counter ``key`` reading ``n`` now."""
+    if key not in last:
+        return 0, "first seen"  # the baseline: whatever it reads, it is not a rise
+    rise = n - last[key]
+    if rise < 0:
+        return 0, "fell"  # re-added disk, or bcache's decay: the new baseline
+    if rise == 0 or not key.startswith("disk:"):
+        return rise, None  # bcache's count: no probe of anyone's reaches it
+    t0, t1 = traffic.get(key), now_traffic.get(key)
+    if t0 is None or t1 is None or t1[0] < t0[0] or t1[1] < t0[1]:
+        return 0, "unknown window"  # no traffic to tell probes from the disk's own errors
+    probes = (t1[0] - t0[0]) - (t1[1] - t0[1])
+    counted = rise - min(rise, max(0, probes))
+    return counted, (None if counted else "explained")
+
+
+def _why(s: Ssd, p: ProtectPolicy, last: Mapping[str, int],
+         traffic: Mapping[str, tuple[int, int]], read_at: Mapping[str, float],
+         now: float | None, ignored: dict[str, str]) -> list[str]:
     why = []
     for key, n in sorted(s.io_errors.items()):
-        before = last.get(key, 0)
-        if n - before >= p.io_errors:
-            src = "bcache" if key.startswith("bcache:") else "the disk"
-            why.append(f"IO errors rose from {before} to {n} ({src})")
+        counted, skip = _rise(key, n, last, traffic, s.traffic)
+        if skip is not None:
+            ignored[key] = skip
+        if counted and counted >= p.io_errors:
+            src = ("bcache's IO error count on the cache device" if key.startswith("bcache:")
+                   else "the disk's ioerr_cnt")
+            t0 = read_at.get(key)
+            w = f"{src} rose from {last[key]} to {n}" + (
+                f" between {when(t0)} and {when(now)}" if t0 is not None and now is not None
+                else f" since {when(t0)}" if t0 is not None else "")
+            if counted != n - last[key]:
+                w += f", {counted} of them more than probe commands in between explain"
+            why.append(w)
     h = s.health
     if h is not None and h.error is None:
         if p.smart_critical and h.passed is False:
@@ -171,30 +241,41 @@ def _why(s: Ssd, p: ProtectPolicy, last: Mapping[str, int]) -> list[str]:
             why.append(f"NVMe critical warning 0x{h.critical_warning:02x}")
         if p.wear_percent is not None and h.wear_percent is not None \
                 and h.wear_percent >= p.wear_percent:
-            why.append(f"wear {h.wear_percent} % (limit {p.wear_percent} %)")
+            why.append(f"wear {h.wear_percent} %, limit {p.wear_percent} %")
     return why
 
 
 def decide(groups: Iterable[Ssd], p: ProtectPolicy, last: Mapping[str, int],
-           before: Mapping[str, str] | None = None) -> Decision:
+           before: Mapping[str, str] | None = None, *,
+           traffic: Mapping[str, tuple[int, int]] | None = None,
+           read_at: Mapping[str, float] | None = None,
+           now: float | None = None) -> Decision:
     """What protecting needs now (pure). ``last``: the IO error counts the previous pass
-    recorded (a count never seen counts from 0; a count that fell, as bcache's decaying one
-    does, is recorded lower and a rise counts from there). ``before``: the SSDs an earlier
-    pass protected (key -> why): they stay protected while they cache anything, so a device
-    an earlier pass could not protect (the gate skipped it) or switched back to writeback
-    is protected again. Disabled: nothing, and no count."""
+    recorded, ``traffic`` its disk traffic and ``read_at`` when it read each (the state's).
+    A count is acted on only when it rose from ``last`` by ``p.io_errors`` or more beyond
+    what probe commands in the window explain (module doc): a count never seen is the
+    baseline, a count that fell, as bcache's decaying one does, is recorded lower and a
+    rise counts from there. ``before``: the SSDs an earlier pass protected (key -> why):
+    they stay protected while they cache anything (until ``cachemgr protect --clear``), so
+    a device an earlier pass could not protect (the gate skipped it) or switched back to
+    writeback is protected again. Disabled: nothing (ops/protect.py keeps the counts)."""
     before = before or {}
+    traffic = traffic or {}
+    read_at = read_at or {}
     if not p.enabled:
-        return Decision((), (), {}, ("protect is off (the policy's [protect] enabled = "
-                                     "false, the default)",))
+        return Decision((), (), {}, ("protect is off (the policy's protect table has "
+                                     "enabled = false, the default)",))
     acts: list[Act] = []
     triggered: list[tuple[Ssd, str]] = []
     counts: dict[str, int] = {}
+    seen: dict[str, tuple[int, int]] = {}
+    ignored: dict[str, str] = {}
     for s in groups:
         counts.update(s.io_errors)
-        why = _why(s, p, last)
+        seen.update(s.traffic)
+        why = _why(s, p, last, traffic, read_at, now, ignored)
         if not why and s.key in before:
-            why = [f"{before[s.key]} (an earlier pass)"]
+            why = [f"since an earlier pass: {before[s.key]}"]
         if not why:
             continue
         words = "; ".join(why)
@@ -206,13 +287,13 @@ def decide(groups: Iterable[Ssd], p: ProtectPolicy, last: Mapping[str, int],
                 else:
                     acts.append(Act(s.node, m.node, "note", words,
                                     note=f"a {m.kind} has no writethrough: drain or "
-                                         f"detach it by hand (cachemgr detach {m.node})"))
+                                         f"detach it by hand: cachemgr detach {m.node}"))
             elif m.dirty_bytes is None or m.dirty_bytes > 0:
                 acts.append(Act(s.node, m.node, "drain", words))
     # every switch first (fast), then the drains (each may take a while): a device waiting
     # for its drain is no longer adding dirty data
     acts.sort(key=lambda a: {"switch": 0, "note": 1, "drain": 2}[a.what])
-    return Decision(tuple(acts), tuple(triggered), counts)
+    return Decision(tuple(acts), tuple(triggered), counts, traffic=seen, ignored=ignored)
 
 
 # --------------------------------------------------------------------------- the state
@@ -222,41 +303,123 @@ def state_path() -> Any:
     return state.state_dir(create=False) / "protect" / "state.json"
 
 
+def _ints(v: object) -> dict[str, int]:
+    return {str(k): int(n) for k, n in v.items()
+            if isinstance(n, int) and not isinstance(n, bool)} if isinstance(v, dict) else {}
+
+
 def load_state(view: state.View | None = None) -> dict[str, Any]:
-    """``{"counts": {key: n}, "protected": {ssd: {...}}}``; empty when there is none (never
-    creates the state directory: a scrape and ``check`` read it too). ``view``: a poller's
-    state directory for this poll (core/state.py ``polled``)."""
+    """``{"counts": {key: n}, "traffic": {key: [commands, requests]}, "read_at": {key: t},
+    "off": t | None, "protected": {ssd: {...}}}``; empty when there is none (never creates
+    the state directory: a scrape and ``check`` read it too). ``view``: a poller's state
+    directory for this poll (core/state.py ``polled``). A state written before the traffic
+    was kept reads with none: the next rise of a disk counter is then only a baseline."""
     try:
         if view is not None:
             data = view.read_json("protect", "state.json") or {}
         elif not state.state_dir(create=False).is_dir():
-            return {"counts": {}, "protected": {}}
+            data = {}
         else:
             data = state.read_json(state_path()) or {}
     except (CacheMgrError, OSError):
         data = {}
-    counts = data.get("counts")
     prot = data.get("protected")
-    counts = counts if isinstance(counts, dict) else {}
     prot = prot if isinstance(prot, dict) else {}
-    return {"counts": {str(k): int(v) for k, v in counts.items() if isinstance(v, int)},
+    traffic = data.get("traffic")
+    read_at = data.get("read_at")
+    off = data.get("off")
+    return {"counts": _ints(data.get("counts")),
+            "traffic": {str(k): (int(v[0]), int(v[1])) for k, v in traffic.items()
+                        if isinstance(v, list) and len(v) == 2
+                        and all(isinstance(x, int) for x in v)}
+            if isinstance(traffic, dict) else {},
+            "read_at": {str(k): float(v) for k, v in read_at.items()
+                        if isinstance(v, (int, float))} if isinstance(read_at, dict) else {},
+            "off": float(off) if isinstance(off, (int, float)) else None,
             "protected": {str(k): v for k, v in prot.items() if isinstance(v, dict)}}
+
+
+def decide_from(groups: Sequence[Ssd], p: ProtectPolicy, st: Mapping[str, Any],
+                now: float | None = None) -> Decision:
+    """:func:`decide` with what state ``st`` (:func:`load_state`) kept."""
+    return decide(groups, p, st.get("counts", {}), earlier(st), traffic=st.get("traffic"),
+                  read_at=st.get("read_at"), now=now)
+
+
+def _seen(old: Mapping[str, Any], groups: Sequence[Ssd], now: float) -> dict[str, Any]:
+    """The counts, traffic and reading times after a pass that read ``groups``."""
+    counts = {k: n for s in groups for k, n in s.io_errors.items()}
+    traffic = {k: list(t) for s in groups for k, t in s.traffic.items()}
+    return {"counts": counts, "traffic": traffic,
+            "read_at": {k: round(now, 3) for k in counts}}
 
 
 def next_state(old: Mapping[str, Any], d: Decision, groups: Sequence[Ssd],
                results: Mapping[str, str], now: float | None = None) -> dict[str, Any]:
-    """The state after a pass: the counts seen; an SSD protected once stays recorded (with
-    its first reason and time) until no cache is on it any more (replaced, or pulled)."""
+    """The state after a pass: the counts and traffic seen, when; an SSD protected once
+    stays recorded (with its first reason and time, and the mode each device had before a
+    pass switched it: ``--clear`` puts them back) until no cache is on it any more
+    (replaced, or pulled) or ``cachemgr protect --clear`` forgets it."""
     now = time.time() if now is None else now
     present = {s.key for s in groups}
     prot: dict[str, Any] = {k: v for k, v in old.get("protected", {}).items()
                             if k in present}
+    switched = {a.device for a in d.acts if a.what == "switch"}
     for s, why in d.triggered:
         entry = prot.get(s.key) or {"ssd": s.node, "since": round(now, 3), "why": why}
         entry["last"] = round(now, 3)
         entry["devices"] = {m.node: results.get(m.node, "protected") for m in s.members}
+        got = entry.get("modes")
+        modes: dict[str, str] = dict(got) if isinstance(got, dict) else {}
+        for m in s.members:  # the first mode a pass saw before switching: the admin's
+            if m.node in switched and m.node not in modes and m.mode is not None \
+                    and results.get(m.node) not in ("skipped", "failed", "dry-run"):
+                modes[m.node] = m.mode.value
+        entry["modes"] = modes
         prot[s.key] = entry
-    return {"counts": dict(d.counts), "protected": prot}
+    return {**_seen(old, groups, now), "off": None, "protected": prot}
+
+
+def off_state(old: Mapping[str, Any], groups: Sequence[Ssd],
+              now: float | None = None) -> dict[str, Any]:
+    """The state after a pass with protect off: the counts are the new baseline (an error
+    while it was off is never acted on once it is on again), the records kept and marked
+    off since the first such pass (the health model's warning)."""
+    now = time.time() if now is None else now
+    present = {s.key for s in groups}
+    prot = {k: v for k, v in old.get("protected", {}).items() if k in present}
+    off = old.get("off")
+    return {**_seen(old, groups, now), "off": off if off is not None else round(now, 3),
+            "protected": prot}
+
+
+def forget(old: Mapping[str, Any], key: str, groups: Sequence[Ssd],
+           now: float | None = None) -> dict[str, Any]:
+    """The state after ``cachemgr protect --clear``: the SSD's record gone, and its counts
+    (every other kept as it was) read now as its new baseline."""
+    now = time.time() if now is None else now
+    out: dict[str, Any] = {"counts": dict(old.get("counts", {})),
+           "traffic": {k: list(v) for k, v in old.get("traffic", {}).items()},
+           "read_at": dict(old.get("read_at", {})), "off": old.get("off"),
+           "protected": {k: v for k, v in old.get("protected", {}).items() if k != key}}
+    for s in groups:
+        if s.key == key:
+            fresh = _seen(old, [s], now)
+            for part in ("counts", "traffic", "read_at"):
+                out[part].update(fresh[part])
+    return out
+
+
+def find(st: Mapping[str, Any], name: str, same: Any = None) -> str | None:
+    """The key of the protected SSD ``name`` names: its key, its node (one of them, for a
+    bcache set's), or a path ``same(name, node)`` says is the same device."""
+    for key, v in st.get("protected", {}).items():
+        nodes = str(v.get("ssd")).split(",")
+        if name == key or name == v.get("ssd") or name in nodes:
+            return str(key)
+        if same is not None and any(same(name, n) for n in nodes):
+            return str(key)
+    return None
 
 
 DONE = ("done", "already", "protected")  # a device's result that leaves it protected
@@ -269,19 +432,35 @@ def earlier(st: Mapping[str, Any]) -> dict[str, str]:
 
 def protected(st: Mapping[str, Any] | None = None, *, view: state.View | None = None
               ) -> list[tuple[str, str]]:
-    """(SSD node, words) for every SSD a pass protected, the words after "failing" in the
-    health model's CRITICAL finding: why, and what became of its devices (``view``:
-    :func:`load_state`'s)."""
+    """(SSD node, words) for every SSD a pass protected: what it saw and when, what became
+    of its devices and how to undo it (the health model's finding; ``view``:
+    :func:`load_state`'s). Never a bracket inside another: the words are data in a finding
+    that monitoring and the TUI show."""
     st = load_state(view) if st is None else st
     out = []
     for v in st.get("protected", {}).values():
         devs = v.get("devices") if isinstance(v.get("devices"), dict) else {}
         left = sorted(d for d, r in devs.items() if r not in DONE)
-        words = f"({v.get('why')}); "
-        if left:
-            words += ("not protected yet: " + ", ".join(f"{d} ({devs[d]})" for d in left)
-                      + "; the next pass tries again (cachemgr protect --dry-run)")
+        ssd = str(v.get("ssd"))
+        since = v.get("since") if isinstance(v.get("since"), (int, float)) else None
+        words = f"{v.get('why')}; protected since {when(since)}; "
+        if st.get("off") is not None:
+            words += (f"protect is off since {when(st['off'])}, so nothing more is done; "
+                      "its devices stay as the passes left them")
+        elif left:
+            words += ("not protected yet: " + ", ".join(f"{d}: {devs[d]}" for d in left)
+                      + "; the next pass tries again, cachemgr protect --dry-run shows it")
         else:
-            words += "devices switched to writethrough and drained"
-        out.append((str(v.get("ssd")), words))
+            words += "devices switched to writethrough and drained: " + ", ".join(sorted(devs))
+        modes = v.get("modes") if isinstance(v.get("modes"), dict) else {}
+        back = ", ".join(f"{d} {m}" for d, m in sorted(modes.items()) if m != "writethrough")
+        words += (f"; if the SSD is sound, cachemgr protect --clear {ssd} puts back "
+                  + (back if back else "its record and baseline"))
+        out.append((ssd, words))
     return out
+
+
+def is_off(st: Mapping[str, Any] | None = None, *, view: state.View | None = None) -> bool:
+    """Whether the last pass found protect off (its records are then only history)."""
+    st = load_state(view) if st is None else st
+    return st.get("off") is not None

@@ -66,6 +66,8 @@ def test_the_parser_tree_reaches_every_command() -> None:
     assert nodes[("create",)].options["--cache"][1] == completion.Arg(kind="free")
     assert nodes[("register",)].positionals[0].kind == "disks"
     assert nodes[("register",)].positionals[0].repeats
+    # protect --clear DEV: the SSD a pass protected, a disk (issue #41)
+    assert nodes[("protect",)].options["--clear"][1] == completion.Arg(kind="disks")
 
 
 # ----------------------------------------------------------------------------- the helper

@@ -32,7 +32,8 @@ ORIGIN = record.DeviceId(1 << 30, "/dev/sdb", wwn="0x5000c500a1b2c3d4",
                          by_path="/dev/disk/by-path/pci-0000:00:1f.2-ata-2")
 CACHE = record.DeviceId(256 << 20, "/dev/sdc", serial="S3Z9NB0K123456",
                         sys_path="devices/pci0000:00/0000:00:1f.2/ata3")
-META = record.DeviceId(16 << 20, "/dev/sdd", sys_path="devices/platform/uml-blkdev.2")
+META = record.DeviceId(16 << 20, "/dev/sdd", serial="S3Z9NB0K654321",
+                       sys_path="devices/platform/uml-blkdev.2")
 FOUND = type("Found", (), {"table": None})()  # what discover.find gives create (its table)
 REC = record.Record("vc", ORIGIN, CACHE, META, (1 << 30) // 512, 128, "smq",
                     CacheMode.WRITEBACK, 1.0)
@@ -49,7 +50,8 @@ def sb(block_sectors: int = 128, blocks: int = (256 << 20) // (128 * 512)) -> by
 def now(**kw: record.DeviceId) -> dict[str, record.DeviceId]:
     devs = {"sdx": record.DeviceId(ORIGIN.size_bytes, "/dev/sdx", wwn=ORIGIN.wwn),
             "sdy": record.DeviceId(CACHE.size_bytes, "/dev/sdy", serial=CACHE.serial),
-            "ubdc": record.DeviceId(META.size_bytes, "/dev/ubdc", sys_path=META.sys_path)}
+            "ubdc": record.DeviceId(META.size_bytes, "/dev/ubdc", serial=META.serial,
+                                    sys_path=META.sys_path)}
     devs.update(kw)
     return devs
 
@@ -293,7 +295,8 @@ def test_status_text_and_json_list_an_unassembled_record() -> None:
     assert doc["unassembled"] == [{
         "kind": "dm-cache", "name": "vc", "device": "/dev/mapper/vc",
         "record": "/etc/cachemgr/dmcache/vc.json", "mode": "writeback", "stale_origin": True,
-        "problems": [{"role": "cache", "why": "missing (serial X)"}]}]
+        "problems": [{"role": "cache", "why": "missing (serial X)"}], "unproven": [],
+        "check": None}]
 
 
 def test_check_exits_2_for_a_writeback_record_whose_disks_are_gone() -> None:
@@ -350,6 +353,10 @@ def test_boot_pass_without_a_policy_reports_the_missing_devices(tmp_path: Path,
     record.save(REC)
     res = autoattach_ops.boot_pass(Sysfs(WB), nopolicy, dry_run=True)
     assert not res.failed
-    assert any(line.startswith("note") and "dm-cache /dev/mapper/vc not assembled" in line
-               and "origin missing (wwn 0x5000c500a1b2c3d4" in line for line in res.lines), \
-        res.lines
+    # the capture's ubdc sits in the metadata's slot with no serial: another device, refused
+    # (exit 3), named with the missing ones
+    assert any(line.startswith("refused") and "dm-cache /dev/mapper/vc not assembled" in line
+               and "origin missing (wwn 0x5000c500a1b2c3d4" in line
+               and "metadata /dev/ubdc sits where it was but is another device" in line
+               for line in res.lines), res.lines
+    assert res.exit_code == 3

@@ -32,6 +32,7 @@ ERRORS: dict[str, tuple[list[str], int]] = {
     "remove": (["remove", ND], 2),
     "tune": (["tune", ND, "sequential_cutoff=0"], 2),
     "register": (["register", ND], 2),
+    "assemble": (["assemble", "no-such-record"], 2),
     "force-run": (["force-run", ND, "--i-accept-data-loss"], 2),
     "stop-set": (["stop-set", ND, "--i-accept-data-loss"], 2),
     "replace-ssd": (["replace-ssd", ND, "--dry-run"], 2),

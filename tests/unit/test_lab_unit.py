@@ -208,6 +208,24 @@ def test_qemu_monitor_reaches_the_guest_through_a_port_on_its_own_socket() -> No
     assert not os.path.isabs(chardevs[server][1]["path"])  # the run directory: qemu's cwd
 
 
+def test_qemu_virtio_disks_with_serials(tmp_path: Path) -> None:
+    from cachemgr.lab import qemu
+
+    a, b = tmp_path / "a.img", tmp_path / "b.img"
+    devs = _devices(qemu.virtio_disks([a, b], ("LAB-A",)))
+    assert [(d["kind"], d.get("drive"), d.get("serial")) for d in devs
+            if d["kind"] != "drive"] == [("virtio-blk-pci", "disk0", "LAB-A"),
+                                         ("virtio-blk-pci", "disk1", None)]
+    assert [d["file"] for d in devs if d["kind"] == "drive"] == [str(a), str(b)]
+    # UML's ubd disks have no serial: refused, as a malformed one is
+    with pytest.raises(UsageError, match="disk serials are the qemu lab's"):
+        core.run(["true"], core.LabSpec(backend="uml", disks=(1 << 20,),
+                                        disk_serials=("X",)))
+    with pytest.raises(UsageError, match="one for each plain disk at most"):
+        core.run(["true"], core.LabSpec(backend="qemu", disks=(1 << 20,),
+                                        disk_serials=("a,b",)))
+
+
 def test_monitor_is_qemu_only() -> None:
     with pytest.raises(UsageError, match="machine monitor needs the qemu backend"):
         core.run(["true"], core.LabSpec(backend="uml", monitor=True))

@@ -83,17 +83,23 @@ def test_rising_io_errors_trigger_flat_ones_do_not() -> None:
     assert protect.decide([ssd(errors=5)], p, {"bcache:c1": 3}).acts == ()  # +2 < 3
     d = protect.decide([ssd(errors=6)], p, {"bcache:c1": 3})  # +3
     assert [(a.device, a.what) for a in d.acts] == [("/dev/bcache0", "switch")]
-    assert "IO errors rose from 3 to 6" in d.triggered[0][1]
+    assert d.triggered[0][1] == ("bcache's IO error count on the cache device rose from 3 "
+                                 "to 6")
     assert d.counts == {"bcache:c1": 6}
     # flat since the last pass: nothing, however many there are
     assert protect.decide([ssd(errors=6)], ON, d.counts).acts == ()
     # unless an earlier pass protected the SSD: it stays protected while it caches
     again = protect.decide([ssd(errors=6)], ON, d.counts, {"bcache:c1": "IO errors rose"})
     assert [a.what for a in again.acts] == ["switch"]
-    assert again.triggered[0][1] == "IO errors rose (an earlier pass)"
-    # a count never seen counts from 0 (the first error is enough with the default 1)
-    assert len(protect.decide([ssd(errors=1)], ON, {}).acts) == 1
-    assert protect.decide([ssd(errors=0)], ON, {}).acts == ()
+    assert again.triggered[0][1] == "since an earlier pass: IO errors rose"
+    # a count never seen is the baseline, whatever it reads (issue #41: an SSD that had
+    # errors before protect was turned on, or before cachemgr was installed)
+    for n in (1, 50):
+        first = protect.decide([ssd(errors=n)], ON, {})
+        assert first.acts == () and first.triggered == ()
+        assert first.counts == {"bcache:c1": n} and first.ignored == {"bcache:c1": "first seen"}
+    # the first error after the baseline is enough with the default 1
+    assert len(protect.decide([ssd(errors=51)], ON, {"bcache:c1": 50}).acts) == 1
     # bcache's count decays: it is recorded lower and a rise counts from there
     d = protect.decide([ssd(errors=2)], ON, {"bcache:c1": 8})
     assert d.acts == () and d.counts == {"bcache:c1": 2}
@@ -104,7 +110,7 @@ def test_smart_critical_and_wear() -> None:
     assert protect.decide([ssd(h=hl(passed=True, wear_percent=89))], ON, {}).acts == ()
     for h, words in ((hl(passed=False), "SMART self-assessment failed"),
                      (hl(critical_warning=4), "NVMe critical warning 0x04"),
-                     (hl(wear_percent=90), "wear 90 % (limit 90 %)")):
+                     (hl(wear_percent=90), "wear 90 %, limit 90 %")):
         d = protect.decide([ssd(h=h)], ON, {})
         assert len(d.acts) == 1 and words in d.triggered[0][1], h
     off = dataclasses.replace(ON, smart_critical=False, wear_percent=None)
@@ -120,31 +126,34 @@ def test_every_device_on_the_ssd_each_as_its_mode_needs() -> None:
                wb("/dev/bcache3", dirty=None, mode=CacheMode.NONE),
                Member("/dev/mapper/wc", "dm-writecache", CacheMode.WRITEBACK, 10, False),
                wb("/dev/bcache4"))
-    d = protect.decide([ssd(errors=1, members=members)], ON, {})
+    d = protect.decide([ssd(errors=1, members=members)], ON, {"bcache:c1": 0})
     assert [(a.device, a.what) for a in d.acts] == [
         ("/dev/bcache0", "switch"), ("/dev/bcache4", "switch"), ("/dev/mapper/wc", "note"),
         ("/dev/bcache1", "drain"), ("/dev/bcache3", "drain")]
     assert "has no writethrough" in d.acts[2].describe()
     # an SSD that is fine is left alone beside the failing one
     other = Ssd("/dev/sdd", "wwn-2", (wb("/dev/bcache9"),), {"disk:wwn-2": 0})
-    d = protect.decide([ssd(errors=1), other], ON, {})
+    d = protect.decide([ssd(errors=1), other], ON, {"bcache:c1": 0})
     assert [a.device for a in d.acts] == ["/dev/bcache0"]
     assert d.counts == {"bcache:c1": 1, "disk:wwn-2": 0}
 
 
 def test_the_state_keeps_a_protected_ssd_until_it_caches_nothing() -> None:
     s = ssd(errors=1)
-    d = protect.decide([s], ON, {})
+    d = protect.decide([s], ON, {"bcache:c1": 0})
     st = protect.next_state({}, d, [s], {"/dev/bcache0": "done"}, now=10.0)
     assert st["protected"]["bcache:c1"]["since"] == 10.0
     assert st["protected"]["bcache:c1"]["devices"] == {"/dev/bcache0": "done"}
+    assert st["protected"]["bcache:c1"]["modes"] == {"/dev/bcache0": "writeback"}
     # flat counts: no new trigger, the record stays (the SSD is still failing)
-    d2 = protect.decide([s], ON, st["counts"])
+    d2 = protect.decide_from([s], ON, st)
     st2 = protect.next_state(st, d2, [s], {}, now=70.0)
-    assert st2["protected"] == st["protected"]
-    assert protect.protected(st2) == [("/dev/sdc", "(IO errors rose from 0 to 1 (bcache)); "
-                                                   "devices switched to writethrough and "
-                                                   "drained")]
+    assert st2["protected"] == {"bcache:c1": {**st["protected"]["bcache:c1"], "last": 70.0}}
+    assert protect.protected(st2) == [("/dev/sdc", (
+        "bcache's IO error count on the cache device rose from 0 to 1; protected since "
+        "1970-01-01 00:00:10 UTC; devices switched to writethrough and drained: "
+        "/dev/bcache0; if the SSD is sound, cachemgr protect --clear /dev/sdc puts back "
+        "/dev/bcache0 writeback"))]
     # replaced (or pulled): no cache on it any more
     assert protect.next_state(st2, protect.decide([], ON, {}), [], {})["protected"] == {}
 
@@ -169,9 +178,29 @@ def cli(*argv: str) -> tuple[int, str, str]:
 
 
 def sick(tmp_path: Path, errors: int = 3) -> Path:
+    """The captured writeback tree, seen healthy by a pass (the baseline: 0 errors), then
+    with ``errors`` IO errors on its cache device."""
     root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    (root / CACHE_ERRORS).write_text("0\n")
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--policy",
+                       str(_policy(tmp_path)))
+    assert rc == 0 and "none failing" in out, out + err
     (root / CACHE_ERRORS).write_text(f"{errors}\n")
     return root
+
+
+def nested(text: str) -> list[str]:
+    """The lines of ``text`` with a bracket inside another (issue #41)."""
+    out = []
+    for line in text.splitlines():
+        depth = 0
+        for ch in line:
+            depth += ch in "([{"
+            if depth > 1:
+                out.append(line)
+                break
+            depth -= ch in ")]}"
+    return out
 
 
 def test_the_groups_of_a_captured_tree(tmp_path: Path) -> None:
@@ -189,9 +218,11 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(tmp_path: Path,
     pol = _policy(tmp_path)
     rc, out, _ = cli("--sysfs-root", str(root), "protect", "--dry-run", "--policy", str(pol))
     assert rc == 0, out
-    assert "SSD /dev/ubdb failing: IO errors rose from 0 to 3 (bcache)" in out
+    assert ("SSD /dev/ubdb failing: bcache's IO error count on the cache device rose from 0 "
+            "to 3 between ") in out
     assert "dry-run  protect /dev/bcache0: mode writethrough, then drain" in out
-    assert not (state_dir / "protect").exists()
+    kept = (state_dir / "protect" / "state.json").read_text()
+    assert '"protected": {}' in kept
     rc, out2, _ = cli("--sysfs-root", str(root), "autoattach", "--dry-run", "--policy",
                       str(pol))
     assert "dry-run  protect /dev/bcache0: mode writethrough, then drain" in out2
@@ -203,6 +234,7 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(tmp_path: Path,
     rc, out, _ = cli("--sysfs-root", str(root), "protect", "--dry-run", "--policy",
                      str(_policy(tmp_path, enabled=False)))
     assert rc == 0 and "protect is off" in out
+    assert (state_dir / "protect" / "state.json").read_text() == kept  # a dry run writes none
 
 
 def test_a_device_a_replacement_owns_is_skipped_with_the_gates_words(
@@ -222,7 +254,7 @@ def test_a_device_a_replacement_owns_is_skipped_with_the_gates_words(
     assert next(iter(st["protected"].values()))["devices"] == {"/dev/bcache0": "skipped"}
     # check says it is not protected yet; the next pass tries again
     rc, out, _ = cli("--sysfs-root", str(root), "check")
-    assert rc == 2 and "not protected yet: /dev/bcache0 (skipped)" in out, out
+    assert rc == 2 and "not protected yet: /dev/bcache0: skipped" in out, out
 
 
 def test_a_pass_switches_drains_records_and_check_says_critical(
@@ -245,13 +277,16 @@ def test_a_pass_switches_drains_records_and_check_says_critical(
     assert st["counts"] and next(iter(st["protected"].values()))["ssd"] == "/dev/ubdb"
     rc, out, _ = cli("--sysfs-root", str(root), "check")
     assert rc == 2
-    assert ("/dev/ubdb: protected: SSD /dev/ubdb failing (IO errors rose from 0 to 3 "
-            "(bcache)); devices switched to writethrough and drained; replace it; next: "
+    assert ("/dev/ubdb: protected: SSD /dev/ubdb failing: bcache's IO error count on the "
+            "cache device rose from 0 to 3 between ") in out
+    assert ("devices switched to writethrough and drained: /dev/bcache0; if the SSD is sound, "
+            "cachemgr protect --clear /dev/ubdb puts back /dev/bcache0 writeback; next: "
             "cachemgr replace-ssd /dev/ubdb") in out
+    assert not nested(out)
     # a second pass, counts flat: the SSD stays protected (the captured device still reads
     # dirty, the drain being a stand-in here: drained again, never switched again)
     rc, out, _ = cli("--sysfs-root", str(root), "protect", "--policy", str(_policy(tmp_path)))
-    assert rc == 0 and "(an earlier pass)" in out and drained == ["/dev/bcache0"] * 2
+    assert rc == 0 and "since an earlier pass" in out and drained == ["/dev/bcache0"] * 2
     assert "mode writethrough" not in out
     from cachemgr.procedures import metrics
 
@@ -262,21 +297,26 @@ def test_a_pass_switches_drains_records_and_check_says_critical(
 
 def test_the_health_finding() -> None:
     snap = Snapshot(kernel=None, bcache_loaded=True, cache_sets=(), backings=(),
-                    protected=(("/dev/sdc", "(wear 93 % (limit 90 %)); devices switched "
+                    protected=(("/dev/sdc", "wear 93 %, limit 90 %; devices switched "
                                             "to writethrough and drained"),))
     (f,) = health.assess(snap)
     assert (f.level, f.code, f.device) == (health.Level.CRITICAL, "protected", "/dev/sdc")
     assert f.next == "cachemgr replace-ssd /dev/sdc"
-    assert f.what == ("protected: SSD /dev/sdc failing (wear 93 % (limit 90 %)); devices "
-                      "switched to writethrough and drained; replace it")
+    assert f.what == ("protected: SSD /dev/sdc failing: wear 93 %, limit 90 %; devices "
+                      "switched to writethrough and drained")
+    # protect off since: a warning naming the way to undo it, no CRITICAL
+    (f,) = health.assess(dataclasses.replace(snap, protect_off=True))
+    assert (f.level, f.code, f.next) == (health.Level.WARNING, "protect-off",
+                                         "cachemgr protect --clear /dev/sdc")
 
 
 def test_the_state_file_is_the_state_directory_s(state_dir: Path) -> None:
-    assert protect.load_state() == {"counts": {}, "protected": {}}
+    empty = {"counts": {}, "traffic": {}, "read_at": {}, "off": None, "protected": {}}
+    assert protect.load_state() == empty
     assert not state_dir.exists()  # reading never creates it
     state.write_json(state_dir / "protect" / "state.json", {"counts": {"a": 1},
                                                            "protected": "junk"})
-    assert protect.load_state() == {"counts": {"a": 1}, "protected": {}}
+    assert protect.load_state() == {**empty, "counts": {"a": 1}}
 
 
 def test_a_dm_cache_is_grouped_by_its_cache_device(tmp_path: Path) -> None:
@@ -321,7 +361,165 @@ def test_the_boot_pass_switches_and_leaves_the_drain_to_the_timer(
     assert drained == [] and "switched protect /dev/bcache0" in out
     assert "the boot pass does not wait for them" in err
     rc, out, _ = cli("--sysfs-root", str(root), "check")
-    assert "not protected yet: /dev/bcache0 (switched)" in out
+    assert "not protected yet: /dev/bcache0: switched" in out
     # the timer's pass drains it
     rc, out, _ = cli("--sysfs-root", str(root), "protect", "--policy", pol)
     assert rc == 0 and drained == ["/dev/bcache0"] and "done     protect /dev/bcache0" in out
+
+
+# ------------------------------------------------- baselines and probes (issue #41 item 4)
+
+
+def disk(errors: int, commands: int, requests: int,
+         members: tuple[Member, ...] = (wb(),)) -> Ssd:
+    return Ssd("/dev/sdc", "wwn-1", members, {"disk:wwn-1": errors}, None,
+               {"disk:wwn-1": (commands, requests)})
+
+
+def test_probe_commands_explain_the_disk_errors_they_cause() -> None:
+    # docs/kernel-notes.md, "What smartctl does to ioerr_cnt": smartctl -a on scsi_debug,
+    # 24 commands, none of them a block request, ioerr_cnt +2
+    last, traffic = {"disk:wwn-1": 0}, {"disk:wwn-1": (65, 3)}
+    probed = protect.decide([disk(2, 65 + 24, 3)], ON, last, traffic=traffic)
+    assert probed.acts == () and probed.triggered == ()
+    assert probed.ignored == {"disk:wwn-1": "explained"}
+    assert probed.counts == {"disk:wwn-1": 2} and probed.traffic == {"disk:wwn-1": (89, 3)}
+    # a failing read of the VM's: one block request, one command, one error: it counts
+    real = protect.decide([disk(3, 90, 4)], ON, {"disk:wwn-1": 2},
+                          traffic={"disk:wwn-1": (89, 3)}, read_at={"disk:wwn-1": 60.0},
+                          now=120.0)
+    assert [a.what for a in real.acts] == ["switch"]
+    assert real.triggered[0][1] == ("the disk's ioerr_cnt rose from 2 to 3 between "
+                                    "1970-01-01 00:01:00 UTC and 1970-01-01 00:02:00 UTC")
+    # the same window under VM load (100 block requests, 100 commands): still only probes
+    busy = protect.decide([disk(2, 65 + 24 + 100, 103)], ON, last, traffic=traffic)
+    assert busy.acts == ()
+    # errors beyond what the probes in the window can explain count, and say so
+    both = protect.decide([disk(5, 65 + 2 + 10, 13)], ON, last, traffic=traffic)
+    assert "rose from 0 to 5, 3 of them more than probe commands in between explain" in \
+        both.triggered[0][1]
+    # a window whose traffic the last pass did not keep (a state from before): a baseline
+    assert protect.decide([disk(7, 99, 9)], ON, {"disk:wwn-1": 0}).ignored == {
+        "disk:wwn-1": "unknown window"}
+    # bcache's own count: no probe reaches it, its rise counts whatever the disk's traffic
+    both_keys = Ssd("/dev/sdc", "wwn-1", (wb(),), {"disk:wwn-1": 2, "bcache:c1": 1}, None,
+                    {"disk:wwn-1": (89, 3)})
+    d = protect.decide([both_keys], ON, {"disk:wwn-1": 0, "bcache:c1": 0}, traffic=traffic)
+    assert d.triggered[0][1] == "bcache's IO error count on the cache device rose from 0 to 1"
+
+
+def test_a_captured_scsi_ssd_s_counters_and_a_smartctl_window(
+        tmp_path: Path, state_dir: Path) -> None:
+    root = copy_capture(tmp_path, "scsi-ssd-in-use")
+    dev = root / "devices/pseudo_0/adapter0/host0/target0:0:0/0:0:0:0"
+    pol = str(_policy(tmp_path))
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--policy", pol)
+    assert rc == 0 and "first seen at 0 errors" in out, out + err
+    st = protect.load_state()
+    assert st["traffic"] == {"disk:naa.33333330000007d0": (260, 128)}
+    # what one smartctl -a did in the lab: +24 commands, +2 errors, no block request
+    (dev / "ioerr_cnt").write_text("0x2\n")
+    (dev / "iodone_cnt").write_text(f"{hex(260 + 24)}\n")
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--policy", pol)
+    assert rc == 0 and "none failing" in out and "rose to 2, no more than the probe" in out
+    # then one failing read: +1 command, +1 block request, +1 error
+    (dev / "ioerr_cnt").write_text("0x3\n")
+    (dev / "iodone_cnt").write_text(f"{hex(260 + 25)}\n")
+    stat = (root / "devices/pseudo_0/adapter0/host0/target0:0:0/0:0:0:0/block/sda/stat")
+    fields = stat.read_text().split()
+    fields[0] = str(int(fields[0]) + 1)
+    stat.write_text(" ".join(fields) + "\n")
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--dry-run", "--policy", pol)
+    assert "SSD /dev/sda failing: the disk's ioerr_cnt rose from 2 to 3 between" in out, out
+
+
+def _protected_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                    ) -> tuple[Path, str, list[tuple[str, str]]]:
+    from cachemgr.ops import cache as cache_ops
+
+    root = sick(tmp_path)
+    writes = kernel_writes(monkeypatch)
+    monkeypatch.setattr(cache_ops, "drain", lambda sysfs, dev, **kw: None)
+    pol = str(_policy(tmp_path))
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--policy", pol)
+    assert rc == 0 and "done     protect /dev/bcache0" in out, out + err
+    return root, pol, writes
+
+
+def _mode(root: Path) -> CacheMode | None:
+    return snapshot.take(Sysfs(str(root))).backings[0].mode
+
+
+def _codes(root: Path) -> list[str]:
+    _, js, _ = cli("--sysfs-root", str(root), "check", "--json")
+    return [f["code"] for f in json.loads(js)["findings"]]
+
+
+def test_clear_puts_back_the_admins_writeback_and_forgets_the_ssd(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> None:
+    root, pol, writes = _protected_tree(tmp_path, monkeypatch)
+    assert _mode(root) == CacheMode.WRITETHROUGH and "protected" in _codes(root)
+    rc, out, _ = cli("--sysfs-root", str(root), "protect", "--clear", "/dev/ubdb",
+                     "--dry-run", "--policy", pol)
+    assert rc == 0 and "dry-run  /dev/bcache0: back to writeback" in out, out
+    assert _mode(root) == CacheMode.WRITETHROUGH
+    del writes[:]
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--clear", "/dev/ubdb",
+                       "--policy", pol)
+    assert rc == 0, out + err
+    assert "done     /dev/bcache0: back to writeback" in out
+    assert "forgot   SSD /dev/ubdb" in out and "are the baseline" in out
+    assert [w for w in writes if w[0].endswith("cache_mode")] == [
+        (next(w[0] for w in writes if w[0].endswith("cache_mode")), "writeback")]
+    assert _mode(root) == CacheMode.WRITEBACK
+    st = protect.load_state()
+    assert st["protected"] == {} and 3 in st["counts"].values()
+    entries = [json.loads(x) for x in (state_dir / "autoattach" / "actions.jsonl")
+               .read_text().splitlines()]
+    assert [(e["what"], e["result"]) for e in entries[-2:]] == [("clear", "done"),
+                                                                 ("forget", "done")]
+    assert "protected" not in _codes(root)
+    # the next passes: the counts flat since the clear, the admin's writeback stays
+    for _ in range(3):
+        rc, out, _ = cli("--sysfs-root", str(root), "protect", "--policy", pol)
+        assert rc == 0 and "none failing" in out, out
+    assert _mode(root) == CacheMode.WRITEBACK
+    # nothing recorded any more: already so
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--clear", "/dev/ubdb",
+                       "--policy", pol)
+    assert rc == 4 and "no SSD recorded as protected" in err, out + err
+
+
+def test_off_acts_on_nothing_and_the_critical_becomes_a_warning_naming_clear(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> None:
+    root, pol, writes = _protected_tree(tmp_path, monkeypatch)
+    off = str(_policy(tmp_path / "off" if (tmp_path / "off").mkdir() is None else tmp_path,
+                      enabled=False))
+    # the admin puts writeback back by hand, and turns protect off
+    rc, out, err = cli("--sysfs-root", str(root), "mode", "/dev/bcache0", "writeback")
+    assert rc == 0, out + err
+    del writes[:]
+    for _ in range(3):
+        rc, out, err = cli("--sysfs-root", str(root), "protect", "--policy", off)
+        assert rc == 0 and "protect is off" in out, out + err
+        assert "protect --clear /dev/ubdb forgets it" in out
+    assert writes == [] and _mode(root) == CacheMode.WRITEBACK
+    codes = _codes(root)
+    assert "protect-off" in codes and "protected" not in codes
+    rc, out, _ = cli("--sysfs-root", str(root), "check")
+    line = next(x for x in out.splitlines() if "protected earlier" in x) if \
+        "protected earlier" in out else out
+    assert "protect is off since" in line and "next: cachemgr protect --clear /dev/ubdb" in out
+    assert not nested(out)
+    # errors that rise while off: the off passes keep them as the baseline
+    (root / CACHE_ERRORS).write_text("9\n")
+    assert cli("--sysfs-root", str(root), "protect", "--policy", off)[0] == 0
+    assert 9 in protect.load_state()["counts"].values()
+    # clear: the device was switched back by hand, left so; the record goes
+    rc, out, err = cli("--sysfs-root", str(root), "protect", "--clear", "/dev/ubdb",
+                       "--policy", off)
+    assert rc == 0 and "left     /dev/bcache0" in out, out + err
+    assert "protect-off" not in _codes(root)
+    # on again: nothing rose since, nothing done
+    rc, out, _ = cli("--sysfs-root", str(root), "protect", "--policy", pol)
+    assert rc == 0 and "none failing" in out and writes == [], out

@@ -8,8 +8,9 @@ and the lab, whose /etc does not survive a boot): the stable identity of the ori
 and metadata devices, the block size, the policy and the mode. ``remove`` (with or without
 ``--keep-device``: either way no cache is left to bring back) deletes it. The boot pass
 (``cachemgr autoattach``) and the udev worker assemble a recorded device once its three
-devices are present and are the recorded ones (:func:`resolve`, :func:`assemble`); status
-and the health model list a record that is not assembled.
+devices are present and are proven to be the recorded ones (:func:`resolve`,
+:func:`assemble`; below); status and the health model list a record that is not
+assembled.
 
 The identity of a device is, strongest first: its WWN, its serial (a partition's: its
 disk's with ``-partN``, since udev copies a disk's onto its partitions), its first
@@ -23,15 +24,54 @@ dm UUID or name. The strongest key recorded decides which device
 fills a role; its size must also be the recorded one; and the metadata device must carry a
 dm-cache superblock with the recorded block size (and, once committed, the cache's number
 of blocks): a blank or foreign metadata device would make the kernel format fresh metadata
-and throw the cache's dirty blocks away. The UML lab's ubd disks have no WWN, serial or udev
-links (``block/ubda/serial`` reads ``(null)``): there ``sys_path`` (the ubd slot), the size
-and the metadata superblock identify them. A device with no stable key at all (a loop
-device) is recorded by size alone and never assembled automatically.
+and throw the cache's dirty blocks away.
+
+Which devices are proven, and what happens otherwise (issue #41 item 1; docs/admin-guide.md,
+"After a reboot: the record and the boot pass"):
+
+* A WWN, a serial, a by-id link or a dm UUID names the device itself: another disk in its
+  slot has another one (refused: "sits where it was but is another device"). A role found by
+  one of these is proven, and when all three are the boot pass and the udev worker assemble
+  the device by themselves.
+* A by-path link, a sysfs place (``sys_path``) or a dm name without a UUID (``PLACE_KEYS``)
+  says where a device sits or what it is called, not which it is: after a swap, a
+  renumbering or a power cut, a same-size disk in the origin's slot matches the place and
+  the size exactly. Assembling a writeback cache over it writes the cache's dirty blocks
+  onto it (seen in the lab: 32 MiB of a bystander disk overwritten, the real origin left
+  stale) and reads through the cache return another disk's blocks. A role found this way
+  is ``unproven`` (:class:`Resolution`): the boot pass and the udev worker refuse the whole
+  device (the boot pass exits 3), the health model says CRITICAL in writeback naming what to
+  check and the one command, ``cachemgr assemble NAME``, which shows what blkid sees on each
+  device now beside what it saw at create and asks (``--yes`` without a terminal). The same
+  rule holds for the cache and metadata devices: another cache's SSD in the slot, with
+  metadata of the same block size and count, passes the superblock check.
+* No key at all (a loop device): never assembled, by either.
+
+Why not prove a place-only device by its content instead: nothing on it is both stable and
+its own. The origin's content is the VM's: a file system, partition table or LVM UUID can
+change after create (a reformat inside the VM, whose newest blocks may sit dirty on the
+cache while the origin holds the old ones), and VM clones and copied images share them, so a
+cloned disk in the slot would pass. The cache device holds only cached blocks; the metadata
+superblock carries no identity of its own (its ``uuid`` field is all zeros on the lab
+kernel: docs/kernel-notes.md) and the same block size and count are the norm when caches
+are made by one script. Writing an identity of cachemgr's own would take space from one of
+the three devices that the kernel or the VM owns. So the content is recorded
+(:attr:`DeviceId.signature`, blkid at create, through identity.probe_signature) and shown
+to the admin, who knows what the disk should be; it is never taken as proof.
+
+The UML lab's ubd disks have no WWN, serial or udev links (``block/ubda/serial`` reads
+``(null)``): there ``sys_path`` (the ubd slot) is the strongest key, so a lab dm-cache is
+assembled by ``cachemgr assemble``. Disks with serials (virtio ``serial=``, SCSI, NVMe)
+are assembled at boot.
 
 Files: JSON, written atomically (a temporary file, fsync, rename, fsync of the directory),
 mode 0600, in a directory opened without following a link and, run as root, refused when
 another user could change it or a directory above it (cachemgr/core/safefs.py, the state
-directory's discipline).
+directory's discipline). Run as root, a record file that another user owns or that group or
+others may write is not used (:func:`untrusted`: whoever writes a record picks the disks a
+cache is assembled over, as the policy file's writer picks what is attached,
+procedures/policy.py ``check_trusted``); it is a bad line of :func:`load_all`, which the
+boot pass refuses and ``check`` reports.
 """
 
 from __future__ import annotations
@@ -57,6 +97,10 @@ from cachemgr.core.sysfs import Sysfs
 ROLES = ("origin", "cache", "metadata")
 # the keys of a device's identity, strongest first
 KEYS = ("wwn", "serial", "by_id", "by_path", "sys_path", "dm_uuid", "dm_name")
+# keys that say where a device sits or what it is called, not which device it is: a
+# same-size disk in that slot (or a dm device given that name) has them too. A role whose
+# strongest recorded key is one of these is assembled by the admin only (module docstring)
+PLACE_KEYS = ("by_path", "sys_path", "dm_name")
 SCHEMA = 1
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,127}")
 
@@ -82,6 +126,10 @@ class DeviceId:
     sys_path: str | None = None
     dm_uuid: str | None = None
     dm_name: str | None = None
+    # what blkid found on it at create ("ext4 UUID ...", "gpt PTUUID ...", "no signature"):
+    # shown to the admin who decides, never taken as proof (module docstring); None: not
+    # probed (a record of an older cachemgr, or the device could not be read)
+    signature: str | None = None
 
     def strongest(self) -> tuple[str, str] | None:
         for k in KEYS:
@@ -89,6 +137,12 @@ class DeviceId:
             if v:
                 return k, v
         return None
+
+    @property
+    def place_only(self) -> bool:
+        """Known by its place (or dm name) at best: a same-size disk there passes for it."""
+        s = self.strongest()
+        return s is not None and s[0] in PLACE_KEYS
 
     def words(self) -> str:
         s = self.strongest()
@@ -106,7 +160,7 @@ class DeviceId:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ValueError("size_bytes is not a positive integer")
         kw: dict[str, Any] = {"size_bytes": size}
-        for k in ("node", *KEYS):
+        for k in ("node", *KEYS, "signature"):
             v = data.get(k)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{k} is not a string")
@@ -281,14 +335,24 @@ def parse_superblock(head: bytes) -> Superblock | None:
 class Resolution:
     """The three devices of a record as found now: ``nodes`` (role -> /dev node) when every
     one is there and is the recorded one; else ``problems`` (role -> why) and ``missing``
-    (True when every problem is a device that is not there: wait for it)."""
+    (True when every problem is a device that is not there: wait for it). ``unproven``
+    (role -> why): a role found by its place (or dm name) only, which a same-size disk in
+    that place would pass: assembled by the admin only (module docstring)."""
 
     nodes: Mapping[str, str]
     problems: tuple[tuple[str, str], ...] = ()
     missing: bool = False
+    unproven: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
+        """Every device there and proven: the boot pass and the udev worker assemble it."""
+        return not self.problems and not self.unproven
+
+    @property
+    def found(self) -> bool:
+        """Every device there as recorded, some maybe by their place only: the admin's
+        command (``cachemgr assemble NAME``) may assemble it once the admin has checked."""
         return not self.problems
 
 
@@ -297,6 +361,7 @@ def resolve(rec: Record, devices: Mapping[str, DeviceId],
     """Find ``rec``'s three devices among ``devices`` (kernel name -> identity now)."""
     nodes: dict[str, str] = {}
     problems: list[tuple[str, str]] = []
+    unproven: list[tuple[str, str]] = []
     absent = 0
     for role in ROLES:
         want = rec.device(role)
@@ -333,6 +398,11 @@ def resolve(rec: Record, devices: Mapping[str, DeviceId],
                                    f"{want.size_bytes}: not the recorded device"))
             continue
         nodes[role] = now.node or f"/dev/{name}"
+        if key in PLACE_KEYS:
+            unproven.append((role, f"{nodes[role]} is known by its "
+                                   f"{'name' if key == 'dm_name' else 'place'} only "
+                                   f"({key.replace('_', '-')} {value}): a disk of the same "
+                                   "size there would pass for it"))
     if "metadata" in nodes:
         sb = superblock(nodes["metadata"])
         if sb is None:
@@ -351,7 +421,7 @@ def resolve(rec: Record, devices: Mapping[str, DeviceId],
     if len({*nodes.values()}) != len(nodes):
         problems.append(("origin", "two roles resolve to one device"))
     return Resolution(nodes, tuple(problems), missing=bool(problems) and absent ==
-                      len(problems))
+                      len(problems), unproven=tuple(unproven))
 
 
 def identities(sysfs: Sysfs, idents: Mapping[str, Identity] | None = None
@@ -463,7 +533,8 @@ def _read(fd: int, name: str, shown: str, *, transient: bool = False) -> bytes |
     try:
         f = safefs.open_file(fd, name, shown, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(f, "rb") as fh:
-            return fh.read(1 << 20)
+            why = untrusted(os.fstat(fh.fileno()), shown)
+            return why if why is not None else fh.read(1 << 20)
     except safefs.UnsafePathError as exc:
         return exc.message
     except OSError as exc:
@@ -471,6 +542,22 @@ def _read(fd: int, name: str, shown: str, *, transient: bool = False) -> bytes |
         if transient:
             raise state.Transient(why) from None
         return why
+
+
+def untrusted(st: os.stat_result, shown: str) -> str | None:
+    """Run as root, the line that refuses a record file another user could have written
+    (owned by another user, or writable by group or others), as a policy file is refused
+    (procedures/policy.py ``check_trusted``): whoever writes it chooses the disks the boot
+    pass would assemble a writeback cache over. None when only root can change it (or when
+    not run as root: nothing is assembled then)."""
+    if os.geteuid() != 0:
+        return None
+    why = safefs.loose(st)
+    if why is None:
+        return None
+    return (f"{shown}: {why}; cachemgr does not use this dm-cache record (whoever can "
+            "change it chooses the disks a cache is assembled over); fix: check what it "
+            f"says, then chown root:root {shown} && chmod 0600 {shown}")
 
 
 def load(name: str) -> Record | None:
@@ -482,9 +569,13 @@ def load(name: str) -> Record | None:
 
 
 def make(sysfs: Sysfs, name: str, nodes: Mapping[str, str], table: DmCacheTable,
-         now: float) -> Record:
-    """The record of a device just created over ``nodes`` (role -> /dev node)."""
+         now: float, *, probe: identity_mod.ProbeArg = identity_mod.AUTO) -> Record:
+    """The record of a device just created over ``nodes`` (role -> /dev node). ``probe``
+    (default: blkid on the live system, none on a capture) gives each device's signature,
+    shown to the admin at a later ``cachemgr assemble``."""
     dirs = block_dirs(sysfs)
+    prober = (identity_mod.probe_signature if sysfs.live else None) \
+        if probe is identity_mod.AUTO else probe
     ids: dict[str, DeviceId] = {}
     for role in ROLES:
         k = sysfs.block_name_of(nodes[role])
@@ -492,6 +583,9 @@ def make(sysfs: Sysfs, name: str, nodes: Mapping[str, str], table: DmCacheTable,
             raise RecordError(f"{nodes[role]} ({role}): no such block device")
         ident = identity_mod.identify(sysfs, k, probe=None)
         ids[role] = device_id(sysfs, ident, dirs[k])
+        sig = prober(nodes[role]) if prober is not None else None
+        if sig is not None:
+            ids[role] = replace(ids[role], signature=sig.words())
     return Record(name, ids["origin"], ids["cache"], ids["metadata"], table.length,
                   table.block_sectors, table.policy, table.mode, round(now, 3))
 
@@ -512,18 +606,22 @@ def moved(sysfs: Sysfs, rec: Record, nodes: Mapping[str, str]) -> Record:
 
 
 def assemble(sysfs: Sysfs, rec: Record,
-             devices: Mapping[str, DeviceId] | None = None) -> str:
+             devices: Mapping[str, DeviceId] | None = None, *, admin: bool = False) -> str:
     """``dmsetup create`` ``rec``'s device with the recorded table over its devices as
     found now. AlreadyError when it is there; UnsafeError (nothing done) when a device is
-    missing, another one, or busy. Its description."""
+    missing, another one, or busy, or (unless ``admin``: the admin checked and confirmed,
+    ``cachemgr assemble``) known by its place only. Its description."""
     devs = discover.dm_devices(sysfs)
     if rec.name in devs:
         raise AlreadyError(f"{rec.node} is assembled already")
     res = resolve(rec, devices if devices is not None else identities(sysfs))
-    if not res.ok:
+    if not res.found:
         raise UnsafeError(f"{rec.node} not assembled: " + "; ".join(
             f"{role}: {why}" for role, why in res.problems),
             hint=f"its record: {rec.path or _path(rec.name)}")
+    if res.unproven and not admin:
+        raise UnsafeError(f"{rec.node} not assembled: " + "; ".join(
+            f"{role}: {why}" for role, why in res.unproven), hint=admin_hint(rec, res))
     for role in ROLES:
         why = in_use(sysfs, res.nodes[role])
         if why:
@@ -533,6 +631,22 @@ def assemble(sysfs: Sysfs, rec: Record,
     command.dmsetup("create", rec.name, "--table", table.line())
     return (f"{rec.node}: dm-cache {rec.mode.value} over {res.nodes['origin']} (cache "
             f"{res.nodes['cache']}, metadata {res.nodes['metadata']})")
+
+
+def admin_checks(rec: Record, res: Resolution) -> str:
+    """What the admin checks before assembling a record whose devices are known by their
+    place only (:func:`admin_hint` adds the command)."""
+    which = ", ".join(f"{res.nodes[r]} is its {r} (recorded: {rec.device(r).words()}"
+                      + (f"; blkid at create: {rec.device(r).signature}"
+                         if rec.device(r).signature else "") + ")"
+                      for r, _ in res.unproven)
+    return (f"check that {which}: blkid -p DEV shows a disk's signature now, and a disk "
+            "swapped or moved sits in another slot")
+
+
+def admin_hint(rec: Record, res: Resolution) -> str:
+    """:func:`admin_checks`, then the one command that assembles it."""
+    return f"{admin_checks(rec, res)}; then: cachemgr assemble {rec.name}"
 
 
 def unassembled(sysfs: Sysfs, assembled: Iterable[str],
@@ -550,5 +664,10 @@ def unassembled(sysfs: Sysfs, assembled: Iterable[str],
             devices = identities(sysfs)
         except CacheMgrError:
             devices = {}
-    return [UnassembledDmCache(r.name, r.path, r.mode, resolve(r, devices).problems)
-            for r in todo]
+    out = []
+    for r in todo:
+        res = resolve(r, devices)
+        out.append(UnassembledDmCache(r.name, r.path, r.mode, res.problems, res.unproven,
+                                      admin_checks(r, res) if res.found and res.unproven
+                                      else None))
+    return out
