@@ -328,5 +328,26 @@ bcache-64-backing)
     tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
     rm -rf "$out"
     ;;
+dmcache-ssd-errors)
+    # a writeback dm-cache whose cache SSD (a scsi_debug disk) fails reads: dirty blocks held
+    # (migration_threshold 1: smq never sees the device idle), smartctl run first (it raises
+    # the disk's ioerr_cnt and logs no failed request), then reads of cached blocks fail
+    # (scsi_debug medium errors): the block layer logs each (kmsg.txt)
+    modprobe scsi_debug dev_size_mb=160 delay=0 per_host_store=1
+    for i in $(seq 100); do
+        sd=$(ls /sys/bus/pseudo/drivers/scsi_debug/adapter0/host*/target*/*/block/ 2>/dev/null) \
+            && [ -b "/dev/$sd" ] && break; sleep 0.1
+    done
+    sz=$(blockdev --getsz "$hdd")
+    dd if=/dev/zero of="$meta" bs=1M count=1 oflag=direct 2>/dev/null
+    dmsetup create vmcache --table "0 $sz cache $meta /dev/$sd $hdd 128 1 writeback smq 0"
+    dmsetup message vmcache 0 migration_threshold 1
+    dd if=/dev/urandom of=/dev/mapper/vmcache bs=64k count=64 oflag=direct status=none
+    smartctl -a "/dev/$sd" >/dev/null || true
+    p=/sys/module/scsi_debug/parameters
+    echo 0 > $p/medium_error_start; echo 400000 > $p/medium_error_count; echo 2 > $p/opts
+    dd if=/dev/mapper/vmcache of=/dev/null bs=64k count=8 iflag=direct status=none || true
+    cap "a writeback dm-cache with dirty blocks whose cache SSD (scsi_debug) fails reads: smartctl ran before (ioerr_cnt raised), then reads of cached blocks failed (medium errors in the kernel log)"
+    ;;
 *) echo "unknown scenario $s" >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@ from cachemgr.core.model import (
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import vms as vm_ops
 from cachemgr.ops.health import Finding, Level
-from cachemgr.ops.render import dirty_text, short
+from cachemgr.ops.render import dirty_text, errors_text, short
 
 __all__ = ["Row", "dirty_text", "rows"]
 
@@ -136,7 +136,8 @@ def backing_dirty_bytes(b: BcacheBacking) -> int | None:
     return b.dirty.bytes
 
 
-def backing_row(b: BcacheBacking, prefix: str) -> Row:
+def backing_row(b: BcacheBacking, prefix: str, ssd_errors: int = 0) -> Row:
+    """``ssd_errors``: its cache set's SSD's IO errors (ERR shows them after its own)."""
     rate = "-" if b.writeback_rate is None or b.mode is None else short(b.writeback_rate.bytes)
     lost = b.cset_uuid is None and b.state == CacheState.DIRTY
     return Row(
@@ -151,10 +152,11 @@ def backing_row(b: BcacheBacking, prefix: str) -> Row:
         hit=pct(ratio(b.stats, "total")),
         wbrate=rate,
         used="",
-        errors="?" if b.io_errors is None else str(b.io_errors),
+        errors=errors_text(b.io_errors, ssd_errors),
         target=b.device or b.identity.node,
         dirty_bytes=backing_dirty_bytes(b),
-        alert=lost or bool(b.io_errors) or b.state == CacheState.INCONSISTENT,
+        alert=lost or bool(b.io_errors) or bool(ssd_errors)
+        or b.state == CacheState.INCONSISTENT,
     )
 
 
@@ -343,8 +345,9 @@ def _rows(snap: Snapshot) -> list[Row]:
     for c in snap.cache_sets:
         members = [b for b in snap.backings if b.cset_uuid == c.uuid]
         out.append(cset_row(c, members))
+        errs = sum(x.io_errors or 0 for x in c.caches)
         for i, b in enumerate(members):
-            out.append(backing_row(b, "└ " if i == len(members) - 1 else "├ "))
+            out.append(backing_row(b, "└ " if i == len(members) - 1 else "├ ", errs))
             seen.add(b.key)
     for b in snap.backings:
         if b.key not in seen:

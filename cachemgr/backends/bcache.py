@@ -436,6 +436,17 @@ def scan(sysfs: Sysfs, *, stats: bool = True, cache: ScanCache | None = None) ->
 # operations
 
 
+def cache_nodes(sysfs: Sysfs, cset: str | None) -> list[str]:
+    """The cache devices (SSDs) of the registered cache set ``cset`` as nodes (empty: not
+    registered, or unknown)."""
+    if not cset:
+        return []
+    d = f"fs/bcache/{cset}"
+    names = [_link_device(sysfs, f"{d}/{e}") for e in sysfs.listdir(d)
+             if re.fullmatch(r"cache\d+", e)]
+    return [f"/dev/{n}" for n in names if n]
+
+
 def backing_rel(sysfs: Sysfs, name: str) -> str:
     rel = block_dirs(sysfs).get(name)
     if rel is None or not sysfs.is_dir(f"{rel}/bcache"):

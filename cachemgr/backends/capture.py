@@ -9,10 +9,11 @@ What is copied: /sys/fs/bcache (every file, links kept as links), every /sys/blo
 (the link and its device directory, its bcache/, dm/, holders/, slaves/, queue/ basics with
 the IO scheduler's tunables (queue/iosched/) and partitions) and the SCSI device attributes
 behind ``device`` (vendor, model, wwid, vpd pages),
-plus ``dmsetup table`` / ``dmsetup status`` / ``dmsetup info`` output, kernel/uevent_seqnum
-and a meta.json naming the kernel. Write-only files are recorded as empty files with their
-mode, so their presence is part of the capture. ``priority_stats`` is never read (it locks
-every bucket).
+plus ``dmsetup table`` / ``dmsetup status`` / ``dmsetup info`` output, kernel/uevent_seqnum,
+the kernel log's records (``kmsg.txt``: the first line of each /dev/kmsg record, what
+backends/kernlog.py reads) and a meta.json naming the kernel. Write-only files are
+recorded as empty files with their mode, so their presence is part of the capture.
+``priority_stats`` is never read (it locks every bucket).
 """
 
 from __future__ import annotations
@@ -191,6 +192,14 @@ class Capturer:
         for what, text in outputs.items():
             (self.out / f"dmsetup-{what}.txt").write_text(text)
 
+    def capture_kmsg(self) -> None:
+        """``kmsg.txt``: each /dev/kmsg record's first line (``PRI,SEQ,TS_USEC,FLAGS;MSG``),
+        and ``uptime`` in meta.json: the log's clock when it was read (kernlog.Reader)."""
+        from cachemgr.backends import kernlog
+
+        (self.out / "kmsg.txt").write_text(
+            "".join(r.split("\n", 1)[0] + "\n" for r in kernlog.records()))
+
     def capture_lvs(self) -> None:
         """``lvs.json``: lvm2's report (the fields cachemgr reads), when LVM owns a dm device."""
         from cachemgr.backends.dmcache.discover import dm_devices
@@ -223,6 +232,7 @@ class Capturer:
         self.capture_lvs()
         self.capture_tools()
         self.capture_seqnum()
+        self.capture_kmsg()
         from cachemgr.backends import virsh  # libvirt's domains and the VMs' cgroups
 
         virsh.record(self.out, self.sys)
@@ -232,6 +242,7 @@ class Capturer:
             "kernel": platform.release(),
             "captured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "lab_backend": os.environ.get("LAB_BACKEND"),
+            "uptime": time.clock_gettime(time.CLOCK_MONOTONIC),
         }
         (self.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 

@@ -82,6 +82,9 @@ class ScanCache:
         # (ops.cache.status; core/state.py Kept: kept while they do not change, never on a
         # uevent's account, ``keep`` seconds at most)
         self.state = state.Kept(keep=keep, clock=clock)
+        # the poller's kernel log reader (backends/kernlog.py: only new records read at each
+        # poll; ops.cache.status makes it)
+        self.kernlog: Any = None
 
     def begin(self, sysfs: Sysfs) -> None:
         """At the start of a scan: keep the entries only if no uevent was sent since the last

@@ -407,6 +407,14 @@ def dirty_text(b: BcacheBacking) -> str:
     return short(b.dirty.bytes)
 
 
+def errors_text(own: int | None, ssd: int = 0) -> str:
+    """A backing device's ERR cell: its own IO errors, and its cache set's SSD's after a
+    "+" when it has any ("0+4 SSD": none on the backing device, 4 on the SSD its dirty data
+    is on), so that no row says 0 while its data sits on a failing SSD."""
+    text = "?" if own is None else str(own)
+    return f"{text}+{ssd} SSD" if ssd else text
+
+
 @dataclass(frozen=True)
 class BcacheCache:
     """The cache device (the SSD) of a cache set (``/sys/block/<ssd>/bcache``)."""
@@ -515,6 +523,38 @@ class Owner:
 
 
 @dataclass(frozen=True)
+class LoggedErrors:
+    """The failed requests the block layer logged for one disk in the last hour (the kernel
+    log: backends/kernlog.py; never a passthrough command's, such as smartctl's probing)."""
+
+    disk: str  # /dev/sda
+    count: int  # lines in the log (a lower bound: the log is rate limited and a ring)
+    ops: tuple[str, ...]  # READ, WRITE, ...
+    latest_age: float  # seconds since the latest
+    latest: str  # the latest line
+
+    def words(self) -> str:
+        ago = (f"{self.latest_age:.0f} s" if self.latest_age < 120
+               else f"{self.latest_age / 60:.0f} min")
+        return (f"{self.count} failed {'/'.join(self.ops)} requests on {self.disk} in the "
+                f"kernel log, the latest {ago} ago")
+
+
+@dataclass(frozen=True)
+class GoneBacking:
+    """A bcache backing device last seen with dirty data on a cache set, and not on the host
+    now (pulled, dead, its dm device removed): its dirty data is only on the set's SSD.
+    Remembered by ``cachemgr check`` (procedures/health.py, :func:`remember`)."""
+
+    uuid: str  # its bcache UUID (dev.uuid / backing_dev_uuid)
+    node: str  # its node when last seen: /dev/sdb
+    device: str | None  # /dev/bcache0 when last seen
+    cset_uuid: str
+    dirty_bytes: int | None
+    seen_at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
 class UnassembledDmCache:
     """A dm-cache device cachemgr created and recorded (/etc/cachemgr/dmcache/NAME.json)
     that is not assembled now: after a reboot until the boot pass assembles it, or for good
@@ -591,6 +631,15 @@ class Snapshot:
     protect_off: bool = False
     # what this run could not read without root (empty when run as root: :class:`Unseen`)
     unseen: tuple[Unseen, ...] = ()
+    # (cached device node, failed requests logged for a disk under its cache device): the
+    # device-mapper kinds' cache SSD errors (ops.cache.status fills it; bcache counts its
+    # own, BcacheCache.io_errors)
+    cache_errors: tuple[tuple[str, LoggedErrors], ...] = ()
+    # dm-cache record files that cannot be read or are not trusted, each as (its path, why)
+    # (ops.cache.status fills it)
+    bad_records: tuple[tuple[str, str], ...] = ()
+    # bcache backing devices last seen dirty and gone now (ops.cache.status fills it)
+    gone: tuple[GoneBacking, ...] = ()
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

@@ -379,15 +379,21 @@ class BusyError(UnsafeError):
         self.holder = holder
 
 
-def _write_holder(fd: int, holder: dict[str, Any]) -> None:
+def _write_holder(fd: int, holder: dict[str, Any], path: Path | None = None) -> None:
     """Say who holds the lock, in place: the new record over the old one, then the file cut
     to it. Never empty on the way (emptied then written, a reader in between, status or a
     command's check before its question, saw nobody holding a lock a run held: its step
     and its drains' progress are rewritten every few seconds); a reader in between sees the
-    new record followed by the old one's tail (:func:`parse_holder` takes the first)."""
+    new record followed by the old one's tail (:func:`parse_holder` takes the first). An
+    OSError (ENOSPC: the state directory's filesystem is full) names the file ``path``."""
     data = (json.dumps(holder, sort_keys=True) + "\n").encode()
-    os.pwrite(fd, data, 0)
-    os.ftruncate(fd, len(data))
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError as exc:
+        if path is None or exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def open_lock(path: Path) -> int:
@@ -422,6 +428,8 @@ def append(path: Path, data: bytes) -> None:
         os.close(dfd)
     try:
         os.write(fd, data)
+    except OSError as exc:  # ENOSPC: name the file, not only the errno
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         os.close(fd)
 
@@ -452,7 +460,8 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
         finally:
             _leave(key, mine)
         return
-    fd = _open_lock(_configured() / "locks" / f"{_safe(key)}.lock")
+    lock_path = _configured() / "locks" / f"{_safe(key)}.lock"
+    fd = _open_lock(lock_path)
     try:
         _flock_or_refuse(fd, what)
         # "owner": which run of this process (a thread, or a procedure's workers acting as
@@ -468,7 +477,7 @@ def locked(key: str, what: str, *, holder: dict[str, Any] | None = None) -> Iter
         os.close(fd)
         raise
     try:
-        _write_holder(fd, info)
+        _write_holder(fd, info, lock_path)
         yield
     finally:
         _leave(key, mine)

@@ -15,12 +15,13 @@ face's question where the change can lose data or disrupt a VM (``ctl.confirm``:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cachemgr.backends import bcache, dmcache, signatures, smart
+from cachemgr.backends import bcache, dmcache, kernlog, signatures, smart
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends import vms as vms_mod
 from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
@@ -42,6 +43,7 @@ from cachemgr.core.errors import (
 from cachemgr.core.model import (
     CacheMode,
     CacheSet,
+    LoggedErrors,
     Owner,
     Snapshot,
     UnassembledDmCache,
@@ -53,7 +55,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import kinds, owners, protect, traffic, unseen
+from cachemgr.procedures import health, kinds, owners, protect, traffic, unseen
 from cachemgr.procedures.kinds.base import dirty_words
 from cachemgr.procedures.kinds.base import size_words as size_words
 
@@ -73,6 +75,7 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     core/state.py ``Kept``). Without one, every reader walks it as every command does."""
     snap = snapshot_mod.take(sysfs, probe_unregistered=probe_unregistered, vms=vms, uri=uri,
                              stats=stats, cache=cache)
+    snap = _health_inputs(sysfs, snap, cache, probed=probe_unregistered)
     # run by another user than root (a monitoring agent's): what cachemgr's own directories
     # hold is left out, and said once (Snapshot.unseen); nothing is created or written
     hidden = unseen.own_files()
@@ -114,6 +117,44 @@ def _with_files(sysfs: Sysfs, snap: Snapshot, hidden: list[Unseen]) -> Snapshot:
                              lambda: dm_record.unassembled(sysfs, names), []))
     return dataclasses.replace(snap, owners=own, others=kinds.scan_others(sysfs),
                                unassembled=left, unseen=snap.unseen + tuple(found), **prot)
+
+
+def _health_inputs(sysfs: Sysfs, snap: Snapshot, cache: ScanCache | None, *,
+                   probed: bool) -> Snapshot:
+    """What the health model reads beyond the kernel's objects: the failed requests the
+    kernel logged for the disks under each device-mapper cache's cache device (a poller
+    keeps its log reader: only new records are read), the dm-cache record files that cannot
+    be used, the bcache backing devices ``check`` last saw dirty that are gone (only when
+    ``probed``: a scan that read the unregistered devices' superblocks tells gone from
+    unregistered)."""
+    reader = cache.kernlog if cache is not None else None
+    if reader is None:
+        reader = kernlog.Reader(sysfs)
+        if cache is not None:
+            cache.kernlog = reader
+    errors: list[tuple[str, LoggedErrors]] = []
+    if snap.dm_devices:
+        logged = reader.read()
+        for d in snap.dm_devices:
+            if d.cache is None or not logged:
+                continue
+            disks = kernlog.disks_under(sysfs, d.cache.name)
+            errors += [(d.node, e) for e in kernlog.summarise(logged, disks, reader.now)]
+    if cache is None:
+        reader.close()
+    _, bad = dm_record.load_all()
+    if sysfs.live and os.geteuid() != 0:
+        # a reader without root cannot open root's record directory (mode 0700): that says
+        # nothing of the records (the non-root reader's notes say what it could not read)
+        denied = os.strerror(errno.EACCES)
+        bad = [line for line in bad if not line.endswith(denied)]
+    bad_records = tuple((line.split(": ", 1)[0] if line.startswith("/") else
+                         dm_record.records_dir(),
+                         line.split(": ", 1)[1] if line.startswith("/") and ": " in line
+                         else line) for line in bad)
+    return dataclasses.replace(snap, cache_errors=tuple(errors), bad_records=bad_records,
+                               gone=tuple(health.gone(snap, health.remembered()))
+                               if probed else ())
 
 
 def owner_of(snap: Snapshot, obj: object) -> Owner | None:

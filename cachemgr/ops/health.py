@@ -5,9 +5,13 @@ an answer at most that old (systemd/README.md)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import time
+
 from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
-from cachemgr.core.errors import require_root
+from cachemgr.core.errors import CacheMgrError, require_root
 from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
@@ -59,8 +63,17 @@ def check(sysfs: Sysfs) -> Result:
     agent): one summary line with performance data, exit 0 OK, 1 WARNING, 2 CRITICAL, 3
     UNKNOWN (the CLI maps an error of its own to UNKNOWN). Reads the host once (the
     unregistered devices' superblocks included, as status does) and the SSDs' cached SMART
-    answers (smartctl is the timer's job, never a check's). Changes nothing."""
+    answers (smartctl is the timer's job, never a check's). Changes no device; as root it
+    keeps the dirty bcache backing devices it saw (health.remember), to say when one is gone."""
     snap = cache_ops.status(sysfs, probe_unregistered=True)
+    if sysfs.live and os.geteuid() == 0:
+        # remember the dirty backing devices, to say so when one is gone (health.remember)
+        try:
+            health.save_remembered(health.remember(snap, [*health.remembered()],
+                                                   time.time()))
+        except (OSError, CacheMgrError) as exc:
+            snap = dataclasses.replace(snap, warnings=(
+                *snap.warnings, f"the dirty backing devices not remembered: {exc}"))
     blind = list(snap.unseen)
     none: list[tuple[smart.Ssd, smart.Health | None]] = []
     rows = none if unseen.blind(blind, unseen.STATE) else unseen.guarded(

@@ -152,6 +152,7 @@ def _natural(text: str) -> list[Any]:
 
 
 dirty_text = model.dirty_text  # a backing device's dirty data ("lost?": on a missing set)
+errors_text = model.errors_text  # a backing device's ERR: its own, then its SSD's ("0+4 SSD")
 
 
 def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = None,
@@ -225,7 +226,9 @@ def status_table(snap: Snapshot, *, intervals: bool = True, width: int | None = 
             lines.append(f"{o.device}: owned by {o.words()}; {o.next_step()}")
     # the health model's other findings (procedures/health.py; what cachemgr check reports)
     for f in findings:
-        if f.code != "stranded-dirty" and not f.code.startswith("interrupted-"):
+        # (the scan's warnings are the "warning:" lines below)
+        if f.code not in ("stranded-dirty", "scan-warning") and \
+                not f.code.startswith("interrupted-"):
             lines.append(f"{f.level.name}: {f.line()}")
     for w in snap.warnings:
         lines.append(f"warning: {w}")
@@ -299,7 +302,8 @@ def _bcache_row(snap: Snapshot, b: BcacheBacking, intervals: bool, mark: str = "
                 b.mode.value if b.mode else "?", b.state.value, dirty_text(b),
                 *([_ratio(b.stats, "five_minute")] if intervals else []),
                 _ratio(b.stats, "total"), "-",
-                "?" if b.io_errors is None else str(b.io_errors), cache], mark)
+                model.errors_text(b.io_errors, sum(x.io_errors or 0 for x in c.caches)
+                                  if c is not None else 0), cache], mark)
 
 
 # LVM's hidden sub-LVs as dm names: a cache pool's data and metadata (POOL_cpool_cdata,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachemgr.backends import bcache, blockdev
+from cachemgr.backends import bcache, blockdev, kernlog
 from cachemgr.core import drainloop, pace, signals, state
 from cachemgr.core.errors import (
     AlreadyError,
@@ -228,16 +228,64 @@ def stall_hint(original: dict[str, int], stall_timeout: float, *, progressed: bo
     return hint
 
 
-def _gone(b: BcacheBacking, dev: str, cset: str | None) -> StallError:
-    # Seen in the lab (7.2): a backing device failing every write makes bcache stop it after
-    # io_error_limit errors ("too many IO errors on backing device"); the dirty data stays
-    # in the cache set, which stays registered.
+def failing_disks(sysfs: Sysfs, b: BcacheBacking, ssds: list[str]) -> tuple[str, str]:
+    """Which disk fails, from the kernel log's failed requests of the last hour
+    (backends/kernlog.py): (words on the cache SSDs' failures, words on the backing
+    device's), each "" when it logged none. Not bcache's own counters: a failed read of
+    dirty data from the cache counts as a backing device IO error too (writeback.c,
+    ``read_dirty_endio`` calls ``dirty_endio``, which counts every failed bio of a dirty
+    write-back against the backing device; seen in the lab, 7.2: an SSD failing reads made
+    bcache stop the device for "too many IO errors on backing device ubda", the healthy HDD),
+    so its ``io_errors`` and its kernel message blame the backing device for the SSD."""
+    reader = kernlog.Reader(sysfs)
+    try:
+        logged = reader.read()
+    finally:
+        reader.close()
+    under = [d for n in ssds for d in kernlog.disks_under(sysfs, n.removeprefix("/dev/"))]
+    ssd = kernlog.summarise(logged, under, reader.now)
+    backing = kernlog.summarise(logged, kernlog.disks_under(sysfs, b.identity.name),
+                                reader.now)
+    return "; ".join(e.words() for e in ssd), "; ".join(e.words() for e in backing)
+
+
+def _ssd_fails(dev: str, b: BcacheBacking, ssd: str, what: str, why: str) -> StallError:
     return StallError(
-        f"{dev}: bcache stopped the device during the drain (see dmesg: most likely IO "
-        f"errors on the backing device {b.identity.node}); its dirty data ({b.dirty}) stays "
-        f"in cache set {cset}: do not unregister, wipe or replace that cache device",
+        f"{dev}: {what}: its cache SSD {ssd} fails ({why}); the backing device "
+        f"{b.identity.node} logged no failed request (bcache counts a failed read of dirty "
+        f"data from the SSD as a backing device error); its dirty data ({b.dirty}) is only "
+        f"on {ssd}: do not wipe or replace {ssd}",
+        hint=f"once {ssd} reads again (reseat it, check its cable), register it first, then "
+             f"the backing device: cachemgr register {ssd} {b.identity.node}")
+
+
+def _gone(sysfs: Sysfs, b: BcacheBacking, dev: str, cset: str | None,
+          ssds: list[str]) -> StallError:
+    """bcache stopped the device during the drain: which disk failed decides the advice
+    (:func:`failing_disks`). Seen in the lab (7.2): a backing device failing every write
+    makes bcache stop it after io_error_limit errors ("too many IO errors on backing
+    device"); the dirty data stays in the cache set, which stays registered. A cache SSD
+    failing reads of dirty data gets the same message (:func:`failing_disks`) and the set
+    is unregistered just after (docs/kernel-notes.md, "Which disk a stopped drain names")."""
+    ssd = ",".join(ssds) or "its cache SSD"
+    on_ssd, on_backing = failing_disks(sysfs, b, ssds)
+    if on_ssd and not on_backing:
+        return _ssd_fails(dev, b, ssd, "bcache stopped the device during the drain", on_ssd)
+    if not on_backing and cset and not sysfs.is_dir(f"fs/bcache/{cset}"):
+        return StallError(
+            f"{dev}: bcache stopped the device during the drain and its cache set {cset} "
+            f"is gone (see dmesg: IO errors on its cache SSD {ssd} or on the backing device "
+            f"{b.identity.node}); its dirty data ({b.dirty}) is only on {ssd}: do not wipe "
+            f"or replace {ssd}",
+            hint=f"register the set's SSD first, then the backing device: cachemgr register "
+                 f"{ssd if ssds else 'SSD'} {b.identity.node}")
+    seen = f" ({on_backing})" if on_backing else " (see dmesg: most likely)"
+    return StallError(
+        f"{dev}: bcache stopped the device during the drain: IO errors on the backing device "
+        f"{b.identity.node}{seen}; its dirty data ({b.dirty}) stays in cache set {cset} "
+        f"(SSD {ssd}): do not unregister, wipe or replace that cache device",
         hint=f"repair {b.identity.node}, then register it again "
-             f"(echo {b.identity.node} > /sys/fs/bcache/register) to resume writeback",
+             f"(cachemgr register {b.identity.node}) to resume writeback",
     )
 
 
@@ -246,6 +294,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
          progress: Callable[[DrainProgress], None] | None,
          max_latency_ms: float | None = None) -> DrainResult:
     cset = b.cset_uuid  # known now; bcache may drop the link before it stops the device
+    ssds = bcache.cache_nodes(sysfs, cset)  # and the set's SSD: a failed set is gone from /sys
     paced = Paced(sysfs, b, max_latency_ms) if max_latency_ms is not None else None
     try:
         if paced is not None:  # at its first pace before writeback starts
@@ -253,7 +302,7 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
         b = _set_all(sysfs, b, DRAIN_SETTINGS if paced is None else
                      {**DRAIN_SETTINGS, "writeback_percent": PACED_PERCENT})
     except DeviceGone:
-        raise _gone(b, dev, cset) from None
+        raise _gone(sysfs, b, dev, cset, ssds) from None
     if paced is not None:
         # the pacer reads its counters every pace.SLICE between two polls; rereading the
         # whole device twice a second only costs the CPU (the pacer decides every 2 s)
@@ -266,14 +315,20 @@ def _run(sysfs: Sysfs, b: BcacheBacking, original: dict[str, int], dev: str, tim
                 paced.step(b)
             b = _reread(sysfs, b)
         except DeviceGone:
-            raise _gone(b, dev, cset) from None
+            raise _gone(sysfs, b, dev, cset, ssds) from None
         return _sample(b)
 
     def check(b: BcacheBacking) -> None:
         if b.io_errors:
-            raise StallError(f"{dev}: the backing device reports {b.io_errors} IO errors while "
-                             f"draining; {b.dirty} still dirty, kept safe in the cache",
-                             hint="fix the backing device; the dirty data stays in the cache")
+            on_ssd, on_backing = failing_disks(sysfs, b, ssds)
+            if on_ssd and not on_backing:
+                raise _ssd_fails(dev, b, ",".join(ssds), "IO errors while draining", on_ssd)
+            raise StallError(f"{dev}: the backing device {b.identity.node} reports "
+                             f"{b.io_errors} IO errors while draining"
+                             + (f" ({on_backing})" if on_backing else "") + f"; {b.dirty} "
+                             "still dirty, kept safe in the cache",
+                             hint=f"fix the backing device {b.identity.node}; the dirty data "
+                                  "stays in the cache")
 
     incoming = WriteMeter(sysfs, b.device_name)
 

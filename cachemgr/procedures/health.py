@@ -17,24 +17,37 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   drained; it is failing and wants replacing, or ``cachemgr protect --clear`` if sound).
   A recorded writeback dm-cache device whose devices are there but known by their place
   only (``dmcache-unproven``) is CRITICAL too, naming what to check and
-  ``cachemgr assemble NAME``.
+  ``cachemgr assemble NAME``. A device-mapper cache (dm-cache, LVM cache,
+  dm-writecache) with dirty data whose cache SSD logged failed reads or writes in the last
+  hour (the kernel log: backends/kernlog.py); a dm-cache record that cannot be read or is
+  not trusted, of a device that is not assembled (its dirty data, if any, is stranded on
+  its cache device); a bcache backing device last seen dirty by ``check`` that is gone
+  (its dirty data is only on the set's SSD: :func:`remember`).
 * WARNING: IO errors on a cache or backing device holding no dirty data; an interrupted
   drain or flush (its tunables or table left changed); an SSD that SMART says to replace
   soon (when its answer is given); a device whose kernel output cachemgr cannot read; a
   recorded writethrough or passthrough dm-cache device that is not assembled; a procedure
   journal cachemgr cannot read; a drain or flush under way that has not lowered the dirty
   data for :data:`STALLED_AFTER` seconds (its lock files say when it last did); an SSD
-  protected earlier while protect is now off (``snap.protect_off``).
+  protected earlier while protect is now off (``snap.protect_off``); failed
+  requests logged for the cache SSD of a device-mapper cache holding no dirty data; an
+  unreadable or untrusted dm-cache record of a device that is assembled (the boot pass
+  will not assemble it again); a line of the scan that could not be read (the snapshot's
+  ``warnings``: what cachemgr does not know may be dirty data at risk).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from cachemgr.core.model import CacheMode, CacheState, Snapshot, human
+from cachemgr.core import state
+from cachemgr.core.errors import CacheMgrError
+from cachemgr.core.model import CacheMode, CacheState, GoneBacking, Snapshot, human
 
 # a drain or flush under way that has not lowered the dirty data for this long is stalled
 # (cachemgr's own drains give up after their --stall-timeout, 60 s by default; a longer one
@@ -74,8 +87,10 @@ def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
     cache SSD SMART says to replace (smart.ssd_health's cached answers); ``unreadable``:
     (path, why) for each procedure journal that cannot be read (owners.unreadable);
     ``now``: the epoch time a stall is counted to (default: the clock's)."""
-    found = [*_protected(snap), *_bcache(snap), *_dm(snap), *_unassembled(snap),
-             *_owners(snap, time.time() if now is None else now)]
+    when = time.time() if now is None else now
+    found = [*_protected(snap), *_bcache(snap), *_gone(snap, when), *_dm(snap),
+             *_unassembled(snap), *_records(snap), *_owners(snap, when)]
+    found += _warnings(snap, found)
     found += [Finding(Level.WARNING, "ssd-wear", node, f"SMART: {why}",
                       f"cachemgr replace-ssd {node} --dry-run") for node, why in replace_soon]
     # whether its procedure was interrupted is unknown, and the commands on its device
@@ -133,8 +148,16 @@ def _bcache(snap: Snapshot) -> Iterable[Finding]:
                           "cachemgr register SSD (its cache set's SSD: status lists the "
                           "unregistered ones)")
         elif b.io_errors:  # with or without a cache set: its own disk fails IO
+            cs = sets.get(b.cset_uuid) if b.cset_uuid else None
+            ssd_errors = sum(x.io_errors or 0 for x in cs.caches) if cs is not None else 0
+            # bcache counts a failed read of dirty data from the SSD as a backing device
+            # error too (docs/kernel-notes.md, "Which disk a stopped drain names")
+            also = (f", or failed reads of its dirty data on cache SSD "
+                    f"{','.join(x.identity.node for x in cs.caches)} (bcache counts those "
+                    "there too)" if cs is not None and ssd_errors else "")
             yield Finding(Level.WARNING, "backing-io-errors", dev,
-                          f"{b.io_errors} IO errors on its backing device {b.identity.node}")
+                          f"{b.io_errors} IO errors on its backing device {b.identity.node}"
+                          + also)
     for u in snap.unregistered:
         if u.kind != "backing" or u.sb_state != "dirty":
             continue
@@ -191,6 +214,29 @@ def _dm(snap: Snapshot) -> Iterable[Finding]:
                           "cache-metadata", dev, f"{what}; {human(dirty)} of dirty data",
                           "lvconvert --repair" if d.lvm is not None else
                           "cache_check on its metadata device (thin-provisioning-tools)")
+            continue
+        yield from _ssd_errors(snap, dev, dirty)
+
+
+def _ssd_errors(snap: Snapshot, dev: str, dirty: int | None) -> Iterable[Finding]:
+    """A device-mapper cache whose cache SSD (a disk under its cache device) logged failed
+    requests: with dirty data, reads of it may fail and it cannot all reach the origin
+    (CRITICAL); without, the device reads through a failing SSD (WARNING). The kernel log
+    counts no passthrough command (smartctl's probing): backends/kernlog.py."""
+    errs = [e for node, e in snap.cache_errors if node == dev]
+    if not errs:
+        return
+    words = "; ".join(e.words() for e in errs)
+    ssd = ",".join(e.disk for e in errs)
+    if dirty is None or dirty > 0:
+        yield Finding(Level.CRITICAL, "failing-cache-dirty", dev,
+                      f"{human(dirty)} of dirty data on cache SSD {ssd}, which fails IO "
+                      f"({words}): reads of it may fail and it may not reach the origin",
+                      f"cachemgr mode {dev} writethrough --drain")
+    else:
+        yield Finding(Level.WARNING, "cache-io-errors", ssd,
+                      f"cache SSD of {dev} fails IO ({words}; no dirty data on it)",
+                      f"cachemgr replace-ssd {dev} --dry-run")
 
 
 def _unassembled(snap: Snapshot) -> Iterable[Finding]:
@@ -219,6 +265,119 @@ def _unassembled(snap: Snapshot) -> Iterable[Finding]:
         yield Finding(lvl, "dmcache-unassembled", u.node, what + (f" ({why})" if why else ""),
                       "bring its devices back, then cachemgr autoattach" if u.problems
                       else "cachemgr autoattach")
+
+
+def _records(snap: Snapshot) -> Iterable[Finding]:
+    """A dm-cache record file that cannot be read or is not trusted: the boot pass and the
+    udev worker do not assemble its device. Not assembled now, its dirty data (if it was in
+    writeback) is stranded on its cache device and its origin is stale: CRITICAL; assembled
+    now, the next boot leaves it unassembled: WARNING."""
+    assembled = {d.name for d in snap.dmcaches}
+    for path, why in snap.bad_records:
+        base = path.rsplit("/", 1)[-1]
+        name = base[:-5] if base.endswith(".json") else None
+        if name is not None and name in assembled:
+            yield Finding(Level.WARNING, "bad-record", path,
+                          f"a dm-cache record cachemgr cannot use ({why}): /dev/mapper/{name} "
+                          "is assembled now, but the boot pass will not assemble it again",
+                          f"look at {path}; make it a regular file owned by root, mode 0600, "
+                          f"with the device's table (dmsetup table {name})")
+            continue
+        node = f"/dev/mapper/{name}" if name else "its device"
+        yield Finding(Level.CRITICAL, "bad-record", path,
+                      f"a dm-cache record cachemgr cannot use ({why}): {node} is not "
+                      "assembled and will not be; in writeback its dirty data is on its "
+                      "cache device and its origin is stale (nothing may open the origin)",
+                      f"look at {path}; make it a regular file owned by root, mode 0600, "
+                      "then cachemgr autoattach")
+
+
+def remember(snap: Snapshot, before: Iterable[GoneBacking], now: float) -> list[GoneBacking]:
+    """What ``check`` keeps of the bcache backing devices with dirty data: each one seen
+    dirty on a cache set now, and each one remembered that is not on the host now (neither
+    registered nor an unregistered bcache device: ``snap`` must be a probing scan's). A
+    device seen again clean is forgotten."""
+    seen: dict[str, GoneBacking] = {}
+    for b in snap.backings:
+        if b.uuid and b.cset_uuid and (b.state == CacheState.DIRTY or b.dirty_bytes is None
+                                       or b.dirty_bytes > 0):
+            seen[b.uuid] = GoneBacking(b.uuid, b.identity.node, b.device, b.cset_uuid,
+                                       b.dirty_bytes, now)
+    present = {b.uuid for b in snap.backings} | {u.uuid for u in snap.unregistered}
+    return [*seen.values(), *(g for g in before if g.uuid not in present
+                              and g.uuid not in seen)]
+
+
+def _gone_path() -> Path:
+    return state.state_dir(create=False) / "health" / "dirty-backings.json"
+
+
+def remembered() -> list[GoneBacking]:
+    """What :func:`save_remembered` kept (nothing when it cannot be read: a reader without
+    root, a damaged file; ``check`` as root writes it again)."""
+    try:
+        doc = state.read_json(_gone_path()) or {}
+    except (OSError, CacheMgrError):
+        return []
+    out = []
+    for e in doc.get("devices", []) if isinstance(doc.get("devices"), list) else []:
+        try:
+            out.append(GoneBacking(str(e["uuid"]), str(e["node"]),
+                                   None if e.get("device") is None else str(e["device"]),
+                                   str(e["cset_uuid"]),
+                                   None if e.get("dirty_bytes") is None
+                                   else int(e["dirty_bytes"]), float(e["seen_at"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def save_remembered(entries: Sequence[GoneBacking]) -> None:
+    """Keep ``entries`` in ``<state dir>/health/dirty-backings.json`` (``check`` as root);
+    nothing to keep and no file: nothing is written."""
+    path = _gone_path()
+    if not entries and not path.exists():
+        return
+    state.write_json(path, {"devices": [dataclasses.asdict(g) for g in entries]})
+
+
+def gone(snap: Snapshot, remembered: Iterable[GoneBacking]) -> list[GoneBacking]:
+    """The remembered dirty backing devices that ``snap`` does not show."""
+    present = {b.uuid for b in snap.backings} | {u.uuid for u in snap.unregistered}
+    return [g for g in remembered if g.uuid not in present]
+
+
+def _gone(snap: Snapshot, now: float) -> Iterable[Finding]:
+    for g in snap.gone:
+        c = snap.cache_set(g.cset_uuid)
+        ssd = ",".join(x.identity.node for x in c.caches) if c is not None else None
+        on = f"cache set {g.cset_uuid[:8]}" + (f" (SSD {ssd})" if ssd else
+                                                ", not registered now")
+        ago = max(0.0, now - g.seen_at)
+        yield Finding(Level.CRITICAL, "backing-gone-dirty", g.node,
+                      f"bcache backing device{' of ' + g.device if g.device else ''} gone; "
+                      f"{human(g.dirty_bytes)} of its data was dirty on {on} when last seen "
+                      f"{ago / 60:.0f} min ago, and is only there: do not unregister, wipe "
+                      "or replace that SSD",
+                      f"bring {g.node} back (reseat it, rescan its bus), then cachemgr "
+                      f"register {g.node}")
+
+
+def _warnings(snap: Snapshot, found: Sequence[Finding]) -> Iterable[Finding]:
+    """What the scan could not read, or a state it warns of: a device whose dirty data
+    cachemgr cannot see may be at risk, so never OK. A warning about a device another
+    finding is about already (a dm-cache the kernel failed: ``failed-cache``) is said by
+    that finding."""
+    said = {f.device for f in found}
+    for w in snap.warnings:
+        head = w.split(" ", 1)[0]
+        dev = head[:-1] if head.endswith(":") else head if head.startswith("/dev/") else ""
+        if dev and (dev in said or f"/dev/mapper/{dev}" in said):
+            continue
+        yield Finding(Level.WARNING, "scan-warning", dev or "host",
+                      f"not read: {w}" if not dev else w[len(head):].strip(" :"),
+                      "cachemgr status (its warning lines), then the device's own tools "
+                      "(dmesg, dmsetup status, /sys/block/DEV/bcache)")
 
 
 def _owners(snap: Snapshot, now: float) -> Iterable[Finding]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cachemgr.backends import kernlog
 from cachemgr.backends.dmcache import command, discover, pacing
 from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
 from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable
@@ -216,7 +217,8 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
 
 def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confirm: float,
                 interval: float, progress: Callable[[DrainProgress], None] | None,
-                t0: float, paced: pacing.Paced | None = None) -> int:
+                t0: float, paced: pacing.Paced | None = None,
+                sysfs: Sysfs | None = None) -> int:
     """Poll ``#dirty`` to 0 (twice, ``confirm`` s apart); returns the starting dirty bytes.
     ``paced``: its pacer judges at each poll and reads its counters between them."""
     if paced is not None:
@@ -240,8 +242,11 @@ def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confi
             f"{d.node}: no progress for {stall_timeout:g} s ({st.dirty} dirty blocks, "
             f"{human(st.dirty_bytes)}); the original table is put back, the dirty data stays "
             "safe in the cache",
-            hint="check the origin device for errors (dmesg); a longer --stall-timeout "
-                 "gives the cleaner more writeback periods")
+            hint=kernlog.stall_hint(
+                sysfs or Sysfs(), d.cache.name if d.cache else None,
+                d.origin.name if d.origin else None,
+                "check the origin device for errors (dmesg); a longer --stall-timeout "
+                "gives the cleaner more writeback periods"))
 
     def timed_out(st: DmCacheStatus) -> TimeoutExpired:
         return TimeoutExpired(f"{d.node}: still {st.dirty} dirty blocks after {timeout:g} s "

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cachemgr.backends import dmwritecache
+from cachemgr.backends import dmwritecache, kernlog
 from cachemgr.backends.dmcache import command as dm_command
 from cachemgr.backends.dmcache import pacing
 from cachemgr.backends.dmcache import switch as dm_switch
@@ -439,8 +439,11 @@ def _wait_clean(d: LvmDevice, *, timeout: float, stall_timeout: float, confirm: 
         return StallError(
             f"{v.full_name}: no progress for {stall_timeout:g} s ({raw[0]} dirty blocks, "
             f"{human(raw[1])}); the original settings are put back, the dirty data stays safe "
-            "in the cache", hint="check the origin's PVs for errors (dmesg); a longer "
-                                 f"--stall-timeout waits longer{why}")
+            "in the cache", hint=kernlog.stall_hint(
+                _sysfs(), d.cache.name if d.cache else None,
+                d.origin.name if d.origin else None,
+                f"check the origin's PVs for errors (dmesg); a longer --stall-timeout waits "
+                f"longer{why}"))
 
     def timed_out(raw: tuple[int | None, int | None]) -> TimeoutExpired:
         return TimeoutExpired(f"{v.full_name}: still {raw[0]} dirty blocks after {timeout:g} s; "
