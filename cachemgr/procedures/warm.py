@@ -303,7 +303,7 @@ class Warmed:
     settings: list[str] = field(default_factory=list)
     ended_by: str = "done"
     # what ended the passes (a kind that reads in passes): "all admitted" (a pass found
-    # every block in the cache), "no more admitted" (two passes in a row promoted nothing),
+    # every block in the cache), "no more admitted" (IDLE_PASSES in a row promoted nothing),
     # "pass limit" (the cache was still admitting: warming again admits more); "" one pass
     passes_ended_by: str = ""
     pass_log: list[PassRecord] = field(default_factory=list)
