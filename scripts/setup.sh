@@ -33,7 +33,7 @@ pkgs=(python3 python3-venv python3-dev gcc pkg-config libblkid-dev
       lvm2 thin-provisioning-tools fdisk
       prometheus prometheus-node-exporter smartmontools
       libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
-      blktrace groff-base man-db zsh htop
+      blktrace groff-base man-db zsh htop stress-ng
       debhelper lintian)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -32,7 +32,9 @@ def warm(sysfs: Sysfs, target: str, trace: str, *, nbytes: int | None = None,
     require_root("warm")
     with gate.gate(gate.of_kind(k), "warm", detail={"trace": trace, "bytes": p.nbytes}):
         w = warm_mod.run(sysfs, p, progress=ctl.report)
-    return Result(lines=warm_mod.summary(p, w), notes=list(p.notes),
+    # a warm that admitted none of what it read did not do what it is for: exit 1, said
+    nothing = w.admitted is not None and w.admitted.at_most == 0
+    return Result(lines=warm_mod.summary(p, w), notes=list(p.notes), failed=nothing,
                   data={"schema": 1, **w.to_json(), "trace": trace,
                         "trace_device": p.hot.device.path, "cache_bytes": p.capacity,
                         "bytes": p.nbytes, "hot_blocks": len(p.hot.blocks),

@@ -8,8 +8,11 @@ which blocks the host reads; this reads them again, through the cache:
 * what a kind needs so that such a read is admitted is the kind's (procedures/kinds: a
   bcache device sets ``sequential_cutoff`` 0 and its set's ``congested_read_threshold_us``
   0 for the run; dm-cache's smq promotes a block after hits in several of its one-second
-  periods, so the blocks are read in passes a second apart until one promotes nothing:
-  docs/kernel-notes.md, "Warming a cache");
+  periods, so the blocks are read in passes a second apart until three in a row promote
+  nothing: docs/kernel-notes.md, "Warming a cache");
+* the end says how much of what it read is in the cache, from the cache's own counters
+  (dm-cache: the hits of the last pass, :class:`Admitted`), and whether the passes ran out
+  while the cache still admitted; a warm that admitted nothing fails (exit 1);
 * every setting changed is recorded in the undo journal (core/undo.py) before it is written
   and put back at the end, on an error, Ctrl-C, SIGTERM and SIGHUP (bench's hygiene does it);
 * the VMs' IO goes first: the reads run in the idle IO priority class (honoured by BFQ and
@@ -50,6 +53,10 @@ MAX_REQUEST = 1 << 20  # adjacent hot blocks are read as one request up to this 
 BATCH = 256  # hot blocks taken at a time (read in address order within a batch)
 # passes read at least (when a kind reads in passes): smq promotes little in its first ones
 MIN_PASSES = 3
+# passes in a row that admitted nothing more, after which the passes end: smq pauses for
+# up to two passes before it admits more (lab, under load: docs/kernel-notes.md, "Warming
+# a cache"), and two ended a warm with a tenth of the set still to come
+IDLE_PASSES = 3
 
 
 # --------------------------------------------------------------------------------- the trace
@@ -200,6 +207,84 @@ def requests_of(blocks: Sequence[int], block: int, *, cache_block: int = 0,
             yield start * unit, (prev - start + 1) * unit
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """How many of the cache blocks a warm read are in the cache at its end, from the cache's
+    own counters: the hits of its last pass (the blocks it found there) and what was promoted
+    after (less what was demoted: a full cache demotes a block for each it promotes, maybe
+    one of these). A promotion that completed during the last pass may have been counted as
+    one of its hits too, so ``blocks`` counts only those after it and ``at_most`` those
+    during it as well. ``exact``: the two agree (nothing promoted during or after the last
+    pass) and nothing but the warm read the device during it (its hits and misses add up to
+    the warm's reads), nothing demoted; otherwise other IO moved the counters too and the
+    figures are estimates."""
+
+    blocks: int
+    at_most: int
+    of: int
+    exact: bool
+
+    @property
+    def fraction(self) -> float:
+        return self.blocks / self.of if self.of else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"blocks": self.blocks, "at_most": self.at_most, "of": self.of,
+                "fraction": round(self.fraction, 4), "exact": self.exact}
+
+
+@dataclass
+class PassRecord:
+    """One pass over the hot blocks: its reads (in cache blocks) and what the cache's
+    counters (Kind.warm_counters) did meanwhile."""
+
+    no: int
+    reads: int
+    before: tuple[int, int, int, int] | None
+    after: tuple[int, int, int, int] | None = None
+    seconds: float = 0.0
+
+    def end(self, after: tuple[int, int, int, int] | None, seconds: float) -> None:
+        self.after, self.seconds = after, seconds
+
+    def delta(self, i: int) -> int | None:
+        if self.before is None or self.after is None:
+            return None
+        return self.after[i] - self.before[i]
+
+    @property
+    def exact(self) -> bool:
+        """Nothing but this pass read the device while it ran."""
+        h, m = self.delta(0), self.delta(1)
+        return h is not None and m is not None and h + m == self.reads
+
+    @property
+    def all_hit(self) -> bool:
+        """Every block the pass read was in the cache (counted exactly)."""
+        return self.exact and self.reads > 0 and self.delta(0) == self.reads
+
+    def admitted(self, now: tuple[int, int, int, int] | None) -> Admitted | None:
+        """The pass's blocks in the cache ``now`` (counters read after the promotions
+        settled)."""
+        h = self.delta(0)
+        if h is None or now is None or self.before is None or self.after is None:
+            return None
+        h = min(h, self.reads)
+        demoted = now[3] - self.before[3]
+        after, since = now[2] - self.after[2], now[2] - self.before[2]
+
+        def clamp(n: int) -> int:
+            return max(0, min(self.reads, n))
+
+        low, high = clamp(h + after - demoted), clamp(h + since)
+        return Admitted(low, high, self.reads, self.exact and demoted == 0 and low == high)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pass": self.no, "reads": self.reads, "seconds": round(self.seconds, 3),
+                "hits": self.delta(0), "misses": self.delta(1), "promotions": self.delta(2),
+                "demotions": self.delta(3)}
+
+
 @dataclass
 class Warmed:
     """What a warm did."""
@@ -217,13 +302,21 @@ class Warmed:
     hits_after: tuple[int, int] | None = None
     settings: list[str] = field(default_factory=list)
     ended_by: str = "done"
+    # what ended the passes (a kind that reads in passes): "all admitted" (a pass found
+    # every block in the cache), "no more admitted" (IDLE_PASSES in a row promoted nothing),
+    # "pass limit" (the cache was still admitting: warming again admits more); "" one pass
+    passes_ended_by: str = ""
+    pass_log: list[PassRecord] = field(default_factory=list)
+    admitted: Admitted | None = None  # how much of the hot set is in the cache at the end
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "bytes_read": self.bytes_read, "requests": self.requests,
                 "blocks": self.blocks, "passes": self.passes, "seconds": round(self.seconds, 3),
                 "waited_for_vms_s": round(self.waited_s, 3), "sent_while_busy": self.forced,
                 "idle_io_class": self.idle_class, "settings": self.settings,
-                "ended_by": self.ended_by}
+                "ended_by": self.ended_by, "passes_ended_by": self.passes_ended_by or None,
+                "admitted": self.admitted.to_json() if self.admitted else None,
+                "pass_log": [p.to_json() for p in self.pass_log]}
 
 
 @dataclass(frozen=True)
@@ -256,8 +349,8 @@ class WarmProgress:
         of = (f"{human(self.pass_bytes)} of {human(self.pass_total)} read "
               f"({100 * self.fraction:.0f}%)")
         if self.passes != 1:
-            of = (f"pass {self.pass_no} (at most {self.passes}, until two promote nothing): "
-                  f"{of}, {human(self.bytes_read)} in all")
+            of = (f"pass {self.pass_no} (at most {self.passes}, until {IDLE_PASSES} in a row "
+                  f"promote nothing): {of}, {human(self.bytes_read)} in all")
         return (f"warm {self.device}: {of}, waited {self.waited_s:.1f} s for the VMs' IO")
 
 
@@ -321,6 +414,7 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
 
     out = Warmed(kind.node)
     reqs, out.blocks = plan_requests(hot, nbytes, kind.warm_cache_block())
+    unit = max(hot.block, kind.warm_cache_block())
     total = sum(ln for _, ln in reqs)
     hyg = Hygiene(sysfs)
     t0 = time.monotonic()
@@ -335,11 +429,21 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
             idle = 0  # passes in a row that admitted nothing more
             for n in range(1, max(kind.warm_passes, 1) + 1):
                 started = time.monotonic()
+                c0, b0 = kind.warm_counters(sysfs), out.bytes_read
                 read_hot(kind.node, reqs, pacer=pacer, progress=progress, out=out,
                          total=total, pass_no=n,
                          passes=kind.warm_passes if admitted is not None else 1)
                 out.passes = n
-                if admitted is None or n == kind.warm_passes:
+                rec = PassRecord(n, (out.bytes_read - b0) // unit, c0)
+                out.pass_log.append(rec)
+                rec.end(kind.warm_counters(sysfs), time.monotonic() - started)
+                if rec.all_hit:
+                    out.passes_ended_by = "all admitted"
+                    break  # every block of the pass was in the cache already: all are in
+                if admitted is None:
+                    break
+                if n == kind.warm_passes:
+                    out.passes_ended_by = "pass limit"
                     break
                 rest = kind.warm_pass_s - (time.monotonic() - started)
                 if rest > 0:
@@ -348,11 +452,14 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
                 if now is None:
                     break
                 idle = idle + 1 if now <= admitted else 0
-                if n >= MIN_PASSES and idle >= 2:
-                    break  # two passes that admitted nothing more: the rest would not either
+                if n >= MIN_PASSES and idle >= IDLE_PASSES:
+                    out.passes_ended_by = "no more admitted"
+                    break  # passes that admitted nothing more: the rest would not either
                 admitted = now
         out.waited_s, out.forced = pacer.waited_s, pacer.forced
         kind.warm_settle(sysfs)
+        if out.pass_log:
+            out.admitted = out.pass_log[-1].admitted(kind.warm_counters(sysfs))
     except KeyboardInterrupt as exc:
         out.ended_by = getattr(exc, "name", None) or "SIGINT"
         raise
@@ -443,5 +550,32 @@ def summary(p: Prepared, w: Warmed) -> list[str]:
     if a is not None and b is not None:
         hits, misses = b[0] - a[0], b[1] - a[1]
         lines.append(f"  the cache counted {hits:,} hits and {misses:,} misses meanwhile")
+    lines += admitted_lines(w, p.kind.warm_passes)
     lines += [f"  {s}" for s in w.settings]
     return lines
+
+
+def admitted_lines(w: Warmed, limit: int) -> list[str]:
+    """What of the hot set is in the cache at the end, and why the passes ended, plainly
+    (nothing where the kind counts no admission)."""
+    ad = w.admitted
+    if ad is None:
+        return []
+    count = f"{ad.blocks:,}" if ad.blocks == ad.at_most else f"{ad.blocks:,} to {ad.at_most:,}"
+    line = (f"  in the cache at the end: {count} of the {ad.of:,} cache blocks it read "
+            f"({100 * ad.fraction:.0f}%), by the cache's read counters over the last pass")
+    if not ad.exact:
+        line += " (other IO or a copy still running moved them too: an estimate)"
+    why = {"all admitted": "  the last pass found every block in the cache: all admitted",
+           "no more admitted": f"  {IDLE_PASSES} passes in a row admitted no more: the "
+                               "cache's policy keeps the rest out (smq: "
+                               "docs/kernel-notes.md, 'Warming a cache')",
+           "pass limit": f"  NOT all admitted: the cache was still admitting blocks when the "
+                         f"passes ran out ({limit}); warm again to admit more"}
+    out = [line]
+    if ad.at_most == 0:
+        out.append(f"  NONE admitted: the cache kept none of the blocks read ("
+                   f"cachemgr status shows {w.device}'s mode and policy)")
+    elif w.passes_ended_by in why:
+        out.append(why[w.passes_ended_by])
+    return out

@@ -19,7 +19,7 @@ from cachemgr.backends import bcache, dmcache
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import metrics
 from tests.unit.test_scan_budget import Clock, Counting
-from tests.unit.tui_helpers import FIXTURES, unpack
+from tests.unit.tui_helpers import FIXTURES, unpacked
 
 IDENTITY = ("/size", "/wwid", "/serial", "/model", "/dm/name", "/dm/uuid",
             "/backing_dev_uuid", "/label")
@@ -30,7 +30,7 @@ IDENTITY = ("/size", "/wwid", "/serial", "/model", "/dm/name", "/dm/uuid",
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """64 backing devices on dm-linear slices, one cache set: a UML lab capture with
     kernel/uevent_seqnum and the dmsetup listings."""
-    return unpack("bcache-64-backing", tmp_path_factory.mktemp("fx64"))
+    return unpacked("bcache-64-backing", tmp_path_factory)
 
 
 @pytest.fixture

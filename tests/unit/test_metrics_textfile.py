@@ -30,7 +30,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import metrics
 from tests.unit.test_metrics_cache import count_dmsetup
 from tests.unit.test_scan_budget import Clock
-from tests.unit.tui_helpers import fx, unpack
+from tests.unit.tui_helpers import fx, unpacked
 
 ROOT = Path(__file__).resolve().parents[2]
 WB = b"cachemgr_bcache_written_back_bytes_per_second"
@@ -46,7 +46,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def fx64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """64 backing devices on dm-linear slices, one cache set (the lab's capture)."""
-    return unpack("bcache-64-backing", tmp_path_factory.mktemp("fx64"))
+    return unpacked("bcache-64-backing", tmp_path_factory)
 
 
 def one_shot(root: Path, out: Path) -> bytes:

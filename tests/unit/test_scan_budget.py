@@ -22,7 +22,7 @@ from cachemgr.cli.main import main
 from cachemgr.core.model import Size, WritebackDebug
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.render import status_table
-from tests.unit.tui_helpers import FIXTURES, fx, kernel_writes, unpack
+from tests.unit.tui_helpers import FIXTURES, fx, kernel_writes, unpacked
 
 
 class Counting(Sysfs):
@@ -58,7 +58,7 @@ KEPT = tuple(f"/bcache/{n}" for n in bcache.KEPT_BACKING + bcache.KEPT_CACHE) + 
 def fx64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """64 backing devices (dm-linear slices) on one cache set, captured on the UML lab kernel
     with kernel/uevent_seqnum."""
-    return unpack("bcache-64-backing", tmp_path_factory.mktemp("fx64"))
+    return unpacked("bcache-64-backing", tmp_path_factory)
 
 
 def test_a_warm_poll_of_64_devices_stays_within_budget(fx64: Path) -> None:

@@ -27,7 +27,7 @@ from cachemgr.core.model import BcacheBacking, DmCacheDevice, DmWritecacheDevice
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops.render import cell_width, status_table
-from tests.unit.tui_helpers import FIXTURES, copy_capture, unpack
+from tests.unit.tui_helpers import FIXTURES, copy_capture, unpacked
 
 PACKED = "bcache-64-backing"  # tests/fixtures/bcache-64-backing-uml.tar.xz
 CAPTURES = [*sorted(p.parent.name for p in FIXTURES.glob("*/sys")), f"{PACKED}-uml"]
@@ -44,7 +44,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(PACKED, tmp_path_factory.mktemp("packed"))
+    return unpacked(PACKED, tmp_path_factory)
 
 
 def root_of(name: str, packed_root: Path) -> Path:

@@ -39,6 +39,7 @@ from tests.unit.tui_helpers import (
     shown,
     tune,
     unpack,
+    unpacked,
 )
 from tui import view
 from tui.app import CacheMgrApp
@@ -299,7 +300,7 @@ def test_hotplug_shows_up_without_restart(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def fx64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The capture of 64 backing devices on one cache set (UML lab, packed)."""
-    return unpack("bcache-64-backing", tmp_path_factory.mktemp("fx64"))
+    return unpacked("bcache-64-backing", tmp_path_factory)
 
 
 def test_64_backing_devices_never_block_a_frame(fx64: Path,

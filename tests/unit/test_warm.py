@@ -236,7 +236,109 @@ def test_progress_reports_say_the_pass_and_give_a_bar_and_eta_for_one_pass() -> 
     assert one.fraction == 0.25 and one.eta_s == 6.0
     # in passes (dm-cache): the bar is the pass's, no ETA (more passes may follow)
     third = warm.WarmProgress("/dev/mapper/vc", 5 << 20, 1 << 20, 2 << 20, pass_no=3,
-                              passes=16, elapsed_s=1.0)
+                              passes=24, elapsed_s=1.0)
     assert third.fraction == 0.5 and third.eta_s is None
-    assert "pass 3 (at most 16, until two promote nothing): 1.0 MiB of 2.0 MiB read (50%), " \
-           "5.0 MiB in all" in str(third)
+    assert "pass 3 (at most 24, until 3 in a row promote nothing): 1.0 MiB of 2.0 MiB read " \
+           "(50%), 5.0 MiB in all" in str(third)
+
+
+class SmqLike:
+    """A dm-cache as warm sees it (Kind's warm_* methods): ``blocks`` cache blocks read a
+    pass, ``promoted[n]`` of the missed ones promoted after pass n+1 (0 after the list),
+    its counters (read hits, read misses, promotions, demotions) moved by the reads alone,
+    or also by ``other`` reads of someone else's a pass (that all hit)."""
+
+    node = "/dev/mapper/vc"
+    warm_pass_s = 0.0
+    warm_passes = 24
+
+    def __init__(self, blocks: int, promoted: list[int], other: int = 0) -> None:
+        self.blocks, self.promoted, self.other = blocks, promoted, other
+        self.resident = self.hits = self.misses = self.promotions = self.passes = 0
+
+    def read_pass(self, node: str, reqs: list[tuple[int, int]], *, out: warm.Warmed,
+                  **kw: Any) -> None:
+        assert len(reqs) == self.blocks  # one aligned 64 KiB read a cache block
+        out.bytes_read += sum(ln for _, ln in reqs)
+        self.hits += self.resident + self.other
+        self.misses += self.blocks - self.resident
+        n = self.promoted[self.passes] if self.passes < len(self.promoted) else 0
+        self.passes += 1
+        self.resident += n
+        self.promotions += n
+
+    def warm_cache_block(self) -> int:
+        return 65536
+
+    def reread(self, sysfs: Sysfs) -> Any:
+        return type("R", (), {"hit_counters": lambda _: (self.hits, self.misses)})()
+
+    def warm_settings(self, sysfs: Sysfs) -> list[tuple[str, str, str]]:
+        return []
+
+    def warm_slow_devices(self, sysfs: Sysfs) -> list[str]:
+        return []
+
+    def warm_admitted(self, sysfs: Sysfs) -> int:
+        return self.promotions
+
+    def warm_counters(self, sysfs: Sysfs) -> tuple[int, int, int, int]:
+        return self.hits, self.misses, self.promotions, 0
+
+    def warm_settle(self, sysfs: Sysfs) -> None:
+        pass
+
+
+def smq_warm(monkeypatch: pytest.MonkeyPatch, fake: SmqLike) -> tuple[warm.Warmed, list[str]]:
+    # one hot 4 KiB block in each of ``blocks`` 64 KiB cache blocks, far apart
+    hot = warm.Hot(tr.Device(0, fake.node, "dm-0", "252:0", 0), 4096,
+                   [i * 64 for i in range(fake.blocks)], fake.blocks, 1.0)
+    monkeypatch.setattr(warm, "read_hot", fake.read_pass)
+    w = warm.warm(Sysfs("/nonexistent"), fake, hot, fake.blocks * 65536)  # type: ignore[arg-type]
+    p = warm.Prepared(fake, hot, fake.blocks * 65536, 1 << 27)  # type: ignore[arg-type]
+    return w, warm.admitted_lines(w, fake.warm_passes) + warm.summary(p, w)[:0]
+
+
+def test_smq_passes_go_on_through_a_lull_and_end_when_three_admit_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # what the lab showed under load: a first pass that promotes nothing, then a lull of
+    # two passes (which ended the warm before, with 10 of 100 blocks still to come)
+    fake = SmqLike(100, [0, 40, 10, 0, 0, 10, 5])
+    w, lines = smq_warm(monkeypatch, fake)
+    assert w.passes_ended_by == "no more admitted" and w.passes == 10
+    assert w.admitted == warm.Admitted(65, 65, 100, True)
+    assert [p.delta(0) for p in w.pass_log] == [0, 0, 40, 50, 50, 50, 60, 65, 65, 65]
+    assert lines[0].startswith("  in the cache at the end: 65 of the 100 cache blocks it "
+                               "read (65%)") and "estimate" not in lines[0]
+    assert "3 passes in a row admitted no more" in lines[1]
+    assert w.to_json()["admitted"] == {"blocks": 65, "at_most": 65, "of": 100,
+                                       "fraction": 0.65, "exact": True}
+    assert w.to_json()["passes_ended_by"] == "no more admitted"
+
+
+def test_smq_passes_that_run_out_while_admitting_say_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = SmqLike(100, [0] + [3] * 30)
+    w, lines = smq_warm(monkeypatch, fake)
+    assert w.passes == 24 and w.passes_ended_by == "pass limit"
+    # the last pass hit 66 and 3 promotions completed while it ran: they may be blocks it
+    # found there already (counted twice), or of its misses: 66 to 69 in the cache
+    assert w.admitted == warm.Admitted(66, 69, 100, False)
+    assert "66 to 69 of the 100" in lines[0] and "estimate" in lines[0]
+    assert "NOT all admitted" in lines[1] and "warm again" in lines[1]
+
+
+def test_smq_passes_end_once_one_finds_every_block_in_the_cache(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w, lines = smq_warm(monkeypatch, SmqLike(10, [0, 4, 6]))
+    assert w.passes == 4 and w.passes_ended_by == "all admitted"
+    assert w.admitted == warm.Admitted(10, 10, 10, True) and "all admitted" in lines[1]
+
+
+def test_smq_admitting_nothing_says_none_and_other_reads_make_an_estimate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w, lines = smq_warm(monkeypatch, SmqLike(10, []))
+    assert w.admitted == warm.Admitted(0, 0, 10, True) and "NONE admitted" in lines[1]
+    # someone else's reads (hits) during the passes: counted, but not exact
+    w, lines = smq_warm(monkeypatch, SmqLike(10, [0, 5], other=3))
+    assert w.admitted is not None and not w.admitted.exact and "estimate" in lines[0]

@@ -364,6 +364,12 @@ class Kind:
         after each pass (None: not counted; one pass is all)."""
         return None
 
+    def warm_counters(self, sysfs: Sysfs) -> tuple[int, int, int, int] | None:
+        """The cache's (read hits, read misses, promotions, demotions) counters, the reads
+        counted once per cache block read, so that a pass's hits are the blocks it found in
+        the cache (None: the kernel counts none that way; no admitted fraction then)."""
+        return None
+
     # ---------------------------------------------------------------- words the faces show
     # (the TUI asks these and never branches on a kind: what a row offers, the confirmations
     # of its actions in the words of the row, the detail view's sections as data)
