@@ -54,6 +54,24 @@ def _capture(tmp_path: Path, *, shared: bool = True, mode: str = "writeback",
     return Sysfs(sys_), virsh.CapturedVirsh(cap)
 
 
+@pytest.fixture
+def dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The invalidations the guard asks for (recorded, not run: the capture is no kernel),
+    with the state directory in ``tmp_path``."""
+    from cachemgr.ops import coherence
+    from cachemgr.ops.control import Result
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    calls: list[str] = []
+
+    def fake(sysfs: Sysfs, target: str, **_: object) -> Result:
+        calls.append(target)
+        return Result(lines=[f"{target}: dropped"])
+
+    monkeypatch.setattr(coherence, "invalidate", fake)
+    return calls
+
+
 def test_a_cache_over_multipath_in_writeback_and_dirty_is_refused(tmp_path: Path) -> None:
     sysfs, src = _capture(tmp_path)
     (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
@@ -76,16 +94,20 @@ def test_a_cache_over_multipath_in_writeback_and_dirty_is_refused(tmp_path: Path
     ("none", "0.0k", False),
 ])
 def test_only_writethrough_or_none_and_clean_passes(tmp_path: Path, mode: str, dirty: str,
-                                                    unsafe: bool) -> None:
+                                                    unsafe: bool,
+                                                    dropped: list[str]) -> None:
     sysfs, src = _capture(tmp_path, mode=mode, dirty=dirty)
     (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
     assert h.unsafe is unsafe
     if unsafe:
         with pytest.raises(UnsafeError):
             migrate.guard(sysfs, "vm-bc", "migrate", _xml("vm-bc"), MigrationPolicy(), src=src)
+        assert dropped == []  # refused before anything changed
     else:
+        # passed, and the cache's copies dropped before the VM runs (ops/coherence.py)
         assert migrate.guard(sysfs, "vm-bc", "migrate", _xml("vm-bc"), MigrationPolicy(),
-                             src=src) == []
+                             src=src) == ["/dev/bcache0: dropped"]
+        assert dropped == ["/dev/bcache0"]
 
 
 def test_a_cache_over_local_storage_is_no_migration_hazard(tmp_path: Path) -> None:
