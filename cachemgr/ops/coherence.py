@@ -128,3 +128,30 @@ def left_json() -> list[dict[str, object]]:
     """The same marks for ``status --json`` and ``vms --json`` (docs/json.md)."""
     return [{"device": m.device, "domain": m.domain, "disk": m.data.get("disk"),
              "since": m.since} for m in coherence.marks(coherence.LEFT)]
+
+
+def finish_pending(sysfs: Sysfs, *, dry_run: bool = False) -> Result:
+    """Finish every invalidation left pending (the boot pass runs this): each device's copies
+    dropped again, its mode and cache put back; ``failed`` when one could not be."""
+    from cachemgr.core.errors import CacheMgrError
+
+    lines: list[str] = []
+    done: list[dict[str, object]] = []
+    failed = False
+    for m in coherence.marks(coherence.PENDING):
+        if dry_run:
+            lines.append(f"would finish the invalidation of {m.device} (pending since "
+                         f"{m.since})")
+            continue
+        try:
+            r = invalidate(sysfs, m.device)
+            lines.extend(r.lines)
+            done.append({"device": m.device, "result": "done"})
+        except AlreadyError as exc:
+            lines.append(exc.message)
+            done.append({"device": m.device, "result": "already"})
+        except CacheMgrError as exc:
+            failed = True
+            lines.append(f"failed   the invalidation of {m.device}: {exc.message}")
+            done.append({"device": m.device, "result": "failed", "error": exc.message})
+    return Result(lines=lines, failed=failed, data={"pending": done})

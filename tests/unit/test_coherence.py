@@ -45,7 +45,7 @@ def test_a_dirty_writeback_cache_is_refused_before_anything(
     root = copy_capture(tmp_path, "bcache-writeback-dirty")
     ran = mutations_refused(monkeypatch)
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
-    rc, out, err = cli(root, ["invalidate", "/dev/bcache0", "--yes"])
+    rc, _, err = cli(root, ["invalidate", "/dev/bcache0", "--yes"])
     assert rc == 3, err
     assert "/dev/bcache0 is in writeback with 4.4 MiB of dirty data" in err, err
     assert "cachemgr mode /dev/bcache0 writethrough --drain && cachemgr invalidate" in err

@@ -194,33 +194,36 @@ def invalidate(sysfs: Sysfs, d: DmCacheDevice, *, final_mode: CacheMode | None =
         if lvm_name is None:
             d = recover(sysfs, d)
         assert d.status is not None
+        thr = d.status.migration_threshold
+        live = d.table.line()  # the table running now (lvm2 loads its own: not used then)
         if d.mode != CacheMode.PASSTHROUGH:
             if lvm_name is not None:
                 from cachemgr.backends.lvm import command as lvm_command
 
                 lvm_command.lvchange(lvm_name, "--cachemode", "passthrough")
             else:
-                thr = d.status.migration_threshold
-                switch_table(d.name, d.table.line(),
-                             with_threshold(d.table.with_mode(CacheMode.PASSTHROUGH),
-                                            thr).line(), require_clean=True)
+                pt = with_threshold(d.table.with_mode(CacheMode.PASSTHROUGH), thr).line()
+                switch_table(d.name, live, pt, require_clean=True)
+                live = pt
             changes.append(Change(lvm_name or d.node, "cache_mode", d.mode.value,
                                   "passthrough"))
-        now = discover.find(sysfs, d.name)
-        if now.mode != CacheMode.PASSTHROUGH or now.status is None:
+        # the status alone from here (one dmsetup call each: libvirt waits for the hook)
+        now = command.read_status(d.name)
+        if isinstance(now, str) or now.mode != CacheMode.PASSTHROUGH:
             raise CacheMgrError(f"{d.node}: loaded passthrough but the kernel reports "
-                                f"{now.mode.value}; its copies are not dropped",
+                                f"{now if isinstance(now, str) else now.mode.value}; its "
+                                "copies are not dropped",
                                 hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
-        used = now.status.used
+        used = now.used
         if used:
-            command.dmsetup("message", d.name, "0",
-                            f"invalidate_cblocks 0-{now.status.total}", timeout=600)
-        after = discover.find(sysfs, d.name)
-        if after.status is None or after.status.used:
+            command.dmsetup("message", d.name, "0", f"invalidate_cblocks 0-{now.total}",
+                            timeout=600)
+        after = command.read_status(d.name)
+        if isinstance(after, str) or after.used:
             raise CacheMgrError(
-                f"{d.node}: {after.status.used if after.status else '?'} cache blocks still "
-                "in use after invalidate_cblocks; it stays in passthrough (reading the "
-                "origin)", hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
+                f"{d.node}: {'?' if isinstance(after, str) else after.used} cache blocks "
+                "still in use after invalidate_cblocks; it stays in passthrough (reading "
+                "the origin)", hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
         changes.append(Change(lvm_name or d.node, "cached blocks", str(used), "0"))
         if back is not None and back != CacheMode.PASSTHROUGH:
             if lvm_name is not None:
@@ -228,9 +231,8 @@ def invalidate(sysfs: Sysfs, d: DmCacheDevice, *, final_mode: CacheMode | None =
 
                 lvm_command.lvchange(lvm_name, "--cachemode", back.value)
             else:
-                thr = after.status.migration_threshold
-                switch_table(d.name, after.table.line(),
-                             with_threshold(after.table.with_mode(back), thr).line())
+                switch_table(d.name, live,
+                             with_threshold(d.table.with_mode(back), thr).line())
             changes.append(Change(lvm_name or d.node, "cache_mode", "passthrough",
                                   back.value))
     return changes
