@@ -306,10 +306,9 @@ def guard(sysfs: Sysfs, domain: str, op: str, xml: str, pol: MigrationPolicy, *,
     from cachemgr.backends import snapshot as snapshot_mod
     from cachemgr.core.errors import UnsafeError
     from cachemgr.core.text import printable
-    from cachemgr.procedures import coherence
 
     snap = snapshot_mod.take(sysfs, stats=False)
-    found = hazards(sysfs, xml, src, snap)
+    found = _looked_at(hazards(sysfs, xml, src, snap), op, pol)
     if not found:
         return []
     bad = [h for h in found if h.unsafe]
@@ -318,7 +317,7 @@ def guard(sysfs: Sysfs, domain: str, op: str, xml: str, pol: MigrationPolicy, *,
         done = _make_safe(sysfs, list(dict.fromkeys(h.node for h in bad if h.can_writethrough)),
                           pol.drain_timeout)
         snap = snapshot_mod.take(sysfs, stats=False)
-        found = hazards(sysfs, xml, src, snap)
+        found = _looked_at(hazards(sysfs, xml, src, snap), op, pol)
         bad = [h for h in found if h.unsafe]
     what = "the incoming migration" if op == "migrate" else "the start"
     if bad:
@@ -332,13 +331,23 @@ def guard(sysfs: Sysfs, domain: str, op: str, xml: str, pol: MigrationPolicy, *,
                        + (", and the same on the host the VM runs on now before it migrates"
                           if op == "migrate" else ""))
         raise UnsafeError(msg, hint=return_hint)
-    if op != "migrate" and not pol.guard_start:
-        keys = {h.key for h in found if h.key}
-        found = [h for h in found if h.key in {m.key for m in coherence.marked(keys)}]
     return done + _drop_copies(sysfs, snap, found, domain, what)
 
 
-def release(sysfs: Sysfs, domain: str, xml: str) -> list[str]:
+def _looked_at(found: list[Hazard], op: str, pol: MigrationPolicy) -> list[Hazard]:
+    """The caches an operation looks at: all of them on an arrival (``migrate``) and on a
+    start with ``guard_start``; on a start without it only those marked as holding copies of
+    a disk written elsewhere, or with an invalidation pending (procedures/coherence.py)."""
+    from cachemgr.procedures import coherence
+
+    if op == "migrate" or pol.guard_start:
+        return found
+    keys = {h.key for h in found if h.key}
+    marked = {m.key for m in coherence.marked(keys)} if keys else set()
+    return [h for h in found if h.key in marked]
+
+
+def release(sysfs: Sysfs, domain: str, xml: str, src: VirshSource | None = None) -> list[str]:
     """The VM has left this host (libvirt's ``release``, after it stopped or migrated away):
     mark every host-local cache over its shared disks (procedures/coherence.py ``left``), so
     status and ``vms`` show a cache that may hold copies of a disk now written elsewhere;
@@ -349,7 +358,7 @@ def release(sysfs: Sysfs, domain: str, xml: str) -> list[str]:
 
     require_root("marking the caches of a VM that left")
     said = []
-    for h in hazards(sysfs, xml):
+    for h in hazards(sysfs, xml, src):
         if h.key:
             coherence.left(h.key, h.node, domain, h.disk)
             said.append(f"{h.node}: marked: VM '{printable(domain)}' left; its disk {h.disk} "

@@ -332,3 +332,48 @@ def test_the_policy_path_reaches_the_hook(tmp_path: Path, monkeypatch: pytest.Mo
                        timeout=60, check=False, env=env)
     assert r.returncode == 2 and "cannot name a policy path" in r.stderr, r.stderr
     assert not (tmp_path / "rules3").exists() and not (tmp_path / "hooks3").exists()
+
+
+def test_a_start_looks_only_at_marked_caches_without_guard_start(
+        tmp_path: Path, dropped: list[str]) -> None:
+    from cachemgr.procedures import coherence
+
+    sysfs, src = _capture(tmp_path)  # writeback and dirty
+    (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
+    assert h.key is not None and h.unsafe
+    coherence.left("another-device", "/dev/bcache9", "vm9", "vda")
+    # a start is not guarded by default: another cache's mark changes nothing here
+    assert migrate.guard(sysfs, "vm-bc", "prepare", _xml("vm-bc"), MigrationPolicy(),
+                         src=src) == []
+    # this cache marked (the VM left, its disk written elsewhere): looked at, and refused
+    coherence.left(h.key, h.node, "vm-bc", "vda")
+    with pytest.raises(UnsafeError) as e:
+        migrate.guard(sysfs, "vm-bc", "prepare", _xml("vm-bc"), MigrationPolicy(), src=src)
+    assert "refused the start" in e.value.message
+    # made clean and writethrough: its copies dropped before the start
+    sysfs, src = _capture(tmp_path / "2", mode="writethrough", dirty="0.0k")
+    assert migrate.guard(sysfs, "vm-bc", "prepare", _xml("vm-bc"), MigrationPolicy(),
+                         src=src) == ["/dev/bcache0: dropped"]
+    assert dropped == ["/dev/bcache0"]
+
+
+def test_release_marks_the_caches_under_the_vm(tmp_path: Path, dropped: list[str]) -> None:
+    from cachemgr.procedures import coherence
+
+    sysfs, src = _capture(tmp_path, mode="writethrough", dirty="0.0k")
+    said = migrate.release(sysfs, "vm-bc", _xml("vm-bc"), src)
+    assert said == ["/dev/bcache0: marked: VM 'vm-bc' left; its disk vda may be written "
+                    "elsewhere"]
+    (m,) = coherence.marks(coherence.LEFT)
+    assert (m.device, m.domain, m.data["disk"]) == ("/dev/bcache0", "vm-bc", "vda")
+    # the next arrival drops the copies (here recorded) ...
+    assert migrate.guard(sysfs, "vm-bc", "migrate", _xml("vm-bc"), MigrationPolicy(),
+                         src=src) == ["/dev/bcache0: dropped"]
+    # ... and a cache over local storage is never marked
+    coherence.done(m.key)
+    sysfs2, src2 = _capture(tmp_path / "2", shared=False)
+    assert migrate.release(sysfs2, "vm-bc", _xml("vm-bc"), src2) == []
+    assert coherence.marks() == []
+    # the hook itself never fails a release (nothing here is a cache on this host)
+    assert hook.run(["vm-bc", "release", "end", "-"], _xml("vm-bc"),
+                    sys_root=str(sysfs.root)) == 0
