@@ -768,6 +768,104 @@ def detach(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 3600,
         time.sleep(interval)
 
 
+def invalidate(sysfs: Sysfs, backing: BcacheBacking, *, timeout: float = 60,
+               interval: float = 0.005, cache: str | None = None,
+               final_mode: CacheMode | None = None) -> list[Change]:
+    """Drop every copy the cache set holds of ``backing``: detach it, then attach it again to
+    the same set, in the mode it had. A detach marks the device's slot in the set's UUID
+    table invalid (super.c, bcache_device_detach) and the attach takes a new, empty slot
+    (bch_cached_dev_attach, uuid_find_empty): the old keys name the old slot and are never
+    found again; the other devices on the set keep theirs. No key is walked, so the time
+    does not grow with the cache (docs/kernel-notes.md, "Dropping a device's cached copies":
+    5-9 ms on a clean device in the lab).
+
+    Refused (exit 3) while the device is dirty or in writeback: a detach writes the dirty
+    data back first, which is not what an arriving VM should wait for, and a writeback cache
+    over shared storage is refused on arrival anyway. Each invalidation uses one slot of the
+    set's UUID table for good (bucket size / 128 B of them: 1024 with 128 KiB buckets; the
+    kernel never reuses an invalidated slot): when none is left the attach fails, the device
+    stays detached (it runs uncached, reading the disk: safe) and the error says so.
+
+    ``cache`` and ``final_mode``: what an interrupted invalidation recorded. A device it left
+    detached holds no copies any more (the detach dropped them): it is only attached again
+    to ``cache`` and put back in ``final_mode``."""
+    dev = _dev(backing)
+    cset = backing.cset_uuid
+    if cset is None and cache is not None and backing.state == CacheState.NO_CACHE:
+        try:
+            sysfs.write(f"{backing_rel(sysfs, backing.identity.name)}/attach", cache)
+        except SysfsError as exc:
+            raise CacheMgrError(f"{dev}: its copies are dropped (it is detached) but the "
+                                f"kernel refused to attach it again to cache set {cache}: "
+                                f"{kernel_reason_any(backing.identity.name) or exc}; it runs "
+                                "uncached", hint=f"cachemgr attach {dev} {cache}") from exc
+        out = [Change(dev, "attach", None, cache)]
+        now = reread(sysfs, backing.identity.name, stats=False)
+        if final_mode is not None and now.mode != final_mode:
+            out.append(set_mode(sysfs, now, final_mode))
+        return out
+    if cset is None:
+        raise AlreadyError(f"{dev} is not attached to a cache set: it holds no cached copies")
+    if backing.mode == CacheMode.WRITEBACK or backing.state == CacheState.DIRTY or (
+            backing.dirty is not None and not backing.dirty.is_zero(512)):
+        raise UnsafeError(f"{dev} is in {backing.mode.value if backing.mode else '?'} mode "
+                          f"with {backing.state.value if backing.state else '?'} state: its "
+                          "copies are not dropped while the cache may hold data the disk "
+                          "does not; nothing was changed",
+                          hint=f"cachemgr mode {dev} writethrough --drain, then cachemgr "
+                               f"invalidate {dev}")
+    name = backing.identity.name
+    rel = backing_rel(sysfs, name)
+    mode = final_mode or backing.mode
+    sysfs.write(f"{rel}/detach", "1")
+    deadline = time.monotonic() + timeout
+    # the detach is over when the device's link to the set is gone (the state reads "no
+    # cache" a little before: an attach then is refused as "already attached")
+    while sysfs.exists(f"{rel}/cache") or _read_state(sysfs, rel) != CacheState.NO_CACHE:
+        if time.monotonic() >= deadline:
+            raise TimeoutExpired(f"{dev}: the detach did not finish in {timeout:g} s; the "
+                                 "kernel finishes it by itself, and the invalidation is "
+                                 "pending", hint=f"cachemgr invalidate {dev} --yes")
+        time.sleep(interval)
+    changes = [Change(dev, "detach", cset, None)]
+    try:
+        sysfs.write(f"{rel}/attach", cset)
+    except SysfsError as exc:
+        said = kernel_reason_any(name)
+        raise CacheMgrError(
+            f"{dev}: detached (its cached copies are dropped) but the kernel refused to "
+            f"attach it again to cache set {cset}: {said or exc}; {dev} runs uncached",
+            hint=("the cache set's UUID table is full (one slot is used by each "
+                  "invalidation): make the cache set again (cachemgr replace-ssd "
+                  f"{cset}) to cache {dev} again" if said and "no room for UUID" in said
+                  else f"cachemgr attach {dev} {cset}")) from exc
+    changes.append(Change(dev, "attach", None, cset))
+    if mode is not None:
+        now = reread(sysfs, name, stats=False)
+        if now.mode != mode:
+            changes.append(set_mode(sysfs, now, mode))
+    return changes
+
+
+def _read_state(sysfs: Sysfs, rel: str) -> CacheState | None:
+    try:
+        return CacheState(sysfs.read(f"{rel}/state").strip())
+    except (SysfsError, ValueError):
+        return None
+
+
+def kernel_reason_any(name: str, *, lines: int = 20) -> str | None:
+    """The kernel's last bcache line about ``name`` (bch_cached_dev_attach's "Not caching
+    ubda, no room for UUID" has no "error" in it), without its timestamp."""
+    try:
+        out = runner.run(["dmesg"], timeout=10, check=False).stdout
+    except CommandError:
+        return None
+    found = [re.sub(r"^\[[^]]*\]\s*", "", ln).strip() for ln in out.splitlines()[-lines:]]
+    found = [ln for ln in found if "bcache" in ln and re.search(rf"\b{re.escape(name)}\b", ln)]
+    return found[-1].removeprefix("bcache: ") if found else None
+
+
 def reread(sysfs: Sysfs, name: str, *, stats: bool = True) -> BcacheBacking:
     """One backing device read again (``stats`` False: a poll's read, :func:`read_backing`)."""
     rel = block_dirs(sysfs).get(name)

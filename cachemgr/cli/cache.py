@@ -78,6 +78,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(time.strftime("%H:%M:%S"))
             print(render.status_table(snap, intervals=args.stats, width=table_width(),
                                written_back=wb), flush=True)
+            from cachemgr.ops import coherence
+
+            for line in coherence.mark_lines():
+                print(line, flush=True)
         if not args.watch:
             return ExitCode.OK
         time.sleep(args.watch)
@@ -107,6 +111,13 @@ def cmd_attach(args: argparse.Namespace) -> int:
 def cmd_detach(args: argparse.Namespace) -> int:
     return with_progress(args, f"detach of {args.backing}", lambda ctl: cache_ops.detach(
         _sysfs(args), args.backing, ctl=ctl, timeout=args.timeout))
+
+
+def cmd_invalidate(args: argparse.Namespace) -> int:
+    from cachemgr.ops import coherence
+
+    return with_progress(args, f"invalidation of {args.target}", lambda ctl: (
+        coherence.invalidate(_sysfs(args), args.target, ctl=ctl)))
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -231,6 +242,14 @@ def register(sub: Any) -> None:
     add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_detach)
+
+    s = sub.add_parser("invalidate", help="drop every copy a cache holds of one device "
+                       "(its shared disk was written on another host); finishes an "
+                       "interrupted one")
+    s.add_argument("target", metavar="TARGET")
+    add_yes(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_invalidate)
 
     s = sub.add_parser("create", help="create a cache: create bcache --backing DEV --cache DEV "
                        "| create dm-cache NAME --origin DEV --cache DEV --metadata DEV")

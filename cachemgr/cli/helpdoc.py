@@ -26,6 +26,7 @@ CONFIRMATIONS = [
     "| `stop-set`, `force-run` | always (after `--i-accept-data-loss`, which they need) |",
     "| `create --force` | a device it would format carries a signature (a filesystem, a "
     "superblock, dm-cache metadata) |",
+    "| `invalidate` | the device's cache holds copies (it costs the cache's warmth for it) |",
     "| `vm-cache` | always (a VM's persistent definition) |",
     "| `replace-ssd` | a run (not `--dry-run`, `--list`, `--resume` or `--rollback`) |",
     "| `assemble` | a device of the dm-cache is known by its place only (the boot pass left "

@@ -62,6 +62,17 @@ def _policy(path: str | None) -> tuple[object, str | None]:
         return policy.MigrationPolicy(), "; ".join(x.render(exc.path) for x in exc.problems)
 
 
+def _marked() -> bool:
+    """Whether any cache is marked as holding copies of a disk written elsewhere, or has an
+    invalidation pending (procedures/coherence.py): a start over one drops them first."""
+    try:
+        from cachemgr.procedures import coherence
+
+        return bool(coherence.marks())
+    except Exception:  # unreadable: the start is looked at
+        return True
+
+
 def run(argv: Sequence[str], xml: str, *, sys_root: str | None = None,
         policy_path: str | None = None) -> int:
     """The hook's decision for ``argv`` (NAME OP SUBOP EXTRA) and the domain ``xml``."""
@@ -81,8 +92,19 @@ def run(argv: Sequence[str], xml: str, *, sys_root: str | None = None,
     from cachemgr.core.errors import CacheMgrError
     from cachemgr.core.sysfs import Sysfs
 
+    if op == "release":  # the VM has left: its caches are marked; never refused
+        try:
+            from cachemgr.core.sysfs import Sysfs as _Sysfs
+            from cachemgr.core.text import printable
+
+            for line in migrate.release(_Sysfs(sys_root), name, xml):
+                _say(f"cachemgr: {line}")
+        except Exception as exc:  # the hook answers libvirt by its exit code
+            _say(f"cachemgr: the caches under domain '{printable(name)}' were not marked "
+                 f"({exc})")
+        return 0
     pol, problem = _policy(policy_path)
-    if op == "prepare" and not getattr(pol, "guard_start", False):
+    if op == "prepare" and not getattr(pol, "guard_start", False) and not _marked():
         return 0
     try:
         done = migrate.guard(Sysfs(sys_root), name, op, xml, pol,  # type: ignore[arg-type]

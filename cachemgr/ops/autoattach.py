@@ -163,6 +163,14 @@ def boot_pass(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False) -> Resul
         notes.append(f"cachemgr: autoattach refused {len(res.refused)} thing(s) as unsafe "
                      "(the lines above say what and what to do); everything else it could "
                      "do is done")
+    # an invalidation a power cut interrupted: finished before any VM runs on the device
+    # (ops/coherence.py; the hook would finish it too, at the VM's start or arrival)
+    from cachemgr.ops import coherence as coherence_ops
+
+    fin = coherence_ops.finish_pending(sysfs, dry_run=dry_run)
+    lines += fin.lines
+    failed = failed or fin.failed
+    data["invalidations"] = fin.data
     if pol.protect.enabled:  # then the protect pass's switches (its drains: the timer's)
         from cachemgr.ops import protect as protect_ops
 

@@ -808,6 +808,10 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
     doc["owners"] = [owners.owner_json(o) for o in snap.owners]
     doc["unassembled"] = [unassembled_json(u) for u in snap.unassembled]
     doc["unseen"] = [unseen_json(u) for u in snap.unseen]
+    # caches marked as holding copies of a disk a VM took elsewhere (procedures/coherence.py)
+    from cachemgr.ops import coherence as coherence_ops
+
+    doc["left"] = coherence_ops.left_json()
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc

@@ -44,11 +44,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cachemgr.backends.virsh import VirshSource
+    from cachemgr.core.model import Snapshot
     from cachemgr.core.sysfs import Sysfs
     from cachemgr.procedures.policy import MigrationPolicy
 
-# the qemu hook operations the guard looks at (every other one passes)
-GUARDED = ("migrate", "prepare")
+# the qemu hook operations the guard looks at (every other one passes): an arrival, a start,
+# and a departure (release: the VM has left; its caches are marked, never refused)
+GUARDED = ("migrate", "prepare", "release")
 # the kernel names of the devices a cache can be: bcache's, device-mapper's
 _CACHE_PREFIXES = ("bcache", "dm-")
 
@@ -130,12 +132,13 @@ class Hazard:
     """A disk of the domain on a host-local cache over shared storage, and that cache's
     state now. (A plain class: dataclasses' import costs the fast path 50 ms.)"""
 
-    __slots__ = ("can_writethrough", "dirty", "disk", "mode", "node", "shared", "shared_why",
-                 "source")
+    __slots__ = ("can_invalidate", "can_writethrough", "dirty", "disk", "key", "mode", "node",
+                 "shared", "shared_why", "source")
 
     def __init__(self, *, disk: str, source: str, node: str, mode: str | None,
                  dirty: int | None, shared: str, shared_why: str,
-                 can_writethrough: bool) -> None:
+                 can_writethrough: bool, key: str | None = None,
+                 can_invalidate: bool = False) -> None:
         self.disk = disk  # the disk's target (vda)
         self.source = source  # its source path in the domain XML
         self.node = node  # the cached device (/dev/bcache0, /dev/mapper/NAME)
@@ -144,6 +147,8 @@ class Hazard:
         self.shared = shared  # the shared-storage device under it (/dev/dm-0)
         self.shared_why = shared_why  # what that is ("a multipath device")
         self.can_writethrough = can_writethrough  # `cachemgr mode NODE writethrough` exists
+        self.key = key  # its records' key (procedures/coherence.py); None: not a known kind
+        self.can_invalidate = can_invalidate  # its kind can drop its copies (`invalidate`)
 
     def __repr__(self) -> str:
         return f"Hazard({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
@@ -189,16 +194,18 @@ class _StatOnly:
         raise AssertionError("a libvirt hook must not call libvirt")
 
 
-def hazards(sysfs: Sysfs, xml: str, src: VirshSource | None = None) -> list[Hazard]:
+def hazards(sysfs: Sysfs, xml: str, src: VirshSource | None = None,
+            snap: Snapshot | None = None) -> list[Hazard]:
     """Every disk of the domain XML on a host-local cache over shared storage, as this
-    host's snapshot sees it now (hazardous or not: :attr:`Hazard.unsafe` says)."""
+    host's snapshot (``snap``, or one taken now) sees it (hazardous or not:
+    :attr:`Hazard.unsafe` says)."""
     from cachemgr.backends import snapshot as snapshot_mod
     from cachemgr.backends import vms as vms_mod
     from cachemgr.core.model import CacheMode
     from cachemgr.procedures import kinds
 
     source_of: VirshSource = src or _StatOnly()
-    snap = snapshot_mod.take(sysfs, stats=False)
+    snap = snap or snapshot_mod.take(sysfs, stats=False)
     caches = vms_mod.cached_devices(snap)
     _, _, _, disks = vms_mod.parse_domain(xml)
     out: list[Hazard] = []
@@ -224,7 +231,9 @@ def hazards(sysfs: Sysfs, xml: str, src: VirshSource | None = None) -> list[Haza
                 dirty=k.dirty_bytes if k is not None else None,
                 shared=f"/dev/{shared[0]}", shared_why=shared[1],
                 can_writethrough=k is not None and "mode" in k.actions
-                and CacheMode.WRITETHROUGH in k.modes))
+                and CacheMode.WRITETHROUGH in k.modes,
+                key=k.locks[0][0] if k is not None else None,
+                can_invalidate=k is not None and k.can("invalidate")))
     return out
 
 
@@ -252,31 +261,107 @@ def _make_safe(sysfs: Sysfs, nodes: list[str], timeout: int) -> list[str]:
     return said
 
 
+def _drop_copies(sysfs: Sysfs, snap: Snapshot, found: list[Hazard], domain: str,
+                what: str) -> list[str]:
+    """``cachemgr invalidate NODE`` for each cache in ``found``, through the command layer
+    and its gate (ops/coherence.py: journaled); what was done, in words. A cache whose copies
+    could not be dropped refuses ``what`` (UnsafeError, exit 3): the VM would read them."""
+    from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError
+    from cachemgr.core.text import printable
+    from cachemgr.ops import coherence as coherence_ops
+
+    said: list[str] = []
+    failed: list[tuple[str, str]] = []
+    for node in dict.fromkeys(h.node for h in found):
+        h = next(x for x in found if x.node == node)
+        if not h.can_invalidate:
+            failed.append((node, "cachemgr cannot drop this kind of cache's copies"))
+            continue
+        try:
+            r = coherence_ops.invalidate(sysfs, node, snap=snap)
+            said.append(r.lines[0] if r.lines else f"{node}: copies dropped")
+        except AlreadyError as exc:
+            said.append(exc.message)
+        except CacheMgrError as exc:
+            failed.append((node, exc.message))
+    if failed:
+        raise UnsafeError(
+            f"refused {what} of domain '{printable(domain)}': "
+            + "; ".join(f"the copies {n} holds could not be dropped ({why})" for n, why in failed)
+            + ": the VM would read blocks older than its shared disk"
+            + (f" ({'; '.join(said)})" if said else ""),
+            hint=" && ".join(f"cachemgr invalidate {n} --yes" for n, _ in failed)
+            + " (or cachemgr detach NODE) on this host")
+    return said
+
+
 def guard(sysfs: Sysfs, domain: str, op: str, xml: str, pol: MigrationPolicy, *,
           src: VirshSource | None = None, policy_problem: str | None = None) -> list[str]:
-    """Pass (what was done, in words: nothing, or the caches made safe) or refuse
-    (:class:`UnsafeError`, exit 3) the operation ``op`` (migrate, prepare) of ``domain``."""
+    """Pass (what was done, in words: nothing, the caches made safe, their copies dropped)
+    or refuse (:class:`UnsafeError`, exit 3) the operation ``op`` (migrate, prepare) of
+    ``domain``. Passing an arrival (``migrate``; ``prepare`` with the policy's
+    ``guard_start``, or over a cache marked as holding copies of a disk written elsewhere)
+    first drops every copy the caches under the VM's shared disks hold
+    (:func:`_drop_copies`): what the VM reads next is what the shared disk holds."""
+    from cachemgr.backends import snapshot as snapshot_mod
     from cachemgr.core.errors import UnsafeError
     from cachemgr.core.text import printable
 
-    bad = [h for h in hazards(sysfs, xml, src) if h.unsafe]
-    if not bad:
+    snap = snapshot_mod.take(sysfs, stats=False)
+    found = _looked_at(hazards(sysfs, xml, src, snap), op, pol)
+    if not found:
         return []
+    bad = [h for h in found if h.unsafe]
     done: list[str] = []
-    if pol.on_hazard == "writethrough":
+    if bad and pol.on_hazard == "writethrough":
         done = _make_safe(sysfs, list(dict.fromkeys(h.node for h in bad if h.can_writethrough)),
                           pol.drain_timeout)
-        bad = [h for h in hazards(sysfs, xml, src) if h.unsafe]
-        if not bad:
-            return done
+        snap = snapshot_mod.take(sysfs, stats=False)
+        found = _looked_at(hazards(sysfs, xml, src, snap), op, pol)
+        bad = [h for h in found if h.unsafe]
     what = "the incoming migration" if op == "migrate" else "the start"
-    msg = (f"refused {what} of domain '{printable(domain)}': "
-           + "; ".join(h.words() for h in bad)
-           + ": the VM would read stale blocks after a migration"
-           + (f" ({'; '.join(done)})" if done else "")
-           + (f" (the policy was not read: {policy_problem})" if policy_problem else ""))
-    fixes = list(dict.fromkeys(h.fix() for h in bad))
-    return_hint = ("on this host: " + " && ".join(fixes)
-                   + (", and the same on the host the VM runs on now before it migrates"
-                      if op == "migrate" else ""))
-    raise UnsafeError(msg, hint=return_hint)
+    if bad:
+        msg = (f"refused {what} of domain '{printable(domain)}': "
+               + "; ".join(h.words() for h in bad)
+               + ": the VM would read stale blocks after a migration"
+               + (f" ({'; '.join(done)})" if done else "")
+               + (f" (the policy was not read: {policy_problem})" if policy_problem else ""))
+        fixes = list(dict.fromkeys(h.fix() for h in bad))
+        return_hint = ("on this host: " + " && ".join(fixes)
+                       + (", and the same on the host the VM runs on now before it migrates"
+                          if op == "migrate" else ""))
+        raise UnsafeError(msg, hint=return_hint)
+    return done + _drop_copies(sysfs, snap, found, domain, what)
+
+
+def _looked_at(found: list[Hazard], op: str, pol: MigrationPolicy) -> list[Hazard]:
+    """The caches an operation looks at: all of them on an arrival (``migrate``) and on a
+    start with ``guard_start``; on a start without it only those marked as holding copies of
+    a disk written elsewhere, or with an invalidation pending (procedures/coherence.py)."""
+    from cachemgr.procedures import coherence
+
+    if op == "migrate" or pol.guard_start:
+        return found
+    keys = {h.key for h in found if h.key}
+    marked = {m.key for m in coherence.marked(keys)} if keys else set()
+    return [h for h in found if h.key in marked]
+
+
+def release(sysfs: Sysfs, domain: str, xml: str, src: VirshSource | None = None) -> list[str]:
+    """The VM has left this host (libvirt's ``release``, after it stopped or migrated away):
+    mark every host-local cache over its shared disks (procedures/coherence.py ``left``), so
+    status and ``vms`` show a cache that may hold copies of a disk now written elsewhere;
+    the next arrival or ``cachemgr invalidate`` clears the mark. What was marked, in words."""
+    from cachemgr.core.errors import require_root
+    from cachemgr.core.text import printable
+    from cachemgr.procedures import coherence
+
+    require_root("marking the caches of a VM that left")
+    said = []
+    for h in hazards(sysfs, xml, src):
+        if h.key:
+            coherence.left(h.key, h.node, domain, h.disk)
+            said.append(f"{h.node}: marked: VM '{printable(domain)}' left; its disk {h.disk} "
+                        "may be "
+                        "written elsewhere")
+    return said

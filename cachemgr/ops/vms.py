@@ -54,10 +54,14 @@ def table(s: VmScan) -> list[str]:
 
 
 def vms(sysfs: Sysfs, uri: str | None = None) -> Result:
+    from cachemgr.ops import coherence
+
     snap = scan(sysfs, uri)
     assert snap.vms is not None
-    return Result(lines=table(snap.vms), notes=[f"cachemgr: {w}" for w in snap.vms.warnings],
-                  data={"schema": 1, **snapshot_mod.vm_scan_json(snap.vms)}, value=snap)
+    doc = {"schema": 1, **snapshot_mod.vm_scan_json(snap.vms)}
+    doc["left"] = coherence.left_json()  # caches holding copies of a disk a VM took away
+    return Result(lines=table(snap.vms) + coherence.mark_lines(),
+                  notes=[f"cachemgr: {w}" for w in snap.vms.warnings], data=doc, value=snap)
 
 
 def watch_lines(prev: VmScan | None, cur: VmScan, dt: float) -> list[str]:

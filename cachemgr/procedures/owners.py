@@ -94,6 +94,13 @@ def interrupted(view: state.View | None = None) -> list[Owner]:
             found.append(Owner("lvm drain", frozenset({lvm_key(lv)}), lv, False,
                                since=_num(d.get("started")), journal=str(p),
                                resume=f"cachemgr drain {lv} --resume"))
+    for p, d in _journals("invalidate", view):  # procedures/coherence.py: pending
+        key = d.get("key")
+        if isinstance(key, str) and key:
+            dev = str(d.get("device") or key)
+            found.append(Owner("invalidation", frozenset({key}), dev, False,
+                               since=_num(d.get("started")), journal=str(p),
+                               resume=f"cachemgr invalidate {dev} --yes"))
     for j in undo.journals(view):
         found.append(Owner(j.procedure, j.keys, j.device, False, since=j.started,
                            journal=str(j.path), resume="cachemgr restore"))
@@ -116,7 +123,7 @@ def unreadable() -> list[tuple[str, str]]:
     from cachemgr.procedures import replace
 
     out = [(str(e.path), e.reason) for e in replace.scan_runs()[1]] + undo.unreadable()
-    for kind in ("drain", "dmcache-flush", "lvm-drain"):
+    for kind in ("drain", "dmcache-flush", "lvm-drain", "invalidate"):
         d = state.state_dir(create=False) / kind
         if not d.is_dir():
             continue

@@ -54,6 +54,24 @@ def _capture(tmp_path: Path, *, shared: bool = True, mode: str = "writeback",
     return Sysfs(sys_), virsh.CapturedVirsh(cap)
 
 
+@pytest.fixture
+def dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The invalidations the guard asks for (recorded, not run: the capture is no kernel),
+    with the state directory in ``tmp_path``."""
+    from cachemgr.ops import coherence
+    from cachemgr.ops.control import Result
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    calls: list[str] = []
+
+    def fake(sysfs: Sysfs, target: str, **_: object) -> Result:
+        calls.append(target)
+        return Result(lines=[f"{target}: dropped"])
+
+    monkeypatch.setattr(coherence, "invalidate", fake)
+    return calls
+
+
 def test_a_cache_over_multipath_in_writeback_and_dirty_is_refused(tmp_path: Path) -> None:
     sysfs, src = _capture(tmp_path)
     (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
@@ -76,16 +94,20 @@ def test_a_cache_over_multipath_in_writeback_and_dirty_is_refused(tmp_path: Path
     ("none", "0.0k", False),
 ])
 def test_only_writethrough_or_none_and_clean_passes(tmp_path: Path, mode: str, dirty: str,
-                                                    unsafe: bool) -> None:
+                                                    unsafe: bool,
+                                                    dropped: list[str]) -> None:
     sysfs, src = _capture(tmp_path, mode=mode, dirty=dirty)
     (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
     assert h.unsafe is unsafe
     if unsafe:
         with pytest.raises(UnsafeError):
             migrate.guard(sysfs, "vm-bc", "migrate", _xml("vm-bc"), MigrationPolicy(), src=src)
+        assert dropped == []  # refused before anything changed
     else:
+        # passed, and the cache's copies dropped before the VM runs (ops/coherence.py)
         assert migrate.guard(sysfs, "vm-bc", "migrate", _xml("vm-bc"), MigrationPolicy(),
-                             src=src) == []
+                             src=src) == ["/dev/bcache0: dropped"]
+        assert dropped == ["/dev/bcache0"]
 
 
 def test_a_cache_over_local_storage_is_no_migration_hazard(tmp_path: Path) -> None:
@@ -310,3 +332,48 @@ def test_the_policy_path_reaches_the_hook(tmp_path: Path, monkeypatch: pytest.Mo
                        timeout=60, check=False, env=env)
     assert r.returncode == 2 and "cannot name a policy path" in r.stderr, r.stderr
     assert not (tmp_path / "rules3").exists() and not (tmp_path / "hooks3").exists()
+
+
+def test_a_start_looks_only_at_marked_caches_without_guard_start(
+        tmp_path: Path, dropped: list[str]) -> None:
+    from cachemgr.procedures import coherence
+
+    sysfs, src = _capture(tmp_path)  # writeback and dirty
+    (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
+    assert h.key is not None and h.unsafe
+    coherence.left("another-device", "/dev/bcache9", "vm9", "vda")
+    # a start is not guarded by default: another cache's mark changes nothing here
+    assert migrate.guard(sysfs, "vm-bc", "prepare", _xml("vm-bc"), MigrationPolicy(),
+                         src=src) == []
+    # this cache marked (the VM left, its disk written elsewhere): looked at, and refused
+    coherence.left(h.key, h.node, "vm-bc", "vda")
+    with pytest.raises(UnsafeError) as e:
+        migrate.guard(sysfs, "vm-bc", "prepare", _xml("vm-bc"), MigrationPolicy(), src=src)
+    assert "refused the start" in e.value.message
+    # made clean and writethrough: its copies dropped before the start
+    sysfs, src = _capture(tmp_path / "2", mode="writethrough", dirty="0.0k")
+    assert migrate.guard(sysfs, "vm-bc", "prepare", _xml("vm-bc"), MigrationPolicy(),
+                         src=src) == ["/dev/bcache0: dropped"]
+    assert dropped == ["/dev/bcache0"]
+
+
+def test_release_marks_the_caches_under_the_vm(tmp_path: Path, dropped: list[str]) -> None:
+    from cachemgr.procedures import coherence
+
+    sysfs, src = _capture(tmp_path, mode="writethrough", dirty="0.0k")
+    said = migrate.release(sysfs, "vm-bc", _xml("vm-bc"), src)
+    assert said == ["/dev/bcache0: marked: VM 'vm-bc' left; its disk vda may be written "
+                    "elsewhere"]
+    (m,) = coherence.marks(coherence.LEFT)
+    assert (m.device, m.domain, m.data["disk"]) == ("/dev/bcache0", "vm-bc", "vda")
+    # the next arrival drops the copies (here recorded) ...
+    assert migrate.guard(sysfs, "vm-bc", "migrate", _xml("vm-bc"), MigrationPolicy(),
+                         src=src) == ["/dev/bcache0: dropped"]
+    # ... and a cache over local storage is never marked
+    coherence.done(m.key)
+    sysfs2, src2 = _capture(tmp_path / "2", shared=False)
+    assert migrate.release(sysfs2, "vm-bc", _xml("vm-bc"), src2) == []
+    assert coherence.marks() == []
+    # the hook itself never fails a release (nothing here is a cache on this host)
+    assert hook.run(["vm-bc", "release", "end", "-"], _xml("vm-bc"),
+                    sys_root=str(sysfs.root)) == 0

@@ -162,3 +162,77 @@ def set_migration_threshold(sysfs: Sysfs, d: DmCacheDevice, sectors: int) -> Cha
         raise CacheMgrError(f"{d.node}: wrote migration_threshold={sectors}, the kernel "
                             f"keeps {after}")
     return Change(d.node, "migration_threshold", str(before), str(after))
+
+
+def invalidate(sysfs: Sysfs, d: DmCacheDevice, *, final_mode: CacheMode | None = None,
+               lvm_name: str | None = None) -> list[Change]:
+    """Drop every block the cache holds: passthrough (suspend / reload / resume, checked
+    clean while suspended), ``invalidate_cblocks 0-N`` over every cache block, then the mode
+    it had (``final_mode``: the one an interrupted invalidation recorded). dm-cache takes the
+    message in passthrough only (dm-cache-target.c, process_invalidate_cblocks_message), and
+    in passthrough every read goes to the origin, so no stale block is served between the
+    steps. Refused (exit 3) while a block is dirty or the device is in writeback.
+
+    ``lvm_name``: an LVM-owned cache (VG/LV): lvm2 switches the mode (``lvchange
+    --cachemode``); only the message goes to the device itself, which changes the cache's own
+    metadata, not the table or anything lvm2 records (docs/kernel-notes.md, "Dropping a
+    device's cached copies")."""
+    if lvm_name is None:
+        check_changeable(d, "cached blocks", "lvchange --cachemode passthrough VG/LV")
+    assert d.status is not None
+    back = final_mode or d.mode
+    if back == CacheMode.WRITEBACK or d.mode == CacheMode.WRITEBACK or d.status.dirty:
+        raise UnsafeError(
+            f"{d.node} is in {d.mode.value} mode with {d.status.dirty} dirty blocks: its "
+            "copies are not dropped while the cache may hold data the origin does not; "
+            "nothing was changed",
+            hint=f"cachemgr mode {lvm_name or d.name} writethrough --drain, then cachemgr "
+                 f"invalidate {lvm_name or d.name}")
+    require_root("dropping a cache's copies")
+    changes: list[Change] = []
+    with state.locked(lock_key(d), d.node):
+        if lvm_name is None:
+            d = recover(sysfs, d)
+        assert d.status is not None
+        thr = d.status.migration_threshold
+        live = d.table.line()  # the table running now (lvm2 loads its own: not used then)
+        if d.mode != CacheMode.PASSTHROUGH:
+            if lvm_name is not None:
+                from cachemgr.backends.lvm import command as lvm_command
+
+                lvm_command.lvchange(lvm_name, "--cachemode", "passthrough")
+            else:
+                pt = with_threshold(d.table.with_mode(CacheMode.PASSTHROUGH), thr).line()
+                switch_table(d.name, live, pt, require_clean=True)
+                live = pt
+            changes.append(Change(lvm_name or d.node, "cache_mode", d.mode.value,
+                                  "passthrough"))
+        # the status alone from here (one dmsetup call each: libvirt waits for the hook)
+        now = command.read_status(d.name)
+        if isinstance(now, str) or now.mode != CacheMode.PASSTHROUGH:
+            raise CacheMgrError(f"{d.node}: loaded passthrough but the kernel reports "
+                                f"{now if isinstance(now, str) else now.mode.value}; its "
+                                "copies are not dropped",
+                                hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
+        used = now.used
+        if used:
+            command.dmsetup("message", d.name, "0", f"invalidate_cblocks 0-{now.total}",
+                            timeout=600)
+        after = command.read_status(d.name)
+        if isinstance(after, str) or after.used:
+            raise CacheMgrError(
+                f"{d.node}: {'?' if isinstance(after, str) else after.used} cache blocks "
+                "still in use after invalidate_cblocks; it stays in passthrough (reading "
+                "the origin)", hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
+        changes.append(Change(lvm_name or d.node, "cached blocks", str(used), "0"))
+        if back is not None and back != CacheMode.PASSTHROUGH:
+            if lvm_name is not None:
+                from cachemgr.backends.lvm import command as lvm_command
+
+                lvm_command.lvchange(lvm_name, "--cachemode", back.value)
+            else:
+                switch_table(d.name, live,
+                             with_threshold(d.table.with_mode(back), thr).line())
+            changes.append(Change(lvm_name or d.node, "cache_mode", "passthrough",
+                                  back.value))
+    return changes

@@ -28,7 +28,7 @@ ProgressFn = Callable[[Any], None]
 
 # Every action a kind may declare (the commands and faces use these words).
 ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                     "bench", "force-run", "stop-set", "warm"})
+                     "bench", "force-run", "stop-set", "warm", "invalidate"})
 
 
 def pacing_words(p: dict[str, Any]) -> str:
@@ -296,6 +296,18 @@ class Kind:
     def remove(self, sysfs: Sysfs, *, keep_device: bool, timeout: float, stall_timeout: float,
                progress: ProgressFn | None) -> list[Change]:
         raise self._cannot("remove")
+
+    # what dropping its cached copies costs and how long it holds the device (cachemgr
+    # invalidate's question; docs/admin-guide.md, "Live migration over shared storage")
+    invalidate_how: ClassVar[str] = ""
+
+    def invalidate(self, sysfs: Sysfs, *, final_mode: CacheMode | None = None,
+                   cache: str | None = None) -> list[Change]:
+        """Drop every copy its cache holds of this device (the other devices on the same
+        cache keep theirs), ending in its mode and on its cache (``final_mode``, ``cache``:
+        what an interrupted invalidation recorded, to finish it). Refused (exit 3) in
+        writeback or while dirty; AlreadyError when it holds no copies."""
+        raise self._cannot("invalidate")
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         """What can be tuned on it and the bounds."""

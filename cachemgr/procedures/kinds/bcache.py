@@ -36,7 +36,11 @@ class Bcache(Kind):
     title = "bcache device"
     modes = tuple(BCACHE_MODES)
     actions = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                         "bench", "force-run", "warm"})
+                         "bench", "force-run", "warm", "invalidate"})
+    invalidate_how = ("cachemgr detaches it from its cache set and attaches it again: bcache "
+                      "forgets every block it held of this device (a few milliseconds; "
+                      "the other devices on the set keep theirs). Each time uses one of the "
+                      "set's UUID slots for good.")
     drain_how = ("cachemgr sets writeback_percent=0, writeback_delay=1 and writeback_running=1 "
                  "(saved first) and puts every value back at the end, on error and on cancel.")
     obj: BcacheBacking
@@ -73,7 +77,7 @@ class Bcache(Kind):
 
     def can(self, action: str) -> bool:
         attached = self.obj.cset_uuid is not None
-        if action in ("detach", "replace"):
+        if action in ("detach", "replace", "invalidate"):
             return attached
         if action == "attach":
             return not attached
@@ -170,6 +174,10 @@ class Bcache(Kind):
 
     def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
         return dict(drain_mod.restore_saved(sysfs, self.obj))
+
+    def invalidate(self, sysfs: Sysfs, *, final_mode: CacheMode | None = None,
+                   cache: str | None = None) -> list[Change]:
+        return bcache.invalidate(sysfs, self.obj, cache=cache, final_mode=final_mode)
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return Bcache(bcache.reread(sysfs, self.obj.identity.name))

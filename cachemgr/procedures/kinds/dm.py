@@ -277,7 +277,11 @@ class DmCache(_DmCacheWarm, _Dm):
     drain_word = "flush"
     root_in_backend = True
     modes = tuple(DM_CACHE_MODES)
-    actions = frozenset({"mode", "drain", "remove", "tune", "replace", "bench", "warm"})
+    actions = frozenset({"mode", "drain", "remove", "tune", "replace", "bench", "warm",
+                         "invalidate"})
+    invalidate_how = ("cachemgr switches it to passthrough (every read then goes to the "
+                      "origin), drops every cache block (invalidate_cblocks), and switches "
+                      "it back: two table reloads, each holding its IO for a moment.")
     drain_how = ("cachemgr loads the cleaner policy (in writethrough) until every block is "
                  "clean, then reloads the original table; on cancel or error the original "
                  "table is put back.")
@@ -348,6 +352,10 @@ class DmCache(_DmCacheWarm, _Dm):
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return DmCache(dmcache.find(sysfs, self.obj.name))
+
+    def invalidate(self, sysfs: Sysfs, *, final_mode: CacheMode | None = None,
+                   cache: str | None = None) -> list[Change]:
+        return dm_manage.invalidate(sysfs, self.obj, final_mode=final_mode)
 
     def remove(self, sysfs: Sysfs, *, keep_device: bool, timeout: float, stall_timeout: float,
                progress: ProgressFn | None) -> list[Change]:
@@ -583,8 +591,18 @@ class LvmCache(_DmCacheWarm, _Lvm):
     name = "lvmcache"
     title = "LVM cache"
     modes = tuple(lvm_manage.LVM_CACHE_MODES)
-    actions = _Lvm.actions | {"warm"}
+    actions = _Lvm.actions | {"warm", "invalidate"}
+    invalidate_how = ("cachemgr switches it to passthrough through lvm2 (lvchange "
+                      "--cachemode; every read then goes to the origin), drops every cache "
+                      "block (dm-cache's invalidate_cblocks message, which changes no table "
+                      "and nothing lvm2 records), and switches it back through lvm2.")
     obj: DmCacheDevice
+
+    def invalidate(self, sysfs: Sysfs, *, final_mode: CacheMode | None = None,
+                   cache: str | None = None) -> list[Change]:
+        lvm_manage.refuse_unhealthy(self.obj, "cached blocks")
+        return dm_manage.invalidate(sysfs, self.obj, final_mode=final_mode,
+                                    lvm_name=self.lv.full_name)
 
     @classmethod
     def candidates(cls, snap: Snapshot) -> Iterable[Any]:
