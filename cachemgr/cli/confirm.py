@@ -2,8 +2,8 @@
 
 Every command that can lose data or disrupt a VM (remove, detach, stop-set, force-run, mode
 to a mode that caches nothing, create --force over a signature, vm-cache, replace-ssd,
-assemble over disks known by their place only) shows
-its plan on stderr, each change not made yet said as "would ...", then:
+assemble over disks known by their place only, invalidate of a cache that holds copies)
+shows its plan on stderr, each change not made yet said as "would ...", then:
 
 * on a terminal (stdin is one) asks ``Go ahead? [y/N]`` and goes on only on ``y`` or
   ``yes``; anything else (Enter, EOF) is no: exit 3, nothing changed;
@@ -38,7 +38,7 @@ YES_HELP = ('confirm without asking (needed when stdin is not a terminal: '
 # what the commands' --help and docs/cli.md say of the rule (the main parser's epilog)
 RULE = ("Confirmations: remove, detach, stop-set, force-run, vm-cache, replace-ssd, a mode "
         "that caches nothing (none, passthrough), create --force over a signature and "
-        "assemble over disks known by their place only show "
+        "assemble over disks known by their place only and invalidate show "
         "what they would do and ask on a terminal (Go ahead? [y/N]); without a terminal "
         "they refuse (exit 3, nothing changed) unless given --yes.")
 

@@ -241,7 +241,9 @@ def test_protect_switches_and_drains_before_the_ssd_is_pulled(lab_disks: list[st
                    pull_to_set_failed_s=round(t_failed, 1), probe_reads_eio=eio)
 
 
-PROBES = 25  # rounds of smartctl + ssd-health --refresh + status --json + a pass (module doc)
+# rounds of smartctl + ssd-health --refresh + status --json + a pass (module doc); the
+# issue's 10 minutes: CACHEMGR_PROTECT_PROBES=300 (docs/benchmarks.md, "Protect on a healthy SSD")
+PROBES = int(os.environ.get("CACHEMGR_PROTECT_PROBES", "25"))
 
 
 def _ioerr(sysfs: Sysfs, name: str) -> int:
@@ -274,7 +276,7 @@ def _passes(sysfs: Sysfs, ssd: str, policy: str, n: int, words: str) -> None:
         assert _mode(sysfs) == CacheMode.WRITEBACK
 
 
-@pytest.mark.kernel(disks="1G", timeout=900)
+@pytest.mark.kernel(disks="1G", timeout=max(900, 300 + 4 * PROBES))
 def test_protect_ignores_probes_acts_on_real_errors_and_can_be_undone(
         lab_disks: list[str], tmp_path: Path) -> None:
     import json

@@ -398,7 +398,8 @@ def test_automation_calls_no_command_that_asks() -> None:
                for w in row.split("|")[1].split(",")}
     listed = {w.split()[0] for w in listed}
     assert asking == listed == {"remove", "detach", "mode", "stop-set", "force-run", "create",
-                                "vm-cache", "replace-ssd", "assemble"}
+                                "vm-cache", "replace-ssd", "assemble",
+                                "invalidate"}
     runs = []
     for unit in [*(REPO / "systemd").glob("*.service"), REPO / "udev" / "90-cachemgr.rules"]:
         for line in unit.read_text().splitlines():
