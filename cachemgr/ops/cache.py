@@ -142,7 +142,8 @@ def _health_inputs(sysfs: Sysfs, snap: Snapshot, cache: ScanCache | None, *,
             errors += [(d.node, e) for e in kernlog.summarise(logged, disks, reader.now)]
     if cache is None:
         reader.close()
-    _, bad = dm_record.load_all()
+    # a poller's reads it through its kept state-directory walk, as unassembled() below does
+    _, bad = dm_record.load_all(cache.state if cache is not None else None)
     if sysfs.live and os.geteuid() != 0:
         # a reader without root cannot open root's record directory (mode 0700): that says
         # nothing of the records (the non-root reader's notes say what it could not read)
