@@ -476,15 +476,50 @@ def set_mode(sysfs: Sysfs, backing: BcacheBacking, mode: CacheMode) -> Change:
                   backing.mode.value if backing.mode else None, now)
 
 
-def register(sysfs: Sysfs, node: str) -> Change:
-    """``echo DEV > /sys/fs/bcache/register``; the write's error *is* the kernel's answer."""
+RELEASE_WAIT = 5.0  # seconds a stopped bcache device's disk may stay held (see register)
+
+
+def _registered(sysfs: Sysfs, node: str) -> bool:
+    """Whether ``node`` is registered with bcache now: its block directory has ``bcache``
+    (a backing device's, or a cache device's with its set link)."""
+    name = sysfs.block_name_of(node)
+    rel = block_dirs(sysfs).get(name) if name else None
+    return rel is not None and sysfs.is_dir(f"{rel}/bcache")
+
+
+def register(sysfs: Sysfs, node: str, *, release_wait: float = RELEASE_WAIT) -> Change:
+    """``echo DEV > /sys/fs/bcache/register``; the write's error *is* the kernel's answer.
+
+    EBUSY is two answers in super.c ``register_bcache``: "device already registered" (the
+    device is bcache's: exit 4) and "device busy" (someone else holds it exclusively). The
+    second is also what a register right after a stop gets: the stopped device's sysfs
+    directories are gone before its exclusive open is released (``cached_dev_free`` drops
+    the file with ``fput``, deferred from the closure's kernel thread; 9 ms after the
+    directories on the UML lab, docs/kernel-notes.md). So a busy device that is not
+    registered is waited for (up to ``release_wait`` seconds, on the exclusive open coming
+    free) and tried once more; held longer, it is an error naming the holder's kinds."""
     if not sysfs.exists("fs/bcache/register"):
         raise CacheMgrError("the bcache module is not loaded", hint="modprobe bcache")
     try:
-        sysfs.write("fs/bcache/register", node)
+        try:
+            sysfs.write("fs/bcache/register", node)
+        except SysfsError as exc:
+            if exc.errno != errno.EBUSY or _registered(sysfs, node):
+                raise
+            deadline = time.monotonic() + release_wait
+            while claimed(node) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if claimed(node):
+                raise CacheMgrError(
+                    f"the kernel refused to register {node}: device busy (another user holds "
+                    f"it open exclusively: a mount, md, device-mapper or a bcache device still "
+                    f"stopping; waited {release_wait:g} s)",
+                    hint=f"see lsblk {node} and /sys/class/block/"
+                         f"{sysfs.block_name_of(node) or os.path.basename(node)}/holders") from exc
+            sysfs.write("fs/bcache/register", node)
     except SysfsError as exc:
         # EBUSY/EEXIST: "device already registered" (super.c register_bcache)
-        if exc.errno in (16, 17):
+        if exc.errno in (errno.EBUSY, errno.EEXIST):
             raise AlreadyError(f"{node} is already registered with bcache") from exc
         said = kernel_reason(sysfs, node)
         if said:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from cachemgr.backends import bcache
 from cachemgr.core import runner
 from tests.kernel import clirun, scenarios
 
@@ -168,12 +169,16 @@ def test_bcache_check_status_and_metrics_as_another_user(lab_disks: list[str],
     # CRITICAL (the unseen said after it) without root
     cset = Path(os.path.realpath("/sys/block/bcache0/bcache/cache")).name
     Path(f"/sys/fs/bcache/{cset}/stop").write_text("1")
+    name = os.path.basename(hdd)
+    # the set's stop stops its backing devices after the set's directory has gone, and the
+    # disk's exclusive open is released after its directories have gone: the product's
+    # register waits for that (a raw write to /sys/fs/bcache/register here failed with EBUSY)
     deadline = time.monotonic() + 30
-    while Path(f"/sys/fs/bcache/{cset}").exists():
+    while any(Path(p).exists() for p in (f"/sys/fs/bcache/{cset}", "/sys/block/bcache0",
+                                          f"/sys/block/{name}/bcache")):
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    Path("/sys/fs/bcache/register").write_text(hdd)
-    name = os.path.basename(hdd)
+    bcache.register(sysfs, hdd)
     assert Path(f"/sys/block/{name}/bcache/state").read_text().strip() == "dirty"
     root = as_user("check", uid=None)
     assert root.returncode == 2, root.stdout
