@@ -209,7 +209,7 @@ def test_stranded_dirty_data(lab_disks: list[str], tmp_path: Path) -> None:
         assert m.firing("CachemgrDirtyDataStranded", {}) is None
 
         t1 = time.time()
-        sysfs.write("fs/bcache/register", hdd)
+        bcache.register(sysfs, hdd)  # waits for the stopped disk to be released
         name = os.path.basename(hdd)
         wait_for("backing registered", lambda: sysfs.is_dir(f"block/{name}/bcache"))
         assert sysfs.read(f"block/{name}/bcache/state") == "dirty"
