@@ -179,6 +179,8 @@ def test_a_found_mismatch_warns_in_check_until_a_clean_scrub(tmp_path: Path) -> 
     assert "/dev/mapper/vc: the scrub of" in out and "found 1 block served by the cache " \
         "unlike its origin in 4.0 MiB compared (all dropped from the cache)" in out, out
     assert "cachemgr scrub /dev/mapper/vc" in out
+    rc, out, _ = cli(root, ["status", "--no-vms"])
+    assert "found 1 block served by the cache unlike its origin" in out, out
     scrub.record("dmcache-vc", "/dev/mapper/vc", scrub.Scrubbed("/dev/mapper/vc", 64),
                  how="listed", invalidated=None)
     rc, out, _ = cli(root, ["check"])
