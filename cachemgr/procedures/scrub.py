@@ -233,12 +233,27 @@ class Paced:
         self.served = served
         self.slowest: int | None = None
 
+        last: list[tuple[pace.Counters, int, float]] = []  # the device's, ours (ios, ms)
+        total = [0, 0]  # the VMs' IOs and milliseconds so far, as the meter reads them
+
         def vm() -> pace.Counters | None:
             c = counters()
             if c is None:
                 return None
-            # the VMs' IO: the device's counters less the scrub's own reads of it
-            return pace.Counters(max(0, c.ios - served.ios), max(0, c.ms - int(served.ms)), 0)
+            # the VMs' IO: what the device counted since the last reading less the scrub's
+            # own reads of it. The scrub's time is its wall time around each read, which is
+            # more than the kernel counts for it (the system call around it): a difference
+            # that goes negative is 0, never a count going back (the meter would start
+            # again: lab, the slices were cleared at every reading and the pacer saw no
+            # other IO beside a reader at 50 IOPS)
+            if last:
+                c0, ios0, ms0 = last[-1]
+                d_ios = (c.ios - c0.ios) - (served.ios - ios0)
+                if d_ios > 0:
+                    total[0] += d_ios
+                    total[1] += max(0, (c.ms - c0.ms) - int(served.ms - ms0))
+            last[:] = [(c, served.ios, served.ms)]
+            return pace.Counters(total[0], total[1], 0)
 
         self.sampler = pace.Sampler(vm, lambda: served.sectors, self.meter, clock=clock,
                                     sleep=sleep)

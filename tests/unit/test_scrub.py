@@ -185,3 +185,43 @@ def test_a_found_mismatch_warns_in_check_until_a_clean_scrub(tmp_path: Path) -> 
                  how="listed", invalidated=None)
     rc, out, _ = cli(root, ["check"])
     assert "scrub" not in out, out
+
+
+class _Ours:
+    """The scrub's reader as Paced sees it: its reads' count, wall milliseconds, sectors."""
+
+    def __init__(self) -> None:
+        self.ios, self.ms, self.sectors = 0, 0.0, 0
+
+
+@pytest.mark.parametrize("vm_ms, lowered", [(50, True), (8, False)])
+def test_the_pacer_sees_the_vms_io_beside_the_scrubs_own(vm_ms: int, lowered: bool) -> None:
+    """The device counts the scrub's reads and the VMs'; the scrub's wall time around a read
+    is more than the kernel counts for it. The VMs' IO is still seen (it was not, in the lab:
+    the difference went negative and the meter started again at every reading), and slow
+    VM IO slows the scrub down."""
+    from cachemgr.core import pace
+
+    now = [0.0]
+    ours = _Ours()
+    dev = [7000, 10_000]  # the device's IOs and milliseconds since boot
+
+    def counters() -> pace.Counters:
+        return pace.Counters(dev[0], dev[1], 0)
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    paced = scrub.Paced(20.0, counters, ours, clock=lambda: now[0],  # type: ignore[arg-type]
+                        sleep=sleep)
+    for _ in range(200):
+        now[0] += 0.05
+        ours.ios += 1
+        ours.ms += 30.0  # its wall time
+        ours.sectors += 2048
+        dev[0] += 1 + 2  # its read (10 ms in the kernel) and two of the VM's
+        dev[1] += 10 + 2 * vm_ms
+        paced.wait(1 << 20)
+    assert paced.pacer is not None
+    assert (paced.pacer.lowered > 0) == lowered, paced.pacer.note
+    assert "no other IO" not in paced.pacer.note
