@@ -26,8 +26,9 @@ read the same twice in a row and still differ. One that never holds still is cou
 (``unsettled``), never as a mismatch.
 
 Pacing: the drain's controller (core/pace.py ``Pacer``, ``LatencyMeter``, ``Sampler``): the
-VMs' latency from the cached device's block-layer counters, less the scrub's own reads of it
-(their count and the time each took, measured here); the pace is the scrub's bytes per
+VMs' latency from the cached device's block-layer counters, its IOs less the scrub's own
+reads of it and all its milliseconds (so it reads high while the scrub reads much: the
+bound errs on the VMs' side; :class:`Paced`); the pace is the scrub's bytes per
 second read from the cached device (the origin is read as much again), lowered above the
 bound and raised under half of it, unpaced when no other IO comes.
 
@@ -240,18 +241,20 @@ class Paced:
             c = counters()
             if c is None:
                 return None
-            # the VMs' IO: what the device counted since the last reading less the scrub's
-            # own reads of it. The scrub's time is its wall time around each read, which is
-            # more than the kernel counts for it (the system call around it): a difference
-            # that goes negative is 0, never a count going back (the meter would start
-            # again: lab, the slices were cleared at every reading and the pacer saw no
-            # other IO beside a reader at 50 IOPS)
+            # the VMs' IO: the IOs the device counted since the last reading less the
+            # scrub's own reads of it, and all the milliseconds it counted, the scrub's
+            # included: the VMs' latency reads high while the scrub reads much, which slows
+            # it down (the bound errs on the VMs' side). Taking away the scrub's time as it
+            # measures it (its wall time around each read, more than the kernel counts in
+            # its 10 ms jiffies) read a QD1 reader's p99 as 2-3 ms where fio saw 21-34 ms
+            # (lab), and taking it from the counts since boot made the difference fall: the
+            # meter started again at every reading and saw no other IO at all
             if last:
-                c0, ios0, ms0 = last[-1]
+                c0, ios0, _ = last[-1]
                 d_ios = (c.ios - c0.ios) - (served.ios - ios0)
                 if d_ios > 0:
                     total[0] += d_ios
-                    total[1] += max(0, (c.ms - c0.ms) - int(served.ms - ms0))
+                    total[1] += max(0, c.ms - c0.ms)
             last[:] = [(c, served.ios, served.ms)]
             return pace.Counters(total[0], total[1], 0)
 
