@@ -7,13 +7,14 @@
 _cachemgr_node() {
     # $1: the command path; sets subs, opts and vopts (the options taking a value)
     case $1 in
-    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'invalidate' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
+    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'invalidate' 'scrub' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
     'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '--max-latency' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
     'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--max-latency' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
     'attach') subs=(); opts=('-h' '--help' '--writecache' '--mode' '--json'); vopts=('--mode') ;;
     'detach') subs=(); opts=('-h' '--help' '--timeout' '-y' '--yes' '--json'); vopts=('--timeout') ;;
     'invalidate') subs=(); opts=('-h' '--help' '-y' '--yes' '--json'); vopts=() ;;
+    'scrub') subs=(); opts=('-h' '--help' '--max-latency' '--json'); vopts=('--max-latency') ;;
     'create') subs=(); opts=('-h' '--help' '--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket' '--force' '-y' '--yes' '--json'); vopts=('--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket') ;;
     'remove') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--keep-device' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'tune') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
@@ -83,6 +84,10 @@ _cachemgr_optval() {
     'detach')
         case $2 in
         '--timeout') spec=none ;;
+        esac ;;
+    'scrub')
+        case $2 in
+        '--max-latency') spec=none ;;
         esac ;;
     'create')
         case $2 in
@@ -308,6 +313,10 @@ _cachemgr_posval() {
         0) spec=host; vals=('backings') ;;
         esac ;;
     'invalidate')
+        case $2 in
+        0) spec=host; vals=('targets') ;;
+        esac ;;
+    'scrub')
         case $2 in
         0) spec=host; vals=('targets') ;;
         esac ;;

@@ -120,6 +120,13 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
         coherence.invalidate(_sysfs(args), args.target, ctl=ctl)))
 
 
+def cmd_scrub(args: argparse.Namespace) -> int:
+    from cachemgr.ops import scrub
+
+    return with_progress(args, f"scrub of {args.target}", lambda ctl: scrub.scrub(
+        _sysfs(args), args.target, max_latency_ms=args.max_latency, ctl=ctl))
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     if args.kind == "dm-cache":
         if args.backing or args.bucket:
@@ -250,6 +257,16 @@ def register(sub: Any) -> None:
     add_yes(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_invalidate)
+
+    s = sub.add_parser("scrub", help="compare what a write-through or clean cache serves "
+                       "with its origin, block by block over the blocks it caches (bcache: "
+                       "the whole device); drop every block that differs from the cache")
+    s.add_argument("target", metavar="TARGET")
+    s.add_argument("--max-latency", type=argtypes.milliseconds, metavar="MS",
+                   help="pace the reads as a paced drain is paced: the other IO on the "
+                        "device keeps its p99 latency under MS (at most 60000)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_scrub)
 
     s = sub.add_parser("create", help="create a cache: create bcache --backing DEV --cache DEV "
                        "| create dm-cache NAME --origin DEV --cache DEV --metadata DEV")

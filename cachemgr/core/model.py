@@ -640,6 +640,9 @@ class Snapshot:
     bad_records: tuple[tuple[str, str], ...] = ()
     # bcache backing devices last seen dirty and gone now (ops.cache.status fills it)
     gone: tuple[GoneBacking, ...] = ()
+    # (device, words) for each device whose last scrub found blocks the cache served unlike
+    # its origin (procedures/scrub.py's records; ops.cache.status fills it)
+    scrub_mismatches: tuple[tuple[str, str], ...] = ()
 
     @property
     def dm_devices(self) -> tuple[DmCacheDevice | DmWritecacheDevice, ...]:

@@ -95,9 +95,18 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
 
 def protect_fields(view: state.View | None = None) -> dict[str, Any]:
     """The snapshot's ``protected`` and ``protect_off``, from one read of the protect
-    state (procedures/protect.py)."""
+    state (procedures/protect.py), and its ``scrub_mismatches``."""
     st = protect.load_state(view)
-    return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st)}
+    return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st),
+            **scrub_fields(view)}
+
+
+def scrub_fields(view: state.View | None = None) -> dict[str, Any]:
+    """The snapshot's ``scrub_mismatches``: the devices whose last scrub found blocks the
+    cache served unlike its origin (procedures/scrub.py), read with the protect state."""
+    from cachemgr.procedures import scrub
+
+    return {"scrub_mismatches": scrub.found(view)}
 
 
 def _with_files(sysfs: Sysfs, snap: Snapshot, hidden: list[Unseen]) -> Snapshot:

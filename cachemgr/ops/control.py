@@ -179,7 +179,7 @@ def progress_line(p: object, *, note: bool = True) -> str:
         return p
     action = getattr(p, "action", "drain")
     device = getattr(p, "device", None)
-    if device is None or action == "warm":  # a warm's report says itself (WarmProgress)
+    if device is None or action in ("warm", "scrub"):  # says itself (WarmProgress, ScrubProgress)
         return str(p)
     dirty = getattr(p, "dirty_bytes", None)
     if action == "detach":

@@ -133,7 +133,7 @@ def resumes(*procedures: str, run: str | None = None) -> Callable[[Owner], bool]
 # Actions that can run for minutes (a drain, a flush before a detach or a removal, a
 # bench): their start goes to the journal trail when the gate lets them in, as well as their
 # end; so do procedures with a run ID (replace-ssd).
-LONG_ACTIONS = frozenset({"drain", "mode --drain", "bench", "remove", "detach"})
+LONG_ACTIONS = frozenset({"drain", "mode --drain", "bench", "remove", "detach", "scrub"})
 
 
 @contextlib.contextmanager

@@ -74,6 +74,12 @@ def pending(key: str, device: str, **extra: Any) -> Path:
     return p
 
 
+def pending_path(key: str) -> Path:
+    """Where the pending record of ``key`` is (a scrub that dropped some blocks removes it
+    alone: ops/scrub.py)."""
+    return _path(PENDING, key)
+
+
 def done(key: str) -> None:
     """The invalidation of ``key`` finished: its pending record and any departure mark go."""
     for kind in (PENDING, LEFT):

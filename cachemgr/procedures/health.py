@@ -33,7 +33,9 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   requests logged for the cache SSD of a device-mapper cache holding no dirty data; an
   unreadable or untrusted dm-cache record of a device that is assembled (the boot pass
   will not assemble it again); a line of the scan that could not be read (the snapshot's
-  ``warnings``: what cachemgr does not know may be dirty data at risk).
+  ``warnings``: what cachemgr does not know may be dirty data at risk); a device whose last
+  scrub found blocks its cache served unlike its origin (``scrub-mismatch``: the SSD or the
+  kernel returned wrong data; cleared by a scrub that finds it clean).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
     ``now``: the epoch time a stall is counted to (default: the clock's)."""
     when = time.time() if now is None else now
     found = [*_protected(snap), *_bcache(snap), *_gone(snap, when), *_dm(snap),
-             *_unassembled(snap), *_records(snap), *_owners(snap, when)]
+             *_unassembled(snap), *_records(snap), *_owners(snap, when), *_scrubbed(snap)]
     found += _warnings(snap, found)
     found += [Finding(Level.WARNING, "ssd-wear", node, f"SMART: {why}",
                       f"cachemgr replace-ssd {node} --dry-run") for node, why in replace_soon]
@@ -361,6 +363,16 @@ def _gone(snap: Snapshot, now: float) -> Iterable[Finding]:
                       "or replace that SSD",
                       f"bring {g.node} back (reseat it, rescan its bus), then cachemgr "
                       f"register {g.node}")
+
+
+def _scrubbed(snap: Snapshot) -> Iterable[Finding]:
+    """A device whose last scrub found blocks its cache served unlike its origin: the SSD
+    (or the kernel) returned wrong data once, so it may again; WARNING until a scrub finds
+    the device clean (procedures/scrub.py)."""
+    for dev, words in snap.scrub_mismatches:
+        yield Finding(Level.WARNING, "scrub-mismatch", dev, words,
+                      f"check the cache SSD (smartctl -a, the kernel log), then cachemgr scrub "
+                      f"{dev} (a scrub that finds it clean clears this)")
 
 
 def _warnings(snap: Snapshot, found: Sequence[Finding]) -> Iterable[Finding]:

@@ -60,7 +60,7 @@ from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import CacheState, Snapshot, Unseen, VmScan
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import health, kinds, owners, protect, traffic, unseen, webconfig
+from cachemgr.procedures import health, kinds, owners, protect, scrub, traffic, unseen, webconfig
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,7 @@ def collect(snap: Snapshot, *, journals: bool = True,
     yield from _health_metrics(snap)
     if journals:
         yield from _journal_metrics(snap)
+        yield from _scrub_metrics(snap)
     if snap.vms is not None:
         yield from _vm_metrics(snap)
 
@@ -322,7 +323,27 @@ def with_owners(sysfs: Sysfs, snap: Snapshot) -> Snapshot:
     st = protect.load_state()
     return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs),
                                protected=tuple(protect.protected(st)),
-                               protect_off=protect.is_off(st))
+                               protect_off=protect.is_off(st),
+                               scrub_mismatches=scrub.found())
+
+
+def _scrub_metrics(snap: Snapshot) -> Iterator[Metric]:
+    """Each device's last scrub (procedures/scrub.py's records): read from the state
+    directory, never created by a scrape."""
+    mism = _g("scrub_mismatches", "Blocks the device's last scrub found its cache serving "
+              "unlike its origin (dropped from the cache when found).", ["device"])
+    blocks = _g("scrub_blocks", "Blocks the device's last scrub compared with its origin.",
+                ["device"])
+    when = _g("scrub_last_timestamp_seconds", "When the device's last scrub ended.",
+              ["device"])
+    if not any(u.what == unseen.STATE for u in snap.unseen):
+        for s in scrub.lasts():
+            dev = _word(s.device)
+            mism.add_metric([dev], float(s.mismatches))
+            blocks.add_metric([dev], float(s.blocks))
+            if s.at is not None:
+                when.add_metric([dev], s.at)
+    yield from (mism, blocks, when)
 
 
 def _journal_metrics(snap: Snapshot) -> Iterator[Metric]:

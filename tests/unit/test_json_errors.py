@@ -29,6 +29,7 @@ ERRORS: dict[str, tuple[list[str], int]] = {
     "attach": (["attach", ND, ND], 2),
     "detach": (["detach", ND], 2),
     "invalidate": (["invalidate", ND, "--yes"], 2),
+    "scrub": (["scrub", ND], 2),
     "create": (["create", "bcache", "--backing", ND], 2),
     "remove": (["remove", ND], 2),
     "tune": (["tune", ND, "sequential_cutoff=0"], 2),

@@ -4,7 +4,7 @@ mapping of the origin, then ``dmsetup remove``), its migration_threshold."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from cachemgr.backends.dmcache import command, discover
 from cachemgr.backends.dmcache.flushing import flush_locked, lock_key, recover
@@ -165,7 +165,8 @@ def set_migration_threshold(sysfs: Sysfs, d: DmCacheDevice, sectors: int) -> Cha
 
 
 def invalidate(sysfs: Sysfs, d: DmCacheDevice, *, final_mode: CacheMode | None = None,
-               lvm_name: str | None = None) -> list[Change]:
+               lvm_name: str | None = None,
+               origin_blocks: Collection[int] | None = None) -> list[Change]:
     """Drop every block the cache holds: passthrough (suspend / reload / resume, checked
     clean while suspended), ``invalidate_cblocks 0-N`` over every cache block, then the mode
     it had (``final_mode``: the one an interrupted invalidation recorded). dm-cache takes the
@@ -176,7 +177,12 @@ def invalidate(sysfs: Sysfs, d: DmCacheDevice, *, final_mode: CacheMode | None =
     ``lvm_name``: an LVM-owned cache (VG/LV): lvm2 switches the mode (``lvchange
     --cachemode``); only the message goes to the device itself, which changes the cache's own
     metadata, not the table or anything lvm2 records (docs/kernel-notes.md, "Dropping a
-    device's cached copies")."""
+    device's cached copies").
+
+    ``origin_blocks``: only the cache blocks holding these origin blocks are dropped (a
+    scrub's mismatches), found in the metadata once in passthrough (which promotes
+    nothing: the mapping holds still), and checked by the count of blocks in use going down
+    by as many."""
     if lvm_name is None:
         check_changeable(d, "cached blocks", "lvchange --cachemode passthrough VG/LV")
     assert d.status is not None
@@ -215,16 +221,33 @@ def invalidate(sysfs: Sysfs, d: DmCacheDevice, *, final_mode: CacheMode | None =
                                 "copies are not dropped",
                                 hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
         used = now.used
-        if used:
-            command.dmsetup("message", d.name, "0", f"invalidate_cblocks 0-{now.total}",
-                            timeout=600)
+        if origin_blocks is not None:
+            from cachemgr.backends.dmcache import mappings
+
+            mp = mappings.mapped(d)
+            cblocks = sorted({mp[o][0] for o in origin_blocks if o in mp})
+            for i in range(0, len(cblocks), 256):  # a message's arguments, a batch at a time
+                command.dmsetup("message", d.name, "0", "invalidate_cblocks",
+                                *(str(c) for c in cblocks[i:i + 256]), timeout=600)
+            want = used - len(cblocks)
+        else:
+            cblocks = []
+            if used:
+                command.dmsetup("message", d.name, "0", f"invalidate_cblocks 0-{now.total}",
+                                timeout=600)
+            want = 0
         after = command.read_status(d.name)
-        if isinstance(after, str) or after.used:
+        if isinstance(after, str) or after.used != want:
             raise CacheMgrError(
                 f"{d.node}: {'?' if isinstance(after, str) else after.used} cache blocks "
-                "still in use after invalidate_cblocks; it stays in passthrough (reading "
-                "the origin)", hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
-        changes.append(Change(lvm_name or d.node, "cached blocks", str(used), "0"))
+                f"in use after invalidate_cblocks, not {want}; it stays in passthrough "
+                "(reading the origin)", hint=f"cachemgr invalidate {lvm_name or d.name} --yes")
+        changes.append(Change(lvm_name or d.node, "cached blocks", str(used), str(want))
+                       if origin_blocks is None else
+                       Change(lvm_name or d.node, "mismatched cache blocks dropped",
+                              str(used), f"{want} ({len(cblocks)} dropped: "
+                              + ", ".join(map(str, cblocks[:16]))
+                              + (", ..." if len(cblocks) > 16 else "") + ")"))
         if back is not None and back != CacheMode.PASSTHROUGH:
             if lvm_name is not None:
                 from cachemgr.backends.lvm import command as lvm_command

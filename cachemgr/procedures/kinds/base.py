@@ -28,7 +28,7 @@ ProgressFn = Callable[[Any], None]
 
 # Every action a kind may declare (the commands and faces use these words).
 ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                     "bench", "force-run", "stop-set", "warm", "invalidate"})
+                     "bench", "force-run", "stop-set", "warm", "invalidate", "scrub"})
 
 
 def pacing_words(p: dict[str, Any]) -> str:
@@ -308,6 +308,22 @@ class Kind:
         what an interrupted invalidation recorded, to finish it). Refused (exit 3) in
         writeback or while dirty; AlreadyError when it holds no copies."""
         raise self._cannot("invalidate")
+
+    # how a scrub finds the blocks to compare and drops a mismatch, in words (cachemgr
+    # scrub's result; docs/admin-guide.md, "Scrubbing a cache")
+    scrub_drop_how: ClassVar[str] = ""
+
+    def scrub_source(self, sysfs: Sysfs) -> Any:
+        """What a scrub compares (procedures/scrub.py ``Source``): the node that serves the
+        cache's copies, the origin read directly and where, the blocks the cache holds."""
+        raise self._cannot("scrub")
+
+    def scrub_drop(self, sysfs: Sysfs, source: Any, blocks: list[int], *,
+                   final_mode: CacheMode | None = None) -> list[Change]:
+        """Drop the cache's copies of the mismatched ``blocks`` of ``source`` (at least those:
+        a kind that cannot drop one block drops every copy of the device), ending in its
+        mode (``final_mode``: what an interrupted drop recorded)."""
+        raise self._cannot("scrub")
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         """What can be tuned on it and the bounds."""

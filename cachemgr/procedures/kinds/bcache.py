@@ -36,7 +36,7 @@ class Bcache(Kind):
     title = "bcache device"
     modes = tuple(BCACHE_MODES)
     actions = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                         "bench", "force-run", "warm", "invalidate"})
+                         "bench", "force-run", "warm", "invalidate", "scrub"})
     invalidate_how = ("cachemgr detaches it from its cache set and attaches it again: bcache "
                       "forgets every block it held of this device (a few milliseconds; "
                       "the other devices on the set keep theirs). Each time uses one of the "
@@ -77,7 +77,7 @@ class Bcache(Kind):
 
     def can(self, action: str) -> bool:
         attached = self.obj.cset_uuid is not None
-        if action in ("detach", "replace", "invalidate"):
+        if action in ("detach", "replace", "invalidate", "scrub"):
             return attached
         if action == "attach":
             return not attached
@@ -178,6 +178,38 @@ class Bcache(Kind):
     def invalidate(self, sysfs: Sysfs, *, final_mode: CacheMode | None = None,
                    cache: str | None = None) -> list[Change]:
         return bcache.invalidate(sysfs, self.obj, cache=cache, final_mode=final_mode)
+
+    scrub_drop_how = ("bcache cannot drop one block of a device from its cache: every copy "
+                      "of the device is dropped (detached and attached again, as cachemgr "
+                      "invalidate does)")
+
+    def scrub_source(self, sysfs: Sysfs) -> Any:
+        """The whole /dev/bcacheN against its backing device past the data offset
+        (``bcache-super-show``: ``dev.data.first_sector``): bcache keeps no list of the
+        blocks it holds (procedures/scrub.py)."""
+        from cachemgr.backends import bcache_super, blockdev
+        from cachemgr.procedures import scrub
+
+        b = self.obj
+        if b.device is None or b.cset_uuid is None:
+            raise UsageError(f"{self.node} has no cache attached: nothing to scrub")
+        sb = bcache_super.super_show(b.identity.node) or {}
+        first = sb.get("dev.data.first_sector", "")
+        size = blockdev.device_bytes(sysfs, b.device)
+        whole = blockdev.device_bytes(sysfs, b.identity.node)
+        if not first.isdigit() or not size or not whole or whole - size != int(first) * 512:
+            # the kernel sizes bcacheN as the backing device less its data offset
+            # (super.c, cached_dev_init): if the two disagree, the offset is not known
+            raise CacheMgrError(f"{self.node}: where its data starts on {b.identity.node} is "
+                                f"not known (bcache-super-show: dev.data.first_sector "
+                                f"{first or '?'}; sizes {size} and {whole}): nothing compared")
+        return scrub.Source(b.device, b.identity.node, int(first) * 512, scrub.CHUNK, size,
+                            None, "the whole device (bcache keeps no list of the blocks it "
+                            "holds that can be read)", meter=b.device_name)
+
+    def scrub_drop(self, sysfs: Sysfs, source: Any, blocks: list[int], *,
+                   final_mode: CacheMode | None = None) -> list[Change]:
+        return bcache.invalidate(sysfs, self.obj, final_mode=final_mode)
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return Bcache(bcache.reread(sysfs, self.obj.identity.name))

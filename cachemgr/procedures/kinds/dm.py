@@ -147,6 +147,36 @@ class _DmCacheWarm(Kind):
                               hint="let the flush finish (its policy comes back), then warm")
         return None
 
+    scrub_drop_how = ("the mismatched cache blocks alone are dropped: passthrough, "
+                      "invalidate_cblocks of those blocks, and the mode back (the other "
+                      "blocks stay cached)")
+
+    def _lvm_name(self) -> str | None:
+        """VG/LV when lvm2 owns it (its mode is switched through lvchange)."""
+        return None
+
+    def scrub_source(self, sysfs: Sysfs) -> Any:
+        """The origin blocks its metadata maps (backends/dmcache/mappings.py), each read
+        through the device and from its origin device."""
+        from cachemgr.backends.dmcache import mappings
+        from cachemgr.procedures import scrub
+
+        d = self.obj
+        if d.origin is None or d.status is None:
+            raise CacheMgrError(f"{self.node}: its origin device or status is not known: "
+                                "nothing compared")
+        unit = d.table.block_sectors * 512
+        mp = mappings.mapped(d)
+        return scrub.Source(d.node, d.origin.node, 0, unit, d.table.length * 512,
+                            tuple(sorted(mp)), f"the {len(mp):,} blocks its metadata maps "
+                            "(cache_dump)", meter=d.kernel_name,
+                            places={o: c for o, (c, _) in mp.items()})
+
+    def scrub_drop(self, sysfs: Sysfs, source: Any, blocks: list[int], *,
+                   final_mode: CacheMode | None = None) -> list[Change]:
+        return dm_manage.invalidate(sysfs, self.obj, final_mode=final_mode,
+                                    lvm_name=self._lvm_name(), origin_blocks=blocks)
+
     def warm_capacity(self, sysfs: Sysfs) -> int | None:
         st = self.obj.status
         return None if st is None else st.total * st.block_sectors * 512
@@ -278,7 +308,7 @@ class DmCache(_DmCacheWarm, _Dm):
     root_in_backend = True
     modes = tuple(DM_CACHE_MODES)
     actions = frozenset({"mode", "drain", "remove", "tune", "replace", "bench", "warm",
-                         "invalidate"})
+                         "invalidate", "scrub"})
     invalidate_how = ("cachemgr switches it to passthrough (every read then goes to the "
                       "origin), drops every cache block (invalidate_cblocks), and switches "
                       "it back: two table reloads, each holding its IO for a moment.")
@@ -591,12 +621,20 @@ class LvmCache(_DmCacheWarm, _Lvm):
     name = "lvmcache"
     title = "LVM cache"
     modes = tuple(lvm_manage.LVM_CACHE_MODES)
-    actions = _Lvm.actions | {"warm", "invalidate"}
+    actions = _Lvm.actions | {"warm", "invalidate", "scrub"}
     invalidate_how = ("cachemgr switches it to passthrough through lvm2 (lvchange "
                       "--cachemode; every read then goes to the origin), drops every cache "
                       "block (dm-cache's invalidate_cblocks message, which changes no table "
                       "and nothing lvm2 records), and switches it back through lvm2.")
     obj: DmCacheDevice
+
+    def _lvm_name(self) -> str | None:
+        return self.lv.full_name
+
+    def scrub_drop(self, sysfs: Sysfs, source: Any, blocks: list[int], *,
+                   final_mode: CacheMode | None = None) -> list[Change]:
+        lvm_manage.refuse_unhealthy(self.obj, "cached blocks")
+        return super().scrub_drop(sysfs, source, blocks, final_mode=final_mode)
 
     def invalidate(self, sysfs: Sysfs, *, final_mode: CacheMode | None = None,
                    cache: str | None = None) -> list[Change]:
