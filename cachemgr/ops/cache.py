@@ -55,7 +55,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import health, kinds, owners, protect, traffic, unseen
+from cachemgr.procedures import coherence, health, kinds, owners, protect, traffic, unseen
 from cachemgr.procedures.kinds.base import dirty_words
 from cachemgr.procedures.kinds.base import size_words as size_words
 
@@ -810,9 +810,7 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
     doc["unassembled"] = [unassembled_json(u) for u in snap.unassembled]
     doc["unseen"] = [unseen_json(u) for u in snap.unseen]
     # caches marked as holding copies of a disk a VM took elsewhere (procedures/coherence.py)
-    from cachemgr.ops import coherence as coherence_ops
-
-    doc["left"] = coherence_ops.left_json()
+    doc["left"] = coherence.left_json()
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc
