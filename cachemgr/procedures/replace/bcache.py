@@ -44,8 +44,8 @@ from cachemgr.core.model import (
 )
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain
+from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
-from cachemgr.procedures.replace.run import Ctx, Kind
 from cachemgr.procedures.replace.shared import (
     WARM_STEP,
     check_new_spec,

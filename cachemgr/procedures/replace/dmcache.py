@@ -42,8 +42,8 @@ from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures.replace import shared
+from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
-from cachemgr.procedures.replace.run import Ctx, Kind
 
 STEPS: tuple[tuple[str, str], ...] = (
     ("preflight", "check the dm-cache device, its SSD and where its cache and metadata lie"),

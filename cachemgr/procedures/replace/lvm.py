@@ -42,8 +42,8 @@ from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, Usage
 from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures.replace import shared
+from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
-from cachemgr.procedures.replace.run import Ctx, Kind
 
 STEPS: tuple[tuple[str, str], ...] = (
     ("preflight", "check the cached LV, its cache PV (the SSD) and the VG"),

@@ -17,7 +17,7 @@ from cachemgr.core import runner
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DrainProgress, Size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.replace.run import Ctx, Say
+from cachemgr.procedures.replace.base import Ctx, Say
 
 # bcache refuses a cache with fewer buckets ("ca->sb.nbuckets is too small", 7.2 lab).
 MIN_BUCKETS = 1024
