@@ -322,11 +322,7 @@ def super_fields(node: str) -> dict[str, str]:
     return fields
 
 
-
 # --------------------------------------------------------------------------------- warming
-
-WARM_STEP = ("warm", "read the hottest blocks of the --warm trace through the new cache "
-                     "(cachemgr warm; skipped without --warm)")
 
 
 def warm_step(c: Ctx, targets: list[str]) -> None:
