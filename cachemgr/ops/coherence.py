@@ -88,9 +88,9 @@ def invalidate(sysfs: Sysfs, target: str, *, ctl: Control | None = None,
     if not dev.root_in_backend:
         require_root("dropping a cache's copies")
     if ctl.asks:
-        cache_ops._checked(subject, "invalidate", takes_over=RESUMES)
+        first = cache_ops._checked(subject, "invalidate", takes_over=RESUMES)
         if cache_ops._ask(ctl, sysfs, snap, f"invalidate {target}", [
-                f"would drop every block the cache holds of {dev.node}: its next reads "
+                *first, f"would drop every block the cache holds of {dev.node}: its next reads "
                 f"come from the disk, as on a cold cache. {dev.invalidate_how}"],
                 [dev.vm_node]):
             snap, dev = cache_ops._again(sysfs, target)
