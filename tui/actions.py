@@ -9,26 +9,50 @@ handler)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
-from cachemgr.core.model import CacheMode
+from textual.notifications import SeverityLevel
+from textual.screen import Screen
+
+from cachemgr.core.model import CacheMode, Snapshot
+from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.control import Control, Result
 from tui import view
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog
 from tui.dialogs.form import FormDialog
 
-if TYPE_CHECKING:
-    from tui.app import CacheMgrApp
+R = TypeVar("R")
+
+
+class Host(Protocol):
+    """What these actions use of the app (tui/app.py's CacheMgrApp, which calls them): a
+    protocol here, so the actions stay below the app that dispatches to them."""
+
+    sysfs: Sysfs
+    snap: Snapshot | None
+
+    def selected(self) -> tuple[view.Row, view.Obj] | None: ...
+
+    def notify(self, message: str, *, severity: SeverityLevel = ...) -> None: ...
+
+    def push_screen(self, screen: Screen[R],
+                    callback: Callable[[R | None], None] | None = ...) -> Any: ...
+
+    def start_op(self, title: str, fn: Callable[[Control], Result], *,
+                 progress: bool = ..., cancellable: bool = ..., cancel_note: str = ...,
+                 on_done: Callable[[Result], None] | None = ...) -> object: ...
 
 # every action about the selected device (its kind says whether it offers it now)
 DEVICE_ACTIONS = frozenset({"mode", "drain", "detach", "attach", "tune", "remove", "replace",
                             "bench", "warm", "detail"})
 
 
-def selected_kind(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
+def selected_kind(app: Host) -> tuple[view.Row, cache_ops.Kind] | None:
     """The selected row and its object's kind (None: nothing selected, or no kind owns
     it)."""
     sel = app.selected()
@@ -38,20 +62,20 @@ def selected_kind(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
     return (sel[0], k) if k is not None else None
 
 
-def offers(app: CacheMgrApp, action: str) -> bool:
+def offers(app: Host, action: str) -> bool:
     """Whether the selection's kind offers ``action`` now."""
     sel = selected_kind(app)
     return sel is not None and sel[1].offers(action)
 
 
-def _target(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
+def _target(app: Host) -> tuple[view.Row, cache_ops.Kind] | None:
     sel = selected_kind(app)
     if sel is None:
         app.notify("select a device first", severity="warning")
     return sel
 
 
-def mode(app: CacheMgrApp) -> None:
+def mode(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -75,7 +99,7 @@ def mode(app: CacheMgrApp) -> None:
                                  explain=explain, current=current), chosen)
 
 
-def _do_mode(app: CacheMgrApp, target: str, mode_word: str, button: str | None,
+def _do_mode(app: Host, target: str, mode_word: str, button: str | None,
              cancel_note: str) -> None:
     if button is None:
         return
@@ -85,7 +109,7 @@ def _do_mode(app: CacheMgrApp, target: str, mode_word: str, button: str | None,
                  progress=drain, cancel_note=cancel_note)
 
 
-def drain(app: CacheMgrApp) -> None:
+def drain(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -98,7 +122,7 @@ def drain(app: CacheMgrApp) -> None:
                         progress=True, cancel_note=asked.cancel_note)))
 
 
-def detach(app: CacheMgrApp) -> None:
+def detach(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -113,7 +137,7 @@ def detach(app: CacheMgrApp) -> None:
                         progress=True, cancel_note=asked.cancel_note)))
 
 
-def attach(app: CacheMgrApp) -> None:
+def attach(app: Host) -> None:
     sel = _target(app)
     if sel is None or app.snap is None:
         return
@@ -128,7 +152,7 @@ def attach(app: CacheMgrApp) -> None:
     app.push_screen(ChoiceDialog(question, choices, empty=empty), when(go))
 
 
-def tune(app: CacheMgrApp) -> None:
+def tune(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -150,7 +174,7 @@ def tune(app: CacheMgrApp) -> None:
     app.push_screen(ChoiceDialog(f"Tune {r.target}", choices), picked)
 
 
-def remove(app: CacheMgrApp) -> None:
+def remove(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -171,7 +195,7 @@ def remove(app: CacheMgrApp) -> None:
     app.push_screen(ConfirmDialog(f"Remove {r.target}", asked.body, list(asked.buttons)), go)
 
 
-def replace(app: CacheMgrApp) -> None:
+def replace(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -184,7 +208,7 @@ def replace(app: CacheMgrApp) -> None:
     app.push_screen(ReplaceScreen(cache, replace_ops.kind_for(cache, app.sysfs)))
 
 
-def bench(app: CacheMgrApp) -> None:
+def bench(app: Host) -> None:
     sel = _target(app)
     if sel is None:
         return
@@ -198,7 +222,7 @@ WARM_NOTE = ("Cancel stops the reads and puts back every setting warm changed fo
              "blocks already read stay in the cache.")
 
 
-def warm(app: CacheMgrApp) -> None:
+def warm(app: Host) -> None:
     """Warm the selected device's cache from a trace (cachemgr warm): a form for the trace
     file and how much to read, a confirmation, then the reads with progress (cancellable:
     what warm changed is put back). The trace and the size are checked by the command
@@ -250,7 +274,7 @@ def _size(text: str) -> int | None:
     return n
 
 
-def create(app: CacheMgrApp) -> None:
+def create(app: Host) -> None:
     """Create a bcache or dm-cache device: a form per kind, then a confirmation."""
 
     def kind(k: str | None) -> None:
@@ -279,7 +303,7 @@ def create(app: CacheMgrApp) -> None:
                                                     ("dm-cache", "dm-cache")]), kind)
 
 
-def _confirm_create_bcache(app: CacheMgrApp, v: dict[str, str] | None) -> None:
+def _confirm_create_bcache(app: Host, v: dict[str, str] | None) -> None:
     if not v:
         return
     backings = v["backing"].split()
@@ -296,7 +320,7 @@ def _confirm_create_bcache(app: CacheMgrApp, v: dict[str, str] | None) -> None:
                             force=bool(v["force"])))))
 
 
-def _confirm_create_dm(app: CacheMgrApp, v: dict[str, str] | None) -> None:
+def _confirm_create_dm(app: Host, v: dict[str, str] | None) -> None:
     if not v:
         return
     body = (f"Create /dev/mapper/{v['name']} over {v['origin']} (its data is kept). The "

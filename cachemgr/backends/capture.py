@@ -233,9 +233,7 @@ class Capturer:
         self.capture_tools()
         self.capture_seqnum()
         self.capture_kmsg()
-        from cachemgr.backends import virsh  # libvirt's domains and the VMs' cgroups
-
-        virsh.record(self.out, self.sys)
+        record_libvirt(self.out, self.sys)  # libvirt's domains and the VMs' cgroups
         meta = {
             "scenario": scenario,
             "description": description,
@@ -249,3 +247,57 @@ class Capturer:
 
 def capture(out: Path, scenario: str, description: str = "", sysfs: Sysfs | None = None) -> None:
     Capturer(sysfs or Sysfs(), out).run(scenario, description)
+
+
+def record_libvirt(out: Path, sysfs: Sysfs, uri: str | None = None) -> None:
+    """What :class:`cachemgr.backends.virsh.CapturedVirsh` replays, written under ``out`` (a
+    capture directory): the virsh outputs a VM scan asks for, the device numbers of the disk
+    sources, the scopes' io.pressure / io.stat under machine.slice and the host's
+    /proc/pressure/io and /proc/stat. Nothing when libvirt cannot be asked."""
+    from cachemgr.backends import snapshot, virsh, vms
+
+    live = virsh.LiveVirsh(uri)
+    if live.available() is not None:
+        return
+    calls: dict[str, str] = {}
+    devnos: dict[str, list[object]] = {}
+
+    class Recording:
+        def __init__(self) -> None:
+            self.uri = live.uri
+
+        def available(self) -> str | None:
+            return None
+
+        def output(self, *args: str) -> str:
+            calls[" ".join(args)] = text = live.output(*args)
+            return text
+
+        def devno(self, path: str) -> tuple[str, bool] | None:
+            num = live.devno(path)
+            if num is not None:
+                devnos[path] = [num[0], num[1]]
+            return num
+
+        def domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
+            return virsh.domains_by_output(self)
+
+    vms.scan(sysfs, snapshot.take(sysfs), Recording())
+    (out / "libvirt").mkdir(parents=True, exist_ok=True)
+    (out / "libvirt" / "calls.json").write_text(json.dumps(calls, indent=1) + "\n")
+    (out / "libvirt" / "devno.json").write_text(json.dumps(devnos, indent=1) + "\n")
+    for scope in sysfs.listdir(vms.MACHINE_SLICE):
+        for f in ("io.pressure", "io.stat"):
+            text = sysfs.read_opt(f"{vms.MACHINE_SLICE}/{scope}/{f}")
+            if text is not None:
+                dst = out / "sys" / vms.MACHINE_SLICE / scope / f
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text + "\n")
+    for path in (vms.PROC_PRESSURE_IO, vms.PROC_STAT):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        dst = out / path.lstrip("/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text)

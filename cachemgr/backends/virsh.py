@@ -24,10 +24,11 @@ import re
 import stat
 import tempfile
 import threading
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Protocol
 
-from cachemgr.core import runner
+from cachemgr.core import runner, safexml
 from cachemgr.core.errors import CacheMgrError, CommandError, UsageError
 from cachemgr.core.sysfs import Sysfs
 
@@ -340,6 +341,20 @@ def domains_by_output(src: VirshSource) -> tuple[list[tuple[str, str, str]], lis
     return out, warnings
 
 
+def domain_xml(text: str) -> ET.Element:
+    """A domain XML, parsed as data: a DOCTYPE or an entity declaration is refused first
+    (core/safexml.py), so no entity is ever expanded."""
+    try:
+        safexml.check(text)
+        return ET.fromstring(text)
+    except (ET.ParseError, safexml.UnsafeXml) as exc:
+        raise CacheMgrError(f"a domain XML that cachemgr does not read: {exc}") from None
+
+
+def domain_name(xml: str) -> str | None:
+    return domain_xml(xml).findtext("name")
+
+
 def dumpxml(src: VirshSource, uuid: str, *, inactive: bool = False) -> str:
     return src.output("dumpxml", *(["--inactive"] if inactive else []), _checked(uuid))
 
@@ -353,10 +368,8 @@ def find(src: VirshSource, spec: str) -> str:
     uuids = domain_uuids(src)
     if spec.lower() in uuids:
         return spec.lower()
-    from cachemgr.backends import vms  # the XML parser
-
     for u in uuids:
-        if vms.domain_name(dumpxml(src, u, inactive=True)) == spec:
+        if domain_name(dumpxml(src, u, inactive=True)) == spec:
             return u
     raise UsageError(f"no libvirt domain {spec!r} on {src.uri}",
                      hint="cachemgr vms lists the domains")
@@ -378,60 +391,3 @@ def _checked(uuid: str) -> str:
     if not _UUID.match(uuid):
         raise UsageError(f"not a domain UUID: {uuid!r}")
     return uuid
-
-
-# ------------------------------------------------------------------------------ capture
-
-
-def record(out: Path, sysfs: Sysfs, uri: str | None = None) -> None:
-    """What :class:`CapturedVirsh` replays, written under ``out`` (a capture directory):
-    the virsh outputs a VM scan asks for, the device numbers of the disk sources, the
-    scopes' io.pressure / io.stat under machine.slice and the host's /proc/pressure/io and
-    /proc/stat. Nothing when libvirt cannot be asked."""
-    from cachemgr.backends import snapshot, vms
-
-    live = LiveVirsh(uri)
-    if live.available() is not None:
-        return
-    calls: dict[str, str] = {}
-    devnos: dict[str, list[object]] = {}
-
-    class Recording:
-        def __init__(self) -> None:
-            self.uri = live.uri
-
-        def available(self) -> str | None:
-            return None
-
-        def output(self, *args: str) -> str:
-            calls[" ".join(args)] = text = live.output(*args)
-            return text
-
-        def devno(self, path: str) -> tuple[str, bool] | None:
-            num = live.devno(path)
-            if num is not None:
-                devnos[path] = [num[0], num[1]]
-            return num
-
-        def domains(self) -> tuple[list[tuple[str, str, str]], list[str]]:
-            return domains_by_output(self)
-
-    vms.scan(sysfs, snapshot.take(sysfs), Recording())
-    (out / "libvirt").mkdir(parents=True, exist_ok=True)
-    (out / "libvirt" / "calls.json").write_text(json.dumps(calls, indent=1) + "\n")
-    (out / "libvirt" / "devno.json").write_text(json.dumps(devnos, indent=1) + "\n")
-    for scope in sysfs.listdir(vms.MACHINE_SLICE):
-        for f in ("io.pressure", "io.stat"):
-            text = sysfs.read_opt(f"{vms.MACHINE_SLICE}/{scope}/{f}")
-            if text is not None:
-                dst = out / "sys" / vms.MACHINE_SLICE / scope / f
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_text(text + "\n")
-    for path in (vms.PROC_PRESSURE_IO, vms.PROC_STAT):
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        dst = out / path.lstrip("/")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(text)

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import functools
 import re
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
 from cachemgr.backends import virsh
 from cachemgr.backends.scancache import ScanCache
-from cachemgr.core import safexml
+from cachemgr.backends.virsh import domain_name as domain_name
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
     CacheMode,
@@ -51,23 +50,9 @@ PAGE_CACHE_WRITES = ("writeback", "unsafe", "default")
 # ----------------------------------------------------------------------------- parsing
 
 
-def _xml(text: str) -> ET.Element:
-    """A domain XML, parsed as data: a DOCTYPE or an entity declaration is refused first
-    (core/safexml.py), so no entity is ever expanded."""
-    try:
-        safexml.check(text)
-        return ET.fromstring(text)
-    except (ET.ParseError, safexml.UnsafeXml) as exc:
-        raise CacheMgrError(f"a domain XML that cachemgr does not read: {exc}") from None
-
-
-def domain_name(xml: str) -> str | None:
-    return _xml(xml).findtext("name")
-
-
 def parse_domain(xml: str) -> tuple[str, str, int | None, list[dict[str, object]]]:
     """(name, uuid, id, disks) of a domain XML; each disk a dict of its attributes."""
-    root = _xml(xml)
+    root = virsh.domain_xml(xml)
     dom_id = root.get("id")
     disks: list[dict[str, object]] = []
     for d in root.iterfind("devices/disk"):

@@ -1,8 +1,6 @@
 """Shell completion for bash and zsh, generated from the parser (commands, subcommands,
 options, the choices of options that have them), and the hidden helper the scripts call for
-device arguments: ``cachemgr --complete KIND`` prints the host's cached devices, backing
-devices, cache sets or disks, one a line, from the status snapshot (read-only: no device is
-opened or probed, nothing is written, libvirt is not asked).
+device arguments, ``cachemgr --complete KIND`` (cachemgr/cli/complete.py).
 
     .venv/bin/python -m cachemgr.cli.completion completion/
 
@@ -17,22 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
-
-from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
-from cachemgr.core.text import printable
-
-# what --complete lists
-KINDS = {
-    "targets": "cached devices (bcache, dm-cache, dm-writecache; LVM's as VG/LV)",
-    "backings": "bcache backing devices and cached LVM LVs",
-    "caches": "cache sets (UUID) and cache devices",
-    "disks": "block devices: whole disks and partitions (not dm or bcache devices)",
-    "free": "block devices nothing holds (candidates for a new cache or backing device)",
-}
 
 # an argument's metavar -> what completes it: a --complete kind, or files / directories
 _BY_METAVAR = {
@@ -108,77 +93,6 @@ def nodes(parser: argparse.ArgumentParser) -> list[Node]:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-# ----------------------------------------------------------------------------- the helper
-
-
-def candidates(kind: str, sysfs: Sysfs) -> list[str]:
-    """The words of ``kind`` (:data:`KINDS`) on the host ``sysfs`` shows, sorted, each once.
-    Names with control characters are left out (no shell could take them back)."""
-    if kind in ("disks", "free"):
-        words = list(_disks(sysfs, free=kind == "free"))
-    else:
-        from cachemgr.ops import cache as cache_ops
-
-        snap = cache_ops.status(sysfs, probe_unregistered=False, vms=False, stats=False)
-        doc = cache_ops.status_json(snap)
-        words = list(_from_status(kind, doc))
-    return sorted({w for w in words if w and printable(w) == w and w.strip() == w})
-
-
-def _from_status(kind: str, doc: dict[str, Any]) -> Iterator[str]:
-    for d in doc.get("devices", []):
-        lvm = d.get("lvm") or {}
-        if kind == "targets":
-            yield d.get("device") or ""
-            yield lvm.get("name") or ""
-        elif kind == "backings":
-            if d.get("kind") == "bcache":
-                yield d.get("backing") or ""
-                yield d.get("device") or ""
-            yield lvm.get("name") or ""
-    if kind == "caches":
-        for c in doc.get("caches", []):
-            yield c.get("uuid") or ""
-            yield from c.get("cache_devices") or []
-
-
-def _disks(sysfs: Sysfs, *, free: bool) -> Iterator[str]:
-    """Whole disks and their partitions, as /dev paths; not the devices cachemgr makes or
-    reads as caches (dm-N, bcacheN: `targets` lists them), nor empty ones (a loop device
-    with nothing behind it, ram disks). ``free``: only those nothing holds."""
-    for name in sysfs.block_names():
-        if name.startswith(("dm-", "bcache", "ram", "zram", "md")):
-            continue
-        parts = [p for p in sysfs.listdir(f"block/{name}")
-                 if sysfs.exists(f"block/{name}/{p}/partition")]
-        for rel, dev in [(f"block/{name}", name), *((f"block/{name}/{p}", p) for p in parts)]:
-            if not sysfs.read_int(f"{rel}/size"):
-                continue
-            if free and (sysfs.listdir(f"{rel}/holders") or (rel.count("/") == 1 and any(
-                    sysfs.listdir(f"block/{name}/{p}/holders") for p in parts))):
-                continue
-            yield f"/dev/{dev}"
-
-
-class CompleteAction(argparse.Action):
-    """``--complete KIND``: print the candidates and exit 0 (as --version does: before the
-    command is parsed, so no command is needed). Reads the sysfs root given before it
-    (``--sysfs-root``) or its default ($CACHEMGR_SYSFS, /sys). Never fails loudly: a
-    completion that cannot read the host offers nothing."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: str | Sequence[Any] | None, option_string: str | None = None
-                 ) -> NoReturn:
-        root = getattr(namespace, "sysfs_root", None) or DEFAULT_ROOT
-        try:
-            words = candidates(str(values), Sysfs(root))
-        except Exception:  # completion must never show a traceback in the middle of a line
-            words = []
-        sys.stdout.write("".join(f"{w}\n" for w in words))
-        sys.stdout.flush()
-        parser.exit(0)
 
 
 # ----------------------------------------------------------------------------- the scripts

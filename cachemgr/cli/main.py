@@ -43,8 +43,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachemgr.cli import confirm
-from cachemgr.cli.completion import KINDS as COMPLETE_KINDS
-from cachemgr.cli.completion import CompleteAction
+from cachemgr.cli.complete import KINDS as COMPLETE_KINDS
+from cachemgr.cli.complete import CompleteAction
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.lazy import lazy

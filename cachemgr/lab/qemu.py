@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 from cachemgr.core.errors import LabError
 from cachemgr.lab import kernels, qmp
-from cachemgr.lab.core import (
+from cachemgr.lab.guest import (
     HERE,
     Backend,
     LabResult,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from cachemgr.lab import kernels
-from cachemgr.lab.core import HERE, Backend, LabResult, LabSpec, _Pump, supervise
+from cachemgr.lab.guest import HERE, Backend, LabResult, LabSpec, _Pump, supervise
 
 
 class UmlBackend(Backend):

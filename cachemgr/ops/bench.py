@@ -26,10 +26,13 @@ def results_dir(out: str | None = None) -> str:
     return str(out or os.environ.get("CACHEMGR_BENCH_DIR") or bench.DEFAULT_RESULTS_DIR)
 
 
-def _bench_subject(sysfs: Sysfs, targets: Sequence[str]) -> gate.Subject:
+def _bench_subject(sysfs: Sysfs, targets: Sequence[str], *, fresh: bool = False
+                   ) -> gate.Subject:
     """Every device the targets name, as its kind where it is a cached device, else as a
-    disk (a bare HDD or SSD compared beside it); a malformed target is left to the bench's
-    own parser, which says what is wrong with it."""
+    disk (a bare HDD or SSD compared beside it), and every disk its hygiene changes: the
+    whole disks whose IO scheduler it sets (``DEVICE@SCHEDULER``: the disk under a bcache
+    or dm device) and, with ``fresh``, the cache SSD it formats again. A malformed target
+    is left to the bench's own parser, which says what is wrong with it."""
     from cachemgr.ops import cache as cache_ops
     from cachemgr.procedures import kinds
     from cachemgr.procedures.bench import targets as targets_mod
@@ -38,12 +41,24 @@ def _bench_subject(sysfs: Sysfs, targets: Sequence[str]) -> gate.Subject:
     subject = gate.Subject("the benchmark's targets", ())
     for text in targets:
         try:
-            rest, _ = targets_mod.split_scheduler(text)
+            rest, scheduler = targets_mod.split_scheduler(text)
             _, dev, _ = targets_mod.parse_target(rest)
         except CacheMgrError:
             continue
         k = kinds.find(snap, dev, sysfs)
         subject = subject + (gate.of_kind(k) if k is not None else gate.of_disks([dev]))
+        name = os.path.basename(k.node if k is not None else os.path.realpath(dev))
+        if scheduler is not None:
+            try:
+                disks, _ = targets_mod.scheduler_disks(sysfs, name)
+            except CacheMgrError:
+                disks = ()  # the bench refuses it with its own words
+            subject = subject + gate.of_disks([f"/dev/{d}" for d in disks])
+        if fresh:  # hygiene.fresh_cache: the bcache device's cache set, formatted again
+            for b in snap.backings:
+                c = snap.cache_set(b.cset_uuid) if b.cset_uuid else None
+                if c is not None and name in (b.device_name, b.identity.name):
+                    subject = subject + gate.of_disks([x.identity.node for x in c.caches])
     return subject
 
 
@@ -61,8 +76,9 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
     spec.validate()
     opts.validate()
     # the gate, for the whole comparison: its hygiene switches modes, thresholds and
-    # schedulers of the targets, and puts them back at the end
-    subject = _bench_subject(sysfs, targets)
+    # schedulers of the targets (and formats their cache SSDs again with --fresh), and puts
+    # them back at the end
+    subject = _bench_subject(sysfs, targets, fresh=opts.fresh)
     # what its hygiene changes is journaled before each change (core/undo.py): a session
     # lost mid-run leaves nothing changed that status does not show and the next command
     # on the device does not put back; SIGTERM and SIGHUP (a closed terminal) put it back

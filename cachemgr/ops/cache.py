@@ -55,7 +55,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops import tuning
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import health, kinds, owners, protect, traffic, unseen
+from cachemgr.procedures import coherence, health, kinds, owners, protect, traffic, unseen
 from cachemgr.procedures.kinds.base import dirty_words
 from cachemgr.procedures.kinds.base import size_words as size_words
 
@@ -234,25 +234,11 @@ UNCACHED = (CacheMode.NONE, CacheMode.PASSTHROUGH)
 
 
 def _checked(subject: gate_mod.Subject, action: str, *,
-             takes_over: Callable[[Owner], bool] | None = None) -> None:
-    """The gate's refusals, before the question, in its order and words, taking no lock:
-    what the kind cannot do; a run holding one of the locks (as root: the gate takes none
-    for another user, whose command is refused for want of root); an interrupted procedure
-    owning one."""
-    cap = action.split()[0]
-    if subject.kind is not None and cap in kinds.ACTIONS:
-        err = subject.kind.refusal(cap)
-        if err is not None:
-            raise err
-    if os.geteuid() != 0:
-        return
-    for key, words in sorted(subject.locks):
-        holder = state.current_holder(key)
-        if holder is not None:
-            raise state.BusyError(words, holder)
-    for o in gate_mod.claims(subject):
-        if not (takes_over and takes_over(o)):
-            raise gate_mod.refusal(subject, o)
+             takes_over: Callable[[Owner], bool] | None = None) -> list[str]:
+    """The gate's refusals before the question (``gate.precheck``: its rules, order and
+    words, taking no lock); the lines saying what the gate puts back first, for the
+    question."""
+    return gate_mod.precheck(subject, action, takes_over=takes_over)
 
 
 def _ask(ctl: Control, sysfs: Sysfs, snap: Snapshot | None, command: str,
@@ -317,10 +303,10 @@ def mode(sysfs: Sysfs, target: str, mode_word: str, *, drain: bool = False,
     dev = kinds.resolve(snap, target, sysfs)
     _root(dev, "changing a cache mode")
     if ctl.asks and new in UNCACHED and new in dev.modes and dev.mode != new:
-        _checked(gate_mod.of_kind(dev), "mode", takes_over=DRAINS if drain else None)
+        first = _checked(gate_mod.of_kind(dev), "mode", takes_over=DRAINS if drain else None)
         dev.preflight(sysfs, "mode", mode=new, drain=drain)
         if _ask(ctl, sysfs, snap, f"mode {target} {new.value}" + (" --drain" if drain else ""),
-                mode_plan(dev, new, drain=drain), [dev.vm_node]):
+                [*first, *mode_plan(dev, new, drain=drain)], [dev.vm_node]):
             snap, dev = _again(sysfs, target)
     with gate_mod.gate(gate_mod.of_kind(dev), "mode --drain" if drain else "mode",
                        takes_over=DRAINS if drain else None, detail={"to": new.value}):
@@ -455,8 +441,9 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
     dev = kinds.resolve(snap, backing, sysfs)
     _root(dev, "detaching")
     if ctl.asks and dev.can("detach"):
-        _checked(gate_mod.of_kind(dev), "detach")
-        if _ask(ctl, sysfs, snap, f"detach {backing}", dev.would("detach"), [dev.vm_node]):
+        first = _checked(gate_mod.of_kind(dev), "detach")
+        if _ask(ctl, sysfs, snap, f"detach {backing}", [*first, *dev.would("detach")],
+                [dev.vm_node]):
             snap, dev = _again(sysfs, backing)
     with gate_mod.gate(gate_mod.of_kind(dev), "detach"):
         return Result(changes=dev.detach(sysfs, timeout=timeout, stall_timeout=STALL_TIMEOUT,
@@ -569,11 +556,11 @@ def create_bcache(sysfs: Sysfs, *, backings: Sequence[str], cache: str | None,
         sigs = _signatures(disks)
         if sigs:
             roles = [*((d, "backing") for d in backings), *([(cache, "cache")] if cache else [])]
-            _checked(gate_mod.of_disks(disks), "create bcache")
-            _ask(ctl, sysfs, None, "create bcache --force", [
+            first = _checked(gate_mod.of_disks(disks), "create bcache")
+            _ask(ctl, sysfs, None, "create bcache --force", [*first, *(
                 f"would format {d} as a bcache {role} device"
                 + (f", wiping its {sigs[d]} signature: whatever is on it is lost"
-                   if d in sigs else "") for d, role in roles])
+                   if d in sigs else "") for d, role in roles)])
     with gate_mod.gate(gate_mod.of_disks(disks), "create bcache"):
         return Result(changes=bcache.create(sysfs, backings=list(backings),
                                             cache=cache or None, mode=m,
@@ -604,8 +591,8 @@ def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata
             lines.append(f"would zero the dm-cache metadata on {metadata}: if it belongs to "
                          "another cache, that cache's dirty blocks are lost")
         if lines:
-            _checked(subject + gate_mod.of_disks([origin, cache, metadata]), "create")
-            _ask(ctl, sysfs, None, f"create dm-cache {name} --force", lines)
+            first = _checked(subject + gate_mod.of_disks([origin, cache, metadata]), "create")
+            _ask(ctl, sysfs, None, f"create dm-cache {name} --force", [*first, *lines])
     with gate_mod.gate(subject + gate_mod.of_disks([origin, cache, metadata]),
                        "create dm-cache"):
         out = Result(changes=dmcache.create(sysfs, name, origin=origin, cache=cache,
@@ -656,17 +643,17 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     if not dev.cached_device:  # a cache set: its own refusals (remove_cache_set)
         # no question while devices are attached to it: that is refused as it stands
         if ctl.asks and not getattr(dev.obj, "backing_names", ()):
-            _checked(gate_mod.of_cache_set(dev.obj, snap), "remove")
+            first = _checked(gate_mod.of_cache_set(dev.obj, snap), "remove")
             if os.geteuid() == 0:
                 _cache_set_refusals(sysfs, dev.obj)
-            if _ask(ctl, sysfs, snap, f"remove {target}", dev.would("remove")):
+            if _ask(ctl, sysfs, snap, f"remove {target}", [*first, *dev.would("remove")]):
                 snap, dev = _again(sysfs, target, caches=True)
         return remove_cache_set(sysfs, dev.obj, snap)
     if ctl.asks:
-        _checked(gate_mod.of_kind(dev), "remove")
+        first = _checked(gate_mod.of_kind(dev), "remove")
         dev.preflight(sysfs, "remove", keep_device=keep_device)
         if _ask(ctl, sysfs, snap, f"remove {target}" + (" --keep-device" if keep_device else ""),
-                dev.would("remove", keep_device=keep_device), [dev.vm_node]):
+                [*first, *dev.would("remove", keep_device=keep_device)], [dev.vm_node]):
             snap, dev = _again(sysfs, target, caches=True)
     with gate_mod.gate(gate_mod.of_kind(dev), "remove"):
         out = Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
@@ -734,11 +721,11 @@ def force_run(sysfs: Sysfs, backing: str, *, accept_data_loss: bool = False,
     require_root("force-run")
     ctl = _ctl(ctl, f"force-run {backing}")
     if ctl.asks and not b.running:
-        _checked(gate_mod.of_backing(b), "force-run")
+        first = _checked(gate_mod.of_backing(b), "force-run")
         node = b.identity.node
         dirty = b.state.value == "dirty"
         if _ask(ctl, sysfs, snap, f"force-run {backing}", [
-                f"would start {b.device or node} without its cache: it runs on what {node} "
+                *first, f"would start {b.device or node} without its cache: it runs on what {node} "
                 f"holds alone; bcache says {b.state.value}"
                 + (": what its cache held dirty is lost, and the filesystem on it can be "
                    "corrupt" if dirty else "")], [b.device]):
@@ -764,14 +751,14 @@ def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False,
     require_root("stop-set")
     ctl = _ctl(ctl, f"stop-set {cache}")
     if ctl.asks:
-        _checked(gate_mod.of_cache_set(c, snap), "stop-set")
+        first = _checked(gate_mod.of_cache_set(c, snap), "stop-set")
         members = [b for b in snap.backings if b.cset_uuid == c.uuid]
         names = [b.device or b.identity.node for b in members]
         dirty = [b.dirty_bytes for b in members]
         total = None if None in dirty else sum(d or 0 for d in dirty)
         ssd = ", ".join(x.identity.node for x in c.caches) or "its SSD"
         if _ask(ctl, sysfs, snap, f"stop-set {cache}", [
-                f"would stop cache set {c.uuid} without writing its dirty data back",
+                *first, f"would stop cache set {c.uuid} without writing its dirty data back",
                 *([f"would stop {', '.join(names)} with it: whatever uses "
                    + ("them" if len(names) > 1 else "it")
                    + " (a VM's disk, a mount) loses the disk",
@@ -819,9 +806,7 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
     doc["unassembled"] = [unassembled_json(u) for u in snap.unassembled]
     doc["unseen"] = [unseen_json(u) for u in snap.unseen]
     # caches marked as holding copies of a disk a VM took elsewhere (procedures/coherence.py)
-    from cachemgr.ops import coherence as coherence_ops
-
-    doc["left"] = coherence_ops.left_json()
+    doc["left"] = coherence.left_json()
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc

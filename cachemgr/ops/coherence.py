@@ -31,6 +31,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import coherence, kinds
+from cachemgr.procedures.coherence import left_json as left_json
 
 # an interrupted invalidation is finished by the next one
 RESUMES = gate_mod.resumes("invalidation")
@@ -87,9 +88,9 @@ def invalidate(sysfs: Sysfs, target: str, *, ctl: Control | None = None,
     if not dev.root_in_backend:
         require_root("dropping a cache's copies")
     if ctl.asks:
-        cache_ops._checked(subject, "invalidate", takes_over=RESUMES)
+        first = cache_ops._checked(subject, "invalidate", takes_over=RESUMES)
         if cache_ops._ask(ctl, sysfs, snap, f"invalidate {target}", [
-                f"would drop every block the cache holds of {dev.node}: its next reads "
+                *first, f"would drop every block the cache holds of {dev.node}: its next reads "
                 f"come from the disk, as on a cold cache. {dev.invalidate_how}"],
                 [dev.vm_node]):
             snap, dev = cache_ops._again(sysfs, target)
@@ -122,12 +123,6 @@ def mark_lines() -> list[str]:
     command that clears each (status and ``vms`` print them)."""
     return [f"{m.words()}; next: cachemgr invalidate {m.device} (or the VM's next arrival)"
             for m in coherence.marks(coherence.LEFT)]
-
-
-def left_json() -> list[dict[str, object]]:
-    """The same marks for ``status --json`` and ``vms --json`` (docs/json.md)."""
-    return [{"device": m.device, "domain": m.domain, "disk": m.data.get("disk"),
-             "since": m.since} for m in coherence.marks(coherence.LEFT)]
 
 
 def finish_pending(sysfs: Sysfs, *, dry_run: bool = False) -> Result:

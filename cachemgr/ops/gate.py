@@ -107,18 +107,44 @@ def refusal(subject: Subject, o: Owner) -> UnsafeError:
                        hint=o.next_step())
 
 
-def check(subject: Subject, *, takes_over: Callable[[Owner], bool] | None = None) -> None:
-    """The gate's refusal without its locks: for a plan shown before it runs."""
-    for o in owners_mod.owners(subject.keys):
-        if not o.running and owners_mod.undo_journal(o):
-            continue  # the gate puts its settings back first
-        if o.keys & subject.keys and not (takes_over and takes_over(o)):
-            if o.running:  # the words the lock's own refusal has
-                raise state.BusyError(subject.what, {
-                    k: v for k, v in (("procedure", o.procedure), ("run", o.run),
-                                      ("step", o.step), ("since", o.since), ("pid", o.pid))
-                    if v})
+def precheck(subject: Subject, action: str, *,
+             takes_over: Callable[[Owner], bool] | None = None, needs: str | None = None,
+             check_kind: bool = True) -> list[str]:
+    """The gate's refusals before a question (or a plan shown before a run), with the rules
+    and words of :func:`gate` and in its order, taking no lock: what the subject's kind
+    cannot do (exit 2); as root, a run holding one of its locks (exit 3, naming it) and an
+    interrupted procedure owning one that ``takes_over`` does not accept (exit 3). The
+    settings an interrupted procedure left changed for a while (its undo journal,
+    core/undo.py: a bench killed mid-run) refuse nothing, as in the gate, which puts them back
+    first: the lines returned say so, for the question. Another user than root is refused by
+    the command itself (the gate takes no lock for it)."""
+    cap = needs or (action.split()[0] if action else "")
+    if check_kind and cap and subject.kind is not None and cap in kinds.ACTIONS:
+        err = subject.kind.refusal(cap)
+        if err is not None:
+            raise err
+    if os.geteuid() != 0:
+        return []
+    for key, words in sorted(subject.locks):
+        holder = state.current_holder(key)
+        if holder is not None:
+            raise state.BusyError(words, holder)
+    first: list[str] = []
+    for o in claims(subject):
+        if owners_mod.undo_journal(o):
+            since = (f" (since {time.strftime('%H:%M:%S', time.localtime(o.since))})"
+                     if o.since is not None else "")
+            first.append(f"would first put back what an interrupted {o.procedure}{since} "
+                         f"left changed on {o.device}")
+        elif not (takes_over and takes_over(o)):
             raise refusal(subject, o)
+    return first
+
+
+def check(subject: Subject, *, takes_over: Callable[[Owner], bool] | None = None
+          ) -> list[str]:
+    """:func:`precheck` with no capability to check: for a plan shown before it runs."""
+    return precheck(subject, "", takes_over=takes_over, check_kind=False)
 
 
 def resumes(*procedures: str, run: str | None = None) -> Callable[[Owner], bool]:
@@ -156,7 +182,7 @@ def _gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] 
           run: str | None = None, detail: dict[str, Any] | None = None,
           needs: str | None = None, check_kind: bool = True,
           said: list[str] | None = None) -> Iterator[None]:
-    """Refuse (exit 3, nothing changed) what the subject's kind cannot do (``needs``: the
+    """Refuse (exit 2, nothing changed) what the subject's kind cannot do (``needs``: the
     capability, by default the action's first word); hold every lock of ``subject`` for
     ``action`` and refuse while another run holds one, or an interrupted procedure owns
     one that ``takes_over`` does not accept. ``run``: a procedure's run ID, recorded in the

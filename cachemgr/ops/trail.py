@@ -32,17 +32,29 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cachemgr.backends import journal
+from cachemgr.core.change import Change
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.exitcodes import ExitCode
 from cachemgr.core.text import printable
 
-if TYPE_CHECKING:
-    from cachemgr.ops.control import Result
-
 log = logging.getLogger("cachemgr.trail")
+
+
+class Result(Protocol):
+    """What the trail reads of a command's result (``cachemgr.ops.control.Result``, which
+    calls :func:`saw` as it is built: a protocol here, so the trail stays below it)."""
+
+    @property
+    def changes(self) -> list[Change]: ...
+    @property
+    def already(self) -> bool: ...
+    @property
+    def failed(self) -> bool: ...
+    @property
+    def exit_code(self) -> ExitCode: ...
 
 
 @dataclass

@@ -38,15 +38,13 @@ def tune(sysfs: Sysfs, snap: Snapshot, target: str, settings: Sequence[str]) -> 
     names each setting's old and new value (cachemgr/ops/trail.py)."""
     parsed = parse_settings(settings)
     k = kinds.resolve(snap, target, sysfs, caches=True)
-    err = k.refusal("tune")
-    if err is not None:
-        raise err
+    subject = gate.of_cache_set(k.obj, snap) if not k.cached_device else gate.of_kind(k)
+    gate.precheck(subject, "tune")  # the gate's refusals, before the settings are checked
     for name, value in parsed:
         k.check_tunable(name, value)
     if not k.root_in_backend:
         require_root("tuning")
-    with gate.gate(gate.of_cache_set(k.obj, snap) if not k.cached_device else gate.of_kind(k),
-                   "tune", detail=dict(parsed)):
+    with gate.gate(subject, "tune", detail=dict(parsed)):
         changes: list[bcache.Change] = []
         already: list[str] = []
         for name, value in parsed:

@@ -132,3 +132,9 @@ def marks(kind: str | None = None) -> list[Mark]:
 def marked(keys: set[str] | frozenset[str]) -> list[Mark]:
     """The records that name one of ``keys``."""
     return [m for m in marks() if m.key in keys]
+
+
+def left_json() -> list[dict[str, object]]:
+    """The same marks for ``status --json`` and ``vms --json`` (docs/json.md)."""
+    return [{"device": m.device, "domain": m.domain, "disk": m.data.get("disk"),
+             "since": m.since} for m in marks(LEFT)]

@@ -6,13 +6,8 @@ for its whole run: while its process lives it holds their locks (the lock files 
 core/state.py); once its process is gone its journal is still there and claims them until the
 procedure is resumed or rolled back. :func:`owners` lists both, as :class:`Owner` records.
 
-The keys (one spelling each, shared with the procedures that take them):
-
-* a bcache backing device: its bcache UUID (or kernel name) (:func:`bcache_key`);
-* a cache set, a dm-cache device's or an LVM cache's whole cache, as replace-ssd holds it:
-  ``replace-<cset UUID | dm name | VG/LV>`` (:func:`cache_key`);
-* a dm-cache device: ``dmcache-<name>`` (:func:`dmcache_key`);
-* an LVM cached LV: ``lvm-<VG/LV>`` (:func:`lvm_key`).
+The keys have one spelling each, in cachemgr/procedures/keys.py (re-exported here), below the
+cache kinds that name their objects' keys and this module that reads the journals.
 """
 
 from __future__ import annotations
@@ -24,22 +19,10 @@ from typing import Any
 
 from cachemgr.core import state, undo
 from cachemgr.core.model import Owner
-
-
-def bcache_key(uuid_or_name: str) -> str:
-    return uuid_or_name
-
-
-def cache_key(cache: str) -> str:
-    return f"replace-{cache}"
-
-
-def dmcache_key(name: str) -> str:
-    return f"dmcache-{name}"
-
-
-def lvm_key(vg_lv: str) -> str:
-    return f"lvm-{vg_lv}"
+from cachemgr.procedures.keys import bcache_key as bcache_key
+from cachemgr.procedures.keys import cache_key as cache_key
+from cachemgr.procedures.keys import dmcache_key as dmcache_key
+from cachemgr.procedures.keys import lvm_key as lvm_key
 
 
 def _journals(kind: str, view: state.View | None = None

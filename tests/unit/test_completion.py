@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.cli import complete as complete_helper
 from cachemgr.cli import completion
 from cachemgr.cli.main import main
 from cachemgr.core.sysfs import Sysfs
@@ -74,7 +75,7 @@ def test_the_parser_tree_reaches_every_command() -> None:
 
 
 def complete(kind: str, root: Path) -> list[str]:
-    return completion.candidates(kind, Sysfs(root))
+    return complete_helper.candidates(kind, Sysfs(root))
 
 
 def test_targets_and_backings_of_lvm_caches() -> None:
@@ -116,7 +117,7 @@ def test_the_helper_reads_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setattr(cache_ops, "status", status)
     monkeypatch.setattr(Sysfs, "write", no_write)
     root = copy_capture(tmp_path, "bcache-writeback-dirty")
-    for kind in completion.KINDS:
+    for kind in complete_helper.KINDS:
         complete(kind, root)
     # never probes devices, never asks libvirt
     assert asked and all(kw["probe_unregistered"] is False and kw["vms"] is False

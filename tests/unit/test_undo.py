@@ -14,6 +14,7 @@ import pytest
 
 from cachemgr.backends import snapshot
 from cachemgr.core import state, undo
+from cachemgr.core.errors import UnsafeError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import kinds, owners
 from cachemgr.procedures.bench.hygiene import Hygiene
@@ -128,3 +129,37 @@ def test_a_journal_naming_a_path_outside_sysfs_settings_is_never_used(
                                          "value": "1"}]})
     assert undo.journals() == [] and undo.unreadable() == [(str(path), "not an undo journal")]
     assert owners.unreadable() == [(str(path), "not an undo journal")]
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_a_command_that_asks_after_an_interrupted_bench_says_it_puts_back_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: bool) -> None:
+    """The check before the question has the gate's rules (ops/gate.py precheck): an
+    interrupted bench's settings do not refuse the command (with --yes the gate puts them
+    back and goes ahead, and so does the command that asks); the question says they are
+    put back first. Answered no, nothing is changed, the bench's settings included."""
+    from cachemgr.ops import cache as cache_ops
+    from cachemgr.ops.control import Control, Plan
+
+    _, sysfs, keys = setup(tmp_path, monkeypatch)
+    bench_changes(sysfs, keys, restore=False)
+    left = settings(sysfs)
+    asked: list[Plan] = []
+
+    def confirm(plan: Plan) -> bool:
+        asked.append(plan)
+        return answer
+
+    ctl = Control(what="mode", confirm=confirm)
+    if not answer:
+        with pytest.raises(UnsafeError, match="not confirmed"):
+            cache_ops.mode(sysfs, "/dev/bcache0", "none", ctl=ctl)
+        assert settings(sysfs) == left and len(undo.journals()) == 1
+    else:
+        cache_ops.mode(sysfs, "/dev/bcache0", "none", ctl=ctl)
+        assert settings(sysfs)[1:] == ("2000", "20000") and "[none]" in settings(sysfs)[0]
+        assert undo.journals() == []
+    (plan,) = asked
+    assert plan.lines[0].startswith("would first put back what an interrupted bench (since "
+                                    ), plan.lines
+    assert "left changed on /dev/bcache0" in plan.lines[0], plan.lines

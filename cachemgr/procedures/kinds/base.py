@@ -247,7 +247,7 @@ class Kind:
 
     def refusal(self, action: str) -> CacheMgrError | None:
         """Why ``action`` is refused on this kind (None: it can do it). The gate raises it,
-        exit 3, before any lock is taken."""
+        exit 2 (UsageError), before any lock is taken."""
         if action in self.actions:
             return None
         return UsageError(f"{self.node} is a {self.title}: cachemgr cannot {action} it; "

@@ -13,7 +13,7 @@ from cachemgr.core.errors import AlreadyError, CacheMgrError, UsageError
 from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, dirty_text, human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain as drain_mod
-from cachemgr.procedures import owners
+from cachemgr.procedures import keys
 from cachemgr.procedures.kinds.base import (
     REMOVE_CANCEL_NOTE,
     Asked,
@@ -71,9 +71,9 @@ class Bcache(Kind):
 
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
-        own = ((owners.bcache_key(self.obj.key), self.node),)
+        own = ((keys.bcache_key(self.obj.key), self.node),)
         cset = self.obj.cset_uuid
-        return own + (((owners.cache_key(cset), f"cache set {cset}"),) if cset else ())
+        return own + (((keys.cache_key(cset), f"cache set {cset}"),) if cset else ())
 
     def can(self, action: str) -> bool:
         attached = self.obj.cset_uuid is not None
@@ -408,7 +408,7 @@ class BcacheSet(Kind):
 
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
-        return ((owners.cache_key(self.obj.uuid), self.node),)
+        return ((keys.cache_key(self.obj.uuid), self.node),)
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         return dict(bcache.SET_TUNABLES)

@@ -26,7 +26,7 @@ from cachemgr.core.model import (
     human,
 )
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import owners
+from cachemgr.procedures import keys
 from cachemgr.procedures.kinds.base import (
     REMOVE_CANCEL_NOTE,
     Asked,
@@ -327,8 +327,8 @@ class DmCache(_DmCacheWarm, _Dm):
 
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
-        return ((owners.dmcache_key(self.obj.name), self.node),
-                (owners.cache_key(self.obj.name), self.node))
+        return ((keys.dmcache_key(self.obj.name), self.node),
+                (keys.cache_key(self.obj.name), self.node))
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
         return dmcache.set_mode(sysfs, self.obj, mode)
@@ -499,8 +499,8 @@ class _Lvm(_Dm):
 
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
-        return ((owners.lvm_key(self.lv.full_name), self.lv.full_name),
-                (owners.cache_key(self.lv.full_name), self.lv.full_name))
+        return ((keys.lvm_key(self.lv.full_name), self.lv.full_name),
+                (keys.cache_key(self.lv.full_name), self.lv.full_name))
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
         return lvm_manage.set_mode(self.obj, mode)
@@ -726,7 +726,7 @@ class DmWritecache(_Dm):
 
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
-        return ((owners.dmcache_key(self.obj.name), self.node),)
+        return ((keys.dmcache_key(self.obj.name), self.node),)
 
     def tunable(self, name: str) -> str:
         return self.obj.table.settings().get(name, "default")

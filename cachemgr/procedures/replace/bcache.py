@@ -44,10 +44,10 @@ from cachemgr.core.model import (
 )
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain
+from cachemgr.procedures.replace import steps
+from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
-from cachemgr.procedures.replace.run import Ctx, Kind
 from cachemgr.procedures.replace.shared import (
-    WARM_STEP,
     check_new_spec,
     drain_reporter,
     find_new,
@@ -66,24 +66,7 @@ from cachemgr.procedures.replace.shared import (
 # the package's one logger, named as before the package was split into modules
 log = logging.getLogger(__package__)
 
-STEPS: tuple[tuple[str, str], ...] = (
-    ("preflight", "check the cache set, its SSD and every backing device"),
-    ("remember", "record modes and tunables to restore at the end"),
-    ("mode-interim", "switch every backing device to the interim mode (no new dirty data)"),
-    ("drain", "write all dirty data back to the backing devices (fast drain)"),
-    ("detach", "detach every backing device (flushes; /dev/bcacheN stay up in passthrough)"),
-    ("unregister", "unregister the old cache set"),
-    ("wipe-old", "wipe the bcache signature of the old SSD"),
-    ("remove-old", "remove the old SSD (SCSI delete; NVMe: its controller's PCI remove)"),
-    ("wait-new", "wait for the new (or re-inserted) SSD"),
-    ("identify-new", "identify the new SSD and refuse a wrong disk"),
-    ("make-cache", "make a fresh bcache cache on the new SSD"),
-    ("register", "register the new cache set"),
-    ("attach", "attach every backing device to the new cache set"),
-    ("restore", "restore modes and tunables"),
-    ("verify", "verify every backing device: new set, mode, state"),
-    WARM_STEP,
-)
+STEPS = steps.BCACHE
 STEP_NAMES = tuple(name for name, _ in STEPS)
 # Steps after which a rollback is no longer possible (the old set is gone).
 POINT_OF_NO_RETURN = "unregister"

@@ -41,26 +41,11 @@ from cachemgr.core.change import wait_for
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.replace import shared
+from cachemgr.procedures.replace import shared, steps
+from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
-from cachemgr.procedures.replace.run import Ctx, Kind
 
-STEPS: tuple[tuple[str, str], ...] = (
-    ("preflight", "check the dm-cache device, its SSD and where its cache and metadata lie"),
-    ("remember", "record the table (block size, policy, settings, mode) and the SSD's layout"),
-    ("drain", "write every dirty block back (cleaner policy), then map the device to its "
-              "origin alone (a linear table; IO goes on)"),
-    ("release-old", "remove the dm areas over the old SSD and wipe its partition table"),
-    ("remove-old", "remove the old SSD (SCSI delete; NVMe: its controller's PCI remove)"),
-    ("wait-new", "wait for the new (or re-inserted) SSD"),
-    ("identify-new", "identify the new SSD and refuse a wrong disk"),
-    ("layout-new", "make the cache and metadata areas on the new SSD (the old partitions or "
-                   "dm-linear areas: same offsets and sizes)"),
-    ("rebuild", "zero the metadata and load the cache table again over the origin (old block "
-                "size, policy, settings, mode); IO goes on"),
-    ("verify", "verify the device: dm-cache on the new SSD, old block size, policy and mode"),
-    shared.WARM_STEP,
-)
+STEPS = steps.DMCACHE
 POINT_OF_NO_RETURN = "release-old"
 ROLES = ("metadata", "cache")
 # a GPT keeps a backup table in the disk's last 33 sectors: room for it past the last area

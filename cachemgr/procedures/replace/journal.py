@@ -17,6 +17,7 @@ from cachemgr.backends.identity import normalize_wwn
 from cachemgr.core import state
 from cachemgr.core.errors import UsageError
 from cachemgr.core.model import CacheMode
+from cachemgr.procedures.replace import steps
 
 # Step names journals of earlier versions used, and the name each has now.
 RENAMED_STEPS = {"scsi-remove": "remove-old"}
@@ -73,9 +74,7 @@ class Journal:
 
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:
-        from cachemgr.procedures.replace.run import kind_of
-
-        return kind_of(self.kind).steps
+        return steps.of(self.kind)
 
     @property
     def path(self):  # type: ignore[no-untyped-def]
@@ -188,9 +187,7 @@ def _journal_problem(data: dict[str, Any]) -> str | None:
         return "option 'new' is not a string"
     if data.get("kind", "bcache") not in KIND_NAMES:
         return f"unknown kind {data['kind']!r}"
-    from cachemgr.procedures.replace.run import kind_of
-
-    names = [n for n, _ in kind_of(data.get("kind", "bcache")).steps]
+    names = [n for n, _ in steps.of(data.get("kind", "bcache"))]
     if any(s not in names for s in data.get("done", [])):
         return f"unknown steps in 'done': {data['done']}"
     for b in data["backings"]:

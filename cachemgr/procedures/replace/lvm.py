@@ -41,29 +41,11 @@ from cachemgr.backends.targets import find_dm
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.replace import shared
+from cachemgr.procedures.replace import shared, steps
+from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
-from cachemgr.procedures.replace.run import Ctx, Kind
 
-STEPS: tuple[tuple[str, str], ...] = (
-    ("preflight", "check the cached LV, its cache PV (the SSD) and the VG"),
-    ("remember", "record the cache's kind, size, chunk size, mode, policy and settings"),
-    ("drain", "write every dirty block back to the origin (lvm2's cleaner: writethrough)"),
-    ("split", "split the cache off (lvconvert --splitcache); the LV goes on uncached"),
-    ("remove-old-cache", "delete the old cache pool or cachevol (lvremove)"),
-    ("vgreduce", "take the SSD's PV out of the VG (vgreduce)"),
-    ("pvremove", "wipe the SSD's PV label (pvremove)"),
-    ("remove-old", "remove the old SSD (SCSI delete; NVMe: its controller's PCI remove)"),
-    ("wait-new", "wait for the new (or re-inserted) SSD"),
-    ("identify-new", "identify the new SSD and refuse a wrong disk"),
-    ("pvcreate", "make the new SSD a PV (pvcreate)"),
-    ("vgextend", "add it to the VG (vgextend)"),
-    ("make-cache", "make the cache pool or cachevol again, on the new SSD alone (lvcreate)"),
-    ("attach", "attach it with the old mode, policy and settings (lvconvert)"),
-    ("restore", "put back whatever of mode, policy and settings differs"),
-    ("verify", "verify the LV: cached on the new SSD, with the old mode and policy"),
-    shared.WARM_STEP,
-)
+STEPS = steps.LVM
 POINT_OF_NO_RETURN = "remove-old-cache"
 # lvm2 places the cache pool's spare metadata LV (lvol0_pmspare, as large as the metadata)
 # beside a new pool, and rounds each LV up to whole extents (4 MiB by default): room for both

@@ -1,8 +1,8 @@
-"""The engine every kind of replacement runs on: a run's context (:class:`Ctx`), what a kind
-is (:class:`Kind`: its steps, their functions, its point of no return, its rollback and its
-words), the kinds by name (:func:`kind_of`), the plan in words (:func:`describe`), and
-:func:`execute` and :func:`rollback`, which hold the cache's lock, read the journal again
-under it, and run (or undo) the steps not yet journaled as done."""
+"""The engine every kind of replacement runs on: the kinds by name (:func:`kind_of`), the plan
+in words (:func:`describe`), and :func:`execute` and :func:`rollback`, which hold the cache's
+lock, read the journal again under it, and run (or undo) the steps not yet journaled as done.
+A run's context (:class:`Ctx`) and what a kind is (:class:`Kind`) are in base.py, below the
+kinds' modules, and re-exported here."""
 
 from __future__ import annotations
 
@@ -10,93 +10,20 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-from cachemgr.backends import hotplug, snapshot
+from cachemgr.backends import hotplug
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
-from cachemgr.core.model import BcacheBacking, Snapshot
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.replace.journal import Journal, Options
+from cachemgr.procedures.replace.base import Ctx as Ctx
+from cachemgr.procedures.replace.base import Kind as Kind
+from cachemgr.procedures.replace.base import Prompt as Prompt
+from cachemgr.procedures.replace.base import Say as Say
+from cachemgr.procedures.replace.journal import Journal as Journal
+from cachemgr.procedures.replace.journal import Options as Options
 
 # the package's one logger, named as before the package was split into modules
 log = logging.getLogger(__package__)
-
-Say = Callable[[str], None]
-Prompt = Callable[[str], None]
-
-
-# --------------------------------------------------------------------------------- context
-
-
-@dataclass
-class Ctx:
-    sysfs: Sysfs
-    j: Journal
-    opts: Options
-    say: Say
-    prompt: Prompt
-
-    def snap(self) -> Snapshot:
-        return snapshot.take(self.sysfs)
-
-    def backing(self, uuid: str, snap: Snapshot | None = None) -> BcacheBacking:
-        snap = snap or self.snap()
-        for b in snap.backings:
-            if b.uuid == uuid:
-                return b
-        raise CacheMgrError(f"backing device {uuid} is no longer registered",
-                            hint="register it again (echo DEV > /sys/fs/bcache/register), "
-                                 f"then cachemgr replace-ssd --resume {self.j.id}")
-
-    def dev(self, entry: dict[str, Any]) -> str:
-        return str(entry.get("device") or entry["node"])
-
-
-# --------------------------------------------------------------------------------- kinds
-
-
-@dataclass(frozen=True)
-class Kind:
-    """One kind of cache the procedure replaces the SSD of: its steps, how each is done,
-    the step after which only finishing is safe, how a rollback undoes the earlier ones,
-    and every word a face (the CLI, the TUI) says about a run of it."""
-
-    steps: tuple[tuple[str, str], ...]
-    funcs: dict[str, Callable[[Ctx], None]]
-    point_of_no_return: str
-    rollback: Callable[[Ctx], None]
-    head: Callable[[Journal], list[str]]  # the plan's first lines
-    what: str  # the cache, in messages: "cache set", "cached LV"
-    # the words: every face takes them from here, never spells a kind out itself
-    name: str  # the kind as people name it: "bcache cache set", "LVM cache"
-    tag: str  # a run's object in a list of runs: "cset", "lv", "dm"
-    tag_chars: int | None  # how much of the object a narrow list shows (None: all of it)
-    stays_up: str  # what keeps serving IO while the run goes on, as a sentence
-    undoes: str  # what a rollback puts back, as a sentence
-    done_line: Callable[[Journal], str]  # what a finished run made, in one line
-    interim_mode: bool  # the run switches to the operator's interim mode first
-
-    def short(self, cset: str) -> str:
-        """A run's object, as far as a narrow list shows it (a cache set's UUID prefix)."""
-        return cset[:self.tag_chars] if self.tag_chars else cset
-
-    def label(self, cset: str, *, short: bool = False) -> str:
-        """A run's object in a list of runs: "cset 5f3c0e52", "lv vg0/vm1", "dm vc"."""
-        return f"{self.tag} {self.short(cset) if short else cset}"
-
-    @property
-    def step_names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.steps)
-
-    def rollback_words(self) -> str:
-        """Until when a run of this kind can be rolled back, and what then."""
-        n = self.step_names.index(self.point_of_no_return) + 1
-        return (f"possible only before step {n} of {len(self.steps)}, "
-                f"'{self.point_of_no_return}': after it only finishing the run is safe")
-
 
 def kind_of(name: str) -> Kind:
     """The kind a journal's ``kind`` names (:data:`journal.KIND_NAMES`; bcache for any other

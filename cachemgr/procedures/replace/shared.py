@@ -17,7 +17,7 @@ from cachemgr.core import runner
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DrainProgress, Size
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.replace.run import Ctx, Say
+from cachemgr.procedures.replace.base import Ctx, Say
 
 # bcache refuses a cache with fewer buckets ("ca->sb.nbuckets is too small", 7.2 lab).
 MIN_BUCKETS = 1024
@@ -322,11 +322,7 @@ def super_fields(node: str) -> dict[str, str]:
     return fields
 
 
-
 # --------------------------------------------------------------------------------- warming
-
-WARM_STEP = ("warm", "read the hottest blocks of the --warm trace through the new cache "
-                     "(cachemgr warm; skipped without --warm)")
 
 
 def warm_step(c: Ctx, targets: list[str]) -> None:
