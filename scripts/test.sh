@@ -51,8 +51,11 @@ if [ "$(cat "$deb_rc")" != 0 ]; then
     echo "test.sh: the Debian package's build failed (its output follows the kernel tests)" >&2
 fi
 uml_rc=0
-"$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 3 --durations=25 \
-    || uml_rc=$?
+# longest first (tests/labplugin.py orders them by tests/kernel/durations.json); worksteal:
+# a worker that runs dry takes queued tests from the tail of the others' queues, so the tests
+# queued behind the long ones do not wait for them (xdist's "load" keeps what it first sent)
+"$py" -m pytest -p no:cacheprovider tests/kernel --lab-backend=uml -n 3 --dist worksteal \
+    --durations=25 || uml_rc=$?
 qemu_rc=0
 wait "$qemu_pid" || qemu_rc=$?
 step "kernel smoke set (qemu, Debian 12 kernel): its output"

@@ -17,6 +17,13 @@ A ``timeout`` given for UML is tripled on qemu (TCG), unless ``qemu_timeout`` sa
 
 ``--lab-backend=uml|qemu`` picks the kernel; ``--no-lab`` skips kernel tests (they are then
 reported as skipped with the reason, never as passed).
+
+Longest first: the kernel tests run in the order of their wall time in a recorded run
+(tests/kernel/durations.json, longest first; a test not in it after the recorded ones, in
+file order), so that with xdist's workers (scripts/test.sh: ``-n 3 --dist worksteal``) the
+longest test starts at once instead of last in its file's turn, and the short ones fill the
+end. ``--lab-durations=FILE`` writes this run's wall times there (the recorded ones kept for
+the tests that did not run), to refresh it after a full run.
 """
 
 from __future__ import annotations
@@ -43,6 +50,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 default=os.environ.get("CACHEMGR_LAB_BACKEND", "uml"),
                 help="kernel for tests marked kernel (default: uml)")
     g.addoption("--no-lab", action="store_true", help="skip tests marked kernel")
+    g.addoption("--lab-durations", metavar="FILE",
+                help="write each kernel test's wall time in this run to FILE (JSON; "
+                     "tests/kernel/durations.json orders the kernel tests longest first)")
+
+
+DURATIONS = ROOT / "tests" / "kernel" / "durations.json"
+
+
+def recorded_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """Each kernel test's wall time (s) by node id in a recorded run; none without the file."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    return {str(k): float(v) for k, v in doc["wall_s"].items()}
+
+
+def longest_first(items: list[pytest.Item], recorded: dict[str, float]) -> list[pytest.Item]:
+    """The kernel tests, in the places kernel tests hold among ``items``, ordered by their
+    recorded wall time, longest first; those without one after them, in their own order
+    (a stable sort). Other tests keep their places."""
+    slots = [i for i, item in enumerate(items) if item.get_closest_marker("kernel")]
+    kernel = sorted((items[i] for i in slots),
+                    key=lambda item: -recorded.get(item.nodeid, 0.0))
+    out = list(items)
+    for i, item in zip(slots, kernel, strict=True):
+        out[i] = item
+    return out
 
 
 def _lab_problem(backend: str) -> str | None:
@@ -57,6 +92,7 @@ def _lab_problem(backend: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if IN_LAB:
         return
+    items[:] = longest_first(items, recorded_durations())
     backend = config.getoption("--lab-backend")
     reason = "--no-lab given" if config.getoption("--no-lab") else _lab_problem(backend)
     for item in items:
@@ -206,6 +242,22 @@ def pytest_runtest_logreport(report: TestReport) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
                             "outcome": report.outcome, "longrepr": text}) + "\n")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """``--lab-durations=FILE``: this run's kernel tests' wall times, over FILE's (or the
+    recorded ones, when FILE does not exist yet), written on the host (xdist's controller)."""
+    out = session.config.getoption("--lab-durations")
+    if IN_LAB or not out or not _LAB_CPU or hasattr(session.config, "workerinput"):
+        return
+    path = Path(out)
+    wall = recorded_durations(path if path.exists() else DURATIONS)
+    wall.update({nodeid: round(d, 1) for _, d, nodeid in _LAB_CPU})
+    doc = {"about": "wall time (s) of each kernel test in a run of scripts/test.sh "
+                    "(tests/labplugin.py: --lab-durations); orders the kernel tests "
+                    "longest first",
+           "wall_s": dict(sorted(wall.items(), key=lambda kv: (-kv[1], kv[0])))}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
