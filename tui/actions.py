@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from cachemgr.core.model import CacheMode
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.control import Control, Plan, Result
 from tui import view
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 # every action about the selected device (its kind says whether it offers it now)
 DEVICE_ACTIONS = frozenset({"mode", "drain", "detach", "attach", "tune", "remove", "replace",
-                            "bench", "warm", "detail"})
+                            "bench", "warm", "detail", "invalidate"})
 
 
 def selected_kind(app: CacheMgrApp) -> tuple[view.Row, cache_ops.Kind] | None:
@@ -169,6 +170,37 @@ def remove(app: CacheMgrApp) -> None:
                      progress=k.cached_device, cancel_note=asked.cancel_note)
 
     app.push_screen(ConfirmDialog(f"Remove {r.target}", asked.body, list(asked.buttons)), go)
+
+
+def invalidate(app: CacheMgrApp) -> None:
+    """Drop the copies the selected device's cache holds (cachemgr invalidate). The command
+    layer makes every check first (a writeback or dirty cache refused, exit 3; a device
+    owned by another procedure; nothing cached: already so) and then puts its question: the
+    plan the command line shows before ``Go ahead? [y/N]``, word for word, in a dialog whose
+    Cancel has the focus; no answer but the button is a yes (as the CLI's refusal without
+    ``--yes``: exit 3, nothing changed)."""
+    sel = _target(app)
+    if sel is None:
+        return
+    target = sel[0].target
+    from cachemgr.ops import coherence as coherence_ops
+
+    def fn(ctl: Control) -> Result:
+        ctl.confirm = partial(_ask_plan, app, ctl)
+        return coherence_ops.invalidate(app.sysfs, target, ctl=ctl)
+
+    app.start_op(f"invalidate {target}", fn)
+
+
+def _ask_plan(app: CacheMgrApp, ctl: Control, plan: Plan) -> bool:
+    """From the operation's worker: the command layer's plan as a confirmation dialog (the
+    CLI's words: "cachemgr COMMAND (nothing is changed yet):" and each line); True on its
+    one button."""
+    body = "\n".join(plan.lines)
+    answer = app.ask_from_thread(ConfirmDialog(
+        f"cachemgr {plan.command} (nothing is changed yet):", body,
+        [("go", plan.command.split()[0].capitalize(), "error")]), ctl.cancel)
+    return bool(answer == "go")
 
 
 def replace(app: CacheMgrApp) -> None:
