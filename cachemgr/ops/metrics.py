@@ -30,7 +30,10 @@ from cachemgr.ops import health as health_ops
 from cachemgr.procedures import health, traffic, unseen
 from cachemgr.procedures.metrics import STATS_EVERY, VM_EVERY, collect, health_metrics
 
-__all__ = ["STATS_EVERY", "VM_EVERY", "SnapshotCollector", "findings", "gone"]
+__all__ = ["KERNEL_LOG", "STATS_EVERY", "VM_EVERY", "SnapshotCollector", "findings", "gone"]
+
+# cachemgr_unseen's ``what`` for a kernel log the scrape could not read
+KERNEL_LOG = "kernel-log"
 
 log = logging.getLogger("cachemgr.procedures.metrics")
 
@@ -133,8 +136,22 @@ class SnapshotCollector(Collector):
                     else:
                         self._vms = self._scan_vms(snap)
                 snap = dataclasses.replace(snap, vms=self._vms)
-            snap = dataclasses.replace(snap, gone=tuple(gone(self.sysfs, snap)))
+            snap = dataclasses.replace(snap, gone=tuple(gone(self.sysfs, snap)),
+                                       unseen=snap.unseen + tuple(self._log_unseen(snap)))
             return snap, written
+
+    def _log_unseen(self, snap: Snapshot) -> Iterator[Unseen]:
+        """The kernel log, when the scrape could not read it while the host has a
+        device-mapper cache (the shipped unit's sandbox before it allowed /dev/kmsg; a user
+        without CAP_SYSLOG where kernel.dmesg_restrict is 1): a failing cache SSD would not
+        be seen, so never OK (cachemgr_health_status 3, as for what another user cannot
+        read)."""
+        reader = self.cache.kernlog
+        why = reader.why_not if reader is not None else None
+        if snap.dm_devices and why:
+            yield Unseen(KERNEL_LOG, "/dev/kmsg", why.rsplit(": ", 1)[-1],
+                         "a device-mapper cache's SSD failing requests (failing-cache-dirty, "
+                         "cache-io-errors)")
 
     def _scan_vms(self, snap: Snapshot) -> VmScan:
         from cachemgr.backends import virsh

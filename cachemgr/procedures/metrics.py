@@ -251,7 +251,8 @@ def collect(snap: Snapshot, *, journals: bool = True,
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
     blind = _g("unseen", "1 for each thing this exporter could not read because it does not "
-               "run as root (what: state-directory, dmcache-records, dmsetup, superblocks): "
+               "run as root (what: state-directory, dmcache-records, dmsetup, superblocks), or "
+               "the kernel log it could not read (kernel-log): "
                "a CRITICAL finding there would not be seen (cachemgr_health_status is 3).",
                ["what", "path"])
     for u in snap.unseen:

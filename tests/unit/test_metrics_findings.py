@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,29 @@ def test_the_guide_lists_every_code_and_every_critical_one_fires_an_alert() -> N
              and not re.fullmatch(m.group(1), c.replace("*", "x"))]
     assert {"backing-gone-dirty", "bad-record", "failing-cache-dirty", "dmcache-unproven",
             "protected"} <= set(fired)
+
+
+def test_a_kernel_log_the_scrape_cannot_read_is_never_ok(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the kernel log (a sandbox without /dev/kmsg, no CAP_SYSLOG), a failing
+    device-mapper cache SSD would not be seen: said (cachemgr_unseen), health status 3; a
+    host without a device-mapper cache loses nothing by it."""
+    from cachemgr.backends import kernlog
+
+    def denied(self: kernlog.Reader) -> Iterator[str]:
+        self.why_not = "the kernel log (/dev/kmsg) not read: Operation not permitted"
+        yield from ()
+
+    monkeypatch.setattr(kernlog.Reader, "_records", denied)
+
+    def families(root: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
+        reg = CollectorRegistry()
+        reg.register(SnapshotCollector(Sysfs(str(root)), vms=False))
+        return {f.name: [(s.labels, s.value) for s in f.samples]
+                for f in text_string_to_metric_families(generate_latest(reg).decode())}
+
+    m = families(copy_capture(tmp_path / "dm", "dmcache-writeback"))
+    assert m["cachemgr_unseen"] == [({"what": "kernel-log", "path": "/dev/kmsg"}, 1.0)]
+    assert m["cachemgr_health_status"] == [({}, 3.0)]
+    m = families(copy_capture(tmp_path / "bcache", "bcache-writeback-dirty"))
+    assert m["cachemgr_unseen"] == [] and m["cachemgr_health_status"] == [({}, 0.0)]
