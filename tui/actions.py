@@ -9,17 +9,18 @@ handler)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from textual.notifications import SeverityLevel
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 
 from cachemgr.core.model import CacheMode, Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
-from cachemgr.ops.control import Control, Result
+from cachemgr.ops.control import Control, Plan, Result
 from tui import view
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
@@ -47,9 +48,11 @@ class Host(Protocol):
                  progress: bool = ..., cancellable: bool = ..., cancel_note: str = ...,
                  on_done: Callable[[Result], None] | None = ...) -> object: ...
 
+    def ask_from_thread(self, screen: ModalScreen[Any], cancel: threading.Event) -> Any: ...
+
 # every action about the selected device (its kind says whether it offers it now)
 DEVICE_ACTIONS = frozenset({"mode", "drain", "detach", "attach", "tune", "remove", "replace",
-                            "bench", "warm", "detail"})
+                            "bench", "warm", "detail", "invalidate"})
 
 
 def selected_kind(app: Host) -> tuple[view.Row, cache_ops.Kind] | None:
@@ -193,6 +196,37 @@ def remove(app: Host) -> None:
                      progress=k.cached_device, cancel_note=asked.cancel_note)
 
     app.push_screen(ConfirmDialog(f"Remove {r.target}", asked.body, list(asked.buttons)), go)
+
+
+def invalidate(app: Host) -> None:
+    """Drop the copies the selected device's cache holds (cachemgr invalidate). The command
+    layer makes every check first (a writeback or dirty cache refused, exit 3; a device
+    owned by another procedure; nothing cached: already so) and then puts its question: the
+    plan the command line shows before ``Go ahead? [y/N]``, word for word, in a dialog whose
+    Cancel has the focus; no answer but the button is a yes (as the CLI's refusal without
+    ``--yes``: exit 3, nothing changed)."""
+    sel = _target(app)
+    if sel is None:
+        return
+    target = sel[0].target
+    from cachemgr.ops import coherence as coherence_ops
+
+    def fn(ctl: Control) -> Result:
+        ctl.confirm = partial(_ask_plan, app, ctl)
+        return coherence_ops.invalidate(app.sysfs, target, ctl=ctl)
+
+    app.start_op(f"invalidate {target}", fn)
+
+
+def _ask_plan(app: Host, ctl: Control, plan: Plan) -> bool:
+    """From the operation's worker: the command layer's plan as a confirmation dialog (the
+    CLI's words: "cachemgr COMMAND (nothing is changed yet):" and each line); True on its
+    one button."""
+    body = "\n".join(plan.lines)
+    answer = app.ask_from_thread(ConfirmDialog(
+        f"cachemgr {plan.command} (nothing is changed yet):", body,
+        [("go", plan.command.split()[0].capitalize(), "error")]), ctl.cancel)
+    return bool(answer == "go")
 
 
 def replace(app: Host) -> None:

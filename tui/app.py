@@ -50,6 +50,7 @@ from cachemgr.core.errors import (
     UsageError,
 )
 from cachemgr.core.model import (
+    GoneBacking,
     Snapshot,
     UnregisteredBcache,
     VmScan,
@@ -57,6 +58,7 @@ from cachemgr.core.model import (
 from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.core.version import version
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops import coherence as coherence_ops
 from cachemgr.ops import health as health_ops
 from cachemgr.ops.control import Control, Result, progress_line
 from cachemgr.ops.health import Finding
@@ -81,7 +83,7 @@ VM_EVERY = 15.0  # seconds between two looks at libvirt's domains (the VMs on ea
 # the kernel folds them every ~13.6 s (stats.c); every poll while a detail screen is open
 STATS_EVERY = 15.0
 WRITE_ACTIONS = {"mode", "drain", "detach", "attach", "tune", "create", "remove", "replace",
-                 "bench", "warm"}
+                 "bench", "warm", "invalidate"}
 ERROR_WORDS: list[tuple[type[BaseException], str]] = [
     (Cancelled, "cancelled"),
     (AlreadyError, "already so (nothing changed)"),
@@ -142,6 +144,10 @@ class CacheMgrApp(App[int]):
                 tooltip="warm a new or emptied cache: read the blocks a trace (cachemgr "
                         "trace) found hottest through it, with progress (cancellable: puts "
                         "back what it changed)"),
+        Binding("i", "invalidate", "Invalidate", show=False,
+                tooltip="drop every copy the cache holds of the device (a VM's shared disk "
+                        "was written on another host: cachemgr invalidate); asks first, with "
+                        "the command line's words"),
         Binding("question_mark", "help", "Help", key_display="?",
                 tooltip="this help: every key, and what the words on the screen mean"),
         # q is in the banner and the help: the footer has room for the actions at 80 columns
@@ -190,6 +196,7 @@ class CacheMgrApp(App[int]):
         self._vms_at: float | None = None  # when libvirt was last asked (poll worker only)
         self._vms: VmScan | None = None
         self._unregistered: tuple[UnregisteredBcache, ...] = ()
+        self._gone: tuple[GoneBacking, ...] = ()
         self._poll_timer: Any = None
         # poll worker only: identities and the like kept until a uevent (ScanCache), the last
         # snapshot with every stats interval and when it was taken. The files a poll does not
@@ -204,6 +211,7 @@ class CacheMgrApp(App[int]):
         self.polls = 0
         self.poll_error: str | None = None
         self.findings: list[Finding] = []  # the health model's, of the last snapshot
+        self.left: list[view.Left] = []  # the "a VM left" marks, of the last poll
         self._signals: list[int] = []  # the signals the event loop handles (hang_up)
         self._quitting = False  # quit asked while operations ran: exit when they end
         self._terminal_gone = False  # SIGHUP: no terminal to restore at the end
@@ -358,16 +366,23 @@ class CacheMgrApp(App[int]):
             snap = cache_ops.carry_stats(snap, self._with_stats)
         if ask:
             self._vms_at, self._vms, self._unregistered = now, snap.vms, snap.unregistered
+            self._gone = snap.gone
         else:
-            snap = dataclasses.replace(snap, vms=self._vms, unregistered=self._unregistered)
+            # the backing devices gone while dirty too: only a scan that read the superblocks
+            # tells gone from stopped (ops.cache.status), so the polls between keep its answer
+            snap = dataclasses.replace(snap, vms=self._vms, unregistered=self._unregistered,
+                                       gone=self._gone)
         # the rows once, here: the table, the history and the IO counts all use them
         findings = health_ops.findings(snap)
-        rows = view.rows(snap, findings)
+        # the caches a VM's departure marked (procedures/coherence.py; none when the state
+        # directory cannot be read: its one line says so)
+        left = coherence_ops.left_marks()
+        rows = view.rows(snap, findings, left)
         t = self.clock()
         wb = self._wb_meter.update(self.sysfs, snap.backings, t, self._scan_cache)
         # a bcache device's IO count from the stat file the meter has just read
         ios = history.io_counts(self.sysfs, snap, rows, self._wb_meter.completed)
-        self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb))
+        self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb, left))
 
     def _rearm(self) -> None:
         self._polling = False
@@ -380,7 +395,9 @@ class CacheMgrApp(App[int]):
         self.poll_error = None
         self.snap = msg.snap
         self.findings = msg.findings
-        self.rows = msg.rows if msg.rows is not None else view.rows(msg.snap, msg.findings)
+        self.left = msg.left
+        self.rows = msg.rows if msg.rows is not None else view.rows(msg.snap, msg.findings,
+                                                                      msg.left)
         self.history.add(msg.t, msg.snap, msg.ios, msg.wb, self.rows)
         d = self.dashboard()
         # no table while the app quits (its screens' widgets go away; a poll can come late)
@@ -439,6 +456,11 @@ class CacheMgrApp(App[int]):
                             + (f" (+{n - 1})" if n > 1 else "") + " (enter on a red row: "
                             "what to do)")
             bits += [f"! {w}" for w in snap.warnings]
+            if self.left:  # copies of a disk a VM took elsewhere (i: invalidate)
+                bits.append(f"! {len(self.left)} cache(s) hold copies of a disk a VM took "
+                            f"elsewhere: {', '.join(d for d, _, _ in self.left[:2])}"
+                            + (f" (+{len(self.left) - 2})" if len(self.left) > 2 else "")
+                            + " (i on its row: invalidate)")
             owned = [f"{r.owner} {r.device.lstrip('├└ ')} {view.owner_short(o)}"
                      for r in self.rows if r.owner
                      for o in [cache_ops.owner_of(snap, view.find(snap, r.key))] if o]
@@ -464,8 +486,8 @@ class CacheMgrApp(App[int]):
             return "nothing selected"
         kind = view.KIND_WORDS[r.kind]
         name = r.target[:8] if r.kind == view.CSET else r.target
-        line2 = {view.BCACHE: f"on {r.disk}", view.CSET: f"SSD {r.disk}"}.get(
-            r.kind, f"origin {r.disk}")
+        line2 = {view.BCACHE: f"on {r.disk}", view.CSET: f"SSD {r.disk}",
+                 view.GONE: f"was {r.disk}, dirty {r.dirty}"}.get(r.kind, f"origin {r.disk}")
         line3 = f"{r.mode} {r.state}" if r.kind != view.CSET else f"used {r.used} err {r.errors}"
         return f"{kind} {name}\n{line2}\n{line3}"
 
@@ -713,6 +735,9 @@ class CacheMgrApp(App[int]):
 
     def action_tune(self) -> None:
         actions.tune(self)
+
+    def action_invalidate(self) -> None:
+        actions.invalidate(self)
 
     def action_remove(self) -> None:
         actions.remove(self)

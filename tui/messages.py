@@ -17,7 +17,8 @@ class SnapshotReady(Message):
 
     def __init__(self, snap: Snapshot, ios: dict[str, int], t: float,
                  findings: Sequence[Finding] = (), rows: list[Row] | None = None,
-                 wb: dict[str, float | None] | None = None) -> None:
+                 wb: dict[str, float | None] | None = None,
+                 left: Sequence[tuple[str, str | None, str]] = ()) -> None:
         super().__init__()
         self.snap = snap
         self.ios = ios
@@ -26,6 +27,9 @@ class SnapshotReady(Message):
         self.rows = rows  # view.rows(snap, findings), made once in the poll worker
         # each backing device's measured write-back bytes per second since the last poll
         self.wb = wb or {}
+        # the caches marked as holding copies of a disk a VM took elsewhere (ops.coherence
+        # left_marks: device, VM, words with the next command)
+        self.left = list(left)
 
 
 class OpProgress(Message):

@@ -17,6 +17,7 @@ from cachemgr.core.model import (
     CacheState,
     DmCacheDevice,
     DmWritecacheDevice,
+    GoneBacking,
     Owner,
     Snapshot,
     Stats,
@@ -34,9 +35,12 @@ CSET = "cset"
 DM = "dm"  # dm-cache (LVM's lvmcache too)
 WC = "wc"  # dm-writecache (LVM's writecache too)
 OTHER = "other"  # a kind registered beyond the built-in ones (cachemgr/procedures/kinds)
+# a bcache backing device ``check`` last saw dirty that is gone (Snapshot.gone): no device
+# to act on, only its finding and what to do (issue #41)
+GONE = "gone"
 KIND_WORDS = {BCACHE: "bcache", CSET: "cache set", DM: "dm-cache", WC: "dm-writecache",
-              OTHER: "cache"}
-Obj = BcacheBacking | CacheSet | DmCacheDevice | DmWritecacheDevice
+              OTHER: "cache", GONE: "gone backing device"}
+Obj = BcacheBacking | CacheSet | DmCacheDevice | DmWritecacheDevice | GoneBacking
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,25 @@ def backing_row(b: BcacheBacking, prefix: str, ssd_errors: int = 0) -> Row:
     )
 
 
+def gone_row(g: GoneBacking, prefix: str) -> Row:
+    """A bcache backing device gone while dirty: no /dev/bcacheN and no disk any more, its
+    dirty data only on the cache set's SSD. The row is where the admin finds it (red, the
+    finding and its next command in its detail); it offers no action."""
+    return Row(
+        key=f"gone:{g.uuid}", kind=GONE,
+        device=prefix + "(gone)",
+        disk=bare(g.node),
+        disk_nodes=(g.node,),
+        mode="?",
+        state="gone",
+        dirty=short(g.dirty_bytes) if g.dirty_bytes is not None else "?",
+        hit5m="-", hit="-", wbrate="-", used="", errors="-",
+        target=g.node,
+        dirty_bytes=None,  # not drainable here: never "most dirty"
+        alert=True,
+    )
+
+
 def cset_row(c: CacheSet, members: list[BcacheBacking]) -> Row:
     errs = sum(x.io_errors or 0 for x in c.caches)
     known = [backing_dirty_bytes(b) for b in members]
@@ -276,13 +299,26 @@ def owner_short(o: Owner) -> str:
         "" if o.running else " (interrupted)")
 
 
-def rows(snap: Snapshot, findings: Sequence[Finding] = ()) -> list[Row]:
+# a mark that a VM whose disk is on the device left this host (the VMS column's words)
+LEFT_WORD = "left"
+
+Left = tuple[str, str | None, str]  # ops.coherence.left_marks: device, VM, words
+
+
+def rows(snap: Snapshot, findings: Sequence[Finding] = (),
+         left: Sequence[Left] = ()) -> list[Row]:
     """The device tree: each cache set with its backing devices under it, then backing
     devices on no (registered) set, then dm-cache devices; each marked with its owner, and
-    in red (``alert``) when a finding of the health model (``findings``) is about it."""
+    in red (``alert``) when a finding of the health model (``findings``) is about it; a
+    device marked as holding copies of a disk a VM took elsewhere (``left``: issue #42)
+    says so in its VMS cell ("vm1 left"), before the VMs it serves."""
     out = _rows(snap)
     if snap.vms is not None:
         out = [dataclasses.replace(r, vms=vms_text(snap, r)) for r in out]
+    if left:
+        out = [dataclasses.replace(r, vms=", ".join(
+            [*(f"{vm or 'a VM'} {LEFT_WORD}" for _, vm, _ in left_of(snap, r, left)),
+             *([r.vms] if r.vms else [])])) if left_of(snap, r, left) else r for r in out]
     if not snap.owners and not findings:
         return out
     marked = []
@@ -295,6 +331,14 @@ def rows(snap: Snapshot, findings: Sequence[Finding] = ()) -> list[Row]:
             r = dataclasses.replace(r, alert=True)
         marked.append(r)
     return marked
+
+
+def left_of(snap: Snapshot, r: Row, left: Sequence[Left]) -> list[Left]:
+    """The "a VM left" marks of row ``r``'s device (a cache set has none: its devices do)."""
+    if r.kind in (CSET, GONE):
+        return []
+    own = names(snap, r)
+    return [m for m in left if m[0] in own]
 
 
 def names(snap: Snapshot, r: Row) -> set[str]:
@@ -344,14 +388,20 @@ def _rows(snap: Snapshot) -> list[Row]:
     seen: set[str] = set()
     for c in snap.cache_sets:
         members = [b for b in snap.backings if b.cset_uuid == c.uuid]
+        gone = [g for g in snap.gone if g.cset_uuid == c.uuid]
         out.append(cset_row(c, members))
         errs = sum(x.io_errors or 0 for x in c.caches)
+        n = len(members) + len(gone)
         for i, b in enumerate(members):
-            out.append(backing_row(b, "└ " if i == len(members) - 1 else "├ ", errs))
+            out.append(backing_row(b, "└ " if i == n - 1 else "├ ", errs))
             seen.add(b.key)
+        for i, g in enumerate(gone, start=len(members)):
+            out.append(gone_row(g, "└ " if i == n - 1 else "├ "))
+            seen.add(g.uuid)
     for b in snap.backings:
         if b.key not in seen:
             out.append(backing_row(b, ""))
+    out.extend(gone_row(g, "") for g in snap.gone if g.uuid not in seen)
     out.extend(dm_row(d) for d in snap.dmcaches)
     out.extend(wc_row(d) for d in snap.writecaches)
     out.extend(other_row(k) for k in cache_ops.others(snap))
@@ -382,6 +432,8 @@ def find(snap: Snapshot, key: str) -> Obj | None:
         return next((d for d in snap.writecaches if d.name == key[3:]), None)
     if key.startswith("other:"):
         return next((k.obj for k in cache_ops.others(snap) if other_key(k) == key), None)
+    if key.startswith("gone:"):
+        return next((g for g in snap.gone if g.uuid == key[5:]), None)
     return next((b for b in snap.backings if b.key == key), None)
 
 

@@ -16,8 +16,8 @@ from cachemgr.core.sysfs import Sysfs
 def cmd_metrics(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
+    from cachemgr.ops.metrics import SnapshotCollector
     from cachemgr.procedures.metrics import (
-        SnapshotCollector,
         bound,
         parse_listen,
         serve,

@@ -79,7 +79,9 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
     # run by another user than root (a monitoring agent's): what cachemgr's own directories
     # hold is left out, and said once (Snapshot.unseen); nothing is created or written
     hidden = unseen.own_files()
-    if cache is None or hidden or (os.geteuid() != 0 and not state.exists()):
+    # no state directory: nothing in it to keep, and a poller never makes it (the metrics'
+    # scrape runs in a read-only sandbox)
+    if cache is None or hidden or not state.exists():
         return _with_files(sysfs, snap, hidden)
     # a poller's: the state directory walked once, what did not change since its last poll
     # kept (core/state.py polled; the holders' liveness read from /proc/locks every time)

@@ -121,7 +121,14 @@ def invalidate(sysfs: Sysfs, target: str, *, ctl: Control | None = None,
 def mark_lines() -> list[str]:
     """The caches marked as holding copies of a disk a VM took elsewhere, in words with the
     command that clears each (status and ``vms`` print them)."""
-    return [f"{m.words()}; next: cachemgr invalidate {m.device} (or the VM's next arrival)"
+    return [line for _, _, line in left_marks()]
+
+
+def left_marks() -> list[tuple[str, str | None, str]]:
+    """Each "a VM left" mark as (the cached device's node, the VM, the words of
+    :func:`mark_lines`): the TUI shows them on the device's row and in its detail."""
+    return [(m.device, m.domain,
+             f"{m.words()}; next: cachemgr invalidate {m.device} (or the VM's next arrival)")
             for m in coherence.marks(coherence.LEFT)]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Iterable
 
 from cachemgr.backends import smart
 from cachemgr.backends import snapshot as snapshot_mod
@@ -43,11 +44,20 @@ def report(sysfs: Sysfs, *, refresh: bool = False) -> Result:
                   value=rows)
 
 
-def findings(snap: Snapshot) -> list[Finding]:
-    """The health model's findings of ``snap`` as a face shows them (status's, the TUI's):
-    with the journals that cannot be read, without SMART (``check`` adds its cached
-    answers)."""
-    return health.assess(snap, unreadable=_unreadable(snap))
+def findings(snap: Snapshot, rows: Iterable[tuple[smart.Ssd, smart.Health | None]] = ()
+             ) -> list[Finding]:
+    """The health model's findings of ``snap`` as a face shows them (status's, the TUI's,
+    the metrics'): with the journals that cannot be read; with SMART's replace-soon when
+    ``rows`` (each cache SSD and its cached answer) are given, as ``check`` and a scrape
+    give them."""
+    return health.assess(snap, replace_soon=replace_soon(rows), unreadable=_unreadable(snap))
+
+
+def replace_soon(rows: Iterable[tuple[smart.Ssd, smart.Health | None]]
+                 ) -> list[tuple[str, str]]:
+    """(SSD node, why) for each SSD whose SMART answer says to replace it soon."""
+    return [(ssd.node, "; ".join(h.warnings) or "replace soon") for ssd, h in rows
+            if h is not None and h.replace_soon]
 
 
 def _unreadable(snap: Snapshot) -> list[tuple[str, str]]:
@@ -79,9 +89,8 @@ def check(sysfs: Sysfs) -> Result:
     rows = none if unseen.blind(blind, unseen.STATE) else unseen.guarded(
         blind, unseen.state_directory, lambda: smart.ssd_health(sysfs, snap, refresh=False),
         none)
-    soon = [(ssd.node, "; ".join(h.warnings) or "replace soon") for ssd, h in rows
-            if h is not None and h.replace_soon]
-    findings = health.assess(snap, replace_soon=soon, unreadable=_unreadable(snap))
+    findings = health.assess(snap, replace_soon=replace_soon(rows),
+                             unreadable=_unreadable(snap))
     level = health.worst(findings)
     devices = list(kinds.listed(snap))
     dirty = sum(k.dirty_bytes or 0 for k in devices)

@@ -18,8 +18,11 @@ its superblock still shows, is not exported; ``cachemgr status`` probes for it.
 Who owns each device (issue #30): ``cachemgr_device_owner_info`` and
 ``cachemgr_device_owner_since_seconds`` for each device a cachemgr procedure holds now (its
 lock) or an interrupted procedure's journal claims (procedures/owners.py; the keys are the
-device's kind's locks), from ``Snapshot.owners``, which :class:`SnapshotCollector` fills as
-``cachemgr status`` does (:func:`with_owners`).
+device's kind's locks), from ``Snapshot.owners``.
+
+A scrape's snapshot and findings are ``cachemgr status``'s and ``cachemgr check``'s
+(cachemgr/ops/metrics.py ``SnapshotCollector``: one path, so every finding ``check`` can give
+is exported, with its code, in ``cachemgr_health_finding``).
 
 The textfile (:func:`write_textfile`; :func:`textfile_loop`, ``--interval``: one process
 rewriting it through the listener's collector and scan cache) is written atomically.
@@ -31,7 +34,6 @@ or ``[::]:PORT``.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import gzip
 import ipaddress
@@ -42,7 +44,7 @@ import socketserver
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,14 +55,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cachemgr.backends import smart
-from cachemgr.backends import snapshot as snapshot_mod
-from cachemgr.backends.scancache import ScanCache
 from cachemgr.core import signals
 from cachemgr.core import state as state_mod
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheState, Snapshot, Unseen, VmScan
-from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import health, kinds, owners, protect, scrub, traffic, unseen, webconfig
+from cachemgr.core.model import CacheState, Snapshot
+from cachemgr.procedures import health, kinds, owners, protect, scrub, unseen, webconfig
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +84,17 @@ def _kname(path: str) -> str:
 
 
 def collect(snap: Snapshot, *, journals: bool = True,
-            written_back: Mapping[str, float | None] | None = None) -> Iterator[Metric]:
+            written_back: Mapping[str, float | None] | None = None,
+            findings: Sequence[health.Finding] | None = None) -> Iterator[Metric]:
     """Every metric family of ``snap``. ``device`` is the kernel name (``bcache0``, ``dm-3``,
     ``sdc``: node_exporter's ``node_disk_*`` label), ``path`` the node (``/dev/bcache0``,
     ``/dev/mapper/vmcache``). ``journals``: also the drain and replacement journals under the
     state directory (docs/admin-guide.md, "Alerts and dashboard"). ``written_back``: each
     backing device's measured write-back bytes per second since the previous scrape, by key
-    (procedures/traffic.py; a long-lived collector has it)."""
+    (procedures/traffic.py; a long-lived collector has it). ``findings``: the health model's
+    findings of ``snap`` as ``cachemgr check`` gives them (ops/metrics.py: with the journals
+    that cannot be read and SMART's answers); default: :func:`health.assess` of ``snap``
+    alone."""
     dev = ["kind", "device", "path"]
     one = ["device", "path"]
     dirty = _g("dirty_bytes", "Dirty data held only in the cache (lower bound).", dev)
@@ -248,7 +251,8 @@ def collect(snap: Snapshot, *, journals: bool = True,
     warn = _g("scan_warnings", "Files the last scan could not read or parse.", [])
     warn.add_metric([], len(snap.warnings))
     blind = _g("unseen", "1 for each thing this exporter could not read because it does not "
-               "run as root (what: state-directory, dmcache-records, dmsetup, superblocks): "
+               "run as root (what: state-directory, dmcache-records, dmsetup, superblocks), or "
+               "the kernel log it could not read (kernel-log): "
                "a CRITICAL finding there would not be seen (cachemgr_health_status is 3).",
                ["what", "path"])
     for u in snap.unseen:
@@ -257,7 +261,7 @@ def collect(snap: Snapshot, *, journals: bool = True,
                 wrote, wbp, errors, attached, avail, cerr, dm_used, dm_total, dm_block, dm_md,
                 *dm_counters.values(), dm_check, dm_ro, wc_free, wc_total, wc_wb, wc_err, lvm,
                 up, warn, blind, *owned)
-    yield from _health_metrics(snap)
+    yield from _health_metrics(snap, health.assess(snap) if findings is None else findings)
     if journals:
         yield from _journal_metrics(snap)
         yield from _scrub_metrics(snap)
@@ -265,18 +269,18 @@ def collect(snap: Snapshot, *, journals: bool = True,
         yield from _vm_metrics(snap)
 
 
-def _health_metrics(snap: Snapshot) -> tuple[Metric, Metric]:
+def _health_metrics(snap: Snapshot, findings: Sequence[health.Finding]
+                    ) -> tuple[Metric, Metric]:
     """The health model's verdict (procedures/health.py, what ``cachemgr check`` reports;
     a scrape never probes a disk, so the devices bcache left unregistered are not in it:
     ``check`` and ``status`` read those)."""
-    findings = health.assess(snap)
     level = _g("health_status", "The worst finding of the health model: 0 OK, 1 WARNING, "
                "2 CRITICAL, 3 UNKNOWN: not root, something not read could hide a CRITICAL "
                "(cachemgr_unseen; cachemgr check's exit codes).", [])
     level.add_metric([], float(unseen.verdict(health.worst(findings), snap.unseen)))
-    each = _g("health_finding", "1 for each finding of the health model: its level, a stable "
-              "code (failing-cache-dirty, dirty-without-cache, failed-cache, "
-              "interrupted-replace-ssd, ...) and the device.", ["level", "code", "device"])
+    each = _g("health_finding", "1 for each finding of the health model (cachemgr check's): "
+              "its level, its stable code (the code of cachemgr check --json) and the device.",
+              ["level", "code", "device"])
     for f in findings:
         each.add_metric([f.level.name.lower(), f.code, f.device], 1.0)
     return level, each
@@ -308,23 +312,6 @@ def _owner_metrics(snap: Snapshot, where: dict[int, list[str]]) -> tuple[Metric,
         if o.since is not None:
             since.add_metric(lab, o.since)
     return info, since
-
-
-def with_owners(sysfs: Sysfs, snap: Snapshot) -> Snapshot:
-    """``snap`` with what ``cachemgr status`` adds to a scan (ops.cache.status): the
-    procedures that own cache objects (``owners``) and the objects of the kinds registered
-    beyond the built-in ones (``others``). Read from the state directory's lock files and
-    journals, never created by a scrape (a read-only sandbox): no state directory, no owner."""
-    hidden = [u for u in unseen.own_files() if u.what == unseen.STATE]
-    if hidden:  # not root: the journals and lock files are root's (procedures/unseen.py)
-        return dataclasses.replace(snap, others=kinds.scan_others(sysfs),
-                                   unseen=snap.unseen + tuple(hidden))
-    found = owners.owners() if state_mod.state_dir(create=False).is_dir() else []
-    st = protect.load_state()
-    return dataclasses.replace(snap, owners=tuple(found), others=kinds.scan_others(sysfs),
-                               protected=tuple(protect.protected(st)),
-                               protect_off=protect.is_off(st),
-                               scrub_mismatches=scrub.found())
 
 
 def _scrub_metrics(snap: Snapshot) -> Iterator[Metric]:
@@ -491,106 +478,13 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
     yield from (disk, disk_warn, pressure, stall, ios, nbytes, host, host_stall)
 
 
-# how often a long-lived collector reads what changes slowly (issue #34): bcache's decaying
-# stats intervals (five_minute, hour, day; folded every ~13.6 s, a five-minute window read
-# once a minute) and libvirt's domains (the TUI's pace; one listing through libvirt's binding,
-# or a virsh call per domain where the binding is missing: backends/virsh.py)
+# how often a long-lived collector (ops/metrics.py) reads what changes slowly (issue #34):
+# bcache's decaying stats intervals (five_minute, hour, day; folded every ~13.6 s, a
+# five-minute window read once a minute) and libvirt's domains (the TUI's pace; one listing
+# through libvirt's binding, or a virsh call per domain where the binding is missing:
+# backends/virsh.py)
 STATS_EVERY = 60.0
 VM_EVERY = 15.0
-
-
-class SnapshotCollector(Collector):
-    """A snapshot per scrape, from what a poller already knows: sysfs and dmsetup only, never
-    a disk probe.
-
-    It keeps a :class:`~cachemgr.backends.scancache.ScanCache`, so identities, the device
-    list, bcache's UUIDs and labels and ``dmsetup table`` are read again only after a uevent
-    (docs/kernel-notes.md, "uevent_seqnum"); every scrape reads the counters, ``stats_total``,
-    modes, states, dirty data and the tunables (its cache keeps none of the values a TUI poll
-    takes from its last full read: ``keep=0``). bcache's five_minute/hour/day stats are read every
-    ``STATS_EVERY`` seconds and carried between (``snapshot.carry_stats``), libvirt's domains
-    every ``VM_EVERY`` seconds (their pressure and IO with them): the first scrape asks
-    libvirt itself, a later one that finds the answer old starts a new look in a thread of
-    its own (``background``) and exports the last answer meanwhile, so no scrape waits on
-    libvirt (through virsh, a call per domain: 20 domains took 14 s in the UML lab, past
-    Prometheus's default scrape timeout; libvirt's binding answers in one listing, each
-    domain's XML kept until an event: backends/virsh.py). ``clock``: monotonic seconds
-    (tests)."""
-
-    def __init__(self, sysfs: Sysfs, *, vms: bool = True, uri: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
-        self.sysfs = sysfs
-        self.vms = vms  # also libvirt's domains (every VM_EVERY s)
-        self.uri = uri
-        self.clock = clock
-        self.background = background
-        self._vm_thread: threading.Thread | None = None
-        self.meter = traffic.Meter()
-        # keep=0: every scrape reads the tunables and bypass counters a TUI poll takes from
-        # its last full read (backends/scancache.py): a counter is exported as it reads now
-        self.cache = ScanCache(keep=0)
-        self._lock = threading.Lock()  # one scan at a time (the listener's threads)
-        self._stats_at: float | None = None
-        self._with_stats: Snapshot | None = None
-        self._vms_at: float | None = None
-        self._vms: VmScan | None = None
-        self._said: tuple[Unseen, ...] = ()  # what was not read, as last logged
-
-    def snapshot(self) -> Snapshot:
-        """This scrape's snapshot (what :meth:`collect` exports)."""
-        return self._scrape()[0]
-
-    def _scrape(self) -> tuple[Snapshot, dict[str, float | None]]:
-        """The snapshot and each backing device's written-back bytes per second since the
-        previous scrape (procedures/traffic.py)."""
-        with self._lock:
-            now = self.clock()
-            stats = self._stats_at is None or now - self._stats_at >= STATS_EVERY
-            snap = snapshot_mod.take(self.sysfs, probe_unregistered=False, stats=stats,
-                                     cache=self.cache)
-            if stats:
-                self._stats_at, self._with_stats = now, snap
-            else:
-                snap = snapshot_mod.carry_stats(snap, self._with_stats)
-            written = self.meter.update(self.sysfs, snap.backings, now, self.cache)
-            if self.vms:
-                if self._vms_at is None:
-                    self._vms_at, self._vms = now, self._scan_vms(snap)
-                elif now - self._vms_at >= VM_EVERY and self._vm_thread is None:
-                    self._vms_at = now
-                    if self.background:
-                        self._vm_thread = threading.Thread(
-                            target=self._refresh_vms, args=(snap,), name="metrics-vms",
-                            daemon=True)
-                        self._vm_thread.start()
-                    else:
-                        self._vms = self._scan_vms(snap)
-                snap = dataclasses.replace(snap, vms=self._vms)
-            return with_owners(self.sysfs, snap), written
-
-    def _scan_vms(self, snap: Snapshot) -> VmScan:
-        from cachemgr.backends import virsh
-        from cachemgr.backends import vms as vms_mod
-
-        return vms_mod.scan(self.sysfs, snap, virsh.default_source(self.sysfs, self.uri))
-
-    def _refresh_vms(self, snap: Snapshot) -> None:
-        try:
-            self._vms = self._scan_vms(snap)
-        except Exception:  # the last answer stays; the next due scrape tries again
-            log.warning("metrics: libvirt's domains not read", exc_info=True)
-        finally:
-            self._vm_thread = None
-
-    def collect(self) -> Iterable[Metric]:
-        snap, written = self._scrape()
-        blind = any(u.what == unseen.STATE for u in snap.unseen)
-        if snap.unseen and snap.unseen != self._said:  # said once on stderr (the unit's log)
-            self._said = snap.unseen
-            log.warning("%s", unseen.words(snap.unseen))
-        return [*collect(snap, written_back=written),
-                *health_metrics([] if blind else smart.ssd_health(self.sysfs, snap,
-                                                                  refresh=False))]
 
 
 # ---------------------------------------------------------------------------- exposition

@@ -79,6 +79,20 @@ def read_sha(node: str, size: int) -> str:
     return hashlib.sha256(bytes(buf)).hexdigest()
 
 
+def scraped_findings() -> list[tuple[str, str, str]]:
+    """cachemgr_health_finding of a scrape (the metrics' collector): (level, code, device)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cachemgr.ops.metrics import SnapshotCollector
+
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(Sysfs(), vms=False))
+    return sorted((s.labels["level"], s.labels["code"], s.labels["device"])
+                  for f in text_string_to_metric_families(generate_latest(reg).decode())
+                  if f.name == "cachemgr_health_finding" for s in f.samples)
+
+
 def dm_dirty(name: str) -> int:
     return int(runner.run(["dmsetup", "status", name]).stdout.split()[13])
 
@@ -229,6 +243,8 @@ def test_a_backing_device_pulled_while_dirty_is_critical(lab_disks: list[str],
     assert f"SSD {lab_disks[0]}" in f["what"] and "/dev/bcache0" in f["what"], f
     assert f["next"] == (f"bring {hdd.node} back (reseat it, rescan its bus), then cachemgr "
                          f"register {hdd.node}")
+    # a scrape says the same (it opens no disk: the disk is gone from sysfs)
+    assert scraped_findings() == [("critical", "backing-gone-dirty", hdd.node)]
 
     # the disk back: it is there, unregistered, with dirty data on the set (check says so)
     scsi.rescan(sysfs, hdd.host)
@@ -236,6 +252,9 @@ def test_a_backing_device_pulled_while_dirty_is_critical(lab_disks: list[str],
     rc, found, text = check()
     assert rc == 2 and [(f["code"], f["next"]) for f in found] == [
         ("stranded-dirty", f"cachemgr register {back.node}")], text
+    # its disk is back: a scrape, which reads no superblock, no longer calls it gone (the
+    # stopped device's superblock is check's to read)
+    assert scraped_findings() == []
     r = cm("register", back.node)
     assert r.returncode == 0, r.stdout + r.stderr
     r = cm("drain", "/dev/bcache0")

@@ -76,7 +76,7 @@ def test_scrape_never_probes_a_disk(lab_disks: list[str], tmp_path: Path,
     from cachemgr.backends import bcache_super, identity
     from cachemgr.cli.main import main
     from cachemgr.core.sysfs import Sysfs
-    from cachemgr.procedures.metrics import SnapshotCollector
+    from cachemgr.ops.metrics import SnapshotCollector
 
     scenarios.bcache_holding_dirty(lab_disks[0], lab_disks[1], bucket="128k", size="64M",
                                    io_size="8M")
@@ -111,7 +111,7 @@ def owner_samples() -> dict[str, tuple[dict[str, str], float | None]]:
     """path -> (labels of cachemgr_device_owner_info, cachemgr_device_owner_since_seconds)
     from a scrape of the live kernel (SnapshotCollector: the listener's and textfile's)."""
     from cachemgr.core.sysfs import Sysfs
-    from cachemgr.procedures.metrics import SnapshotCollector
+    from cachemgr.ops.metrics import SnapshotCollector
 
     reg = CollectorRegistry()
     reg.register(SnapshotCollector(Sysfs(), vms=False))
@@ -203,7 +203,7 @@ def test_listener_runs_dmsetup_table_only_after_a_uevent(
     table and shows the new mode. What the kernel offers besides: /sys/block/dm-N/dm/ has no
     event counter (docs/kernel-notes.md, "uevent_seqnum")."""
     from cachemgr.core.sysfs import Sysfs
-    from cachemgr.procedures.metrics import SnapshotCollector
+    from cachemgr.ops.metrics import SnapshotCollector
     from tests.kernel import clirun
     from tests.unit.test_metrics_cache import count_dmsetup
 
@@ -247,8 +247,8 @@ def test_wb_per_second_is_traffic_not_the_setting(lab_disks: list[str]) -> None:
     from cachemgr.core import runner
     from cachemgr.core.model import CacheMode, CacheState
     from cachemgr.core.sysfs import Sysfs
+    from cachemgr.ops.metrics import SnapshotCollector
     from cachemgr.procedures import traffic
-    from cachemgr.procedures.metrics import SnapshotCollector
 
     sysfs = Sysfs()
     bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="128k",

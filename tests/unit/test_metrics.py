@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemgr.backends import snapshot
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures.metrics import LOOPBACK, SnapshotCollector, parse_listen
+from cachemgr.ops.metrics import SnapshotCollector
+from cachemgr.procedures.metrics import LOOPBACK, parse_listen
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemgr.backends import bcache, dmcache
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import metrics as ops_metrics
 from cachemgr.procedures import metrics
 from tests.unit.test_scan_budget import Clock, Counting
 from tests.unit.tui_helpers import FIXTURES, unpacked
@@ -85,7 +86,7 @@ def bump_seqnum(root: Path) -> None:
 def test_the_second_scrape_reads_nothing_that_did_not_change(
         tree: Path, dmsetup_calls: list[str]) -> None:
     s, clock = Counting(tree), Clock()
-    col = metrics.SnapshotCollector(s, vms=False, clock=clock)
+    col = ops_metrics.SnapshotCollector(s, vms=False, clock=clock)
     first = scrape(col)
     assert dmsetup_calls.count("table") == 1
     assert [r for r in s.reads if r.endswith(IDENTITY)]  # the first reads them
@@ -116,7 +117,7 @@ def test_a_changed_device_is_seen(tree: Path, dmsetup_calls: list[str]) -> None:
     """What changes without a uevent (a mode, a counter) on the next scrape; what changes
     with one (a label, a dm table) once the kernel's uevent counter moved."""
     s, clock = Counting(tree), Clock()
-    col = metrics.SnapshotCollector(s, vms=False, clock=clock)
+    col = ops_metrics.SnapshotCollector(s, vms=False, clock=clock)
     scrape(col)
     b0 = col.snapshot().backings[0]
     assert b0.device_name is not None
@@ -162,7 +163,7 @@ def test_a_scrape_without_the_counter_reads_everything(tmp_path: Path,
 
     root = copy_capture(tmp_path, "dmcache-writeback")
     s = Counting(root)
-    col = metrics.SnapshotCollector(s, vms=False, clock=Clock())
+    col = ops_metrics.SnapshotCollector(s, vms=False, clock=Clock())
     scrape(col)
     scrape(col)
     assert dmsetup_calls.count("table") == 2
@@ -174,7 +175,7 @@ def test_the_exposition_is_prometheus_clients_byte_for_byte(fx: Path) -> None:
     """metrics.text writes what prometheus_client's generate_latest writes, on every capture
     (and a label value with a quote, a backslash and a newline: device strings are data)."""
     reg = CollectorRegistry()
-    reg.register(metrics.SnapshotCollector(Sysfs(fx)))
+    reg.register(ops_metrics.SnapshotCollector(Sysfs(fx)))
     fams = list(reg.collect())
     odd = GaugeMetricFamily("cachemgr_odd", 'a "doc" with \\ and\nnewline', labels=["x"])
     for v in ('a"b', "c\\d", "e\nf", "ü", ""):
@@ -194,7 +195,7 @@ def test_the_app_serves_the_text_format_and_gzip() -> None:
     from tests.unit.tui_helpers import fx as capture
 
     reg = CollectorRegistry()
-    reg.register(metrics.SnapshotCollector(Sysfs(capture("bcache-writeback-dirty")),
+    reg.register(ops_metrics.SnapshotCollector(Sysfs(capture("bcache-writeback-dirty")),
                                            vms=False))
     app = metrics.wsgi_app(reg)
     got: list[tuple[str, list[tuple[str, str]]]] = []
@@ -236,7 +237,7 @@ def test_libvirt_is_asked_at_its_own_pace(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(vms_mod, "scan", scan)
     clock = Clock()
-    col = metrics.SnapshotCollector(Sysfs(capture("vms")), clock=clock)
+    col = ops_metrics.SnapshotCollector(Sysfs(capture("vms")), clock=clock)
     first = col.snapshot()
     assert first.vms is not None and first.vms.vms and len(asked) == 1
     clock.t += metrics.VM_EVERY / 2
@@ -273,7 +274,7 @@ def test_drain_journals_are_found_by_one_listing(tmp_path: Path,
     (sd / "drain" / state.journal_name(drain.journal_key(b))).write_text("{}")
     assert drain._journal(b).exists()  # the name the drain itself writes
     (sd / "drain" / state.journal_name("some-other-device")).write_text("{}")
-    col = metrics.SnapshotCollector(Sysfs(root), vms=False, clock=Clock())
+    col = ops_metrics.SnapshotCollector(Sysfs(root), vms=False, clock=Clock())
     got = {k: v for k, v in scrape(col).items() if k[0] == "cachemgr_drain_running"}
     assert got == {key("cachemgr_drain_running", kind="bcache", device=str(b.device_name),
                        path=str(b.device)): 1.0}

@@ -22,9 +22,9 @@ from cachemgr.core import state
 from cachemgr.core.model import CacheMode, Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as ops_cache
+from cachemgr.ops.metrics import SnapshotCollector
 from cachemgr.procedures import kinds, owners, replace
 from cachemgr.procedures.kinds import Kind
-from cachemgr.procedures.metrics import SnapshotCollector
 from tests.unit.guards import held_elsewhere
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -269,7 +269,8 @@ def test_a_kind_registered_beyond_the_built_in_ones(flash_kind: None, state_dir:
 
 
 def test_owners_come_from_the_snapshot_the_collector_fills(state_dir: Path) -> None:
-    """metrics.collect reads Snapshot.owners: a bare scan (no owners) exports none."""
+    """metrics.collect reads Snapshot.owners: a bare scan (no owners) exports none; the
+    collector's (status's) has them."""
     from cachemgr.backends import snapshot
     from cachemgr.procedures import metrics
 
@@ -278,7 +279,7 @@ def test_owners_come_from_the_snapshot_the_collector_fills(state_dir: Path) -> N
     assert isinstance(snap, Snapshot) and snap.owners == ()
     fams = {f.name: f for f in metrics.collect(snap, journals=False)}
     assert fams["cachemgr_device_owner_info"].samples == []
-    filled = metrics.with_owners(Sysfs(BCACHE), snap)
+    filled = ops_cache.status(Sysfs(BCACHE))  # what the collector scans (ops/metrics.py)
     fams = {f.name: f for f in metrics.collect(filled, journals=False)}
     assert [s.labels["state"] for s in fams["cachemgr_device_owner_info"].samples] == [
         "interrupted"]

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from cachemgr.cli.main import main
 from cachemgr.core import state
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import metrics as ops_metrics
 from cachemgr.procedures import metrics
 from tests.unit.test_metrics_cache import count_dmsetup
 from tests.unit.test_scan_budget import Clock
@@ -79,7 +80,7 @@ class Sleeper:
 
 def registry(root: Path, clock: Clock) -> CollectorRegistry:
     reg = CollectorRegistry()
-    reg.register(metrics.SnapshotCollector(Sysfs(root), vms=False, clock=clock))
+    reg.register(ops_metrics.SnapshotCollector(Sysfs(root), vms=False, clock=clock))
     return reg
 
 

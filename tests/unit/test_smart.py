@@ -16,7 +16,7 @@ from cachemgr.core import state
 from cachemgr.core.errors import CommandNotFound
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
-from cachemgr.procedures.metrics import SnapshotCollector
+from cachemgr.ops.metrics import SnapshotCollector
 
 FX = Path(__file__).resolve().parents[1] / "fixtures"
 SC = FX / "smartctl"

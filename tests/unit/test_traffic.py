@@ -99,12 +99,12 @@ def test_the_meter_and_status_watch_show_traffic_not_the_setting(tmp_path: Path)
 def test_the_listener_exports_the_traffic_beside_the_setting(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from cachemgr.procedures import metrics
+    from cachemgr.ops import metrics as ops_metrics
 
     root = copy_capture(tmp_path, "bcache-unattached")
     s = Sysfs(root)
     t = [100.0]
-    col = metrics.SnapshotCollector(s, vms=False, clock=lambda: t[0])
+    col = ops_metrics.SnapshotCollector(s, vms=False, clock=lambda: t[0])
     reg = CollectorRegistry()
     reg.register(col)
     first = generate_latest(reg).decode()

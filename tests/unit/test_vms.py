@@ -182,7 +182,7 @@ def test_the_replacement_plan_names_the_vms_it_slows() -> None:
 def test_metrics_carry_each_vm_disk_and_its_cgroup_io() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from cachemgr.procedures.metrics import SnapshotCollector
+    from cachemgr.ops.metrics import SnapshotCollector
 
     reg = CollectorRegistry()
     reg.register(SnapshotCollector(SYS))

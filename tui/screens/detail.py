@@ -17,7 +17,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from cachemgr.core.model import Size, Snapshot, human
+from cachemgr.core.model import GoneBacking, Size, Snapshot, human
 from cachemgr.core.text import printable
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import vms as vm_ops
@@ -109,16 +109,52 @@ def findings_detail(snap: Snapshot, key: str, findings: Sequence[Finding]
                     else "bold yellow") for f in about]
 
 
+def gone_detail(snap: Snapshot, key: str, g: GoneBacking,
+                findings: Sequence[Finding]) -> RenderableType:
+    """A bcache backing device gone while dirty (no device, no kind: nothing to act on):
+    its finding with the next command first, then what ``check`` remembered of it."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(g.seen_at))
+    c = snap.cache_set(g.cset_uuid)
+    ssd = ",".join(x.identity.node for x in c.caches) if c is not None else None
+    parts: list[RenderableType] = findings_detail(snap, key, findings) or [
+        literal(f"{g.node}: gone while dirty", style="bold red")]
+    parts.append(kv(f"{g.node}: gone", [
+        ("backing device", g.node), ("bcache device", g.device),
+        ("cache set", g.cset_uuid + ("" if c is not None else " (not registered now)")),
+        ("its SSD", ssd), ("dirty when last seen", human(g.dirty_bytes)
+                           if g.dirty_bytes is not None else None),
+        ("last seen dirty", f"{when} (cachemgr check remembers it)"), ("UUID", g.uuid)]))
+    parts.append(literal("Its dirty data is only on the cache set's SSD: do not unregister, "
+                         "wipe or replace that SSD until it is back and clean.",
+                         style="yellow"))
+    spaced: list[RenderableType] = []
+    for p in parts:
+        spaced += [p, Text("")]
+    return Group(*spaced)
+
+
+def left_detail(snap: Snapshot, key: str, left: Sequence[view.Left]) -> list[RenderableType]:
+    """The "a VM left" marks of this device (procedures/coherence.py), with the command that
+    clears them (``i`` here): what status and ``vms`` say."""
+    row = next((r for r in view.rows(snap) if r.key == key), None)
+    marks = view.left_of(snap, row, left) if row is not None else []
+    return [literal(f"{words} (i: invalidate)", style="bold yellow") for _, _, words in marks]
+
+
 def render(snap: Snapshot, key: str,
            health: list[tuple[Any, Any]] | None = None,
-           findings: Sequence[Finding] = ()) -> RenderableType:
+           findings: Sequence[Finding] = (),
+           left: Sequence[view.Left] = ()) -> RenderableType:
     obj = view.find(snap, key)
+    if isinstance(obj, GoneBacking):
+        return gone_detail(snap, key, obj, findings)
     k = cache_ops.kind_of(obj) if obj is not None else None
     if obj is None or k is None:
         return literal(f"{key} is gone (removed or unplugged since it was selected)",
                        style="bold red")
     # who owns it, what is wrong, which VMs it serves: first, where a glance finds them
     parts = owner_detail(snap, obj) + findings_detail(snap, key, findings)
+    parts += left_detail(snap, key, left)
     parts += vm_detail(k.vm_node, snap) + [section(sec) for sec in k.detail(snap)]
     parts += health_detail(k.health_cache, health)
     spaced: list[RenderableType] = []
@@ -152,7 +188,8 @@ class DetailScreen(Screen[None]):
         shown = self.query("#detail")
         if not shown:  # pushed, not composed yet: on_mount shows the snapshot
             return
-        shown.first(Static).update(render(snap, self.key, self.health, self._findings()))
+        shown.first(Static).update(render(snap, self.key, self.health, self._findings(),
+                                          self._left()))
         if time.monotonic() - self._health_at >= 60:  # the lookup itself is cached
             self._health_at = time.monotonic()
             self.read_health(snap)
@@ -166,7 +203,10 @@ class DetailScreen(Screen[None]):
         self.health = health
         if health:
             self.query_one("#detail", Static).update(render(snap, self.key, health,
-                                                            self._findings()))
+                                                            self._findings(), self._left()))
 
     def _findings(self) -> list[Finding]:
         return list(getattr(self.app, "findings", []))
+
+    def _left(self) -> list[view.Left]:
+        return list(getattr(self.app, "left", []))
