@@ -94,10 +94,11 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
 
 
 def protect_fields(view: state.View | None = None) -> dict[str, Any]:
-    """The snapshot's ``protected`` and ``protect_off``, from one read of the protect
-    state (procedures/protect.py)."""
+    """The snapshot's ``protected``, ``protect_off`` and ``protect_unknown``, from one read
+    of the protect state (procedures/protect.py)."""
     st = protect.load_state(view)
-    return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st)}
+    return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st),
+            "protect_unknown": tuple(protect.unknown(st))}
 
 
 def _with_files(sysfs: Sysfs, snap: Snapshot, hidden: list[Unseen]) -> Snapshot:
