@@ -56,6 +56,7 @@ class Logged:
     what: str  # "I/O", "critical medium", "timeout", ...
     op: str | None  # READ, WRITE, FLUSH, DISCARD, ... (None: an old kernel's line)
     line: str
+    seq: int | None = None  # the /dev/kmsg record's sequence number (None: a bare message)
 
 
 def parse(at: float, message: str) -> Logged | None:
@@ -66,18 +67,38 @@ def parse(at: float, message: str) -> Logged | None:
     return Logged(at, m["dev"], m["what"].strip(), m["op"], message.strip())
 
 
-def parse_record(record: str) -> Logged | None:
-    """One /dev/kmsg record (``PRI,SEQ,TS_USEC,FLAGS;MESSAGE`` then `` KEY=VALUE`` lines:
-    Documentation/ABI/testing/dev-kmsg) as a failed request, or None."""
+# "blk_print_req_error: 20 callbacks suppressed" (lab, 7.2.7): printk_ratelimited's notice,
+# printed before the first line let through once its 5 s interval is over, of the lines it
+# dropped (10 a 5 s interval, every disk together: include/linux/ratelimit_types.h
+# DEFAULT_RATELIMIT_BURST/INTERVAL); "blk_update_request: ..." and "print_req_error: ..."
+# on older kernels. It names no disk.
+_SUPPRESSED = re.compile(r"^(?:blk_print_req_error|print_req_error|blk_update_request): "
+                         r"(?P<n>\d+) callbacks suppressed")
+BURST, INTERVAL = 10, 5.0  # the rate limit of the failed-request lines
+
+
+def _head(record: str) -> tuple[int, float, str] | None:
+    """(sequence number, seconds since boot, first message line) of a /dev/kmsg record
+    (``PRI,SEQ,TS_USEC,FLAGS;MESSAGE`` then `` KEY=VALUE`` lines:
+    Documentation/ABI/testing/dev-kmsg), or None when it is not one."""
     head, sep, rest = record.partition(";")
     fields = head.split(",")
     if not sep or len(fields) < 3:
         return None
     try:
-        at = int(fields[2]) / 1e6
+        return int(fields[1]), int(fields[2]) / 1e6, rest.split("\n", 1)[0]
     except ValueError:
         return None
-    return parse(at, rest.split("\n", 1)[0])
+
+
+def parse_record(record: str) -> Logged | None:
+    """One /dev/kmsg record as a failed request, or None."""
+    got = _head(record)
+    if got is None:
+        return None
+    seq, at, message = got
+    x = parse(at, message)
+    return None if x is None else Logged(x.at, x.disk, x.what, x.op, x.line, seq)
 
 
 class Reader:
@@ -92,6 +113,14 @@ class Reader:
         self._fd: int | None = None
         self._done = False  # a captured log: read once
         self.now = 0.0  # the last read's ``now``
+        # what a counter's reader needs to know of the records read so far: the sequence
+        # numbers of the oldest and the newest, whether some were overwritten before they
+        # were read (the ring is full), and the rate limit's notices (seq, time, lines
+        # dropped): ops/protect.py, which tells failed requests from probes by them
+        self.first_seq: int | None = None
+        self.last_seq: int | None = None
+        self.lost = False
+        self.suppressed: list[tuple[int, float, int]] = []
 
     def _records(self) -> Iterator[str]:
         if not self.sysfs.live:
@@ -110,11 +139,27 @@ class Reader:
             except OSError as exc:
                 self.why_not = f"the kernel log (/dev/kmsg) not read: {exc.strerror}"
                 return
-        for rec in _read_fd(self._fd):
+        for rec in _read_fd(self._fd, self):
             if isinstance(rec, OSError):
                 self.why_not = f"the kernel log (/dev/kmsg) not read: {rec.strerror}"
                 return
             yield rec
+
+    def _parse(self, record: str) -> Logged | None:
+        got = _head(record)
+        if got is None:
+            return None
+        seq, at, message = got
+        if self.first_seq is None or seq < self.first_seq:
+            self.first_seq = seq
+        if self.last_seq is None or seq > self.last_seq:
+            self.last_seq = seq
+        m = _SUPPRESSED.match(message)
+        if m is not None:
+            self.suppressed.append((seq, at, int(m["n"])))
+            return None
+        x = parse(at, message)
+        return None if x is None else Logged(x.at, x.disk, x.what, x.op, x.line, seq)
 
     def _captured_now(self) -> float:
         try:
@@ -126,7 +171,7 @@ class Reader:
     def read(self, now: float | None = None) -> list[Logged]:
         """The failed requests logged in the last :data:`RECENT` seconds before ``now``
         (seconds since boot; default: CLOCK_MONOTONIC, the log's clock)."""
-        self._seen += [x for x in map(parse_record, self._records()) if x is not None]
+        self._seen += [x for x in map(self._parse, self._records()) if x is not None]
         if now is None:
             now = (time.clock_gettime(time.CLOCK_MONOTONIC) if self.sysfs.live
                    else self._captured_now())
@@ -140,7 +185,7 @@ class Reader:
             self._fd = None
 
 
-def _read_fd(fd: int) -> Iterator[str | OSError]:
+def _read_fd(fd: int, reader: Reader | None = None) -> Iterator[str | OSError]:
     """The records of an open /dev/kmsg until none is left (an OSError: why it stopped)."""
     while True:
         try:
@@ -149,12 +194,26 @@ def _read_fd(fd: int) -> Iterator[str | OSError]:
             return
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # a record overwritten before it was read
+                if reader is not None:
+                    reader.lost = True
                 continue
             yield exc
             return
         if not raw:
             return
         yield raw.decode("utf-8", "replace")
+
+
+def boot_id(sysfs: Sysfs) -> str | None:
+    """This boot's ID (a record's sequence number counts from 0 again at each boot), None
+    for a captured tree or when it cannot be read."""
+    if not sysfs.live:
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def records() -> list[str]:

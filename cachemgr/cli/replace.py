@@ -73,11 +73,22 @@ def cmd_replace(args: argparse.Namespace) -> int:
     if args.dry_run:
         return emit(args, ops.dry_run(sysfs, args.cache, opts))
     j = ops.plan(sysfs, args.cache, opts, for_run=True)
-    if not args.yes:  # the plan, then the question (docs/cli.md, "Confirmations")
-        confirm.require(args, control.Plan(f"replace-ssd {args.cache}",
-                                   tuple(ops.plan_lines(sysfs, j))))
-    _say(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})")
-    return emit(args, ops.run(sysfs, j, ctl=ctl))
+    # the plan, then the question (docs/cli.md, "Confirmations"), both once the run holds
+    # its devices: the plan shown is the one read under its locks (ops.replace.run); then
+    # the run's id
+    started = f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})"
+    ask = confirm.confirmer(args)
+    if ask is None:
+        _say(started)
+    else:
+        def asked(plan: control.Plan) -> bool:
+            if not ask(plan):
+                return False
+            _say(started)
+            return True
+
+        ctl.confirm = asked
+    return emit(args, ops.run(sysfs, j, ctl=ctl, command=f"replace-ssd {args.cache}"))
 
 
 def register(sub: Any) -> None:

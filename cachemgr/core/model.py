@@ -629,6 +629,9 @@ class Snapshot:
     protected: tuple[tuple[str, str], ...] = ()
     # the last protect pass found protect off: ``protected`` is only what earlier passes did
     protect_off: bool = False
+    # (SSD, words): a cache SSD whose error count rose by errors the kernel log could not
+    # tell from probe commands; protect did nothing (procedures/protect.py ``unknown``)
+    protect_unknown: tuple[tuple[str, str], ...] = ()
     # what this run could not read without root (empty when run as root: :class:`Unseen`)
     unseen: tuple[Unseen, ...] = ()
     # (cached device node, failed requests logged for a disk under its cache device): the

@@ -96,11 +96,11 @@ def status(sysfs: Sysfs, *, probe_unregistered: bool = False, vms: bool = False,
 
 
 def protect_fields(view: state.View | None = None) -> dict[str, Any]:
-    """The snapshot's ``protected`` and ``protect_off``, from one read of the protect
-    state (procedures/protect.py), and its ``scrub_mismatches``."""
+    """The snapshot's ``protected``, ``protect_off`` and ``protect_unknown``, from one read
+    of the protect state (procedures/protect.py), and its ``scrub_mismatches``."""
     st = protect.load_state(view)
     return {"protected": tuple(protect.protected(st)), "protect_off": protect.is_off(st),
-            **scrub_fields(view)}
+            "protect_unknown": tuple(protect.unknown(st)), **scrub_fields(view)}
 
 
 def scrub_fields(view: state.View | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cachemgr.backends import smart
+from cachemgr.backends import kernlog, smart
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, require_root
 from cachemgr.core.model import Snapshot
@@ -47,51 +47,45 @@ def _count(sysfs: Sysfs, path: str) -> int | None:
         return None
 
 
-# /sys/block/<disk>/stat, Documentation/block/stat.rst: reads completed (field 1), writes
-# completed (5), discards completed (12, 4.18+), flushes completed (15, 5.5+); a pass-through
-# command (SG_IO: smartctl, sg3_utils, udev's probes) is none of them
-_REQUEST_FIELDS = (0, 4, 11, 14)
-
-
-def _requests(sysfs: Sysfs, name: str) -> int | None:
-    raw = sysfs.read_opt(f"block/{name}/stat")
-    fields = raw.split() if raw else []
+def read_log(sysfs: Sysfs) -> tuple[protect.Log, dict[str, list[tuple[int, float]]]]:
+    """The kernel log's failed requests and what tells whether it holds them all
+    (procedures/protect.py ``Log``), and each disk's failed requests, read now: after the
+    counters, so that every error a counter showed of a failed request was logged before
+    (the block layer logs the request when it ends, just after the SCSI command counted
+    it: drivers/scsi/scsi_lib.c ``scsi_complete``, block/blk-mq.c ``blk_update_request``;
+    a request ending in between logs into the next pass's window)."""
+    reader = kernlog.Reader(sysfs)
     try:
-        return sum(int(fields[i]) for i in _REQUEST_FIELDS if i < len(fields)) \
-            if len(fields) >= 11 else None
-    except ValueError:
-        return None
+        logged = reader.read()
+    finally:
+        reader.close()
+    why = reader.why_not
+    if why is None and reader.last_seq is None:
+        why = "the kernel log held no record" + ("" if sysfs.live else " (none captured)")
+    at = reader.now if reader.last_seq is not None else None
+    by_disk: dict[str, list[tuple[int, float]]] = {}
+    for x in logged:
+        if x.seq is not None:
+            by_disk.setdefault(x.disk, []).append((x.seq, x.at))
+    return protect.Log(why_not=why, boot=kernlog.boot_id(sysfs), first=reader.first_seq,
+                       last=reader.last_seq, at=at, lost=reader.lost,
+                       suppressed=tuple(reader.suppressed),
+                       failed=tuple((x.seq, x.at) for x in logged if x.seq is not None)
+                       ), by_disk
 
 
-def counters(sysfs: Sysfs, name: str) -> tuple[int, tuple[int, int] | None] | None:
-    """A SCSI disk's ``device/ioerr_cnt`` (commands that completed with an error) and its
-    traffic (``device/iodone_cnt``: commands completed; the block requests completed, from
-    ``stat``), else None (not a SCSI disk: NVMe has no such counter). The order of the
-    reads is the kernel's order reversed, so that nothing is counted twice as a probe's
-    (drivers/scsi/scsi_lib.c ``scsi_complete``: iodone_cnt, then ioerr_cnt; the request is
-    accounted in ``stat`` when it ends, after that): ``stat`` first, then ``ioerr_cnt``,
-    then ``iodone_cnt``, so every error read was a command already counted as done and
-    every block request read was a command already counted as done."""
-    requests = _requests(sysfs, name)
-    errors = _count(sysfs, f"block/{name}/device/ioerr_cnt")
-    done = _count(sysfs, f"block/{name}/device/iodone_cnt")
-    if errors is None:
-        return None
-    return errors, ((done, requests) if done is not None and requests is not None else None)
-
-
-def gather(sysfs: Sysfs, snap: Snapshot) -> list[protect.Ssd]:
-    """The SSDs of ``snap`` with what a decision reads: never runs smartctl."""
+def gather(sysfs: Sysfs, snap: Snapshot) -> tuple[list[protect.Ssd], protect.Log]:
+    """The SSDs of ``snap`` with what a decision reads, and the kernel log read after their
+    counters (a SCSI disk's ``device/ioerr_cnt``: commands that completed with an error;
+    NVMe has no such counter): never runs smartctl."""
     rows = smart.ssd_health(sysfs, snap, refresh=False)
     errors: dict[str, int] = {}
-    traffic: dict[str, tuple[int, int]] = {}
     for s, _ in rows:
-        got = counters(sysfs, s.name)
+        got = _count(sysfs, f"block/{s.name}/device/ioerr_cnt")
         if got is not None:
-            errors[s.name] = got[0]
-            if got[1] is not None:
-                traffic[s.name] = got[1]
-    return protect.ssds(snap, rows, errors, traffic)
+            errors[s.name] = got
+    klog, by_disk = read_log(sysfs)
+    return protect.ssds(snap, rows, errors, by_disk), klog
 
 
 def _load(policy_path: str) -> policy.Policy | None:
@@ -156,7 +150,8 @@ def _off(sysfs: Sysfs) -> list[str]:
         if not (old["counts"] or old["protected"]):
             return []
         snap = cache_ops.status(sysfs, probe_unregistered=False)
-        new = protect.off_state(old, gather(sysfs, snap))
+        groups, klog = gather(sysfs, snap)
+        new = protect.off_state(old, groups, mark=klog.mark())
         state.write_json(state.state_dir() / "protect" / "state.json", new)
         return [f"SSD {v.get('ssd')} stays recorded as protected, nothing done while protect "
                 f"is off: cachemgr protect --clear {v.get('ssd')} forgets it"
@@ -167,10 +162,10 @@ def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None
          stall_timeout: float, drains: bool) -> Result:
     ctl = ctl if ctl is not None else Control(what="protect")
     snap = cache_ops.status(sysfs, probe_unregistered=False)
-    groups = gather(sysfs, snap)
+    groups, klog = gather(sysfs, snap)
     old = protect.load_state()
     now = time.time()
-    d = protect.decide_from(groups, pol.protect, old, now)
+    d = protect.decide_from(groups, pol.protect, old, now, klog)
     lines: list[str] = []
     notes: list[str] = []
     for s, why in d.triggered:
@@ -213,6 +208,11 @@ def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None
     if not dry_run:
         state.write_json(state.state_dir() / "protect" / "state.json",
                          protect.next_state(old, d, groups, results, now))
+    for node, words in d.unknown.values():
+        lines.append(f"protect: SSD {node}: cannot tell: {words}; nothing done")
+        notes.append(f"cachemgr: warning: protect: SSD {node}: cannot tell: {words}; nothing "
+                     f"done: look at its SMART answer and the kernel log, then cachemgr "
+                     f"protect --clear {node} if it is sound")
     if not d.triggered:
         lines.append(f"protect: {len(groups)} cache SSD(s), none failing")
     for key, why in sorted(d.ignored.items()):
@@ -221,8 +221,9 @@ def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None
                          "baseline" + (" the next pass counts from" if not dry_run else
                                        " a pass would keep, nothing counted from it yet"))
         elif why == "explained":
-            lines.append(f"protect: {key}: rose to {d.counts.get(key)}, no more than the probe "
-                         "commands in between (smartctl) explain: not counted")
+            lines.append(f"protect: {key}: rose to {d.counts.get(key)}, no failed request of "
+                         "its disk in the kernel log since: probe commands (smartctl), not "
+                         "counted")
     return Result(lines=lines, notes=notes,
                   failed=any(o["result"] == "failed" for o in outcomes),
                   value=d, data={
@@ -231,6 +232,8 @@ def _run(sysfs: Sysfs, pol: policy.Policy, *, dry_run: bool, ctl: Control | None
                                 "baseline": {k: old["counts"].get(k) for k in s.io_errors},
                                 "ignored": {k: d.ignored[k] for k in s.io_errors
                                             if k in d.ignored},
+                                "unknown": d.unknown[s.key][1] if s.key in d.unknown
+                                else None,
                                 "why": next((w for t, w in d.triggered if t is s), None),
                                 "devices": [m.node for m in s.members]} for s in groups],
                       "actions": outcomes})
@@ -290,13 +293,14 @@ def _clear(sysfs: Sysfs, name: str, policy_path: str, *, dry_run: bool,
     old = protect.load_state()
     key = protect.find(old, name, _same if sysfs.live else None)
     if key is None:
-        known = ", ".join(str(v.get("ssd")) for v in old["protected"].values())
+        known = ", ".join(str(v.get("ssd")) for v in [*old["protected"].values(),
+                                                      *old["unknown"].values()])
         raise AlreadyError(f"{name}: no SSD recorded as protected by that name"
                            + (f" (recorded: {known})" if known else ""))
-    entry = old["protected"][key]
+    entry: Any = old["protected"].get(key) or old["unknown"].get(key) or {}
     ssd = str(entry.get("ssd"))
     snap = cache_ops.status(sysfs, probe_unregistered=False)
-    groups = gather(sysfs, snap)
+    groups, klog = gather(sysfs, snap)
     group = next((g for g in groups if g.key == key), None)
     now_modes = {m.node: m.mode for m in group.members} if group else {}
     modes = entry.get("modes") if isinstance(entry.get("modes"), dict) else {}
@@ -339,7 +343,7 @@ def _clear(sysfs: Sysfs, name: str, policy_path: str, *, dry_run: bool,
             autoattach.record(o)
             log.info("protect --clear %s %s: %s", o["result"], o["device"], o["error"] or "")
         if not stuck:
-            new = protect.forget(old, key, groups)
+            new = protect.forget(old, key, groups, mark=klog.mark())
             state.write_json(state.state_dir() / "protect" / "state.json", new)
             autoattach.record({"kind": "protect", "what": "forget", "ssd": ssd,
                                "device": ssd, "result": "done", "error": None})

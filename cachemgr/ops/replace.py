@@ -15,7 +15,7 @@ from cachemgr.core.errors import Cancelled, UnsafeError, UsageError, require_roo
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate
-from cachemgr.ops.control import Control, Result
+from cachemgr.ops.control import Control, Plan, Result
 from cachemgr.procedures import owners, replace
 from cachemgr.procedures.replace import dmcache as replace_dmcache
 from cachemgr.procedures.replace import lvm as replace_lvm
@@ -307,8 +307,14 @@ def _hooks(ctl: Control) -> dict[str, Any]:
     return {"say": say, "prompt": prompt}
 
 
-def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Result:
-    """Execute (or continue) the journaled run ``j``, step by step."""
+def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None,
+        command: str | None = None) -> Result:
+    """Execute (or continue) the journaled run ``j``, step by step. A fresh run (``j`` a
+    plan) takes its locks, plans again under them and only then asks ``ctl.confirm`` (the
+    plan it shows is the one it runs: ``command``, the command in words), so that nothing
+    between the question and the run's last step is another command's: a second admin's
+    change or second replace-ssd run on its devices while the question waits is refused
+    (exit 3, naming this run), not let through to be found changed after the answer."""
     require_root("replace-ssd")
     ctl = ctl or Control(what=f"replace-ssd {replace.kind_of(j.kind).short(j.cset)}")
     fresh = not j.done  # a plan: a journaled run has preflight and remember done
@@ -316,6 +322,7 @@ def run(sysfs: Sysfs, j: replace.Journal, *, ctl: Control | None = None) -> Resu
         if fresh:
             for line in _record_again(sysfs, j):
                 ctl.note(line)
+            ctl.ask(Plan(command or f"replace-ssd {j.cset}", tuple(plan_lines(sysfs, j))))
         done = replace.execute(sysfs, j, **_hooks(ctl))
     return Result(lines=[replace.kind_of(done.kind).done_line(done), timing_line(done)],
                   data=journal_json(done), value=done)

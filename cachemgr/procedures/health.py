@@ -36,6 +36,9 @@ The levels (docs/admin-guide.md, "Health and `cachemgr check`"):
   ``warnings``: what cachemgr does not know may be dirty data at risk); a device whose last
   scrub found blocks its cache served unlike its origin (``scrub-mismatch``: the SSD or the
   kernel returned wrong data; cleared by a scrub that finds it clean).
+* UNKNOWN (below a CRITICAL, above the rest): a cache SSD whose error count rose by errors
+  the kernel log could not tell from probe commands (``snap.protect_unknown``: protect did
+  nothing; procedures/protect.py).
 """
 
 from __future__ import annotations
@@ -102,11 +105,15 @@ def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
                       "was interrupted on its device is unknown",
                       "look at it, check its device by hand, then move it away")
               for path, why in unreadable]
-    return sorted(found, key=lambda f: -f.level)
+    return sorted(found, key=lambda f: -_RANK[f.level])
+
+
+# a CRITICAL seen stands over what is unknown (as unseen.verdict has it); UNKNOWN over less
+_RANK = {Level.OK: 0, Level.WARNING: 1, Level.UNKNOWN: 2, Level.CRITICAL: 3}
 
 
 def worst(findings: Iterable[Finding]) -> Level:
-    return max((f.level for f in findings), default=Level.OK)
+    return max((f.level for f in findings), key=_RANK.__getitem__, default=Level.OK)
 
 
 def _protected(snap: Snapshot) -> Iterable[Finding]:
@@ -119,6 +126,10 @@ def _protected(snap: Snapshot) -> Iterable[Finding]:
             yield Finding(Level.CRITICAL, "protected", ssd,
                           f"protected: SSD {ssd} failing: {words}",
                           f"cachemgr replace-ssd {ssd}")
+    for ssd, words in snap.protect_unknown:  # neither acted on nor taken for probes
+        yield Finding(Level.UNKNOWN, "protect-unknown", ssd,
+                      f"protect cannot tell: SSD {ssd}: {words}",
+                      f"cachemgr ssd-health --refresh, then cachemgr protect --clear {ssd}")
 
 
 def _bcache(snap: Snapshot) -> Iterable[Finding]:

@@ -32,6 +32,7 @@ from tests.kernel.test_drain_kernel import (
     writeback_on,
 )
 from tests.kernel.test_replace_kernel import (
+    end_state,
     setup,
     start_load,
     status_modes,
@@ -240,6 +241,59 @@ def test_replacement_owns_its_devices_for_its_whole_run(lab_disks: list[str]) ->
     words = [t for t in owned if "replace-ssd run" not in t[5]
              and f"pid {os.getpid()}" not in t[5]]
     assert not words, words
+    verify_pre(devices)
+
+
+@pytest.mark.kernel(disks="512M,512M", timeout=1200)
+def test_a_replacement_owns_its_devices_while_it_asks(lab_disks: list[str]) -> None:
+    """``replace-ssd`` without --yes on a terminal, under fio verify load: once it asks
+    (the condition the second admin waits for: "Go ahead? [y/N]" on its terminal), a mode
+    change and a tune of its devices and a second ``replace-ssd --yes`` of the same SSD are
+    refused (exit 3, naming the run), nothing of theirs done; answered yes, the run ends
+    (exit 0) with the admin's modes and tunables put back and every byte verified.
+
+    Before the fix the run planned and asked before it took its locks, and planned again
+    under them after the answer: whatever was started while the question waited went
+    through (exit 0), a second replacement of the same SSD too, and the answer confirmed a
+    plan that was no longer the one run."""
+    sysfs, devices, ssds = setup(lab_disks)
+    old, modes = status_modes(sysfs)
+    load = start_load(devices)
+    master, slave = os.openpty()
+    log = open("/tmp/replace-asks.log", "w+")  # noqa: SIM115
+    run = subprocess.Popen(
+        [sys.executable, "-m", "cachemgr", "replace-ssd", ssds[0].node],
+        stdin=slave, stdout=log, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    os.close(slave)
+    tries: list[tuple[tuple[str, ...], int, str]] = []
+    try:
+        deadline = time.monotonic() + 300
+        while "Go ahead? [y/N]" not in Path("/tmp/replace-asks.log").read_text():
+            assert run.poll() is None, Path("/tmp/replace-asks.log").read_text()
+            assert time.monotonic() < deadline, "no question within 300 s"
+            time.sleep(0.05)
+        for args in [("mode", devices[0], "writethrough"),
+                     ("tune", devices[1], "writeback_percent=40"),
+                     ("replace-ssd", ssds[0].node, "--yes")]:
+            r = clirun.process(*args)
+            out, err = r.communicate(timeout=900)
+            tries.append((args, r.returncode, out + err))
+        assert run.poll() is None  # still asking
+        os.write(master, b"y\n")
+        assert run.wait(timeout=900) == 0, Path("/tmp/replace-asks.log").read_text()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        os.close(master)
+        stop_load(load)
+    through = [t for t in tries if t[1] != 3]
+    assert not through, through
+    named = [t for t in tries if "replace-ssd run" not in t[2]]
+    assert not named, named
+    assert len(replace.list_runs()) == 1  # the second never began a run
+    end_state(sysfs, old, modes)  # the modes and writeback_percent the admin had
     verify_pre(devices)
 
 

@@ -13,10 +13,10 @@ Then (issue #41 item 4) protect that can be trusted: on a healthy SSD under load
 and cachemgr's own SMART probes raise the disk's ``ioerr_cnt`` and no pass acts; real
 medium errors after that act; ``enabled = false`` acts on nothing and ``--clear`` puts the
 admin's writeback back, which stays over passes off and on again. The issue's run probed
-for 10 minutes; the test runs 25 rounds (about a minute on UML), each with every probe
-(smartctl by hand, cachemgr's own SMART probe, ``status --json``) and a pass: the code
-before the fix acted in the first round (docs/kernel-notes.md, "What smartctl does to
-ioerr_cnt"), and a round is the same whenever it runs.
+for 10 minutes; the test runs 25 rounds by default (about a minute on UML; 300 with
+CACHEMGR_PROTECT_PROBES=300), each with every probe (smartctl by hand, cachemgr's own SMART
+probe, ``status --json``) and a pass: a pass that counted the raw ``ioerr_cnt`` acted in the
+first round (docs/kernel-notes.md, "What smartctl does to ioerr_cnt").
 
 Why clean sectors: bcache fails the whole set once its error count reaches ``io_error_limit``
 (8), and a read error on dirty data cannot be served from anywhere else: an SSD failing
@@ -243,9 +243,10 @@ def test_protect_switches_and_drains_before_the_ssd_is_pulled(lab_disks: list[st
 
 # rounds of smartctl + ssd-health --refresh + status --json + a pass (module doc); the
 # issue's 10 minutes: CACHEMGR_PROTECT_PROBES=300. Such a run on 2026-11-28 (UML, a loaded
-# host) FAILED after 286 rounds (~5 min): ioerr_cnt rose 1144 -> 1148 within one second and
-# the pass acted on the healthy SSD, the probe accounting not explaining that rise: an open
-# defect of issue #41 item 4 (a race between the counters read and the probes, to be found)
+# host) failed after 286 rounds while probes were told by counter arithmetic (iodone_cnt
+# less the block layer's requests in stat): ioerr_cnt rose 1144 -> 1148 within one second
+# and the pass acted on the healthy SSD. A disk's errors count now only as failed requests
+# the kernel logged for it (procedures/protect.py, docs/kernel-notes.md)
 PROBES = int(os.environ.get("CACHEMGR_PROTECT_PROBES", "25"))
 
 
