@@ -51,7 +51,7 @@ _cachemgr_node() {
     'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
-    'doctor') subs=(); opts=('-h' '--help' '--window' '--json'); vopts=('--window') ;;
+    'doctor') subs=(); opts=('-h' '--help' '--window' '--trace' '--json'); vopts=('--window' '--trace') ;;
     *) subs=(); opts=(); vopts=() ;;
     esac
 }
@@ -286,6 +286,7 @@ _cachemgr_optval() {
     'doctor')
         case $2 in
         '--window') spec=none ;;
+        '--trace') spec=files ;;
         esac ;;
     esac
 }

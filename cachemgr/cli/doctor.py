@@ -19,7 +19,7 @@ else:  # imported when a handler first uses it (cachemgr/cli/main.py's docstring
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     return emit(args, doctor_ops.doctor_cmd(Sysfs(args.sysfs_root), args.target,
-                                            window=args.window))
+                                            window=args.window, trace=args.trace))
 
 
 def register(sub: Any) -> None:
@@ -35,9 +35,11 @@ def register(sub: Any) -> None:
                     "stream (sequential_cutoff); bcache bypassing a congested cache device "
                     "(its requests slower than congested_read/write_threshold_us); a "
                     "writeback cache full of dirty data; a dm-cache that promotes nothing "
-                    "(the cleaner policy left behind). Changes nothing. Exit codes: 0 "
-                    "nothing found; 1 a cause named; 2 TARGET names no cached device, or a "
-                    "bad --window. See docs/admin-guide.md, 'Why is my cache not helping?'.")
+                    "(the cleaner policy left behind); with --trace, a working set larger "
+                    "than the cache (from the trace's miss-ratio curve: the size that would "
+                    "do). Changes nothing. Exit codes: 0 nothing found; 1 a cause named; 2 "
+                    "TARGET names no cached device, a bad --window, or a trace that is not "
+                    "of TARGET. See docs/admin-guide.md, 'Why is my cache not helping?'.")
     s.add_argument("target", metavar="TARGET", nargs="?",
                    help="one cached device (/dev/bcacheN, /dev/mapper/NAME, VG/LV); "
                         "default: every one")
@@ -45,5 +47,8 @@ def register(sub: Any) -> None:
                    default=15.0,
                    help="seconds between the two reads (default 15: bcache folds its "
                         "counters every 13.6 s, so a shorter window may see none move)")
+    s.add_argument("--trace", metavar="FILE",
+                   help="a trace of TARGET (cachemgr trace): also say whether its working "
+                        "set is larger than the cache, and what size would do")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
     s.set_defaults(func=cmd_doctor)

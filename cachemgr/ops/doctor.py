@@ -14,7 +14,8 @@ from cachemgr.core import cancel
 from cachemgr.core.errors import KernelFormatError, UsageError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Result
-from cachemgr.procedures import doctor, kinds
+from cachemgr.procedures import doctor, kinds, sizing, warm
+from cachemgr.procedures import trace as tr
 
 __all__ = ["DEFAULT_WINDOW", "block_stats", "diagnose_window", "doctor_cmd"]
 
@@ -48,18 +49,46 @@ def diagnose_window(sysfs: Sysfs, seconds: float) -> doctor.Window:
     return doctor.Window(before, after, seconds, blk0, blk1)
 
 
+def curve(sysfs: Sysfs, kind: kinds.Kind, path: str) -> tuple[int, list[sizing.Point]]:
+    """The cache's capacity and the miss-ratio curve of trace ``path``'s record of the
+    device (in the cache's block size), that capacity among its sizes. Exit 2 for a trace
+    of another device, or a cache whose size is not known."""
+    t = tr.read(path)
+    dev = warm.traced_device(t, kind.warm_trace_names(), warm.device_size(sysfs, kind.node))
+    cap = kind.warm_capacity(sysfs)
+    if not cap:
+        raise UsageError(f"{kind.node}: the size of its cache is not known",
+                         hint="cachemgr status shows the cache; is it running?")
+    block = max(t.header.block, kind.warm_cache_block())
+    h = sizing.histogram(t, block=block, devices=[dev.index])
+    return cap, sizing.curve(h, extra=[cap])
+
+
 def doctor_cmd(sysfs: Sysfs, target: str | None = None, *,
-               window: float = DEFAULT_WINDOW) -> Result:
+               window: float = DEFAULT_WINDOW, trace: str | None = None) -> Result:
     """Every cause found over a ``window`` of seconds, for ``target`` (any name of a cached
-    device) or every cached device."""
+    device) or every cached device; with ``trace`` (a trace of ``target``), whether its
+    working set is larger than its cache."""
     if not window > 0:
         raise UsageError(f"--window must be more than 0 seconds, not {window:g}")
+    if trace is not None and target is None:
+        raise UsageError("--trace needs the TARGET it is a trace of")
     node = None
+    ws: tuple[int, list[sizing.Point]] | None = None
+    cache = None
     if target is not None:  # resolved before the wait: a wrong name is said at once
-        node = kinds.resolve(snapshot_mod.take(sysfs, probe_unregistered=False), target,
-                             sysfs).node
+        kind = kinds.resolve(snapshot_mod.take(sysfs, probe_unregistered=False), target,
+                             sysfs)
+        node, cache = kind.node, kind.cache_name
+        if trace is not None:
+            ws = curve(sysfs, kind, trace)
     w = diagnose_window(sysfs, window)
-    causes = [c for c in doctor.diagnose(w) if node is None or c.device == node]
+    extra = []
+    if ws is not None and node is not None and trace is not None:
+        found = doctor.working_set(node, ws[0], ws[1], trace, cache=cache,
+                                   observed=doctor.observed_read_hit_ratio(w, node))
+        extra = [found] if found is not None else []
+    causes = [c for c in doctor.diagnose(w, extra) if node is None or c.device == node]
     looked = [k.node for k in kinds.listed(w.after) if node is None or k.node == node]
     lines: list[str] = []
     for c in causes:

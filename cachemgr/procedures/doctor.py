@@ -24,6 +24,10 @@ first one named is the one to fix first):
   cutoff (70 %: above it writes go around the cache; named from 65 %, as the figure hovers
   around the cutoff) and dirty data on it; dm-cache in writeback with nine tenths of its blocks
   dirty.
+* ``working-set`` (with a trace of the device: ``doctor --trace``): the trace's miss-ratio
+  curve (procedures/sizing.py, in the cache's own block size) read-hits at least
+  :data:`WS_GAP` more at the trace's footprint than at the cache's capacity; the size that
+  would do is the smallest on the curve within :data:`WS_CLOSE` of the best.
 * ``smq-not-promoting``: dm-cache (or an LVM cache) whose read misses rose in the window
   with no promotion, on the ``cleaner`` policy (a flush's, left behind). A low
   ``migration_threshold`` is not a cause on the lab's kernels: at 1 sector smq still
@@ -33,7 +37,7 @@ first one named is the one to fix first):
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +53,11 @@ from cachemgr.core.model import (
     human,
 )
 from cachemgr.procedures.health import Finding, Level
+from cachemgr.procedures.sizing import Point
 
 # the order causes are looked for and listed in: the first is the one to fix first
 ORDER = ("mode-left", "sequential-bypass", "congestion-bypass", "dirty-full",
-         "smq-not-promoting")
+         "smq-not-promoting", "working-set")
 
 # below this many requests counted in the window, no share of them is judged: a few reads
 # of an idle device say nothing about why the cache does not help
@@ -69,6 +74,11 @@ WRITEBACK_CUTOFF_PERCENT = 70
 FULL_MARGIN_PERCENT = 5
 # a dm-cache with this share of its blocks dirty has no clean block left to promote into
 DM_DIRTY_FULL = 0.9
+# working set: named when a cache as big as the trace's footprint would read-hit this much
+# more of the trace than the cache has now; the size that would do is the smallest within
+# WS_CLOSE of that best
+WS_GAP = 0.10
+WS_CLOSE = 0.02
 
 
 @dataclass(frozen=True)
@@ -106,10 +116,67 @@ class Window:
         return n / self.seconds if self.seconds > 0 else 0.0
 
 
-def diagnose(w: Window) -> list[Cause]:
-    """Every cause found in ``w``, in :data:`ORDER`, then by device."""
-    found = [*_bcache(w), *_dmcache(w)]
+def diagnose(w: Window, extra: Iterable[Cause] = ()) -> list[Cause]:
+    """Every cause found in ``w`` (and ``extra``: :func:`working_set`'s), in :data:`ORDER`,
+    then by device."""
+    found = [*_bcache(w), *_dmcache(w), *extra]
     return sorted(found, key=lambda c: (ORDER.index(c.code), c.device))
+
+
+def observed_read_hit_ratio(w: Window, device: str) -> float | None:
+    """The read hit ratio the kernel counted for ``device`` in the window (bcache: its hits
+    against hits, misses and bypassed reads; dm-cache: read hits against read misses)."""
+    for b in w.after.backings:
+        if (b.device or b.identity.node) == device:
+            prev = _before(w, b)
+            t0 = prev.stats.get("total") if prev is not None else None
+            t1 = b.stats.get("total")
+            n = [_delta(t0, t1, f) for f in ("hits", "misses", "bypass_hits",
+                                             "bypass_misses")]
+            if None in n or not sum(x or 0 for x in n):
+                return None
+            return (n[0] or 0) / sum(x or 0 for x in n)
+    before = {d.name: d.status for d in w.before.dmcaches}
+    for d in w.after.dmcaches:
+        a, b2 = before.get(d.name), d.status
+        if d.node == device and a is not None and b2 is not None:
+            hits, misses = b2.read_hits - a.read_hits, b2.read_misses - a.read_misses
+            return hits / (hits + misses) if hits + misses > 0 else None
+    return None
+
+
+def working_set(device: str, capacity: int, points: Sequence[Point], trace: str, *,
+                cache: str | None = None, observed: float | None = None) -> Cause | None:
+    """The working-set cause of ``device`` whose cache holds ``capacity`` bytes, from the
+    miss-ratio curve ``points`` of ``trace`` (sizing.curve, with ``capacity`` among its
+    sizes; ``cache``: what replace-ssd takes for its cache, the SSD or the cset UUID); None
+    when a bigger cache would not read-hit :data:`WS_GAP` more."""
+    def ratio(p: Point) -> float | None:
+        return p.read_hit_ratio if p.read_hit_ratio is not None else p.hit_ratio
+
+    pts = sorted((p for p in points if ratio(p) is not None), key=lambda p: p.cache_bytes)
+    at = next((p for p in pts if p.cache_bytes == capacity), None)
+    if at is None or not pts:
+        return None
+    best = max(ratio(p) or 0.0 for p in pts)
+    now = ratio(at) or 0.0
+    if best - now < WS_GAP:
+        return None
+    need = next(p for p in pts if (ratio(p) or 0.0) >= best - WS_CLOSE)
+    return _cause("working-set", device,
+                  f"the working set is larger than the cache: by the trace {trace}, its "
+                  f"{human(capacity)} of cache would read-hit {now:.0%} of the reads, "
+                  f"{human(need.cache_bytes)} would hit {ratio(need):.0%} (the most any size "
+                  f"would: {best:.0%})" + (f"; in the window it read-hit {observed:.0%}"
+                                           if observed is not None else ""),
+                  f"a cache SSD of {human(need.cache_bytes)} or more: cachemgr replace-ssd "
+                  f"{cache or device} --new DEV --dry-run (DEV: the bigger SSD; the curve: "
+                  "cachemgr "
+                  f"size --trace {trace})", cache_bytes=capacity,
+                  trace_read_hit_ratio=round(now, 3), size_that_would_do=need.cache_bytes,
+                  its_read_hit_ratio=round(ratio(need) or 0.0, 3),
+                  best_read_hit_ratio=round(best, 3),
+                  observed_read_hit_ratio=None if observed is None else round(observed, 3))
 
 
 def _cause(code: str, device: str, what: str, next_: str,

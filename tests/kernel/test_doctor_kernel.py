@@ -9,12 +9,16 @@ does not help").
   than its backing device; a writeback cache filled with dirty data past the writeback
   cutoff (writeback stopped).
 * dm-cache: a random reader (the control); mode passthrough; the cleaner policy left
-  behind (no promotion).
+  behind (no promotion); with a trace, a working set four times the cache (and one that
+  fits: the control). UML has no block tracing, so the trace is written with the
+  recorder's own writer (procedures/trace.py), as `cachemgr trace --rate 1` would write it
+  for a reader of that span.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import subprocess
 import time
@@ -263,3 +267,63 @@ def test_doctor_dmcache_control_passthrough_and_cleaner(lab_disks: list[str]) ->
     assert "smq" in runner.run(["dmsetup", "table", "vc"]).stdout.split()
     rc, causes, text = under(dev, *far, window=DM_WINDOW)
     assert (rc, causes) == (0, []), text
+
+
+def write_trace(node: str, path: str, span: int, n: int, seed: int = 45) -> None:
+    """A rate-1 trace of ``n`` random 4 KiB reads of ``node``'s first ``span`` bytes."""
+    from cachemgr.procedures import trace as tr
+
+    (dev, _), = tr.resolve(Sysfs(), [node])
+    w = tr.Writer(path, tr.Header(block=4096, rate=1.0, devices=[dev], started=time.time()))
+    rnd = random.Random(seed)
+    t = 0.0
+    for _ in range(n):
+        w.add(t, rnd.randrange(span // 4096) * 4096, 4096, 0, 0)
+        t += 0.0025
+    w.close({"seconds": t, "ended_by": "time"})
+
+
+@pytest.mark.kernel(disks="512M,64M,16M", timeout=400)
+def test_doctor_dmcache_working_set(lab_disks: list[str], tmp_path: Any) -> None:
+    origin, ssd, meta = lab_disks
+    r = cm("create", "dm-cache", "vc", "--origin", origin, "--cache", ssd, "--metadata", meta,
+           "--mode", "writethrough", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    dev = "/dev/mapper/vc"
+    st = dm_status()  # start, length, "cache", md block, md used/total, block, used/total
+    cache = int(st[6].split("/")[1]) * int(st[5]) * 512
+    small, large = str(tmp_path / "small.trace"), str(tmp_path / "large.trace")
+    write_trace(dev, small, 32 << 20, 20_000)  # half the cache
+    write_trace(dev, large, 256 << 20, 20_000)  # four times the cache
+
+    def reads(span: int) -> tuple[str, ...]:
+        return ("--rw=randread", "--bs=4k", f"--size={span}", f"--rate_iops={LOAD_IOPS}")
+
+    r = cm("doctor", dev, "--trace", small, "--window", str(DM_WINDOW), "--json")
+    assert (r.returncode, json.loads(r.stdout)["causes"]) == (0, []), r.stdout + r.stderr
+    p = load(dev, *reads(256 << 20), seconds=DM_WINDOW + 4)
+    try:
+        time.sleep(1)
+        r = cm("doctor", dev, "--trace", large, "--window", str(DM_WINDOW), "--json")
+    finally:
+        p.communicate(timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (c,) = json.loads(r.stdout)["causes"]
+    ev = c["evidence"]
+    assert (c["code"], c["device"], ev["cache_bytes"]) == ("working-set", dev, cache), c
+    assert ev["best_read_hit_ratio"] - ev["trace_read_hit_ratio"] >= 0.1, ev
+    # the size that would do: about the span read (256 MiB), not the cache's 64 MiB
+    assert 192 << 20 <= ev["size_that_would_do"] <= 288 << 20, ev
+    # what the kernel counted in the window is no better than the curve says
+    assert ev["observed_read_hit_ratio"] <= ev["trace_read_hit_ratio"] + 0.15, ev
+    print(f"working set: {c['what']}")
+    # a trace of the origin is one of the same blocks (taken, as warm takes it); a trace of
+    # another device (here the cache device) is refused, exit 2
+    write_trace(origin, str(tmp_path / "origin.trace"), 256 << 20, 20_000)
+    r = cm("doctor", dev, "--trace", str(tmp_path / "origin.trace"), "--window", "1",
+           "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [c["code"] for c in json.loads(r.stdout)["causes"]] == ["working-set"], r.stdout
+    write_trace(ssd, str(tmp_path / "ssd.trace"), 32 << 20, 100)
+    r = cm("doctor", dev, "--trace", str(tmp_path / "ssd.trace"), "--window", "1")
+    assert r.returncode == 2 and "the trace is of another device" in r.stderr, r.stderr

@@ -6,6 +6,7 @@ diagnosis of the pair names the planted cause, or nothing for a control."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from cachemgr.backends import snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.doctor import block_stats
-from cachemgr.procedures import doctor
+from cachemgr.procedures import doctor, sizing
+from cachemgr.procedures import trace as tr
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -101,3 +103,38 @@ def test_json_shape() -> None:
     doc = c.to_json()
     assert set(doc) == {"level", "code", "device", "what", "next", "evidence"}
     assert doc["level"] == "WARNING" and doc["evidence"] == {"mode": "passthrough"}
+
+
+def curve_of(tmp_path: Path, span: int, block: int = 65536) -> list[sizing.Point]:
+    """The miss-ratio curve (in ``block``-byte cache blocks) of a rate-1 trace of 20,000
+    random 4 KiB reads over ``span`` bytes, written by the recorder's own writer."""
+    path = tmp_path / "t.trace"
+    dev = tr.Device(0, "/dev/mapper/vc", "dm-0", "253:0", 512 << 20)
+    w = tr.Writer(path, tr.Header(block=4096, rate=1.0, devices=[dev], started=0.0))
+    rnd = random.Random(45)
+    for i in range(20_000):
+        w.add(i * 0.0025, rnd.randrange(span // 4096) * 4096, 4096, 0, 0)
+    w.close({"seconds": 50.0, "ended_by": "time"})
+    h = sizing.histogram(tr.read(path), block=block, devices=[0])
+    return sizing.curve(h, extra=[64 << 20])
+
+
+def test_working_set_larger_than_the_cache(tmp_path: Path) -> None:
+    pts = curve_of(tmp_path, 256 << 20)
+    c = doctor.working_set("/dev/mapper/vc", 64 << 20, pts, "t.trace", cache="vc",
+                           observed=0.2)
+    assert c is not None and c.code == "working-set"
+    ev = dict(c.evidence)
+    assert ev["best_read_hit_ratio"] - ev["trace_read_hit_ratio"] >= doctor.WS_GAP
+    assert 192 << 20 <= ev["size_that_would_do"] <= 288 << 20
+    assert c.next is not None and "cachemgr replace-ssd vc --new DEV --dry-run" in c.next
+    # a cache as big as the span: nothing to name
+    assert doctor.working_set("/dev/mapper/vc", 288 << 20,
+                              sizing.curve(sizing.histogram(tr.read(tmp_path / "t.trace"),
+                                                            block=65536, devices=[0]),
+                                           extra=[288 << 20]), "t.trace") is None
+
+
+def test_a_working_set_that_fits_names_nothing(tmp_path: Path) -> None:
+    assert doctor.working_set("/dev/mapper/vc", 64 << 20, curve_of(tmp_path, 32 << 20),
+                              "t.trace") is None
