@@ -7,7 +7,8 @@ before/ and after/. The window is the two captures' meta.json ``uptime`` apart.
     scripts/capture-doctor-fixtures.py [SCENARIO...]     (on the host; UML)
 
 Scenarios: bcache-control, bcache-sequential, bcache-none, bcache-congestion,
-bcache-dirty-full, dmcache-control, dmcache-passthrough, dmcache-cleaner.
+bcache-dirty-full, dmcache-control, dmcache-passthrough, dmcache-cleaner,
+dmcache-writethrough-dirty.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ HERE = Path(__file__).resolve().parent.parent
 WINDOW = 15
 DISKS = {"bcache": "1G,256M", "dmcache": "512M,64M,16M"}
 ALL = ["bcache-control", "bcache-sequential", "bcache-none", "bcache-congestion",
-       "bcache-dirty-full", "dmcache-control", "dmcache-passthrough", "dmcache-cleaner"]
+       "bcache-dirty-full", "dmcache-control", "dmcache-passthrough", "dmcache-cleaner",
+       "dmcache-writethrough-dirty"]
 
 
 def on_host(names: list[str]) -> int:
     for s in names or ALL:
         print(f"== {s}", flush=True)
+        disks = "512M,64M,16M,16M" if s == "dmcache-writethrough-dirty" else \
+            DISKS[s.split("-")[0]]
         r = subprocess.run([sys.executable, "-m", "cachemgr", "lab", "run", "--disks",
-                            DISKS[s.split("-")[0]], "--", sys.executable, __file__, s],
+                            disks, "--", sys.executable, __file__, s],
                            cwd=HERE, env={**os.environ, "PYTHONPATH": str(HERE)})
         if r.returncode:
             return r.returncode
@@ -72,6 +76,10 @@ def in_guest(s: str) -> None:
             fill.terminate()
             fill.wait()
             opts = ("--rw=randwrite", "--bs=4k", "--size=900M", f"--rate_iops={t.LOAD_IOPS}")
+    elif s == "dmcache-writethrough-dirty":
+        dev = t.unclean_writethrough(disks)
+        window = t.DM_WINDOW
+        opts = ("--rw=randread", "--bs=4k", "--size=32M", f"--rate_iops={t.LOAD_IOPS}")
     else:
         dev = "/dev/mapper/vc"
         window = t.DM_WINDOW

@@ -34,10 +34,11 @@ def register(sub: Any) -> None:
                     "dm-cache or LVM cache passthrough); bcache bypassing a sequential "
                     "stream (sequential_cutoff); bcache bypassing a congested cache device "
                     "(its requests slower than congested_read/write_threshold_us); a "
-                    "writeback cache full of dirty data; a dm-cache that promotes nothing "
-                    "(the cleaner policy left behind); with --trace, a working set larger "
-                    "than the cache (from the trace's miss-ratio curve: the size that would "
-                    "do). Changes nothing. Exit codes: 0 nothing found; 1 a cause named; 2 "
+                    "bcache writeback cache full of dirty data; a dm-cache that promotes "
+                    "nothing (the cleaner policy left behind); with --trace, a working set "
+                    "larger than the cache (from the trace's miss-ratio curve: the size that "
+                    "would do); a write-through dm-cache reading dirty (after an unclean "
+                    "shutdown). Changes nothing. Exit codes: 0 nothing found; 1 a cause named; 2 "
                     "TARGET names no cached device, a bad --window, or a trace that is not "
                     "of TARGET. See docs/admin-guide.md, 'Why is my cache not helping?'.")
     s.add_argument("target", metavar="TARGET", nargs="?",

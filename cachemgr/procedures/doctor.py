@@ -22,12 +22,19 @@ first one named is the one to fix first):
   is the SSD; else it is the thresholds.
 * ``dirty-full``: bcache in writeback with its cache set's buckets in use at the writeback
   cutoff (70 %: above it writes go around the cache; named from 65 %, as the figure hovers
-  around the cutoff) and dirty data on it; dm-cache in writeback with nine tenths of its blocks
-  dirty.
+  around the cutoff) and dirty data on it. (A dm-cache full of dirty data is not named:
+  not proven in the lab.)
 * ``working-set`` (with a trace of the device: ``doctor --trace``): the trace's miss-ratio
   curve (procedures/sizing.py, in the cache's own block size) read-hits at least
   :data:`WS_GAP` more at the trace's footprint than at the cache's capacity; the size that
   would do is the smallest on the curve within :data:`WS_CLOSE` of the best.
+* ``writethrough-dirty``: dm-cache (or an LVM cache) in writethrough with dirty blocks. A
+  write-through cache makes no dirty data of its own; after an unclean shutdown dm-cache
+  loads every block it held as dirty (the metadata was not closed cleanly), and writes them
+  all back to an origin that has them (lvm2#141: 25 M blocks, 10 hours). Or the device was
+  switched from writeback while dirty (real dirty data). Doctor cannot tell which; either
+  way the cache spends its bandwidth on the write-back until it ends (the window gives
+  its pace). The fix named is cachemgr's flush; no cheaper way was proven safe in the lab.
 * ``smq-not-promoting``: dm-cache (or an LVM cache) whose read misses rose in the window
   with no promotion, on the ``cleaner`` policy (a flush's, left behind). A low
   ``migration_threshold`` is not a cause on the lab's kernels: at 1 sector smq still
@@ -57,7 +64,7 @@ from cachemgr.procedures.sizing import Point
 
 # the order causes are looked for and listed in: the first is the one to fix first
 ORDER = ("mode-left", "sequential-bypass", "congestion-bypass", "dirty-full",
-         "smq-not-promoting", "working-set")
+         "smq-not-promoting", "working-set", "writethrough-dirty")
 
 # below this many requests counted in the window, no share of them is judged: a few reads
 # of an idle device say nothing about why the cache does not help
@@ -72,8 +79,6 @@ WRITEBACK_CUTOFF_PERCENT = 70
 # which frees buckets, and garbage collection, which refreshes the figure, runs now and
 # then): lab, 26 to 30 % available under a steady writer; named from this far below it
 FULL_MARGIN_PERCENT = 5
-# a dm-cache with this share of its blocks dirty has no clean block left to promote into
-DM_DIRTY_FULL = 0.9
 # working set: named when a cache as big as the trace's footprint would read-hit this much
 # more of the trace than the cache has now; the size that would do is the smallest within
 # WS_CLOSE of that best
@@ -375,13 +380,8 @@ def _dmcache(w: Window) -> Iterable[Cause]:
             continue
         p = prev.get(d.name)
         p_st = p.status if p is not None else None
-        if st.mode == CacheMode.WRITEBACK and st.total and \
-                st.dirty >= DM_DIRTY_FULL * st.total:
-            yield _cause("dirty-full", dev,
-                         f"writeback cache full of dirty data: {st.dirty} of {st.total} "
-                         "blocks dirty, none clean to promote into",
-                         f"cachemgr drain {target}", dirty_blocks=st.dirty,
-                         blocks=st.total)
+        if st.mode == CacheMode.WRITETHROUGH and st.dirty > 0:
+            yield _writethrough_dirty(w, d, p_st.dirty if p_st is not None else None)
         if p_st is None:
             continue
         misses = st.read_misses - p_st.read_misses
@@ -397,6 +397,25 @@ def _dmcache(w: Window) -> Iterable[Cause]:
                          "left behind by a flush that did not finish (cachemgr check names "
                          "one of its own), it keeps the cache from ever helping",
                          _smq_back(d), **ev)
+
+
+def _writethrough_dirty(w: Window, d: DmCacheDevice, was: int | None) -> Cause:
+    st = d.status
+    assert st is not None
+    pace = (was - st.dirty) / w.seconds if was is not None and w.seconds > 0 else None
+    eta = st.dirty / pace if pace else None
+    return _cause("writethrough-dirty", d.node,
+                  f"{st.dirty} of {st.used} cached blocks read as dirty in writethrough "
+                  f"({human(st.dirty_bytes)}): after an unclean shutdown dm-cache marks "
+                  "every block it held dirty (the origin has them), or the device was "
+                  "switched from writeback while dirty; writing them back takes the "
+                  "cache's bandwidth" + (f", at {pace:.0f} blocks a second, about "
+                                          f"{eta / 60:.0f} min more" if eta else
+                                          ", and none was written back in the window"),
+                  f"cachemgr drain {_dm_target(d)}", dirty_blocks=st.dirty,
+                  dirty_blocks_before=was, blocks_used=st.used,
+                  blocks_written_back_per_s=None if pace is None else round(pace, 1),
+                  migration_threshold=st.migration_threshold)
 
 
 def _smq_back(d: DmCacheDevice) -> str:

@@ -18,6 +18,7 @@ does not help").
 from __future__ import annotations
 
 import json
+import os
 import random
 import shlex
 import subprocess
@@ -91,6 +92,7 @@ def follow(cause: dict[str, Any]) -> None:
         r = cm(*shlex.split(nxt)[1:], "--yes") if " mode " in f" {nxt} " else \
             cm(*shlex.split(nxt)[1:])
         assert r.returncode in (0, 4), (nxt, r.stdout + r.stderr)
+        print(f"followed {nxt}: exit {r.returncode}: {r.stdout}{r.stderr}")
     else:
         subprocess.run(["sh", "-c", nxt], check=True, timeout=60)
 
@@ -327,3 +329,70 @@ def test_doctor_dmcache_working_set(lab_disks: list[str], tmp_path: Any) -> None
     write_trace(ssd, str(tmp_path / "ssd.trace"), 32 << 20, 100)
     r = cm("doctor", dev, "--trace", str(tmp_path / "ssd.trace"), "--window", "1")
     assert r.returncode == 2 and "the trace is of another device" in r.stderr, r.stderr
+
+
+def unclean_writethrough(lab_disks: list[str]) -> str:
+    """A write-through dm-cache "vc2" started on a copy of a live one's metadata (what a crash
+    leaves: not closed cleanly), ``migration_threshold`` 1 in its table; its node."""
+    origin, ssd, meta, meta2 = lab_disks
+    r = cm("create", "dm-cache", "vc", "--origin", origin, "--cache", ssd, "--metadata", meta,
+           "--mode", "writethrough", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    runner.run(["fio", "--name=r", "--filename=/dev/mapper/vc", "--direct=1",
+                "--rw=randread", "--bs=4k", "--size=32M", "--runtime=6", "--time_based",
+                f"--rate_iops={LOAD_IOPS}", "--output-format=terse"], timeout=120)
+    used = dm_status("vc")[6]
+    assert not used.startswith("0/"), used
+    time.sleep(2)  # dm-cache commits its metadata every second
+    table = runner.run(["dmsetup", "table", "vc"]).stdout.split()
+    runner.run(["dd", f"if={meta}", f"of={meta2}", "bs=1M", "iflag=direct", "oflag=direct",
+                "status=none"], timeout=120)
+    r = cm("remove", "/dev/mapper/vc", "--keep-device", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = os.stat(meta2)
+    i = table.index("smq")
+    table = [*table[:3], f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", *table[4:i],
+             "smq", "2", "migration_threshold", "1"]
+    runner.run(["dmsetup", "create", "vc2", "--table", " ".join(table)])
+    f = dm_status("vc2")
+    assert "writethrough" in f and int(f[13]) > 0, " ".join(f)  # dirty in writethrough
+    return "/dev/mapper/vc2"
+
+
+@pytest.mark.kernel(disks="512M,64M,16M,16M", timeout=400)
+def test_doctor_dmcache_writethrough_dirty_after_an_unclean_shutdown(
+        lab_disks: list[str]) -> None:
+    """An unclean shutdown, made here by copying the metadata device of a live write-through
+    dm-cache (its superblock not marked clean) and starting a device on the copy: dm-cache
+    loads every cached block as dirty. smq writes them back in seconds at this size (lab:
+    259 blocks, gone within 3 s of reads); migration_threshold 1 in the table holds them,
+    as a cache of millions of blocks would for hours, until the test puts 2048 back."""
+    dev = unclean_writethrough(lab_disks)
+    rand = ("--rw=randread", "--bs=4k", "--size=32M", f"--rate_iops={LOAD_IOPS}")
+    rc, causes, text = under(dev, *rand, window=DM_WINDOW)
+    assert rc == 1, text
+    (c,) = causes
+    assert (c["code"], c["device"]) == ("writethrough-dirty", dev), c
+    assert c["evidence"]["dirty_blocks"] == int(dm_status("vc2")[13]) > 0, c
+    assert c["next"] == f"cachemgr drain {dev}"
+    print(f"writethrough dirty: {c['what']}")
+    runner.run(["dmsetup", "message", "vc2", "0", "migration_threshold", "2048"])
+    follow(c)  # the flush writes every dirty block back (lab: 2.7 s) and reports clean
+    # OPEN DEFECT (docs/kernel-notes.md, "Why a cache does not help"): the flush's last
+    # table reload loads the mappings again from metadata first opened unclean, and the
+    # kernel marks them all dirty once more; smq then writes them back by itself
+    # (seconds here, hours on a large cache). A drain that ends clean passes this at once.
+    assert bcache.wait_for(lambda: int(dm_status("vc2")[13]) == 0, 120), \
+        " ".join(dm_status("vc2"))
+    # the mechanism: any reload of the same table does it again, clean as the device was
+    live = runner.run(["dmsetup", "table", "vc2"]).stdout.strip()
+    runner.run(["dmsetup", "suspend", "vc2"])
+    runner.run(["dmsetup", "reload", "vc2", "--table", live])
+    runner.run(["dmsetup", "resume", "vc2"])
+    again = int(dm_status("vc2")[13])
+    print(f"dirty blocks after a reload of the clean device: {again}")
+    assert again > 0
+    assert bcache.wait_for(lambda: int(dm_status("vc2")[13]) == 0, 120), \
+        " ".join(dm_status("vc2"))
+    rc, causes, text = under(dev, *rand, window=DM_WINDOW)
+    assert (rc, causes) == (0, []), text

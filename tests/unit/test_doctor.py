@@ -98,6 +98,14 @@ def test_dmcache_cleaner() -> None:
     assert " smq 0'" in c.next and "cleaner" not in c.next
 
 
+def test_writethrough_dirty() -> None:
+    (c,) = doctor.diagnose(window("doctor-dmcache-writethrough-dirty-uml"))
+    assert (c.code, c.device) == ("writethrough-dirty", "/dev/mapper/vc2")
+    ev = dict(c.evidence)
+    assert ev["dirty_blocks"] > 0 and ev["blocks_written_back_per_s"] == 0
+    assert c.next == "cachemgr drain /dev/mapper/vc2"
+
+
 def test_json_shape() -> None:
     (c,) = doctor.diagnose(window("doctor-dmcache-passthrough-uml"))
     doc = c.to_json()
