@@ -99,9 +99,12 @@ def doctor_cmd(sysfs: Sysfs, target: str | None = None, *,
     if not causes:
         lines.append(f"{len(looked)} cached device{'s' if len(looked) != 1 else ''}: nothing "
                      f"found that keeps the cache from helping in {window:g} s")
+    notes = [f"cachemgr: {dev}: bcache's counters did not move in {window:g} s although it "
+             "was read (they are published every 13.6 s): its bypasses are unknown; use "
+             "--window 15 or more" for dev in doctor.unfolded(w) if node is None or dev == node]
     data: dict[str, Any] = {"schema": 1, "window_seconds": window, "devices": looked,
                             "causes": [c.to_json() for c in causes]}
-    return Result(lines=lines, failed=bool(causes), data=data, value=causes)
+    return Result(lines=lines, notes=notes, failed=bool(causes), data=data, value=causes)
 
 
 def _v(v: object) -> str:

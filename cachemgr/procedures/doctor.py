@@ -16,8 +16,9 @@ first one named is the one to fix first):
 * ``congestion-bypass``: bcache bypassed most of the window's requests and its cache set
   was congested: the cache device's mean request time in the window (the block layer's
   milliseconds over its requests) above ``congested_read_threshold_us`` or
-  ``congested_write_threshold_us``, or the set's ``congested`` file non-zero at either end
-  (docs/kernel-notes.md, "Why a cache does not help"). When the cache device is also
+  ``congested_write_threshold_us``; or, where ``sequential_cutoff`` is off, the set's
+  ``congested`` file non-zero at either end (one moment's sample: a single slow request
+  sets it) (docs/kernel-notes.md, "Why a cache does not help"). When the cache device is also
   slower per read than the backing device, the thresholds are doing their job and the fix
   is the SSD; else it is the thresholds.
 * ``dirty-full``: bcache in writeback with its cache set's buckets in use at the writeback
@@ -126,6 +127,21 @@ def diagnose(w: Window, extra: Iterable[Cause] = ()) -> list[Cause]:
     then by device."""
     found = [*_bcache(w), *_dmcache(w), *extra]
     return sorted(found, key=lambda c: (ORDER.index(c.code), c.device))
+
+
+def unfolded(w: Window) -> list[str]:
+    """The bcache devices read in the window whose counters did not move: bcache folds them
+    every ~13.6 s, so a shorter window may see nothing of what it did."""
+    out = []
+    for b in w.after.backings:
+        io, prev = w.io(b.device_name), _before(w, b)
+        t0 = prev.stats.get("total") if prev is not None else None
+        t1 = b.stats.get("total")
+        if io is not None and io.reads and t0 is not None and t1 is not None and \
+                (t0.hits, t0.misses, t0.bypass_hits, t0.bypass_misses) == \
+                (t1.hits, t1.misses, t1.bypass_hits, t1.bypass_misses):
+            out.append(b.device or b.identity.node)
+    return out
 
 
 def observed_read_hit_ratio(w: Window, device: str) -> float | None:
@@ -287,7 +303,11 @@ def _bypass(w: Window, b: BcacheBacking, dev: str, cs: CacheSet | None, hits: in
                 ev[f"cache_{'write' if write else 'read'}_us"] = round(ms * 1000)
     before_cs = w.before.cache_set(cs.uuid)
     flagged = _congested_now(cs) or _congested_now(before_cs)
-    if (rth or wth) and (slow or flagged):
+    cutoff = b.sequential_cutoff.low if b.sequential_cutoff is not None else None
+    # the congested file is one moment's sample: a single slow request (a file-backed SSD
+    # under host load, lab) sets it; alone it names congestion only where the sequential
+    # cutoff cannot explain the bypass
+    if (rth or wth) and (slow or (flagged and not cutoff)):
         ev.update(congested_read_threshold_us=rth, congested_write_threshold_us=wth,
                   congested_flag=flagged)
         why = "; ".join(slow) if slow else "the cache set read as congested"
@@ -316,7 +336,6 @@ def _bypass(w: Window, b: BcacheBacking, dev: str, cs: CacheSet | None, hits: in
                          "congested_read_threshold_us=0 congested_write_threshold_us=0",
                          **ev)
         return
-    cutoff = b.sequential_cutoff.low if b.sequential_cutoff is not None else None
     if cutoff:
         ev["sequential_cutoff"] = cutoff
         yield _cause("sequential-bypass", dev,
@@ -331,7 +350,11 @@ def _bcache_dirty(w: Window, b: BcacheBacking, dev: str,
                   cs: CacheSet | None) -> Iterable[Cause]:
     if b.mode != CacheMode.WRITEBACK or cs is None or cs.cache_available_percent is None:
         return
-    in_use = 100 - cs.cache_available_percent
+    # garbage collection refreshes the figure now and then: the fuller of the two reads
+    was_cs = w.before.cache_set(cs.uuid)
+    in_use = 100 - min(cs.cache_available_percent,
+                       was_cs.cache_available_percent if was_cs is not None
+                       and was_cs.cache_available_percent is not None else 100)
     dirty = b.dirty.low if b.dirty is not None else None
     if in_use < WRITEBACK_CUTOFF_PERCENT - FULL_MARGIN_PERCENT or not dirty:
         return

@@ -82,6 +82,8 @@ def counters() -> list[object]:
     """bcache's stats_total and dm-cache's status counters, for the test's log."""
     snap = snapshot.take(Sysfs())
     return [*(b.stats.get("total") for b in snap.backings),
+            *((c.cache_available_percent, c.congested) for c in snap.cache_sets),
+            *(b.dirty for b in snap.backings),
             *(d.status and d.status.read_misses for d in snap.dmcaches)]
 
 

@@ -146,3 +146,15 @@ def test_working_set_larger_than_the_cache(tmp_path: Path) -> None:
 def test_a_working_set_that_fits_names_nothing(tmp_path: Path) -> None:
     assert doctor.working_set("/dev/mapper/vc", 64 << 20, curve_of(tmp_path, 32 << 20),
                               "t.trace") is None
+
+
+def test_a_window_without_a_fold_is_said() -> None:
+    """Two reads of the same capture: bcache0 read nothing between them, nothing said; the
+    block counters moved but bcache's did not: said."""
+    import dataclasses
+
+    w = window("doctor-bcache-sequential-uml")
+    assert doctor.unfolded(w) == []
+    same = dataclasses.replace(w, after=dataclasses.replace(
+        w.after, backings=w.before.backings))
+    assert doctor.unfolded(same) == ["/dev/bcache0"]
