@@ -72,6 +72,8 @@ ORDER = ("mode-left", "sequential-bypass", "congestion-bypass", "dirty-full",
 MIN_REQUESTS = 64
 # bypassed at least this share of the requests bcache counted in the window
 BYPASS_SHARE = 0.5
+# a device's mean request time is evidence from this many requests in the window
+MIN_TIMED_REQUESTS = 32
 # bcache's writeback cutoff (writeback.h CUTOFF_WRITEBACK_SYNC, the module parameter
 # bch_cutoff_writeback_sync, 70 by default): with more of the set's buckets in use, no
 # write is cached in writeback (should_writeback() in writeback.h)
@@ -235,10 +237,14 @@ def _congested_now(c: CacheSet | None) -> bool:
 
 
 def _ms_per_request(s: BlockStat | None, write: bool) -> float | None:
+    """The mean time of the window's reads (or writes); None below
+    :data:`MIN_TIMED_REQUESTS` of them: a few requests' time is noise (lab, host load 16:
+    a sequential reader's window, whose bypassed reads never reach the cache device, saw
+    its few reads at 6.3 ms)."""
     if s is None:
         return None
     n, ms = (s.writes, s.write_ms) if write else (s.reads, s.read_ms)
-    return ms / n if n else None
+    return ms / n if n >= MIN_TIMED_REQUESTS else None
 
 
 def _bcache(w: Window) -> Iterable[Cause]:
@@ -248,9 +254,10 @@ def _bcache(w: Window) -> Iterable[Cause]:
         dev = b.device or b.identity.node
         io = w.io(b.device_name)
         if b.mode == CacheMode.NONE:
-            yield _cause("mode-left", dev, "mode none: bcache caches neither reads nor "
-                         "writes (every request goes to the backing device "
-                         f"{b.identity.node})", f"cachemgr mode {dev} writethrough",
+            yield _cause("mode-left", dev, "mode none: bcache caches nothing more (a read "
+                         "of a block it still holds comes from it; every other request "
+                         f"goes to the backing device {b.identity.node})",
+                         f"cachemgr mode {dev} writethrough",
                          mode="none", reads_per_s=_r(w, io.reads if io else None),
                          writes_per_s=_r(w, io.writes if io else None))
             continue

@@ -158,3 +158,24 @@ def test_a_window_without_a_fold_is_said() -> None:
     same = dataclasses.replace(w, after=dataclasses.replace(
         w.after, backings=w.before.backings))
     assert doctor.unfolded(same) == ["/dev/bcache0"]
+
+
+def test_a_few_slow_requests_are_not_congestion() -> None:
+    """The sequential window with its cache device's reads made slow: from a few of them
+    (fewer than MIN_TIMED_REQUESTS) still sequential; from many, congestion."""
+    from cachemgr.backends.blockdev import BlockStat
+
+    w = window("doctor-bcache-sequential-uml")
+    ssd = w.after.cache_sets[0].caches[0].identity.name
+    a = w.blk_before[ssd]
+
+    def slow(reads: int) -> doctor.Window:
+        b = BlockStat(a.reads + reads, a.read_sectors, a.writes, a.write_sectors,
+                      a.read_ms + 10 * reads, a.write_ms, a.queue_ms)
+        return doctor.Window(w.before, w.after, w.seconds, w.blk_before,
+                             {**w.blk_after, ssd: b})
+
+    assert [c.code for c in doctor.diagnose(slow(doctor.MIN_TIMED_REQUESTS - 1))] == [
+        "sequential-bypass"]
+    assert [c.code for c in doctor.diagnose(slow(doctor.MIN_TIMED_REQUESTS))] == [
+        "congestion-bypass"]
