@@ -7,7 +7,7 @@
 _cachemgr_node() {
     # $1: the command path; sets subs, opts and vopts (the options taking a value)
     case $1 in
-    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'invalidate' 'scrub' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
+    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'invalidate' 'scrub' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm' 'doctor'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
     'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '--max-latency' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
     'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--max-latency' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
@@ -52,6 +52,7 @@ _cachemgr_node() {
     'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
+    'doctor') subs=(); opts=('-h' '--help' '--window' '--trace' '--json'); vopts=('--window' '--trace') ;;
     *) subs=(); opts=(); vopts=() ;;
     esac
 }
@@ -287,6 +288,11 @@ _cachemgr_optval() {
         '--trace') spec=files ;;
         '--bytes') spec=none ;;
         esac ;;
+    'doctor')
+        case $2 in
+        '--window') spec=none ;;
+        '--trace') spec=files ;;
+        esac ;;
     esac
 }
 
@@ -403,6 +409,10 @@ _cachemgr_posval() {
         0) spec=host; vals=('targets') ;;
         esac ;;
     'warm')
+        case $2 in
+        0) spec=host; vals=('targets') ;;
+        esac ;;
+    'doctor')
         case $2 in
         0) spec=host; vals=('targets') ;;
         esac ;;

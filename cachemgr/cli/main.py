@@ -63,7 +63,8 @@ log = logging.getLogger("cachemgr")
 GROUPS: list[str] = ["cachemgr.cli.cache", "cachemgr.cli.lab", "cachemgr.cli.replace",
                      "cachemgr.cli.metrics", "cachemgr.cli.bench", "cachemgr.cli.udev",
                      "cachemgr.cli.scheduler", "cachemgr.cli.vms", "cachemgr.cli.sizing",
-                     "cachemgr.cli.install", "cachemgr.cli.restore", "cachemgr.cli.warm"]
+                     "cachemgr.cli.install", "cachemgr.cli.restore", "cachemgr.cli.warm",
+                     "cachemgr.cli.doctor"]
 
 
 class VersionAction(argparse.Action):

@@ -50,6 +50,7 @@ ERRORS: dict[str, tuple[list[str], int]] = {
     "size": (["size", "--trace", "/nonexistent.trace"], 2),
     "restore": (["restore", ND], 2),
     "warm": (["warm", ND, "--trace", "/nonexistent.trace"], 2),
+    "doctor": (["doctor", ND, "--window", "1"], 2),
 }
 # commands that name no device: their read of /sys fails (EIO under the snapshot; protect's
 # pass)
