@@ -6,9 +6,12 @@ playbooks). Each test fails, never skips, when its tool is missing: the test ext
 (pyproject.toml) installs ansible-core and ansible-lint.
 
 ansible-test wants the collection at ``.../ansible_collections/NS/NAME`` outside a git work
-tree; it is copied to such a tree under the temporary directory. HOME points to a directory of
-this virtualenv, where ansible-test keeps the virtualenv it builds for each sanity test
-(~/.ansible/test), so a run costs seconds once they are built. ansible-test puts pip into each
+tree; it is copied to such a tree under the temporary directory. HOME points to the directory
+where ansible-test keeps the virtualenv it builds for each sanity test (~/.ansible/test), so a
+run costs seconds once they are built: /var/cache/cachemgr/ansible-test beside the lab's
+kernels when it can be written there (root, as scripts/test.sh runs), which outlives the
+checkout (a fresh clone in CI paid ~300 s to build them), else a directory of this
+virtualenv. ansible-test puts pip into each
 of them with a get-pip script it downloads from a host this machine cannot reach;
 ansible/tests/get_pip_offline.py is put where ansible-test looks for that script first. The
 units run in this virtualenv (pytest and xdist are here).
@@ -34,7 +37,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTION = ROOT / "ansible" / "ansible_collections" / "cachemgr" / "cachemgr"
 BIN = Path(sys.executable).parent
-HOME = Path(sys.prefix) / "ansible-test-home"
+
+
+def _home() -> Path:
+    """Where ansible-test's virtualenvs are kept (see the module's docstring). They are named
+    by ansible-test after the hash of their pip commands and the Python version
+    (``venv/sanity.NAME/3.11/HASH``, _internal/commands/sanity/__init__.py
+    create_sanity_virtualenv), and link to the system's Python, not to this checkout or its
+    .venv: one set serves every checkout on the machine (a new ansible-core's pins make new
+    ones beside the old)."""
+    shared = Path("/var/cache/cachemgr/ansible-test")  # made by locked() below
+    if os.access(shared if shared.exists() else shared.parent, os.W_OK):
+        return shared
+    return Path(sys.prefix) / "ansible-test-home"
+
+
+HOME = _home()
 # outside any git work tree: in one, ansible-test lists the files git tracks there (none of a
 # copy under the ignored .venv/) and tests nothing
 TREES = Path(tempfile.gettempdir()) / (
@@ -69,8 +87,8 @@ def env() -> dict[str, str]:
 
 @pytest.fixture()
 def locked() -> Iterator[None]:
-    """One ansible-test at a time on this virtualenv's trees and caches (other pytest runs on
-    the same checkout, xdist workers)."""
+    """One ansible-test at a time on these trees and caches (other pytest runs on the same
+    checkout or, with the shared HOME, on another; xdist workers)."""
     HOME.mkdir(exist_ok=True)
     with open(HOME / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -34,7 +34,7 @@ from cachemgr.backends import snapshot
 from cachemgr.cli.main import main
 from cachemgr.core.sysfs import Sysfs
 from tests.unit.guards import held_elsewhere, mutations_refused
-from tests.unit.tui_helpers import app_on, copy_capture, kernel_writes, settle, shown
+from tests.unit.tui_helpers import app_on, copy_capture, kernel_writes, quiet, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -382,7 +382,7 @@ async def outcome(pilot: object, app: CacheMgrApp, case: Case) -> TuiOutcome:
     assert word is not None, line
     text = line.removeprefix(f"{head}{word}: ")
     if word == WORDS[4]:  # a notification and the log line, no dialog
-        await pilot.pause(0.1)  # type: ignore[attr-defined]
+        await quiet(pilot)
         return TuiOutcome(word, text, shown(app, MessageDialog))
     await settle(pilot, lambda: shown(app, MessageDialog))
     screen = app.screen

@@ -35,6 +35,7 @@ from tests.unit.tui_helpers import (
     copy_capture,
     fx,
     kernel_writes,
+    quiet,
     settle,
     shown,
     tune,
@@ -408,7 +409,7 @@ def test_mode_change_writes_cache_mode(tmp_path: Path, monkeypatch: pytest.Monke
             assert isinstance(app.screen, ChoiceDialog)
             ol = app.screen.query_one(OptionList)
             ol.highlighted = 0  # writethrough
-            await pilot.pause(0.05)
+            await quiet(pilot)
             explain = rendered(app.screen, "#explain")
             assert "4.4 MiB of dirty data" in explain
             await pilot.press("enter")
@@ -759,7 +760,7 @@ def test_read_only_refuses_every_write_action(action: str) -> None:
             enabled = app.check_action(action, ())
             titles = [c.title for c in app.get_system_commands(app.screen)]
             await pilot.press(WRITE_KEYS[action])
-            await pilot.pause(0.05)
+            await quiet(pilot)
             return enabled, any(t.endswith(f"({WRITE_KEYS[action]})")
                                 or (t.endswith("(Del)") and action == "remove")
                                 for t in titles), len(app.screen_stack)
@@ -786,13 +787,16 @@ def test_cancel_in_a_confirmation_changes_nothing(tmp_path: Path,
             if button is None:  # the mode's choice list first
                 assert isinstance(app.screen, ChoiceDialog)
                 await pilot.press("up", "enter")
+            # the dialog pushed, composed and its button focused (under load frames later)
+            await settle(pilot, lambda: shown(app, ConfirmDialog)
+                         and app.screen.focused is not None)
             assert isinstance(app.screen, ConfirmDialog)
             assert app.screen.focused is not None and app.screen.focused.id == "b-cancel"
             await pilot.press("enter")  # Cancel
             assert len(app.screen_stack) == 1
             await pilot.press(key)
             await pilot.press("escape")
-            await pilot.pause(0.1)
+            await quiet(pilot)
             assert len(app.screen_stack) == 1
             assert not app.ops and not any(line.startswith("▶") for line in app.log_history)
 

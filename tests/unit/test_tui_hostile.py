@@ -27,7 +27,7 @@ from textual.widget import Widget
 from textual.widgets import OptionList, RichLog, Static
 
 from cachemgr.core.text import printable
-from tests.unit.tui_helpers import app_on, copy_capture, settle, shown
+from tests.unit.tui_helpers import app_on, copy_capture, quiet, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -146,7 +146,7 @@ def test_markup_label_in_the_detail_view(tmp_path: Path, label: str) -> None:
         async with running(root, at=backing_key(root)) as (app, pilot):
             await pilot.press("enter")
             await settle(pilot, lambda: isinstance(app.screen, DetailScreen))
-            await pilot.pause(0.1)
+            await quiet(pilot)
             detail = app.screen.query_one("#detail", Static)
             assert label in on_screen(detail)
             assert no_links(detail)
@@ -163,7 +163,7 @@ def test_control_characters_in_a_label_are_shown_escaped(tmp_path: Path) -> None
         async with running(root, at=backing_key(root)) as (app, pilot):
             await pilot.press("enter")
             await settle(pilot, lambda: isinstance(app.screen, DetailScreen))
-            await pilot.pause(0.1)
+            await quiet(pilot)
             text = on_screen(app.screen.query_one("#detail", Static))
             assert ESC_SHOWN in text and "\x1b" not in text
 
@@ -191,7 +191,7 @@ def test_markup_model_and_serial_in_the_cache_set_detail_and_replace_screen(
             await settle(pilot, lambda: app.selected_key == cset)
             await pilot.press("enter")
             await settle(pilot, lambda: isinstance(app.screen, DetailScreen))
-            await pilot.pause(0.1)
+            await quiet(pilot)
             detail = app.screen.query_one("#detail", Static)
             text = on_screen(detail)
             assert LINK in text and printable(serial) in text
@@ -206,7 +206,7 @@ def test_markup_model_and_serial_in_the_cache_set_detail_and_replace_screen(
             assert f"serial {printable(serial)})" in str(plan.render())
             assert "\x1b" not in shown_plan
             oplog = app.screen.query_one("#oplog", RichLog)
-            await pilot.pause(0.1)
+            await quiet(pilot)
             assert "\x1b" not in "".join(s.text for line in oplog.lines for s in line)
             assert ESC_SHOWN in "".join(s.text for line in oplog.lines for s in line)
 
@@ -234,7 +234,7 @@ def test_markup_dm_name_in_table_dialogs_notifications_and_log(tmp_path: Path) -
             assert printable(name) in text_of(app.screen, ".dialog-title")
             await pilot.click("#b-switch")
             await settle(pilot, lambda: "already so" in "\n".join(app.log_history))
-            await pilot.pause(0.1)
+            await quiet(pilot)
             toasts = [n.message for n in app._notifications]
             assert any(f"/dev/mapper/{printable(name)} is already in writeback mode" in t
                        for t in toasts), toasts
@@ -264,7 +264,7 @@ def test_link_in_an_error_message_is_not_a_hyperlink(tmp_path: Path) -> None:
             await pilot.press("enter")
             await pilot.click("#b-switch")
             await settle(pilot, lambda: shown(app, MessageDialog))
-            await pilot.pause(0.1)
+            await quiet(pilot)
             body = app.screen.query_one(".dialog-body", Static)
             title = app.screen.query_one(".dialog-title", Static)
             assert name in on_screen(body) and name in on_screen(title)

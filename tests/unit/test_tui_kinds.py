@@ -15,7 +15,7 @@ import pytest
 
 from tests.unit.guards import held_elsewhere
 from tests.unit.test_parity import plant, row_key
-from tests.unit.tui_helpers import app_on, copy_capture, fx, settle
+from tests.unit.tui_helpers import app_on, copy_capture, fx, quiet, settle
 from tui import view
 from tui.app import CacheMgrApp
 from tui.widgets.devices import DeviceTable
@@ -100,7 +100,7 @@ async def owner_shown(root: Path, key: str) -> tuple[dict[str, str], str, str, s
         first = detail_text(app, key).splitlines()[0]
         await pilot.press("enter")
         await settle(pilot, lambda: bool(app.screen.query("#detail")))
-        await pilot.pause(0.1)
+        await quiet(pilot)
         return marks, banner, first, screen_text(app)
 
 

@@ -13,7 +13,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import OptionList
 
-from tests.unit.tui_helpers import app_on, fx, settle
+from tests.unit.tui_helpers import app_on, fx, quiet, settle
 from tui.app import CacheMgrApp
 from tui.widgets.devices import DeviceTable
 
@@ -40,10 +40,10 @@ def ready(select: int | None = None, keys: tuple[str, ...] = (),
             await settle(pilot, lambda: app.selected_key == app.rows[select].key)
         for k in keys:
             await pilot.press(k)
-            await pilot.pause(0.1)
+            await quiet(pilot)
         if then is not None:
             then(app)
-        await pilot.pause(0.2)
+        await quiet(pilot)
     return run_before
 
 

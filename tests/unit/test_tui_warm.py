@@ -26,7 +26,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import warm
 from tests.unit.test_tui import bcache0_key, log_text, rendered, running
 from tests.unit.test_warm import CSET, admission, make_trace
-from tests.unit.tui_helpers import copy_capture, kernel_writes, settle, shown
+from tests.unit.tui_helpers import copy_capture, kernel_writes, quiet, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
 from tui.dialogs.form import FormDialog
@@ -227,7 +227,7 @@ def test_escape_in_the_form_or_the_confirmation_starts_nothing(
             await pilot.click("#b-ok")
             await settle(pilot, lambda: shown(app, ConfirmDialog))
             await pilot.press("escape")
-            await pilot.pause(0.1)
+            await quiet(pilot)
             assert len(app.screen_stack) == 1 and not app.ops
 
     asyncio.run(go())

@@ -108,6 +108,19 @@ async def settle(pilot: object, until: Callable[[], bool], tries: int = 100,
                          + "\n".join(getattr(app, "log_history", [])))
 
 
+async def quiet(pilot: object) -> None:
+    """Until no worker of the app is pending or running (a poll, an operation, the detail's
+    SSD health read, a replace plan) and the app and its screen have handled what they
+    posted: what a fixed pause (0.05-0.2 s) only hoped for, and a loaded host did not always
+    give in time (test_dashboard_read_only failed so at load 10-15, git log a05bf84)."""
+    from textual.worker import WorkerState
+
+    app = pilot.app  # type: ignore[attr-defined]
+    await settle(pilot, lambda: not any(
+        w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in app.workers))
+    await pilot.pause()  # type: ignore[attr-defined]
+
+
 async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
     """On the selected object: ``t``, the tunable ``name`` highlighted in the choice dialog,
     Enter, ``value`` in the form, Enter (what the change does is for the caller to wait for)."""
