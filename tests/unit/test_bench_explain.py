@@ -269,7 +269,7 @@ def test_io_errors_reading_the_reference_fail_the_result(tmp_path: Path,
     monkeypatch.setattr(bench_ops.bench, "compare", lambda *a, **k: C())
     monkeypatch.setattr(bench_ops.bench, "to_json", lambda c: c.doc)
     monkeypatch.setattr(bench_ops, "_bench_subject",
-                        lambda *a: bench_ops.gate.Subject("the benchmark's targets", ()))
+                        lambda *a, **k: bench_ops.gate.Subject("the benchmark's targets", ()))
     res = bench_ops.compare(Sysfs(fx("bcache-writeback-dirty")), bench.JobSpec(),
                             [NONE, WB], bench.CompareOptions(), save=False)
     assert res.failed and not any(r["error"] for r in doc["runs"])
