@@ -42,21 +42,27 @@ def key_of(dev: kinds.Kind) -> str:
     return dev.locks[0][0]
 
 
-def refusal(dev: kinds.Kind) -> UnsafeError | None:
-    """Why its copies are not dropped as it stands (exit 3): a writeback cache, or dirty
-    data (or dirty data the kernel does not report): the cache may hold the only copy of a
-    block, and an arrival on it is refused anyway (ops/migrate.py)."""
+def dirty_refusal(dev: kinds.Kind, why: str, command: str) -> UnsafeError | None:
+    """Refused (exit 3) as long as ``dev`` is in writeback or holds dirty data (or dirty data
+    of an amount the kernel does not report): ``why`` says what that forbids, ``command``
+    (invalidate, scrub) is what to run once it is write-through and clean."""
     dirty = dev.dirty_bytes
     if dev.mode not in (None, CacheMode.WRITEBACK) and dirty == 0:
         return None
     mode = dev.mode.value if dev.mode else "an unknown mode"
     what = ("dirty data of an unknown amount" if dirty is None
             else f"{human(dirty)} of dirty data" if dirty else "no dirty data now")
-    return UnsafeError(f"{dev.node} is in {mode} with {what}: its cached copies are not "
-                       "dropped while the cache may hold blocks the disk does not; nothing "
-                       "was changed",
+    return UnsafeError(f"{dev.node} is in {mode} with {what}: {why}",
                        hint=f"cachemgr mode {dev.target} writethrough --drain && cachemgr "
-                            f"invalidate {dev.target}")
+                            f"{command} {dev.target}")
+
+
+def refusal(dev: kinds.Kind) -> UnsafeError | None:
+    """Why its copies are not dropped as it stands (exit 3): a writeback cache, or dirty
+    data (or dirty data the kernel does not report): the cache may hold the only copy of a
+    block, and an arrival on it is refused anyway (ops/migrate.py)."""
+    return dirty_refusal(dev, "its cached copies are not dropped while the cache may hold "
+                              "blocks the disk does not; nothing was changed", "invalidate")
 
 
 def invalidate(sysfs: Sysfs, target: str, *, ctl: Control | None = None,

@@ -29,6 +29,7 @@ from cachemgr.core import pace
 from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import CacheMode, human
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import coherence as coherence_ops
 from cachemgr.ops import gate as gate_mod
 from cachemgr.ops.control import Control, Result
 from cachemgr.procedures import coherence, kinds
@@ -39,17 +40,10 @@ from cachemgr.procedures.kinds.base import pacing_words
 def refusal(dev: kinds.Kind) -> UnsafeError | None:
     """Why it is not scrubbed as it stands (exit 3): writeback, or dirty data (or dirty
     data of an amount the kernel does not report)."""
-    dirty = dev.dirty_bytes
-    if dev.mode not in (None, CacheMode.WRITEBACK) and dirty == 0:
-        return None
-    mode = dev.mode.value if dev.mode else "an unknown mode"
-    what = ("dirty data of an unknown amount" if dirty is None
-            else f"{human(dirty)} of dirty data" if dirty else "no dirty data now")
-    return UnsafeError(f"{dev.node} is in {mode} with {what}: a scrub compares a write-through "
-                       "or clean cache only (a dirty block differs from its origin by design, "
-                       "and the cache holds its only copy); nothing was read or changed",
-                       hint=f"cachemgr mode {dev.target} writethrough --drain && cachemgr "
-                            f"scrub {dev.target}")
+    return coherence_ops.dirty_refusal(
+        dev, "a scrub compares a write-through or clean cache only (a dirty block differs "
+             "from its origin by design, and the cache holds its only copy); nothing was "
+             "read or changed", "scrub")
 
 
 def _check(dev: kinds.Kind) -> None:
