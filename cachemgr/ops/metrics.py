@@ -54,10 +54,7 @@ def gone(sysfs: Sysfs, snap: Snapshot) -> Iterator[GoneBacking]:
     its place: not said here (the alert CachemgrDirtyDeviceGone covers a stopped device)."""
     if any(u.what == unseen.STATE for u in snap.unseen):
         return
-    registered = {b.uuid for b in snap.backings}
-    for g in health.remembered():
-        if g.uuid in registered:
-            continue
+    for g in health.gone(snap, health.remembered()):
         name = os.path.basename(g.node)
         there = (sysfs.exists(f"block/{name}") or sysfs.disk_of_partition(name) is not None
                  or (sysfs.live and sysfs.block_name_of(g.node) is not None))

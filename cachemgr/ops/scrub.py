@@ -65,7 +65,6 @@ def scrub(sysfs: Sysfs, target: str, *, max_latency_ms: float | None = None,
     """Compare and drop the mismatches (the module docstring)."""
     from cachemgr.backends import blockdev
     from cachemgr.ops import cache as cache_ops
-    from cachemgr.ops import coherence as coherence_ops
 
     if max_latency_ms is not None:
         max_latency_ms = pace.check_max_latency(max_latency_ms)
