@@ -94,14 +94,21 @@ class BlockStat:
                            for k in fields(self)))
 
 
+def read_stat(sysfs: Sysfs, rel: str | None) -> BlockStat | None:
+    """The counters of the block device whose directory is ``rel`` (its ``stat``), None
+    when there is none or it cannot be read or parsed."""
+    text = sysfs.read_opt(f"{rel}/stat") if rel else None
+    try:
+        return BlockStat.parse(text) if text is not None else None
+    except KernelFormatError:
+        return None
+
+
 def written_bytes(sysfs: Sysfs, name: str | None) -> int | None:
     """Bytes written to block device ``name`` since boot (:class:`BlockStat`'s write sectors,
     512-byte sectors whatever the device's block size). None when it cannot be read."""
-    text = sysfs.read_opt(f"block/{name}/stat") if name else None
-    try:
-        return BlockStat.parse(text).write_sectors * 512 if text is not None else None
-    except KernelFormatError:
-        return None
+    s = read_stat(sysfs, f"block/{name}" if name else None)
+    return None if s is None else s.write_sectors * 512
 
 
 def pace_sources(sysfs: Sysfs, vm: str | None, backing: str | None) -> tuple[
@@ -114,20 +121,13 @@ def pace_sources(sysfs: Sysfs, vm: str | None, backing: str | None) -> tuple[
     dirs = block_dirs(sysfs)
     vm_rel, backing_rel = (dirs.get(n) if n else None for n in (vm, backing))
 
-    def read(rel: str | None) -> BlockStat | None:
-        text = sysfs.read_opt(f"{rel}/stat") if rel else None
-        try:
-            return BlockStat.parse(text) if text is not None else None
-        except KernelFormatError:
-            return None
-
     def vm_counters() -> pace.Counters | None:
-        s = read(vm_rel)
+        s = read_stat(sysfs, vm_rel)
         return None if s is None else pace.Counters(
             s.reads + s.writes, s.read_ms + s.write_ms, s.write_sectors)
 
     def backing_written() -> int | None:
-        s = read(backing_rel)
+        s = read_stat(sysfs, backing_rel)
         return None if s is None else s.write_sectors
 
     return vm_counters, backing_written

@@ -11,7 +11,7 @@ from cachemgr.backends import blockdev
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.blockdev import BlockStat
 from cachemgr.core import cancel
-from cachemgr.core.errors import KernelFormatError, UsageError
+from cachemgr.core.errors import UsageError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Result
 from cachemgr.procedures import doctor, kinds, sizing, warm
@@ -29,13 +29,9 @@ def block_stats(sysfs: Sysfs) -> dict[str, BlockStat]:
     left out: its figures are unknown)."""
     out: dict[str, BlockStat] = {}
     for name, rel in blockdev.block_dirs(sysfs).items():
-        text = sysfs.read_opt(f"{rel}/stat")
-        if text is None:
-            continue
-        try:
-            out[name] = BlockStat.parse(text)
-        except KernelFormatError:
-            continue
+        s = blockdev.read_stat(sysfs, rel)
+        if s is not None:
+            out[name] = s
     return out
 
 

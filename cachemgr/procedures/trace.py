@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.backends import blktrace
-from cachemgr.backends.blockdev import BlockStat
+from cachemgr.backends.blockdev import read_stat
 from cachemgr.core.defaults import COUNT_TABLE as COUNT_TABLE  # blocks counted at most
-from cachemgr.core.errors import KernelFormatError, UsageError
+from cachemgr.core.errors import UsageError
 from cachemgr.core.signals import terminate_as_interrupt
 from cachemgr.core.sysfs import Sysfs
 
@@ -406,15 +406,6 @@ def read(path: str | os.PathLike[str]) -> Trace:
 # ----------------------------------------------------------------------------- recording
 
 
-def _block_stat(sysfs: Sysfs, rel: str) -> BlockStat | None:
-    """A device's own counters (bench's BlockStat), None if unreadable."""
-    text = sysfs.read_opt(f"{rel}/stat")
-    try:
-        return BlockStat.parse(text) if text is not None else None
-    except KernelFormatError:
-        return None
-
-
 def resolve(sysfs: Sysfs, nodes: Sequence[str]) -> list[tuple[Device, str]]:
     """The devices to trace, each with its sysfs directory; refuses what cannot be traced."""
     from cachemgr.backends import bcache
@@ -532,7 +523,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     if source is None:
         blktrace.preflight(sysfs, [d.name for d, _ in devs])
         source = blktrace.Blktrace
-    times0 = {d.name: _block_stat(sysfs, rel) for d, rel in devs}
+    times0 = {d.name: read_stat(sysfs, rel) for d, rel in devs}
     cpu0 = time.process_time()
     w = Writer(out, header)
     tot = Totals(device_blocks=[[0, 0, 0] for _ in devs])
@@ -685,7 +676,7 @@ def record(sysfs: Sysfs, nodes: Sequence[str], out: str | os.PathLike[str], *,
     elapsed = time.monotonic() - started
     disks: dict[str, Any] = {}
     for d, rel in devs:
-        a, b = times0.get(d.name), _block_stat(sysfs, rel)
+        a, b = times0.get(d.name), read_stat(sysfs, rel)
         if a is not None and b is not None:
             disks[d.name] = vars(b.minus(a))
     trailer = {"seconds": round(elapsed, 3), "ended_by": how, "blktrace_killed": killed,
