@@ -30,19 +30,12 @@ from cachemgr.ops import health as health_ops
 from cachemgr.procedures import health, traffic, unseen
 from cachemgr.procedures.metrics import STATS_EVERY, VM_EVERY, collect, health_metrics
 
-__all__ = ["KERNEL_LOG", "STATS_EVERY", "VM_EVERY", "SnapshotCollector", "findings", "gone"]
+__all__ = ["KERNEL_LOG", "STATS_EVERY", "VM_EVERY", "SnapshotCollector", "gone"]
 
 # cachemgr_unseen's ``what`` for a kernel log the scrape could not read
 KERNEL_LOG = "kernel-log"
 
 log = logging.getLogger("cachemgr.procedures.metrics")
-
-
-def findings(snap: Snapshot, rows: Iterable[tuple[smart.Ssd, smart.Health | None]] = ()
-             ) -> list[health.Finding]:
-    """The findings ``cachemgr check`` gives for ``snap`` (ops.health: the journals that
-    cannot be read, and SMART's cached answers ``rows``)."""
-    return health_ops.findings(snap, rows)
 
 
 def gone(sysfs: Sysfs, snap: Snapshot) -> Iterator[GoneBacking]:
@@ -171,7 +164,7 @@ class SnapshotCollector(Collector):
             self._said = snap.unseen
             log.warning("%s", unseen.words(snap.unseen))
         rows = [] if blind else smart.ssd_health(self.sysfs, snap, refresh=False)
-        return [*collect(snap, written_back=written, findings=findings(snap, rows)),
+        return [*collect(snap, written_back=written, findings=health_ops.findings(snap, rows)),
                 *health_metrics(rows)]
 
 
