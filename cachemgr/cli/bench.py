@@ -209,9 +209,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- demo
 
-DEMO_DELAY_MS = 8
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Outside the lab: boot it and run this command there. Inside: build and compare."""
     if os.environ.get("CACHEMGR_IN_LAB") != "1":
@@ -227,26 +224,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_demo_devices(disks: list[str]) -> tuple[str, str]:
-    """Two identical dm-delay "HDDs" (halves of the first disk) and bcache in writeback over
-    the second one, cached by the second disk. Returns (bare HDD, bcache device). A third
-    disk, if any, stays bare: the reference SSD (a disk of the same kind as the cache's)."""
-    from cachemgr.backends import bcache
-    from cachemgr.core import runner
-    from cachemgr.core.model import CacheMode
+    """The demo's devices (cachemgr/lab/demo.py: its bcache device made by the create
+    command, through the gate)."""
+    from cachemgr.lab import demo
 
-    raw, ssd = disks[0], disks[1]
-    sectors = int(runner.run(["blockdev", "--getsz", raw]).stdout.strip())
-    half = sectors // 2
-    runner.run(["dmsetup", "create", "hdd", "--table",
-                f"0 {half} delay {raw} 0 {DEMO_DELAY_MS}"])
-    runner.run(["dmsetup", "create", "hdd2", "--table",
-                f"0 {half} delay {raw} {half} {DEMO_DELAY_MS}"])
-    sysfs = Sysfs()
-    bcache.create(sysfs, backings=["/dev/mapper/hdd2"], cache=ssd, bucket="128k",
-                  mode=CacheMode.WRITEBACK)
-    b = next(x for x in bcache.scan(sysfs).backings if x.identity.node == "/dev/mapper/hdd2")
-    assert b.device is not None
-    return "/dev/mapper/hdd", b.device
+    return demo.build_demo_devices(disks)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -257,7 +239,9 @@ def run_demo(args: argparse.Namespace) -> int:
     out = args.out or os.path.join(os.getcwd(), "results",
                                    time.strftime("bench-demo-%Y%m%d-%H%M%S"))
     ref = disks[2] if len(disks) > 2 else None
-    print(f"demo: bare HDD {hdd} (dm-delay {DEMO_DELAY_MS} ms per IO) vs {bc} (bcache "
+    from cachemgr.lab.demo import BENCH_DELAY_MS
+
+    print(f"demo: bare HDD {hdd} (dm-delay {BENCH_DELAY_MS} ms per IO) vs {bc} (bcache "
           f"writeback over an identical HDD, cached by {disks[1]})"
           + (f" vs the bare SSD {ref} (a disk like the cache's: the lab's physical ceiling)"
              if ref else "") + f"; results in {out}")

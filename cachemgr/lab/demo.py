@@ -15,14 +15,45 @@ import subprocess
 import sys
 import time
 
-from cachemgr.backends import bcache, snapshot
+from cachemgr.backends import snapshot
 from cachemgr.core import runner
-from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import cache as cache_ops
+from cachemgr.ops.control import Control
 from cachemgr.ops.render import status_table
 from cachemgr.procedures import bench
 
 DELAY_MS = 8
+BENCH_DELAY_MS = 8  # bench demo's two "HDDs"
+
+
+def writeback_bcache(sysfs: Sysfs, backing: str, ssd: str) -> str:
+    """A bcache device in writeback over ``backing``, cached by ``ssd`` (both scratch disks,
+    formatted over whatever they hold): the ``create bcache`` command (ops/cache.py), so
+    through the gate as an admin's would be (its capability, the disks' locks, the journal
+    trail). Returns its /dev/bcacheN."""
+    cache_ops.create_bcache(sysfs, backings=[backing], cache=ssd, mode="writeback",
+                            bucket="128k", force=True, ctl=Control(what="demo"))
+    node = os.path.realpath(backing)
+    b = next(x for x in snapshot.take(sysfs, stats=False).backings
+             if node in (x.identity.node, os.path.realpath(x.identity.node)))
+    assert b.device is not None
+    return b.device
+
+
+def build_demo_devices(disks: list[str]) -> tuple[str, str]:
+    """``bench demo``'s devices: two identical dm-delay "HDDs" (halves of the first disk)
+    and bcache in writeback over the second one, cached by the second disk
+    (:func:`writeback_bcache`). Returns (bare HDD, bcache device). A third disk, if any,
+    stays bare: the reference SSD (a disk of the same kind as the cache's)."""
+    raw, ssd = disks[0], disks[1]
+    sectors = int(runner.run(["blockdev", "--getsz", raw]).stdout.strip())
+    half = sectors // 2
+    runner.run(["dmsetup", "create", "hdd", "--table",
+                f"0 {half} delay {raw} 0 {BENCH_DELAY_MS}"])
+    runner.run(["dmsetup", "create", "hdd2", "--table",
+                f"0 {half} delay {raw} {half} {BENCH_DELAY_MS}"])
+    return "/dev/mapper/hdd", writeback_bcache(Sysfs(), "/dev/mapper/hdd2", ssd)
 
 
 def fio_run(target: str, seconds: int) -> bench.FioResult:
@@ -64,16 +95,9 @@ def main() -> int:
     print(f"demo: bare SSD {ssd}, same job: {ssd_r.iops:.0f} IOPS, p99 {_p99(ssd_r)} "
           "(the ceiling for writes through a cache on it)")
     # force: the SSD holds what the bare-SSD run just wrote (nothing else: a scratch disk)
-    bcache.make_bcache(backing=[hdd], cache=ssd, bucket="128k", wipe=True, force=True)
-    for dev in (hdd, ssd):
-        bcache.register(sysfs, dev)
-    if not bcache.wait_for(lambda: sysfs.exists("block/bcache0/bcache"), 10):
-        print("demo: /dev/bcache0 did not appear", file=sys.stderr)
-        return 1
-    snap = snapshot.take(sysfs)
-    bcache.set_mode(sysfs, snap.backings[0], CacheMode.WRITEBACK)
-    print("demo: bcache0 = slow HDD cached by", ssd, "in writeback mode")
-    cached_r = fio_run("/dev/bcache0", 5)
+    dev = writeback_bcache(sysfs, hdd, ssd)
+    print(f"demo: {os.path.basename(dev)} = slow HDD cached by", ssd, "in writeback mode")
+    cached_r = fio_run(dev, 5)
     cached = cached_r.iops
     print(f"demo: through bcache, same job: {cached:.0f} IOPS ({cached / bare:.0f}x the "
           f"HDD, {100 * cached / ssd_r.iops:.0f}% of the bare SSD), p99 {_p99(cached_r)}")
@@ -84,7 +108,7 @@ def main() -> int:
     print(status_table(snapshot.take(sysfs)))
     # an interactive lab (LabSpec(interactive=True)) gives the command the host's terminal
     if sys.stdin.isatty() and sys.stdout.isatty():
-        return tui_with_workload("/dev/bcache0")
+        return tui_with_workload(dev)
     return 0
 
 

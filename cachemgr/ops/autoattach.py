@@ -31,7 +31,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import gate
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import autoattach, owners, policy
+from cachemgr.procedures import autoattach, kinds, owners, policy
 from cachemgr.procedures.autoattach import (
     Action,
     AssembleDmCache,
@@ -61,7 +61,8 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
         _assemble(sysfs, view, a)
         return
     if isinstance(a, Register):
-        with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach register"):
+        made = kinds.BcacheSet if a.role == "cache" else kinds.Bcache
+        with gate.gate(gate.of_disks([f"/dev/{a.device}"], made), "autoattach register"):
             bcache.register(sysfs, f"/dev/{a.device}")
         return
     if isinstance(a, SetScheduler):  # what `cachemgr scheduler DISK NAME` does, read back
@@ -69,8 +70,9 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
                        detail={"to": a.scheduler}):
             sched.set_scheduler(sysfs, a.device, a.scheduler)
         return
-    if isinstance(a, Format):
-        with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach format"):
+    if isinstance(a, Format):  # a blank SSD made a bcache cache (a set's)
+        with gate.gate(gate.of_disks([f"/dev/{a.device}"], kinds.BcacheSet),
+                       "autoattach format"):
             _format(sysfs, a)
         return
     # the view was read just before this round; each action of a round touches another
@@ -78,20 +80,23 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
     bk = view.backing(a.device)
     if bk is None:
         raise CacheMgrError(f"/dev/{a.device} is no longer a registered backing device")
-    subject = gate.of_backing(bk)
+    k = kinds.Bcache(bk)
+    subject = gate.of_kind(k)
     cset = view.snapshot.cache_set(a.cset) if isinstance(a, Attach) else None
     if isinstance(a, Attach):
         if cset is None:
             raise CacheMgrError(f"cache set {a.cset} vanished")
         subject = subject + gate.of_cache_set(cset)
+    # the gate checks the kind's capability (gate.NEEDS: attach, mode, tune) as for the
+    # admin's own commands; the mode and the tunable are the kind's own operations
     with gate.gate(subject, f"autoattach {type(a).__name__.lower()}"):
         if isinstance(a, Attach):
             assert cset is not None
             bcache.attach(sysfs, bk, cset)
         elif isinstance(a, SetMode):
-            bcache.set_mode(sysfs, bk, CacheMode(a.mode))
+            k.set_mode(sysfs, CacheMode(a.mode))
         elif isinstance(a, SetTunable):
-            bcache.set_tunable(sysfs, bk, a.name, a.value)
+            k.set_tunable(sysfs, a.name, a.value)
 
 
 def _assemble(sysfs: Sysfs, view: View, a: AssembleDmCache) -> None:
@@ -100,7 +105,8 @@ def _assemble(sysfs: Sysfs, view: View, a: AssembleDmCache) -> None:
     rec = next((r for r, _ in view.dm_records if r.name == a.device), None)
     if rec is None:
         raise CacheMgrError(f"the record of {a.stable_id} vanished")
-    subject = gate.of_names(rec.node, [owners.dmcache_key(rec.name), owners.cache_key(rec.name)])
+    subject = gate.of_names(rec.node, [owners.dmcache_key(rec.name), owners.cache_key(rec.name)],
+                            kinds.DmCache)
     with gate.gate(subject + gate.of_disks([a.origin, a.cache, a.metadata]),
                    "autoattach assemble dm-cache"):
         log.info("%s", dm_record.assemble(sysfs, rec))
@@ -212,11 +218,11 @@ def assemble(sysfs: Sysfs, target: str, *, ctl: Control | None = None) -> Result
             hint=f"its record: {rec.path}" + ("; the udev worker assembles it when its "
                                                "devices come" if res.missing else ""))
     subject = gate.of_names(rec.node, [owners.dmcache_key(rec.name),
-                                       owners.cache_key(rec.name)]) + gate.of_disks(
+                                       owners.cache_key(rec.name)], kinds.DmCache) + gate.of_disks(
         [res.nodes[r] for r in dm_record.ROLES])
     ctl = ctl if ctl is not None else Control(what=f"assemble {name}")
     if res.unproven and ctl.asks:
-        gate.check(subject)  # the gate's refusals before the question
+        gate.check(subject, "assemble dm-cache")  # the gate's refusals before the question
         probe = identity.probe_signature if sysfs.live else None
         lines = [f"would assemble {rec.node} (dm-cache {rec.mode.value}, as recorded in "
                  f"{rec.path}) over these devices, which cachemgr cannot prove are its own:"]

@@ -83,7 +83,7 @@ def compare(sysfs: Sysfs, spec: bench.JobSpec, targets: Sequence[str],
     # lost mid-run leaves nothing changed that status does not show and the next command
     # on the device does not put back; SIGTERM and SIGHUP (a closed terminal) put it back
     # as Ctrl-C does
-    with signals.terminate_as_interrupt(), gate.gate(subject, "bench", check_kind=False), \
+    with signals.terminate_as_interrupt(), gate.gate(subject, "bench"), \
             undo.recording("bench", ", ".join(targets), subject.keys, sysfs):
         c = bench.compare(sysfs, spec, list(targets), opts, progress=ctl.report,
                           argv=list(argv))

@@ -500,7 +500,10 @@ def register(sysfs: Sysfs, devices: Sequence[str]) -> Result:
     out = Result(notes=already, already=not plans and bool(already))
     order = sorted(plans, key=lambda p: p[1].kind != "cache")  # the SSDs first
     for _, u in order:
-        subject = gate_mod.of_disks([u.identity.node])
+        # the object it brings back: a cache set's SSD or a backing device (the gate checks
+        # that kind declares register)
+        made = kinds.BcacheSet if u.kind == "cache" else kinds.Bcache
+        subject = gate_mod.of_disks([u.identity.node], made)
         if u.cset_uuid:
             subject = subject + gate_mod.of_names(
                 f"cache set {u.cset_uuid}", [owners.cache_key(u.cset_uuid)])
@@ -553,17 +556,19 @@ def create_bcache(sysfs: Sysfs, *, backings: Sequence[str], cache: str | None,
     is on it; without ``force`` it is refused)."""
     m = parse_mode(mode, hint="writethrough, writeback, writearound or none") if mode else None
     disks = [*backings, *([cache] if cache else [])]
+    # what it makes: backing devices, a cache set (the gate checks each kind declares create)
+    made = [*([kinds.Bcache] if backings else []), *([kinds.BcacheSet] if cache else [])]
     ctl = _ctl(ctl, "create bcache")
     if force and ctl.asks:
         sigs = _signatures(disks)
         if sigs:
             roles = [*((d, "backing") for d in backings), *([(cache, "cache")] if cache else [])]
-            first = _checked(gate_mod.of_disks(disks), "create bcache")
+            first = _checked(gate_mod.of_disks(disks, *made), "create bcache")
             _ask(ctl, sysfs, None, "create bcache --force", [*first, *(
                 f"would format {d} as a bcache {role} device"
                 + (f", wiping its {sigs[d]} signature: whatever is on it is lost"
                    if d in sigs else "") for d, role in roles)])
-    with gate_mod.gate(gate_mod.of_disks(disks), "create bcache"):
+    with gate_mod.gate(gate_mod.of_disks(disks, *made), "create bcache"):
         return Result(changes=bcache.create(sysfs, backings=list(backings),
                                             cache=cache or None, mode=m,
                                             bucket=bucket or None, force=force))
@@ -581,7 +586,7 @@ def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata
     m = parse_mode(mode or "writeback", hint="writeback, writethrough or passthrough")
     block = dmcache.parse_size(block_size) if block_size else None
     subject = gate_mod.of_names(f"/dev/mapper/{name}", [owners.dmcache_key(name),
-                                                        owners.cache_key(name)])
+                                                        owners.cache_key(name)], kinds.DmCache)
     ctl = _ctl(ctl, f"create dm-cache {name}")
     if force and ctl.asks:
         sigs = _signatures([cache, metadata])
@@ -593,7 +598,8 @@ def create_dmcache(sysfs: Sysfs, *, name: str, origin: str, cache: str, metadata
             lines.append(f"would zero the dm-cache metadata on {metadata}: if it belongs to "
                          "another cache, that cache's dirty blocks are lost")
         if lines:
-            first = _checked(subject + gate_mod.of_disks([origin, cache, metadata]), "create")
+            first = _checked(subject + gate_mod.of_disks([origin, cache, metadata]),
+                             "create dm-cache")
             _ask(ctl, sysfs, None, f"create dm-cache {name} --force", [*first, *lines])
     with gate_mod.gate(subject + gate_mod.of_disks([origin, cache, metadata]),
                        "create dm-cache"):

@@ -1,20 +1,28 @@
 """The one gate every change passes.
 
 Every command that changes a device or its cache (mode, tune, drain, attach, detach, create,
-remove, force-run, stop-set, each replace-ssd run, autoattach's actions, vm-cache, scheduler
-set) enters :func:`gate` with the objects it acts on (a :class:`Subject`). The gate
+register, assemble, remove, force-run, stop-set, each replace-ssd run, bench, warm,
+invalidate, scrub, autoattach's actions, vm-cache, scheduler set) enters :func:`gate` with
+the objects it acts on (a :class:`Subject`). The gate
 
-1. takes the lock of every object (the device's and its cache's: procedures/owners.py has the
+1. refuses, exit 2, what a cache kind of the subject does not declare: :data:`NEEDS` is the
+   one capability table, every action it lets in with the capability it needs (an action
+   missing there is a defect, refused, never let through unchecked); an object yet to be
+   made (create, register, assemble) is asked of its kind's class;
+2. takes the lock of every object (the device's and its cache's: procedures/owners.py has the
    keys), recording in each lock file who holds it (the procedure, its run ID and step, since
    when): another run holding one of them is refused, exit 3, by a message naming it
    (core/state.py ``BusyError``);
-2. refuses, exit 3, while a procedure whose process is gone still owns one of them (its
+3. refuses, exit 3, while a procedure whose process is gone still owns one of them (its
    journal is there: an interrupted drain left tunables changed, a replace-ssd run left its
    devices in mode none): the message names it and the command that resumes (or rolls back)
    it; only that procedure's own resume passes (``takes_over``);
-3. logs the change (who, what, on what) at INFO on the ``cachemgr.gate`` logger, and
+4. logs the change (who, what, on what) at INFO on the ``cachemgr.gate`` logger, and
    records it for the system journal's trail (cachemgr/ops/trail.py: the command's changes,
    refusals and failures, written when the command ends).
+
+A command that asks first makes the same checks before its question (:func:`precheck`, in
+the same order and words, taking no lock).
 
 Procedures that run for a while own their objects for the whole run: a replace-ssd run enters
 the gate once, for every device of its cache, and its steps (and the drains it runs in worker
@@ -45,12 +53,13 @@ log = logging.getLogger("cachemgr.gate")
 
 @dataclass(frozen=True)
 class Subject:
-    """What a change acts on: its name in messages, the locks it needs (key, words) and,
-    when it is one object of a cache kind, that kind (whose capabilities the gate checks)."""
+    """What a change acts on: its name in messages, the locks it needs (key, words) and the
+    cache kinds whose capabilities the gate checks (:data:`NEEDS`): each object of a kind it
+    acts on, or a kind's class where the object is yet to be (a create, a register)."""
 
     what: str
     locks: tuple[tuple[str, str], ...]
-    kind: Kind | None = None
+    kinds: tuple[Kind | type[Kind], ...] = ()
 
     @property
     def keys(self) -> frozenset[str]:
@@ -59,12 +68,13 @@ class Subject:
     def __add__(self, other: Subject) -> Subject:
         seen = dict(self.locks)
         return Subject(self.what, self.locks + tuple(
-            (k, w) for k, w in other.locks if k not in seen), self.kind or other.kind)
+            (k, w) for k, w in other.locks if k not in seen),
+            self.kinds + tuple(k for k in other.kinds if k not in self.kinds))
 
 
 def of_kind(k: Kind) -> Subject:
     """One object of a cache kind: its own lock and its cache's, and its capabilities."""
-    return Subject(k.node, tuple(k.locks), k)
+    return Subject(k.node, tuple(k.locks), (k,))
 
 
 def of_backing(b: BcacheBacking) -> Subject:
@@ -83,17 +93,19 @@ def of_cache_set(c: CacheSet, snap: Snapshot | None = None) -> Subject:
     return out
 
 
-def of_names(what: str, keys: Sequence[str]) -> Subject:
-    """Objects named by their keys alone (a disk being formatted, a VM's disk)."""
-    return Subject(what, tuple((k, what) for k in keys))
+def of_names(what: str, keys: Sequence[str], *made: type[Kind]) -> Subject:
+    """Objects named by their keys alone (a disk being formatted, a VM's disk); ``made``:
+    the kinds of the objects the command makes or assembles there."""
+    return Subject(what, tuple((k, what) for k in keys), made)
 
 
-def of_disks(nodes: Sequence[str]) -> Subject:
+def of_disks(nodes: Sequence[str], *made: type[Kind]) -> Subject:
     """Disks a command formats or assembles (create): keyed by their kernel names, so two
-    commands that would format one disk never run at once."""
+    commands that would format one disk never run at once; ``made``: the kinds whose
+    objects the command makes of them (their capability is checked)."""
     names = [os.path.basename(os.path.realpath(n)) for n in nodes if n]
     return Subject(", ".join(n for n in nodes if n),
-                   tuple((f"disk-{n}", f"/dev/{n}") for n in dict.fromkeys(names)))
+                   tuple((f"disk-{n}", f"/dev/{n}") for n in dict.fromkeys(names)), made)
 
 
 def claims(subject: Subject) -> list[Owner]:
@@ -107,22 +119,63 @@ def refusal(subject: Subject, o: Owner) -> UnsafeError:
                        hint=o.next_step())
 
 
+# THE CAPABILITY TABLE: every action the gate lets in, and the capability (a word of
+# kinds.ACTIONS) each kind of its subject must declare for it. None: it changes no cache
+# object of a kind (a disk's IO scheduler, a VM's cache mode, a restore putting back what an
+# interrupted procedure left). An action missing here is refused by the gate (a defect: the
+# command would skip the capability check), never let through unchecked.
+NEEDS: dict[str, str | None] = {
+    "mode": "mode", "mode --drain": "mode", "drain": "drain", "drain --resume": "drain",
+    "detach": "detach", "attach": "attach", "remove": "remove", "tune": "tune",
+    "force-run": "force-run", "stop-set": "stop-set", "warm": "warm",
+    "invalidate": "invalidate", "scrub": "scrub", "bench": "bench",
+    "replace-ssd": "replace", "replace-ssd rollback": "replace",
+    "create": "create", "create bcache": "create", "create dm-cache": "create",
+    "register": "register", "assemble dm-cache": "assemble",
+    # the udev worker's and the boot pass's actions (ops/autoattach.py)
+    "autoattach attach": "attach", "autoattach setmode": "mode",
+    "autoattach settunable": "tune", "autoattach register": "register",
+    "autoattach format": "create", "autoattach assemble dm-cache": "assemble",
+    "autoattach scheduler": None, "scheduler": None, "vm-cache": None, "restore": None,
+}
+
+
+def capability(action: str) -> str | None:
+    """The capability ``action`` needs (:data:`NEEDS`); an action the table does not list
+    is a defect of the command that names it (ValueError), not a pass."""
+    try:
+        return NEEDS[action]
+    except KeyError:
+        raise ValueError(f"the gate has no capability for the action {action!r}: "
+                         "add it to cachemgr/ops/gate.py NEEDS") from None
+
+
+def refuse_incapable(subject: Subject, action: str, *, needs: str | None = None) -> None:
+    """Raise (exit 2, UsageError: nothing is changed) the refusal of the first kind of
+    ``subject`` that does not declare the capability ``action`` needs (``needs``: that
+    capability, given)."""
+    cap = needs or capability(action)
+    if cap is None:
+        return
+    for k in subject.kinds:
+        err = k.refusal(cap) if isinstance(k, Kind) else k.declines(cap, subject.what)
+        if err is not None:
+            raise err
+
+
 def precheck(subject: Subject, action: str, *,
              takes_over: Callable[[Owner], bool] | None = None, needs: str | None = None,
              check_kind: bool = True) -> list[str]:
     """The gate's refusals before a question (or a plan shown before a run), with the rules
-    and words of :func:`gate` and in its order, taking no lock: what the subject's kind
-    cannot do (exit 2); as root, a run holding one of its locks (exit 3, naming it) and an
-    interrupted procedure owning one that ``takes_over`` does not accept (exit 3). The
-    settings an interrupted procedure left changed for a while (its undo journal,
-    core/undo.py: a bench killed mid-run) refuse nothing, as in the gate, which puts them back
-    first: the lines returned say so, for the question. Another user than root is refused by
-    the command itself (the gate takes no lock for it)."""
-    cap = needs or (action.split()[0] if action else "")
-    if check_kind and cap and subject.kind is not None and cap in kinds.ACTIONS:
-        err = subject.kind.refusal(cap)
-        if err is not None:
-            raise err
+    and words of :func:`gate` and in its order, taking no lock: what a kind of the subject
+    cannot do (:func:`refuse_incapable`, exit 2); as root, a run holding one of its locks
+    (exit 3, naming it) and an interrupted procedure owning one that ``takes_over`` does not
+    accept (exit 3). The settings an interrupted procedure left changed for a while (its
+    undo journal, core/undo.py: a bench killed mid-run) refuse nothing, as in the gate, which
+    puts them back first: the lines returned say so, for the question. Another user than
+    root is refused by the command itself (the gate takes no lock for it)."""
+    if check_kind:
+        refuse_incapable(subject, action, needs=needs)
     if os.geteuid() != 0:
         return []
     for key, words in sorted(subject.locks):
@@ -141,10 +194,10 @@ def precheck(subject: Subject, action: str, *,
     return first
 
 
-def check(subject: Subject, *, takes_over: Callable[[Owner], bool] | None = None
-          ) -> list[str]:
-    """:func:`precheck` with no capability to check: for a plan shown before it runs."""
-    return precheck(subject, "", takes_over=takes_over, check_kind=False)
+def check(subject: Subject, action: str, *,
+          takes_over: Callable[[Owner], bool] | None = None) -> list[str]:
+    """:func:`precheck` for a plan shown before it runs (replace-ssd's, an assembly's)."""
+    return precheck(subject, action, takes_over=takes_over)
 
 
 def resumes(*procedures: str, run: str | None = None) -> Callable[[Owner], bool]:
@@ -182,17 +235,14 @@ def _gate(subject: Subject, action: str, *, takes_over: Callable[[Owner], bool] 
           run: str | None = None, detail: dict[str, Any] | None = None,
           needs: str | None = None, check_kind: bool = True,
           said: list[str] | None = None) -> Iterator[None]:
-    """Refuse (exit 2, nothing changed) what the subject's kind cannot do (``needs``: the
-    capability, by default the action's first word); hold every lock of ``subject`` for
-    ``action`` and refuse while another run holds one, or an interrupted procedure owns
-    one that ``takes_over`` does not accept. ``run``: a procedure's run ID, recorded in the
-    lock files. Settings an interrupted procedure left changed for a while (its undo
-    journal, core/undo.py) are put back first; ``said`` gets the words."""
-    cap = needs or action.split()[0]
-    if check_kind and subject.kind is not None and cap in kinds.ACTIONS:
-        err = subject.kind.refusal(cap)
-        if err is not None:
-            raise err
+    """Refuse (exit 2, nothing changed) what a kind of the subject cannot do (``needs``:
+    the capability, by default the one :data:`NEEDS` gives ``action``); hold every lock of
+    ``subject`` for ``action`` and refuse while another run holds one, or an interrupted
+    procedure owns one that ``takes_over`` does not accept. ``run``: a procedure's run ID,
+    recorded in the lock files. Settings an interrupted procedure left changed for a while
+    (its undo journal, core/undo.py) are put back first; ``said`` gets the words."""
+    if check_kind:
+        refuse_incapable(subject, action, needs=needs)
     if os.geteuid() != 0:
         # changes nothing: the kernel and lvm2 take changes from root only, and the command
         # refuses with its own words (needs root) after its own checks; the locks and the

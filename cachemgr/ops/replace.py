@@ -14,9 +14,10 @@ from cachemgr.core import state
 from cachemgr.core.errors import Cancelled, UnsafeError, UsageError, require_root
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import gate
 from cachemgr.ops.control import Control, Plan, Result
-from cachemgr.procedures import owners, replace
+from cachemgr.procedures import kinds, owners, replace
 from cachemgr.procedures.replace import dmcache as replace_dmcache
 from cachemgr.procedures.replace import lvm as replace_lvm
 
@@ -115,6 +116,7 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
 
         tr.read(opts.warm)
         opts = dataclasses.replace(opts, warm=os.path.abspath(opts.warm))
+    _capable(sysfs, cache)
     j = _planned(sysfs, cache, opts)
     # a drain or another change running on one of its devices: said now, not after the
     # operator confirmed (the run enters the gate again, for real, when it starts). An
@@ -122,8 +124,18 @@ def plan(sysfs: Sysfs, cache: str | None, opts: replace.Options, *,
     # tunables (writeback_percent=0) or table (the cleaner policy), which the plan has just
     # recorded as the ones the run restores at its end, and the run's drain step would
     # consume the journal that holds the real ones
-    gate.check(subject(j))
+    gate.check(subject(j), "replace-ssd")
     return j
+
+
+def _capable(sysfs: Sysfs, cache: str) -> None:
+    """The object ``cache`` names, as its cache kind, must declare ``replace`` (the gate's
+    capability table, gate.NEEDS): refused by name (exit 2, nothing changed) before the
+    replacement's own kinds are asked, which know the built-in caches only. A name no kind
+    owns is left to them (an SSD's node, a cached LV: they say what is wrong with it)."""
+    k = kinds.find(cache_ops.status(sysfs), cache, sysfs)
+    if k is not None:
+        gate.refuse_incapable(gate.of_kind(k), "replace-ssd")
 
 
 def _planned(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal:

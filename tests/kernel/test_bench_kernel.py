@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cachemgr.backends import bcache
-from cachemgr.cli.bench import build_demo_devices
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.lab.demo import build_demo_devices
 from cachemgr.procedures.bench import report as bench_report
 
 

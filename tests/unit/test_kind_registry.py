@@ -119,6 +119,24 @@ def test_the_gate_switches_what_the_kind_can_and_refuses_the_rest(
     assert writes == []
 
 
+@pytest.mark.parametrize("argv", [("bench", "compare", "/dev/toy0", "--runtime", "1"),
+                                  ("replace-ssd", "toy0", "--dry-run"),
+                                  ("replace-ssd", "/dev/toy0", "--yes")])
+def test_the_bench_and_replace_ssd_refuse_what_the_kind_does_not_declare(
+        toy: Path, monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...]) -> None:
+    """bench and replace-ssd are in the gate's one capability table (ops/gate.py NEEDS):
+    a kind that declares neither is refused by name, exit 2, nothing written. Before, the
+    bench's gate skipped the check and replace-ssd's subject had no kind."""
+    writes = kernel_writes(monkeypatch)
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # a run past its root check
+    rc, _out, err = cli(toy, *argv)
+    verb = "bench" if argv[0] == "bench" else "replace"
+    assert rc == 2, err
+    assert f"/dev/toy0 is a toy cache: cachemgr cannot {verb} it" in err, err
+    assert "a toy cache can: mode" in err, err
+    assert writes == []
+
+
 def test_a_registered_kind_is_resolved_before_bcache_and_gone_when_unregistered(
         toy: Path) -> None:
     from cachemgr.ops import cache as cache_ops
@@ -181,7 +199,8 @@ def test_the_tui_lists_a_registered_kind_switches_it_and_offers_nothing_else(
             app.query_one(DeviceTable).select_key(key)
             await settle(pilot, lambda: app.selected_key == key)
             offered = {a: app.check_action(a, ()) for a in
-                       ("mode", "drain", "detach", "remove", "tune", "attach")}
+                       ("mode", "drain", "detach", "remove", "tune", "attach", "bench",
+                        "replace")}
             await pilot.press("m")
             await settle(pilot, lambda: shown(app, ChoiceDialog))
             screen = app.screen
@@ -201,6 +220,7 @@ def test_the_tui_lists_a_registered_kind_switches_it_and_offers_nothing_else(
     cells, offered, choices = asyncio.run(go())
     assert cells[:5] == ["toy0", "-", "writeback", "dirty", "4.0K"], cells
     assert offered["mode"] is True
-    assert not any(offered[a] for a in ("drain", "detach", "remove", "tune", "attach")), offered
+    assert not any(offered[a] for a in ("drain", "detach", "remove", "tune", "attach",
+                                        "bench", "replace")), offered
     assert choices == ["writethrough", "writeback"]
     assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]

@@ -685,12 +685,23 @@ def test_dialogs_are_keyboard_driven(tmp_path: Path, monkeypatch: pytest.MonkeyP
     asyncio.run(go())
 
 
-def test_long_confirmation_keeps_its_buttons_on_screen() -> None:
+def test_long_confirmation_keeps_its_buttons_on_screen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The replacement's confirmation shows the whole plan (~25 lines): at 80x24 the body
-    scrolls and the buttons stay visible (they were pushed below the screen)."""
+    scrolls and the buttons stay visible (they were pushed below the screen). The run asks
+    once it holds its devices (as root: the gate's locks; its steps are not run here);
+    Cancel refuses it in the command's words."""
+    import os
+
     from textual.widgets import Button
 
+    from tests.unit.test_run_owns_its_devices import steps_stubbed
     from tui.screens.replace import ReplaceScreen
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    kernel_writes(monkeypatch)
+    ran = steps_stubbed(monkeypatch)
 
     async def go() -> None:
         async with running(fx("scsi-ssd-in-use"), at=0) as (app, pilot):
@@ -706,9 +717,11 @@ def test_long_confirmation_keeps_its_buttons_on_screen() -> None:
                 assert region.height > 0 and region.bottom <= 24, (bid, region)
             await pilot.hover("#b-go")  # raises OutOfBounds when it is off the screen
             await pilot.click("#b-cancel")
-            assert isinstance(app.screen, ReplaceScreen)
+            await settle(pilot, lambda: shown(app, MessageDialog))
+            assert "not confirmed; nothing was changed" in rendered(app.screen, ".dialog-body")
 
     asyncio.run(go())
+    assert ran == []
 
 
 def test_quitting_cancels_an_operation_waiting_for_the_operator() -> None:

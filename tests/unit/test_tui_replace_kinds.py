@@ -6,11 +6,13 @@ of interrupted runs of each kind; issue #30 items 5 and 6)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 from textual.widgets import Input, Static
 
+from cachemgr.ops.control import Control, Plan
 from cachemgr.procedures import replace
 from cachemgr.procedures.replace import dmcache as replace_dmcache
 from cachemgr.procedures.replace import lvm as replace_lvm
@@ -159,7 +161,8 @@ def test_lvm_and_bcache_rollback_say_their_own_words() -> None:
 
 def test_start_confirmation_names_the_kind_and_its_point_of_no_return() -> None:
     """The confirmation before a run says what stays up and until when it can be rolled
-    back, from the run's kind (the plan's text is the screen's own: set here)."""
+    back, from the run's kind (the run asks it from its worker, with the plan it runs:
+    here from a thread, with a plan of one line)."""
     async def go() -> None:
         app = app_on(fx("dmcache-writeback"))
         async with app.run_test(size=(80, 24)) as pilot:
@@ -176,8 +179,9 @@ def test_start_confirmation_names_the_kind_and_its_point_of_no_return() -> None:
                 j = replace.Journal.load(run_id)
                 screen = ReplaceScreen(j.cset, replace.kind_of(j.kind))
                 await app.push_screen(screen)
-                screen.journal, screen.plan_text = j, ["(the plan)"]
-                screen.confirm_start(j)
+                asked = threading.Thread(target=screen.ask_start, args=(
+                    j, Control(), Plan(f"replace-ssd {j.cset}", ("(the plan)",))))
+                asked.start()
                 await settle(pilot, lambda: shown(app, ConfirmDialog))
                 assert isinstance(app.screen, ConfirmDialog)
                 assert app.screen.title_text == title
@@ -185,8 +189,10 @@ def test_start_confirmation_names_the_kind_and_its_point_of_no_return() -> None:
                 assert words in text, text
                 if j.kind != "bcache":
                     assert "unregister" not in text, text
+                assert text.startswith("(the plan)\n"), text
                 await pilot.press("escape")
                 await settle(pilot, lambda s=screen: app.screen is s)  # type: ignore[misc]
+                asked.join(10)
                 app.pop_screen()
 
     asyncio.run(go())

@@ -7,6 +7,7 @@ what a rollback puts back) comes from its ``replace.Kind``; nothing here spells 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, ClassVar
 
 from textual import work
@@ -18,7 +19,7 @@ from textual.widgets import Footer, Header, Input, Label, RichLog, Static
 
 from cachemgr.core.errors import CacheMgrError
 from cachemgr.ops import replace
-from cachemgr.ops.control import Control, Result
+from cachemgr.ops.control import Control, Plan, Result
 from tui.dialogs import when
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog
@@ -56,8 +57,9 @@ class ReplaceScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("p", "plan", "Plan", tooltip="check everything and show the plan: the "
                 "steps, the VMs slowed meanwhile, the old SSD's health (changes nothing)"),
-        Binding("g", "start", "Start", tooltip="plan, confirm, then run the steps (each "
-                "journaled); the swap prompt says when to change the disk"),
+        Binding("g", "start", "Start", tooltip="plan, take the devices, plan again, confirm, "
+                "then run the steps (each journaled); the swap prompt says when to change "
+                "the disk"),
         Binding("r", "resume", "Resume", tooltip="finish an interrupted run from its "
                 "journal, at the step where it stopped"),
         Binding("u", "rollback", "Rollback", tooltip="undo an interrupted run, possible "
@@ -167,24 +169,41 @@ class ReplaceScreen(Screen[None]):
             self.confirm_start(self.journal)
 
     def confirm_start(self, j: replace.Journal) -> None:
+        """Start fresh run ``j``: the command layer's run takes its cache's and every
+        device's locks, plans again under them and only then asks, from its worker, in the
+        dialog :meth:`ask_start` shows (the plan it runs, as the command line's
+        ``replace-ssd`` does: ops/replace.py run). A second admin's change or a second
+        replacement of the same SSD while the question waits is refused (exit 3, naming
+        this run); one made between the plan shown and the locks is in the plan asked
+        (and said). No to the question: nothing was changed (the command's refusal, exit
+        3, its words)."""
+        self.execute(j, ask=True)
+
+    def ask_start(self, j: replace.Journal, ctl: Control, plan: Plan) -> bool:
+        """From the run's worker, its locks held: the plan it runs, and its question."""
         kind = replace.kind_of(j.kind)
         tail = (f"{kind.stays_up} Every step is journaled: an interrupted run resumes (r) "
                 f"or, before '{kind.point_of_no_return}', rolls back (u).")
-        lines = self.plan_text if self.journal is j and self.plan_text else replace.describe(j)
-        body = "\n".join(lines) + "\n\n" + tail
-        self.app.push_screen(ConfirmDialog(f"Replace the SSD of {kind.name} "
-                                           f"{kind.short(j.cset)}", body,
-                                           [("go", "Start replacement", "error")]),
-                             when(lambda b: self.execute(j)))
+        self.app.call_from_thread(setattr, self, "plan_text", list(plan.lines))
+        body = "\n".join(plan.lines) + "\n\n" + tail
+        app: Any = self.app
+        answer = app.ask_from_thread(ConfirmDialog(
+            f"Replace the SSD of {kind.name} {kind.short(j.cset)}", body,
+            [("go", "Start replacement", "error")]), ctl.cancel)
+        return bool(answer == "go")
 
-    def execute(self, j: replace.Journal) -> None:
+    def execute(self, j: replace.Journal, *, ask: bool = False) -> None:
+        """Run (or resume) ``j`` in an operation; ``ask``: a fresh run's question
+        (:meth:`ask_start`), put by the run once it holds its devices."""
         self.journal = j
         app: Any = self.app
 
         def fn(ctl: Control) -> Result:
             ctl.say = lambda line: app.call_from_thread(self.say, line)
             ctl.prompt = lambda text: bool(app.ask_from_thread(SwapPrompt(text), ctl.cancel))
-            return replace.run(app.sysfs, j, ctl=ctl)
+            if ask:
+                ctl.confirm = partial(self.ask_start, j, ctl)
+            return replace.run(app.sysfs, j, ctl=ctl, command=f"replace-ssd {j.cset}")
 
         self.query_one("#oplog", RichLog).write(
             literal(f"run id {j.id} (resume with: cachemgr replace-ssd --resume {j.id})"))

@@ -26,9 +26,13 @@ from cachemgr.core.sysfs import Sysfs
 
 ProgressFn = Callable[[Any], None]
 
-# Every action a kind may declare (the commands and faces use these words).
+# Every action a kind may declare (the commands and faces use these words; the gate's
+# capability table, cachemgr/ops/gate.py NEEDS, maps each command to one of them). "create",
+# "register" and "assemble" make an object of the kind where there is none yet: the gate
+# asks the class (Kind.declines).
 ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                     "bench", "force-run", "stop-set", "warm", "invalidate", "scrub"})
+                     "bench", "force-run", "stop-set", "warm", "invalidate", "scrub",
+                     "create", "register", "assemble"})
 
 
 def pacing_words(p: dict[str, Any]) -> str:
@@ -255,6 +259,18 @@ class Kind:
                            hint=f"a {self.title} can: " + (", ".join(sorted(self.actions))
                                                            or "nothing (it is only shown)"))
 
+    @classmethod
+    def declines(cls, action: str, what: str) -> CacheMgrError | None:
+        """Why ``action`` is refused for an object of this kind that is not there yet (a
+        create, a register, an assembly of ``what``); None: the kind declares it. The gate
+        raises it, exit 2 (UsageError), before any lock is taken."""
+        if action in cls.actions:
+            return None
+        return UsageError(f"{what}: cachemgr cannot {action} a {cls.title}; nothing was "
+                          "changed",
+                          hint=f"a {cls.title} can: " + (", ".join(sorted(cls.actions))
+                                                         or "nothing (it is only shown)"))
+
     # ---------------------------------------------------------------- operations
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
@@ -408,12 +424,11 @@ class Kind:
     def offers(self, action: str) -> bool:
         """Whether a face offers ``action`` on it now: what it :meth:`can` do (a mode
         switch only where there is more than one mode), its detail always, a benchmark on
-        every cached device (any block device can be benchmarked; the bench's own gate
-        decides what it may switch)."""
+        every cached device whose kind declares it (the gate refuses it on the others)."""
         if action == "detail":
             return True
         if action == "bench":
-            return self.cached_device
+            return self.cached_device and self.can("bench")
         if action == "mode" and len(self.modes) < 2:
             return False
         return self.can(action)

@@ -36,7 +36,8 @@ class Bcache(Kind):
     title = "bcache device"
     modes = tuple(BCACHE_MODES)
     actions = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
-                         "bench", "force-run", "warm", "invalidate", "scrub"})
+                         "bench", "force-run", "warm", "invalidate", "scrub", "create",
+                         "register"})
     invalidate_how = ("cachemgr detaches it from its cache set and attaches it again: bcache "
                       "forgets every block it held of this device (a few milliseconds; "
                       "the other devices on the set keep theirs). Each time uses one of the "
@@ -373,7 +374,8 @@ class BcacheSet(Kind):
     name = "bcache-set"
     title = "bcache cache set"
     cached_device = False
-    actions = frozenset({"remove", "tune", "attach", "replace", "stop-set"})
+    actions = frozenset({"remove", "tune", "attach", "replace", "stop-set", "create",
+                         "register"})
     obj: CacheSet
 
     @classmethod

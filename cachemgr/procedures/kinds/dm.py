@@ -308,7 +308,7 @@ class DmCache(_DmCacheWarm, _Dm):
     root_in_backend = True
     modes = tuple(DM_CACHE_MODES)
     actions = frozenset({"mode", "drain", "remove", "tune", "replace", "bench", "warm",
-                         "invalidate", "scrub"})
+                         "invalidate", "scrub", "create", "assemble"})
     invalidate_how = ("cachemgr switches it to passthrough (every read then goes to the "
                       "origin), drops every cache block (invalidate_cblocks), and switches "
                       "it back: two table reloads, each holding its IO for a moment.")
