@@ -83,8 +83,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from cachemgr.ops import health
 
     try:
-        res = health.check(Sysfs(args.sysfs_root),
-                           doctor_window=args.window if args.doctor else None)
+        sysfs = Sysfs(args.sysfs_root)
+        res = (health.check(sysfs, doctor_window=args.window) if args.doctor
+               else health.check(sysfs))
     except Exception as exc:  # anything that kept it from looking is UNKNOWN, not 1 or 2
         msg = (exc.message if isinstance(exc, CacheMgrError) else
                f"{type(exc).__name__}: {exc}")
