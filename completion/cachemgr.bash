@@ -32,7 +32,7 @@ _cachemgr_node() {
     'replace-ssd') subs=(); opts=('-h' '--help' '--new' '--interim-mode' '--keep-old-signature' '--dry-run' '-y' '--yes' '--resume' '--rollback' '--list' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--warm' '--json'); vopts=('--new' '--interim-mode' '--resume' '--rollback' '--drain-timeout' '--stall-timeout' '--wait-timeout' '--warm') ;;
     'metrics') subs=(); opts=('-h' '--help' '--textfile' '--interval' '--listen' '--web-config' '--connect' '--no-vms'); vopts=('--textfile' '--interval' '--listen' '--web-config' '--connect') ;;
     'ssd-health') subs=(); opts=('-h' '--help' '--refresh' '--json'); vopts=() ;;
-    'check') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
+    'check') subs=(); opts=('-h' '--help' '--json' '--verbose' '--window'); vopts=('--window') ;;
     'bench') subs=('run' 'compare' 'replay' 'plot' 'demo'); opts=('-h' '--help'); vopts=() ;;
     'bench run') subs=(); opts=('-h' '--help' '--rw' '--bs' '--iodepth' '--jobs' '--zipf' '--distribution' '--size' '--offset' '--runtime' '--ramp' '--rwmixread' '--steadystate' '--ss-dur' '--ss-ramp' '--rate-iops' '--repeat' '--tolerance' '--warmup' '--fresh-cache' '--reset-stats' '--no-settle' '--keep-congestion' '--seed' '--force' '--sample-interval' '--reference' '--json' '--out' '--no-save' '--no-plot'); vopts=('--rw' '--bs' '--iodepth' '--jobs' '--zipf' '--distribution' '--size' '--offset' '--runtime' '--ramp' '--rwmixread' '--steadystate' '--ss-dur' '--ss-ramp' '--rate-iops' '--repeat' '--tolerance' '--warmup' '--seed' '--sample-interval' '--reference' '--out') ;;
     'bench compare') subs=(); opts=('-h' '--help' '--rw' '--bs' '--iodepth' '--jobs' '--zipf' '--distribution' '--size' '--offset' '--runtime' '--ramp' '--rwmixread' '--steadystate' '--ss-dur' '--ss-ramp' '--rate-iops' '--repeat' '--tolerance' '--warmup' '--fresh-cache' '--reset-stats' '--no-settle' '--keep-congestion' '--seed' '--force' '--sample-interval' '--reference' '--json' '--out' '--no-save' '--no-plot'); vopts=('--rw' '--bs' '--iodepth' '--jobs' '--zipf' '--distribution' '--size' '--offset' '--runtime' '--ramp' '--rwmixread' '--steadystate' '--ss-dur' '--ss-ramp' '--rate-iops' '--repeat' '--tolerance' '--warmup' '--seed' '--sample-interval' '--reference' '--out') ;;
@@ -159,6 +159,10 @@ _cachemgr_optval() {
         '--listen') spec=none ;;
         '--web-config') spec=files ;;
         '--connect') spec=none ;;
+        esac ;;
+    'check')
+        case $2 in
+        '--window') spec=none ;;
         esac ;;
     'bench run')
         case $2 in

@@ -59,6 +59,7 @@ from cachemgr.core.sysfs import DEFAULT_ROOT, Sysfs
 from cachemgr.core.version import version
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import coherence as coherence_ops
+from cachemgr.ops import doctor as doctor_ops
 from cachemgr.ops import health as health_ops
 from cachemgr.ops.control import Control, Result, progress_line
 from cachemgr.ops.health import Finding
@@ -211,6 +212,10 @@ class CacheMgrApp(App[int]):
         self.polls = 0
         self.poll_error: str | None = None
         self.findings: list[Finding] = []  # the health model's, of the last snapshot
+        # why a cache does not help: doctor's diagnosis over the polls that read every stats
+        # interval, a window of at least STATS_EVERY seconds (poll worker only)
+        self._doctor = doctor_ops.Watch(STATS_EVERY)
+        self.causes: list[Finding] = []  # its causes, of the last window
         self.left: list[view.Left] = []  # the "a VM left" marks, of the last poll
         self._signals: list[int] = []  # the signals the event loop handles (hang_up)
         self._quitting = False  # quit asked while operations ran: exit when they end
@@ -362,6 +367,7 @@ class CacheMgrApp(App[int]):
                                 probe_unregistered=ask)
         if stats:
             self._stats_at, self._with_stats = now, snap
+            self._doctor.update(self.sysfs, snap, now)
         else:
             snap = cache_ops.carry_stats(snap, self._with_stats)
         if ask:
@@ -382,7 +388,8 @@ class CacheMgrApp(App[int]):
         wb = self._wb_meter.update(self.sysfs, snap.backings, t, self._scan_cache)
         # a bcache device's IO count from the stat file the meter has just read
         ios = history.io_counts(self.sysfs, snap, rows, self._wb_meter.completed)
-        self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb, left))
+        self.post_message(SnapshotReady(snap, ios, t, findings, rows, wb, left,
+                                        self._doctor.causes))
 
     def _rearm(self) -> None:
         self._polling = False
@@ -396,6 +403,8 @@ class CacheMgrApp(App[int]):
         self.snap = msg.snap
         self.findings = msg.findings
         self.left = msg.left
+        if msg.causes is not None:
+            self.causes = msg.causes
         self.rows = msg.rows if msg.rows is not None else view.rows(msg.snap, msg.findings,
                                                                       msg.left)
         self.history.add(msg.t, msg.snap, msg.ios, msg.wb, self.rows)

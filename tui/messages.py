@@ -18,7 +18,8 @@ class SnapshotReady(Message):
     def __init__(self, snap: Snapshot, ios: dict[str, int], t: float,
                  findings: Sequence[Finding] = (), rows: list[Row] | None = None,
                  wb: dict[str, float | None] | None = None,
-                 left: Sequence[tuple[str, str | None, str]] = ()) -> None:
+                 left: Sequence[tuple[str, str | None, str]] = (),
+                 causes: Sequence[Finding] | None = None) -> None:
         super().__init__()
         self.snap = snap
         self.ios = ios
@@ -30,6 +31,8 @@ class SnapshotReady(Message):
         # the caches marked as holding copies of a disk a VM took elsewhere (ops.coherence
         # left_marks: device, VM, words with the next command)
         self.left = list(left)
+        # why a cache does not help (ops.doctor.Watch over the polls); None: not looked at
+        self.causes = None if causes is None else list(causes)
 
 
 class OpProgress(Message):

@@ -83,7 +83,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from cachemgr.ops import health
 
     try:
-        res = health.check(Sysfs(args.sysfs_root))
+        sysfs = Sysfs(args.sysfs_root)
+        res = (health.check(sysfs, doctor_window=args.window) if args.doctor
+               else health.check(sysfs))
     except Exception as exc:  # anything that kept it from looking is UNKNOWN, not 1 or 2
         msg = (exc.message if isinstance(exc, CacheMgrError) else
                f"{type(exc).__name__}: {exc}")
@@ -162,4 +164,12 @@ def register(sub: Any) -> None:
                                    "anyway. See "
                                    "docs/admin-guide.md, 'Health and cachemgr check'.")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema 1)")
+    # dest "doctor": the global -v/--verbose (log on stderr) keeps its own
+    s.add_argument("--verbose", dest="doctor", action="store_true",
+                   help="also why a cache does not help: cachemgr doctor's causes over "
+                        "--window seconds, one line each after the findings ('causes' in "
+                        "the JSON); they do not change the level")
+    s.add_argument("--window", type=argtypes.seconds, default=15.0, metavar="SECONDS",
+                   help="with --verbose: seconds between doctor's two reads (default 15: "
+                        "bcache publishes its counters every 13.6 s)")
     s.set_defaults(func=cmd_check)

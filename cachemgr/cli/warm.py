@@ -37,7 +37,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     s = sub.add_parser(
         "warm", help="fill a cache with the blocks a trace found hottest (after replace-ssd)",
-        description="Read the blocks a trace (`cachemgr trace`, of the cached device) found "
+        description="Read the blocks a trace (`cachemgr trace`) found "
                     "hottest, hottest first, through the cache, until SIZE (default: the "
                     "cache's capacity, never past it), so that a new or emptied cache SSD "
                     "holds them before the VMs ask. bcache: sequential_cutoff and the cache "
@@ -53,14 +53,18 @@ def register(sub: Any) -> None:
                     "device has other IO in flight (at most 0.5 s, then one goes anyway). "
                     "Exit codes: 0 warmed; 1 the cache admitted none of the blocks read; "
                     "2 TARGET is not a cached device, its cache admits "
-                    "no read (bcache mode none, dm-cache passthrough or cleaner), the trace is "
-                    "of another device or has no IO of it, SIZE is over the cache's capacity, "
+                    "no read (bcache mode none, dm-cache passthrough or cleaner), the trace "
+                    "cannot map onto TARGET (it says why) or has no IO of it, SIZE is over "
+                    "the cache's capacity, "
                     "or not root (nothing changed); 3 another command holds the device; "
                     "130/143/129 stopped by a signal (the settings are put back).")
     s.add_argument("target", metavar="TARGET",
                    help="the cached device: /dev/bcacheN, /dev/mapper/NAME, VG/LV")
     s.add_argument("--trace", required=True, metavar="FILE",
-                   help="a trace of TARGET from cachemgr trace (best at --rate 1)")
+                   help="a trace from cachemgr trace (best at --rate 1) of TARGET, of a "
+                        "dm-cache's origin or an LV before it was cached (the same offsets), "
+                        "or of a bcache device's backing disk (its offsets less bcache's data "
+                        "offset, said in the output)")
     s.add_argument("--bytes", type=size, metavar="SIZE",
                    help="read at most this much, e.g. 20G (default: the cache's capacity)")
     s.add_argument("--json", action="store_true", help="what was read and changed, as JSON")

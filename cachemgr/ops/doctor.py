@@ -5,6 +5,7 @@ Exit 0 when nothing is found, 1 when a cause is named. Changes nothing."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from cachemgr.backends import blockdev
@@ -12,12 +13,14 @@ from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.blockdev import BlockStat
 from cachemgr.core import cancel
 from cachemgr.core.errors import UsageError
+from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops.control import Result
 from cachemgr.procedures import doctor, kinds, sizing, warm
 from cachemgr.procedures import trace as tr
 
-__all__ = ["DEFAULT_WINDOW", "block_stats", "diagnose_window", "doctor_cmd"]
+__all__ = ["DEFAULT_WINDOW", "Watch", "block_stats", "causes", "diagnose_window",
+           "doctor_cmd"]
 
 # bcache folds its counters into stats_total every ~13.6 s (stats.c accounting_delay,
 # docs/kernel-notes.md "bcache statistics"): a shorter window may see none of them move
@@ -43,6 +46,40 @@ def diagnose_window(sysfs: Sysfs, seconds: float) -> doctor.Window:
     blk1 = block_stats(sysfs)
     after = snapshot_mod.take(sysfs, probe_unregistered=False)
     return doctor.Window(before, after, seconds, blk0, blk1)
+
+
+def causes(sysfs: Sysfs, seconds: float = DEFAULT_WINDOW) -> list[doctor.Cause]:
+    """Every cause on the host over a window of ``seconds`` (what ``doctor`` without a
+    target names): ``check --verbose``'s."""
+    return doctor.diagnose(diagnose_window(sysfs, seconds))
+
+
+class Watch:
+    """doctor's diagnosis over a face's own polls (the TUI's): each poll's snapshot, read
+    with every stats interval, is kept with the block layer's counters and the time; the
+    causes are those of the window from the newest kept poll at least ``window`` seconds
+    old to the latest one (none before the first such window: bcache folds its counters
+    every ~13.6 s). A poll's snapshot is read as the face reads it; nothing is re-read
+    here but the block layer's ``stat`` files."""
+
+    def __init__(self, window: float = DEFAULT_WINDOW) -> None:
+        self.window = window
+        self._kept: deque[tuple[float, Snapshot, dict[str, BlockStat]]] = deque()
+        self.causes: list[doctor.Cause] = []
+        self.seconds: float | None = None  # the last window's length (None: none yet)
+
+    def update(self, sysfs: Sysfs, snap: Snapshot, t: float) -> list[doctor.Cause]:
+        """The causes once ``snap`` (read at ``t``, with its stats) is the window's end."""
+        self._kept.append((t, snap, block_stats(sysfs)))
+        # keep only the newest poll old enough to start a window, and those after it
+        while len(self._kept) > 1 and t - self._kept[1][0] >= self.window:
+            self._kept.popleft()
+        t0, before, blk0 = self._kept[0]
+        if t - t0 >= self.window:
+            _, after, blk1 = self._kept[-1]
+            self.seconds = t - t0
+            self.causes = doctor.diagnose(doctor.Window(before, after, t - t0, blk0, blk1))
+        return self.causes
 
 
 def curve(sysfs: Sysfs, kind: kinds.Kind, path: str) -> tuple[int, list[sizing.Point]]:

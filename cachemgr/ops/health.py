@@ -16,6 +16,7 @@ from cachemgr.core.errors import CacheMgrError, require_root
 from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
+from cachemgr.ops import doctor as doctor_ops
 from cachemgr.ops.control import Result
 from cachemgr.procedures import health, kinds, owners, unseen
 from cachemgr.procedures.health import Finding, Level
@@ -68,13 +69,18 @@ def _unreadable(snap: Snapshot) -> list[tuple[str, str]]:
     return owners.unreadable()
 
 
-def check(sysfs: Sysfs) -> Result:
+def check(sysfs: Sysfs, *, doctor_window: float | None = None) -> Result:
     """``cachemgr check``: the monitoring-plugin convention (Nagios, Icinga, Sensu, the Zabbix
     agent): one summary line with performance data, exit 0 OK, 1 WARNING, 2 CRITICAL, 3
     UNKNOWN (the CLI maps an error of its own to UNKNOWN). Reads the host once (the
     unregistered devices' superblocks included, as status does) and the SSDs' cached SMART
     answers (smartctl is the timer's job, never a check's). Changes no device; as root it
-    keeps the dirty bcache backing devices it saw (health.remember), to say when one is gone."""
+    keeps the dirty bcache backing devices it saw (health.remember), to say when one is gone.
+
+    ``doctor_window`` (``check --verbose``): also why a cache does not help, doctor's causes
+    over a window of that many seconds (ops/doctor.py, the same diagnosis), each a line
+    after the findings and the list ``causes`` in the JSON. They do not change the level: a
+    cache that does not help loses no data, and ``check`` says the same with or without."""
     snap = cache_ops.status(sysfs, probe_unregistered=True)
     if sysfs.live and os.geteuid() == 0:
         # remember the dirty backing devices, to say so when one is gone (health.remember)
@@ -113,8 +119,16 @@ def check(sysfs: Sysfs) -> Result:
         else:
             lines.append(words)
     line = f"CACHEMGR {level.name} - {head} | {perf}"
+    causes = doctor_ops.causes(sysfs, doctor_window) if doctor_window is not None else None
+    extra: dict[str, object] = {}
+    if causes is not None:
+        lines += [f"not helping: {c.device}: {c.code}: {c.what}; next: {c.next}"
+                  for c in causes]
+        if not causes:
+            lines.append(f"not helping: nothing found in {doctor_window:g} s (cachemgr doctor)")
+        extra = {"causes": [c.to_json() for c in causes], "window_seconds": doctor_window}
     return Result(lines=[line, *lines], value=level,
-                  data={"schema": 1, "status": level.name, "exit_code": int(level),
+                  data={"schema": 1, "status": level.name, "exit_code": int(level), **extra,
                         "findings": [f.to_json() for f in findings],
                         "unseen": [cache_ops.unseen_json(u) for u in blind],
                         "perfdata": {"devices": len(devices), "critical": crit,

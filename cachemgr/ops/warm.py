@@ -36,6 +36,7 @@ def warm(sysfs: Sysfs, target: str, trace: str, *, nbytes: int | None = None,
     nothing = w.admitted is not None and w.admitted.at_most == 0
     return Result(lines=warm_mod.summary(p, w), notes=list(p.notes), failed=nothing,
                   data={"schema": 1, **w.to_json(), "trace": trace,
-                        "trace_device": p.hot.device.path, "cache_bytes": p.capacity,
+                        "trace_device": p.hot.device.path,
+                        "trace_shift_bytes": p.hot.shift, "cache_bytes": p.capacity,
                         "bytes": p.nbytes, "hot_blocks": len(p.hot.blocks),
                         "hits_before": w.hits_before, "hits_after": w.hits_after})

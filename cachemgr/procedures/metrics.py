@@ -101,12 +101,20 @@ def collect(snap: Snapshot, *, journals: bool = True,
     size = _g("cache_size_bytes", "Size of the cache (dm-cache, dm-writecache).", dev)
     mode = _g("cache_mode", "Cache mode: 1 for the active mode.", [*dev, "mode"])
     state = _g("cache_state", "Cache state: 1 for the current state.", [*dev, "state"])
-    hit = _g("bcache_hit_ratio", "bcache hit ratio per stats interval.", [*one, "interval"])
-    hits = _c("bcache_hits", "bcache cache hits (stats_total).", one)
-    misses = _c("bcache_misses", "bcache cache misses (stats_total).", one)
-    bypassed = _c("bcache_bypassed_bytes", "Bytes that bypassed the cache (stats_total).", one)
-    bhits = _c("bcache_bypass_hits", "Bypassed requests that hit (stats_total).", one)
-    bmiss = _c("bcache_bypass_misses", "Bypassed requests that missed (stats_total).", one)
+    # what each counter counts: docs/kernel-notes.md, "What the hit counters count"
+    hit = _g("bcache_hit_ratio", "bcache read hit ratio per stats interval: hits over hits "
+             "and misses, read requests only, the bypassed reads left out.",
+             [*one, "interval"])
+    hits = _c("bcache_hits", "bcache read requests found whole in the cache, not bypassed "
+              "(stats_total cache_hits; writes are not counted).", one)
+    misses = _c("bcache_misses", "bcache read requests not bypassed and not found whole in "
+                "the cache (stats_total cache_misses; a partial hit is a miss).", one)
+    bypassed = _c("bcache_bypassed_bytes", "Bytes of reads and writes that bypassed the "
+                  "cache (stats_total).", one)
+    bhits = _c("bcache_bypass_hits", "Bypassed read requests whose data was in the cache "
+               "(stats_total).", one)
+    bmiss = _c("bcache_bypass_misses", "Bypassed read requests whose data was not in the "
+               "cache (stats_total).", one)
     coll = _c("bcache_miss_collisions", "Miss collisions (stats_total).", one)
     rate = _g("bcache_writeback_rate_bytes_per_second", "bcache's writeback_rate: the rate "
               "its write-back controller is set to, not traffic (512 KiB/s on a clean idle "
@@ -170,9 +178,16 @@ def collect(snap: Snapshot, *, journals: bool = True,
     dm_total = _g("dmcache_total_blocks", "Cache blocks in all.", one)
     dm_block = _g("dmcache_block_bytes", "Cache block size.", one)
     dm_md = _g("dmcache_metadata_used_ratio", "Share of the metadata device in use.", one)
-    dm_counters = {k: _c(f"dmcache_{k}", f"dm-cache {k.replace('_', ' ')}.", one)
-                   for k in ("read_hits", "read_misses", "write_hits", "write_misses",
-                             "demotions", "promotions")}
+    # dm-cache counts one per cache block a request covers (dm splits it at the block); in
+    # passthrough a read of a block it holds is a read hit, served by the origin
+    block = "one per cache block a request covers"
+    dm_help = {"read_hits": f"dm-cache read hits ({block}; in passthrough the origin "
+                            "serves them).",
+               "read_misses": f"dm-cache read misses ({block}).",
+               "write_hits": f"dm-cache write hits: writes to cached blocks ({block}).",
+               "write_misses": f"dm-cache write misses ({block}).",
+               "demotions": "dm-cache demotions.", "promotions": "dm-cache promotions."}
+    dm_counters = {k: _c(f"dmcache_{k}", h, one) for k, h in dm_help.items()}
     dm_check = _g("dmcache_needs_check", "1 if the metadata needs a check.", one)
     dm_ro = _g("dmcache_metadata_read_only", "1 if the metadata went read-only.", one)
     for d in snap.dmcaches:

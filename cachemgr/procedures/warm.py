@@ -21,9 +21,14 @@ which blocks the host reads; this reads them again, through the cache:
   that a warm under a constant load still ends);
 * at most the cache's capacity is read (``--bytes`` over it is refused).
 
-The trace names the device it was recorded on (its kernel name, devno and size); a trace of
-another device is refused. The cached device itself (what the VMs use) is the one to trace;
-a dm-cache's origin has the same offsets and is accepted too.
+The trace names the device it was recorded on (its kernel name, devno and size). It is
+taken when its offsets map onto the cached device (:func:`trace_source`): the cached device
+itself (what the VMs use); a dm-cache's or an LVM cache's origin, or the LV traced before it
+was cached (the same offsets); a bcache device's backing device, traced before bcache or
+under it, its offsets less bcache's data offset (said in the output; its blocks in the data
+offset, bcache's superblock, are not the bcache device's and are left out). This is sizing's
+order: trace the disk, size the SSD, make the cache, warm it. Any other trace is refused,
+saying why it cannot map.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class Hot:
     blocks: list[int]  # block numbers, hottest first
     reads: int  # the read references they had
     rate: float  # the trace's sampling rate (below 1 it knows the hot blocks of its sample)
+    shift: int = 0  # bytes the traced device's offsets are ahead of the cached device's
 
 
 def traced_device(trace: tr.Trace, names: set[str], size: int | None) -> tr.Device:
@@ -89,25 +95,69 @@ def traced_device(trace: tr.Trace, names: set[str], size: int | None) -> tr.Devi
                           f"{want.split(', ')[0] if want else 'DEVICE'} --rate 1 -o FILE")
 
 
-def hot_blocks(trace: tr.Trace, dev: tr.Device) -> Hot:
+def trace_source(sysfs: Sysfs, kind: Kind, trace: tr.Trace) -> tuple[tr.Device, int]:
+    """The trace's device whose offsets map onto ``kind``'s cached device and the bytes they
+    are ahead of its own (0: the same offsets; bcache's data offset for a trace of its
+    backing device). A UsageError saying why when none maps: another device, another size
+    (not the same blocks), or a shift that is not a whole number of the trace's blocks."""
+    size = device_size(sysfs, kind.node)
+    try:
+        return traced_device(trace, kind.warm_trace_names(), size), 0
+    except UsageError as own:
+        below = kind.warm_trace_below(sysfs)
+        if below is None:
+            raise
+        names, shift = below
+        try:
+            dev = traced_device(trace, names, size + shift if size else None)
+        except UsageError:
+            disk = sorted(n for n in names if n.startswith("/dev/"))[0]
+            raise UsageError(own.message + f", nor of its backing device {disk}"
+                             + (f" of {human(size + shift)}" if size else "")
+                             + f" (whose offsets are {kind.node}'s plus bcache's data "
+                             f"offset, {human(shift)}): it cannot map onto {kind.node}",
+                             hint=own.hint) from None
+    if shift % trace.header.block:
+        raise UsageError(f"the trace of {dev.path} cannot map onto {kind.node}: bcache's "
+                         f"data offset ({shift} bytes) is not a whole number of the "
+                         f"trace's {human(trace.header.block)} blocks",
+                         hint=f"record {kind.node} itself: cachemgr trace {kind.node} "
+                              "--rate 1 -o FILE")
+    return dev, shift
+
+
+def hot_blocks(trace: tr.Trace, dev: tr.Device, *, shift: int = 0,
+               size: int | None = None) -> Hot:
     """The blocks of ``dev`` the trace referenced, hottest first: by read references, then
-    write references, then the first referenced first (a tie keeps the trace's order)."""
-    shift = trace.header.block.bit_length() - 1
+    write references, then the first referenced first (a tie keeps the trace's order).
+    ``shift``: bytes ``dev``'s offsets are ahead of the cached device's (a whole number of
+    blocks): its blocks are numbered as the cached device's, those before it (bcache's
+    superblock and data offset) and past ``size`` (its bytes, when known) left out."""
+    bits = trace.header.block.bit_length() - 1
     reads: dict[int, int] = {}
     writes: dict[int, int] = {}
     for _t, off, ln, d, op in tr.requests(trace):
         if d != dev.index or op >= 2 or ln <= 0:
             continue
         into = writes if op else reads
-        for b in range(off >> shift, ((off + ln - 1) >> shift) + 1):
+        for b in range(off >> bits, ((off + ln - 1) >> bits) + 1):
             into[b] = into.get(b, 0) + 1
             if op == 0:
                 writes.setdefault(b, 0)
             else:
                 reads.setdefault(b, 0)
+    if shift or size:
+        first, end = shift // trace.header.block, None
+        if size:
+            end = first + size // trace.header.block
+        reads = {b - first: n for b, n in reads.items()
+                 if b >= first and (end is None or b < end)}
+        writes = {b - first: n for b, n in writes.items()
+                  if b >= first and (end is None or b < end)}
     order = {b: i for i, b in enumerate(reads)}
     blocks = sorted(reads, key=lambda b: (-reads[b], -writes[b], order[b]))
-    return Hot(dev, trace.header.block, blocks, sum(reads.values()), trace.header.rate)
+    return Hot(dev, trace.header.block, blocks, sum(reads.values()), trace.header.rate,
+               shift)
 
 
 # --------------------------------------------------------------------------------- pacing
@@ -504,8 +554,9 @@ def prepare(sysfs: Sysfs, kind: Kind, trace: tr.Trace | str, nbytes: int | None 
     if err is not None:
         raise err
     t = tr.read(trace) if isinstance(trace, str) else trace
-    dev = traced_device(t, kind.warm_trace_names(), device_size(sysfs, kind.node))
-    hot = hot_blocks(t, dev)
+    dev, shift = trace_source(sysfs, kind, t)
+    hot = hot_blocks(t, dev, shift=shift,
+                     size=device_size(sysfs, kind.node) if shift else None)
     if not hot.blocks:
         raise UsageError(f"the trace has no reads or writes of {dev.path}: nothing to warm")
     cap = kind.warm_capacity(sysfs)
@@ -550,6 +601,10 @@ def summary(p: Prepared, w: Warmed) -> list[str]:
     if a is not None and b is not None:
         hits, misses = b[0] - a[0], b[1] - a[1]
         lines.append(f"  the cache counted {hits:,} hits and {misses:,} misses meanwhile")
+    if p.hot.shift:
+        lines.append(f"  the trace is of {p.hot.device.path}, {w.device}'s backing device: "
+                     f"its offsets read less bcache's data offset, {human(p.hot.shift)} "
+                     f"({p.hot.shift // 512} sectors)")
     lines += admitted_lines(w, p.kind.warm_passes)
     lines += [f"  {s}" for s in w.settings]
     return lines

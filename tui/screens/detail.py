@@ -109,6 +109,16 @@ def findings_detail(snap: Snapshot, key: str, findings: Sequence[Finding]
                     else "bold yellow") for f in about]
 
 
+def causes_detail(snap: Snapshot, key: str, causes: Sequence[Finding]
+                  ) -> list[RenderableType]:
+    """Why this device's cache does not help: ``cachemgr doctor``'s causes over the app's
+    polls (ops.doctor.Watch, the same diagnosis), each with the command that fixes it."""
+    row = next((r for r in view.rows(snap) if r.key == key), None)
+    about = view.about(snap, row, causes) if row is not None else []
+    return [literal(f"not helping: {f.code}: {f.what}; next: {f.next}", style="yellow")
+            for f in about]
+
+
 def gone_detail(snap: Snapshot, key: str, g: GoneBacking,
                 findings: Sequence[Finding]) -> RenderableType:
     """A bcache backing device gone while dirty (no device, no kind: nothing to act on):
@@ -144,7 +154,8 @@ def left_detail(snap: Snapshot, key: str, left: Sequence[view.Left]) -> list[Ren
 def render(snap: Snapshot, key: str,
            health: list[tuple[Any, Any]] | None = None,
            findings: Sequence[Finding] = (),
-           left: Sequence[view.Left] = ()) -> RenderableType:
+           left: Sequence[view.Left] = (),
+           causes: Sequence[Finding] = ()) -> RenderableType:
     obj = view.find(snap, key)
     if isinstance(obj, GoneBacking):
         return gone_detail(snap, key, obj, findings)
@@ -154,7 +165,7 @@ def render(snap: Snapshot, key: str,
                        style="bold red")
     # who owns it, what is wrong, which VMs it serves: first, where a glance finds them
     parts = owner_detail(snap, obj) + findings_detail(snap, key, findings)
-    parts += left_detail(snap, key, left)
+    parts += left_detail(snap, key, left) + causes_detail(snap, key, causes)
     parts += vm_detail(k.vm_node, snap) + [section(sec) for sec in k.detail(snap)]
     parts += health_detail(k.health_cache, health)
     spaced: list[RenderableType] = []
@@ -189,7 +200,7 @@ class DetailScreen(Screen[None]):
         if not shown:  # pushed, not composed yet: on_mount shows the snapshot
             return
         shown.first(Static).update(render(snap, self.key, self.health, self._findings(),
-                                          self._left()))
+                                          self._left(), self._causes()))
         if time.monotonic() - self._health_at >= 60:  # the lookup itself is cached
             self._health_at = time.monotonic()
             self.read_health(snap)
@@ -203,10 +214,14 @@ class DetailScreen(Screen[None]):
         self.health = health
         if health:
             self.query_one("#detail", Static).update(render(snap, self.key, health,
-                                                            self._findings(), self._left()))
+                                                            self._findings(), self._left(),
+                                                            self._causes()))
 
     def _findings(self) -> list[Finding]:
         return list(getattr(self.app, "findings", []))
+
+    def _causes(self) -> list[Finding]:
+        return list(getattr(self.app, "causes", []))
 
     def _left(self) -> list[view.Left]:
         return list(getattr(self.app, "left", []))

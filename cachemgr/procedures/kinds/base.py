@@ -391,6 +391,11 @@ class Kind:
         """The traced devices whose offsets are its own (a trace of one of these warms it)."""
         return {self.node, *self.kernel_names()}
 
+    def warm_trace_below(self, sysfs: Sysfs) -> tuple[set[str], int] | None:
+        """A device below it whose offsets are its own shifted: (that device's names, the
+        bytes its offsets are ahead of this device's); None where there is none."""
+        return None
+
     def warm_settings(self, sysfs: Sysfs) -> list[tuple[str, str, str]]:
         """(what, sysfs path, value): the settings that let a warm's reads in, set for the
         run and put back (recorded in the undo journal first)."""

@@ -128,10 +128,32 @@ class Bcache(Kind):
         return [rel] if rel else []
 
     def warm_trace_names(self) -> set[str]:
-        """The bcache device itself: its backing device's offsets are shifted by bcache's
-        data offset, so a trace of the backing device is not taken."""
+        """The bcache device itself (its backing device's offsets are shifted by bcache's
+        data offset: :meth:`warm_trace_below`)."""
         b = self.obj
         return {n for n in (b.device, b.device_name) if n}
+
+    def warm_trace_below(self, sysfs: Sysfs) -> tuple[set[str], int] | None:
+        """The backing device, its offsets ahead by bcache's data offset: /dev/bcacheN's
+        sector S is the backing device's S + data_offset, and the kernel sizes bcacheN as
+        the backing device less that offset (super.c, cached_dev_init; lab: the difference
+        is bcache-super-show's dev.data.first_sector, docs/kernel-notes.md, "Warming a
+        cache"). None while either size is unknown."""
+        from cachemgr.backends import blockdev
+
+        b = self.obj
+        dirs = blockdev.block_dirs(sysfs)
+
+        def size(name: str | None) -> int | None:
+            rel = dirs.get(name) if name else None
+            n = sysfs.read_int(f"{rel}/size") if rel else None
+            return n * 512 if n else None
+
+        mine, whole = size(b.device_name), size(b.identity.name)
+        if not mine or not whole or whole <= mine:
+            return None
+        names = {b.identity.name, b.identity.node, f"/dev/{b.identity.name}"}
+        return names, whole - mine
 
     def drain(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
               progress: ProgressFn | None, final_mode: CacheMode | None = None,

@@ -346,8 +346,9 @@ def warm_step(c: Ctx, targets: list[str]) -> None:
         k = kinds.find(snap, t, c.sysfs, kinds.devices_only())
         if k is None:
             raise CacheMgrError(f"warm: {t} is not a cached device any more")
-        if trace.header.devices and any(d.name in k.warm_trace_names()
-                                        or d.path in k.warm_trace_names()
+        below = k.warm_trace_below(c.sysfs)  # a bcache device's backing device
+        names = k.warm_trace_names() | (below[0] if below is not None else set())
+        if trace.header.devices and any(d.name in names or d.path in names
                                         for d in trace.header.devices):
             found.append(k)
         else:
