@@ -104,6 +104,27 @@ reload_libvirt() {
     return 0
 }
 
+# reload_udev: udevd reads the rules files again before this returns. `udevadm control
+# --reload` alone is not enough: udevd 252 ignores a control message that reaches it between
+# its accept() and its setsockopt(SO_PASSCRED) ("Invalid sender uid 65534, ignoring message"
+# in its log) while udevadm exits 0, and the next hot-added disk is handled with the old rules
+# (docs/kernel-notes.md, "udevd can ignore udevadm control"). SIGHUP asks udevd for the same
+# forced reload through a channel nothing drops; `udevadm control --ping` then returns once
+# udevd has handled the signal (one event loop: the signal is dispatched before the ping's
+# connection is read). Without a udevd process to signal (none by that name), the message.
+reload_udev() {
+    command -v udevadm >/dev/null || return 0
+    local pid
+    pid=$(pgrep -o -x systemd-udevd || pgrep -o -x udevd || true)
+    if [ -n "$pid" ] && kill -HUP "$pid" 2>/dev/null; then
+        udevadm control --ping
+        say "udev rules reloaded (SIGHUP to udevd, pid $pid)"
+    elif [ -S /run/udev/control ]; then
+        udevadm control --reload
+        say "udev rules reloaded"
+    fi
+}
+
 # remove_unit NAME: disabled (and stopped on a running systemd), its file and links gone
 remove_unit() {
     [ -e "$unit_dir/$1" ] || [ -L "$unit_dir/$1" ] ||
@@ -126,7 +147,7 @@ if [ "$uninstall" = 1 ]; then
         reload_libvirt
     fi
     booted && systemctl daemon-reload
-    [ "$reload" = 1 ] && command -v udevadm >/dev/null && udevadm control --reload || true
+    [ "$reload" = 1 ] && reload_udev || true
     say "removed"
     exit 0
 fi
@@ -221,7 +242,6 @@ if [ ${#enable[@]} -gt 0 ] && command -v systemctl >/dev/null; then
         systemctl enable "${enable[@]}" >&2
     fi
 fi
-if [ "$reload" = 1 ] && command -v udevadm >/dev/null && [ -S /run/udev/control ]; then
-    udevadm control --reload
-    say "udev rules reloaded"
+if [ "$reload" = 1 ]; then
+    reload_udev
 fi

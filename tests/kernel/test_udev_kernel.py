@@ -87,7 +87,10 @@ def debug_state() -> str:
                         # its log: cachemgr/lab/stage2.sh)
                         "for d in /sys/block/sd*; do udevadm info --query=property "
                         "--path=$d | grep -E '^(DEVNAME|ACTION|SEQNUM|ID_FS_TYPE|ID_WWN)='; "
-                        "done; echo '--- udevd.log (events, our rule, failures)'; "
+                        "done; echo '--- udevd.log (rules reloads, ignored messages)'; "
+                        # the reloads (or a control message udevd ignored: "Invalid sender")
+                        "grep -aiE 'reload|invalid sender' /run/udevd.log 2>/dev/null; "
+                        "echo '--- udevd.log (events, our rule, failures)'; "
                         "grep -aiE 'ACTION=|90-cachemgr|cachemgr.cli.udev|worker|fail|error'"
                         " /run/udevd.log 2>/dev/null | tail -80"],
                        capture_output=True, text=True, check=False)

@@ -204,3 +204,57 @@ def test_installer_removes_an_earlier_versions_textfile_timer(tmp_path: Path) ->
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     assert not list((units / "timers.target.wants").iterdir())
+
+
+def test_installer_reloads_udev_by_a_signal_that_cannot_be_dropped(tmp_path: Path) -> None:
+    """udevd 252 can ignore the message of ``udevadm control --reload`` while udevadm exits 0
+    (docs/kernel-notes.md, "udevd can ignore udevadm control"): the installer signals udevd
+    (SIGHUP, its forced reload) and then pings it, on install and on --uninstall. Here
+    ``udevadm`` ignores every message, as udevd did, and ``pgrep`` names a stand-in udevd
+    that records the signals it gets."""
+    import os
+    import signal
+    import sys
+    import time
+
+    bash = shutil.which("bash")
+    assert bash
+    log = tmp_path / "log"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    ready = tmp_path / "ready"
+    udevd = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        "def hup(n, f):\n    open(sys.argv[1], 'a').write('udevd SIGHUP\\n')\n"
+        "signal.signal(signal.SIGHUP, hup)\nopen(sys.argv[2], 'w').close()\n"
+        "while True:\n    time.sleep(0.05)\n"), str(log), str(ready)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and udevd.poll() is None, "stand-in udevd"
+            time.sleep(0.02)
+        (fake / "udevadm").write_text(f'#!/bin/sh\necho "udevadm $*" >>{log}\n')
+        (fake / "pgrep").write_text(
+            f'#!/bin/sh\ncase "$*" in *systemd-udevd*) echo {udevd.pid} ;; *) exit 1 ;; esac\n')
+        for f in fake.iterdir():
+            f.chmod(0o755)
+        env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+        python = ROOT / ".venv" / "bin" / "python"
+        common = ["--rules-dir", str(tmp_path / "rules"), "--no-systemd", "--no-libvirt-hook"]
+        for extra in (["--python", str(python) if python.exists() else "python3"],
+                      ["--uninstall"]):
+            log.write_text("")
+            r = subprocess.run([bash, str(ROOT / "scripts" / "install-udev.sh"), *common,
+                                *extra], capture_output=True, text=True, timeout=60,
+                               check=False, env=env)
+            assert r.returncode == 0, r.stderr
+            deadline = time.monotonic() + 10
+            while "udevd SIGHUP" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            lines = log.read_text().splitlines()
+            assert lines.count("udevd SIGHUP") == 1, (extra, lines, r.stderr)
+            assert [x for x in lines if x.startswith("udevadm")] == ["udevadm control --ping"]
+            assert f"udev rules reloaded (SIGHUP to udevd, pid {udevd.pid})" in r.stderr
+    finally:
+        udevd.send_signal(signal.SIGTERM)
+        udevd.wait(timeout=10)
