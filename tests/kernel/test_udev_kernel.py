@@ -172,7 +172,27 @@ def install(text: str) -> None:
                 "--no-systemd"])
     assert Path("/etc/udev/rules.d/90-cachemgr.rules").exists()
     # udevd logs each rule and program of the events to come (debug_state shows them)
-    runner.run(["udevadm", "control", "--log-level=debug"])
+    udev_debug()
+
+
+UDEVD_LOG = Path("/run/udevd.log")  # the lab's udevd writes it (cachemgr/lab/stage2.sh)
+
+
+def udev_debug(tries: int = 5) -> None:
+    """udevd logs at debug level from now on, proven: a ``udevadm control`` message can be
+    ignored by udevd while udevadm exits 0 (docs/kernel-notes.md, "udevd can ignore udevadm
+    control"), so the level is set, then a ping sent, until udevd's log shows the ping
+    received (a line it logs at debug level only)."""
+    for _ in range(tries):
+        seen = UDEVD_LOG.stat().st_size if UDEVD_LOG.exists() else 0
+        runner.run(["udevadm", "control", "--log-level=debug"])
+        runner.run(["udevadm", "control", "--ping"])
+        with UDEVD_LOG.open("rb") as f:
+            f.seek(seen)
+            if b"Received udev control message (PING)" in f.read():
+                return
+    raise AssertionError(f"udevd did not log at debug level after {tries} tries "
+                         f"({UDEVD_LOG})")
 
 
 def records() -> list[dict[str, object]]:
@@ -527,7 +547,7 @@ def test_lvm_cache_reattached_when_its_pv_returns(lab_disks: list[str]) -> None:
     assert _lvs("vg0/vm1", "segtype")["segtype"] == "linear"
     install(POLICY.read_text())
     # udevd logs each rule and program of the coming event (kept for debug_state)
-    runner.run(["udevadm", "control", "--log-level=debug"])
+    udev_debug()
     scsi.rescan(sysfs, ssd.host)
     t0 = time.monotonic()
     scsi.wait_for_disk(sysfs, ssd.wwid or "", 20)
