@@ -276,3 +276,14 @@ def test_a_read_write_directory_the_host_lacks_is_refused(tmp_path: Path) -> Non
     with pytest.raises(UsageError, match="no such directory on the host") as e:
         core.run(["true"], core.LabSpec(rw_paths=(str(tmp_path / "nope"),)))
     assert e.value.hint == f"create it first: mkdir -p {tmp_path / 'nope'}"
+
+
+def test_uml_guests_run_in_seccomp_mode_unless_told_otherwise() -> None:
+    from cachemgr.lab import uml
+
+    assert uml.seccomp_arg({}) == "seccomp=auto"
+    assert uml.seccomp_arg({"CACHEMGR_LAB_UML_SECCOMP": "off"}) == "seccomp=off"
+    assert uml.seccomp_arg({"CACHEMGR_LAB_UML_SECCOMP": "on"}) == "seccomp=on"
+    for bad in ("", "yes", "off; reboot"):
+        with pytest.raises(UsageError, match="CACHEMGR_LAB_UML_SECCOMP"):
+            uml.seccomp_arg({"CACHEMGR_LAB_UML_SECCOMP": bad})
