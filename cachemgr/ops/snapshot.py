@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from cachemgr.backends import bcache_super, fsfreeze
 from cachemgr.backends.lvm import snap as lvsnap
 from cachemgr.backends.lvm.command import check_vg_lv
-from cachemgr.core import pace, state
+from cachemgr.core import pace, safefs
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import human
 from cachemgr.core.sysfs import Sysfs
@@ -57,9 +58,11 @@ def _checked_mount(sysfs: Sysfs, dev: kinds.Kind, mountpoint: str) -> str:
         raise UsageError(f"{mp}: the filesystem mounted there ({m.source}, {m.fstype}) is "
                          f"not on {dev.node}",
                          hint=f"findmnt --source {dev.node} shows where it is mounted")
+    here = Path(safefs.configured())  # the state directory, or what will hold it
+    while not here.exists() and here != here.parent:
+        here = here.parent
     try:
-        st_dir = os.stat(state.state_dir(create=False).parent)
-        st_mp = os.stat(mp)
+        st_dir, st_mp = os.stat(here), os.stat(mp)
     except OSError:
         return mp
     if st_dir.st_dev == st_mp.st_dev:

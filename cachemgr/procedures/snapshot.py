@@ -383,12 +383,12 @@ class BcacheSteps:
                 bcache.set_tunable(self.sysfs, b, name, 0)
 
     def thaw(self) -> bool:
-        try:
-            return fsfreeze.thaw(self.mountpoint)
-        finally:
-            if self.guard is not None:
-                self.guard.release()
-                self.guard = None
+        # a thaw that fails raises with the guard kept: it tries again when cachemgr exits
+        was = fsfreeze.thaw(self.mountpoint)
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
+        return was
 
     def snapshot(self) -> None:
         lvsnap.create(self.origin, self.snap_name.split("/", 1)[1], size=self.size,
