@@ -58,7 +58,7 @@ def restore(sysfs: Sysfs, target: str | None = None) -> Result:
         lines += [f"{j.device}: {w}" for w in said]
         done.append({**undo.to_json(j), "put_back": said})
     for o in snapshots:
-        said = _snapshot(o)
+        said = _snapshot(sysfs, o)
         lines += said
         done.append({"procedure": o.procedure, "device": o.device, "keys": sorted(o.keys),
                      "started": o.since, "journal": o.journal, "put_back": said})
@@ -109,7 +109,7 @@ def _drain(sysfs: Sysfs, snap: Snapshot, o: Owner) -> tuple[dict[str, Any], list
                    f"{k.node} makes that fast)"], True
 
 
-def _snapshot(o: Owner) -> list[str]:
+def _snapshot(sysfs: Sysfs, o: Owner) -> list[str]:
     """Finish an interrupted ``cachemgr snapshot`` (procedures/snapshot.py ``recover``: its
     filesystem thawed, whether its snapshot was taken), under the gate, which takes over only
     that run: the words."""
@@ -126,5 +126,6 @@ def _snapshot(o: Owner) -> list[str]:
         j = snap_mod.load(d, o.journal or "") if d is not None else None
         if j is None:
             return [f"{o.device}: the interrupted snapshot's journal is gone or unreadable"]
-        return [f"{o.device}: {w}" for w in snap_mod.recover(j, thaw=fsfreeze.thaw,
-                                                             exists=lvsnap.exists)]
+        said = snap_mod.recover(j, thaw=fsfreeze.thaw, exists=lvsnap.exists,
+                                set_mode=snap_mod.mode_setter(sysfs))
+        return [f"{o.device}: {w}" for w in said]

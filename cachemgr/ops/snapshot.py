@@ -125,7 +125,8 @@ def snapshot(sysfs: Sysfs, target: str, *, lv: str, mountpoint: str, name: str |
         recovered: list[str] = []
         j = snap_mod.interrupted(req.key)
         if j is not None:
-            recovered = snap_mod.recover(j, thaw=fsfreeze.thaw, exists=lvsnap.exists)
+            recovered = snap_mod.recover(j, thaw=fsfreeze.thaw, exists=lvsnap.exists,
+                                        set_mode=snap_mod.mode_setter(sysfs))
             for line in recovered:
                 ctl.note(line)
         _, dev = cache_ops._again(sysfs, target)

@@ -8,11 +8,14 @@ ext4 superblock at all, docs/kernel-notes.md). So, in order:
 
 1. drain the device while the VMs run (``drain --max-latency``'s paced drain, the same
    function), until no more than ``rest`` bytes are dirty;
-2. freeze the filesystem on it (fsfreeze: its dirty pages are written into the cache and
-   no new write reaches the device) the moment a drain reading shows ``rest`` or less;
-3. the same drain goes on to clean (the rest, and what the freeze wrote);
+2. the moment a drain reading shows ``rest`` or less (and writeback seen moving): freeze the
+   filesystem on it (fsfreeze: its dirty pages are written into the cache, and no new
+   write reaches the device); a device clean from the start is switched to writethrough
+   first, the freeze's writes then reach the origin too;
+3. the same drain, unthrottled, until bcache's dirty data reads 0 twice (the rest);
 4. the origin's snapshot (lvcreate --snapshot), while still frozen and clean;
-5. thaw; 6. the drain has put back every tunable it changed (procedures/drain.py).
+5. thaw, the mode back; 6. the drain has put back every tunable it changed
+   (procedures/drain.py).
 
 The filesystem is frozen for the rest's drain and the snapshot only: ``max_freeze`` bounds
 it (exceeded: thawed, nothing snapshotted, exit 5).
@@ -20,11 +23,11 @@ it (exceeded: thawed, nothing snapshotted, exit 5).
 Journaled (``snapshot/KEY.json``, its ``phase``: draining, frozen, snapshotting,
 snapshotted) before each step, so a run killed outright is finished by the next ``snapshot``
 of the device or by ``cachemgr restore`` (:func:`recover`): a filesystem it may have left
-frozen is thawed, and a snapshot it took (phase snapshotting or snapshotted, written only
-once the device read clean while frozen) is named as consistent. The drain's own journal
-puts its tunables back (procedures/drain.py). While the process lives, a guard process thaws
-the filesystem the moment it dies (backends/fsfreeze.py ``Guard``), so VMs never wait for
-the next command.
+frozen is thawed, the cache mode put back, and a snapshot it took (phase snapshotting or
+snapshotted, written only once the device read clean while frozen) is named as
+consistent. The drain's own journal puts its tunables back (procedures/drain.py). While the
+process lives, a guard process thaws the filesystem the moment it dies
+(backends/fsfreeze.py ``Guard``), so VMs never wait for the next command.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from cachemgr.backends import bcache, fsfreeze
 from cachemgr.backends.lvm import snap as lvsnap
 from cachemgr.core import signals, state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, TimeoutExpired
-from cachemgr.core.model import BcacheBacking, DrainProgress, human
+from cachemgr.core.model import BcacheBacking, CacheMode, DrainProgress, human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain as drain_mod
 
@@ -93,6 +96,12 @@ class Steps(Protocol):
     def dirty_bytes(self) -> int | None:
         """Dirty bytes now (None: not known)."""
 
+    def mode(self) -> str | None:
+        """The cache mode now (the kernel's word)."""
+
+    def set_mode(self, mode: str) -> None:
+        """Switch the cache mode (already so is fine)."""
+
     def freeze(self) -> None: ...
 
     def unpace(self) -> None:
@@ -142,11 +151,11 @@ def journal_path(key: str):  # type: ignore[no-untyped-def]
     return state.journal_path(KIND, key)
 
 
-def _record(req: Request, phase: str, started: float) -> None:
+def _record(req: Request, phase: str, started: float, mode: str | None) -> None:
     state.write_json(journal_path(req.key), {
         "device": req.device, "keys": list(req.keys), "mountpoint": req.mountpoint,
         "origin": req.origin, "snapshot": req.snapshot, "phase": phase, "started": started,
-        "pid": os.getpid()})
+        "mode": mode, "pid": os.getpid()})
     if os.environ.get(KILL_AT_ENV) == phase and phase != "frozen":
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -161,10 +170,22 @@ def take(req: Request, steps: Steps, *, report: Callable[[DrainProgress], None] 
     started = time.time()
     frozen_at: float | None = None
     tried = False  # a freeze was asked for (a failed or timed-out one may still have frozen)
+    mode0 = steps.mode()
+    last: int | None = None  # the drain's reading before
+    switched = False  # writethrough while frozen (put back after the thaw)
 
-    def freeze_now(dirty: int | None) -> None:
-        nonlocal frozen_at, tried
-        _record(req, "frozen", started)  # first: a crash during the freeze thaws
+    def freeze_now(dirty: int | None, *, through: bool = False) -> None:
+        nonlocal frozen_at, tried, switched
+        _record(req, "frozen", started, mode0)  # first: a crash from here thaws
+        if through and mode0 == "writeback":
+            # clean from the start: no drain is writing back, and bcache's writeback
+            # thread may sleep its writeback_delay (30 s by default, nothing cuts it
+            # short: procedures/drain.py) before it writes what the freeze writes (ext4
+            # writes its journal out to the blocks' homes). In writethrough that goes to
+            # the origin as well. Not while a drain runs: the freeze then writes through
+            # to the disk at its pace (lab: 6.6 s frozen in writethrough against 0.2-0.5 s)
+            switched = True
+            steps.set_mode("writethrough")
         tried = True
         frozen_at = clock()  # the VMs' writes may wait from here
         steps.freeze()
@@ -213,9 +234,19 @@ def take(req: Request, steps: Steps, *, report: Callable[[DrainProgress], None] 
             report(p)
         if out.start_dirty is None:
             out.start_dirty = p.dirty_bytes
+        nonlocal last
+        # writeback is seen moving (a reading lower than the one before), or nothing is
+        # dirty: only then the freeze. At the drain's start bcache's writeback thread may
+        # still sleep its writeback_delay (30 s by default, nothing cuts it short:
+        # procedures/drain.py); frozen then, the rest would wait for it (seen on the lab
+        # kernel: a device left with 4 MiB dirty, frozen at the drain's first reading,
+        # wrote nothing back within --max-freeze)
+        moving = p.dirty_bytes is not None and last is not None and p.dirty_bytes < last
+        last = p.dirty_bytes
         if frozen_at is None:
             out.drain_note = p.note or out.drain_note
-            if p.dirty_bytes is not None and p.dirty_bytes <= req.rest:
+            if p.dirty_bytes is not None and p.dirty_bytes <= req.rest \
+                    and (p.dirty_bytes == 0 or moving):
                 freeze_now(p.dirty_bytes)
                 steps.unpace()
                 wait_rest()
@@ -227,14 +258,14 @@ def take(req: Request, steps: Steps, *, report: Callable[[DrainProgress], None] 
         with contextlib.suppress(AlreadyError, _RestDone):
             steps.drain(progress)
 
-    _record(req, "draining", started)
+    _record(req, "draining", started, mode0)
     try:
         drain()
         if frozen_at is None:  # clean from the start: the freeze still writes its pages
             now = steps.dirty_bytes()
             if out.start_dirty is None:
                 out.start_dirty = now
-            freeze_now(now)
+            freeze_now(now, through=True)
             drain()
         out.rest_s = clock() - frozen_at if frozen_at is not None else 0.0
         log.info("%s: the rest drained %.2f s after the freeze", req.device, out.rest_s)
@@ -248,17 +279,20 @@ def take(req: Request, steps: Steps, *, report: Callable[[DrainProgress], None] 
         assert frozen_at is not None
         if clock() - frozen_at > req.max_freeze:
             raise too_long("the drain ended, but not")
-        _record(req, "snapshotting", started)
+        _record(req, "snapshotting", started, mode0)
         s0 = clock()
         steps.snapshot()
         out.snapshot_s = clock() - s0
-        _record(req, "snapshotted", started)
+        _record(req, "snapshotted", started, mode0)
     finally:
         if tried:
             with signals.deferred():  # a signal now waits until the VMs can write again
                 steps.thaw()
             if frozen_at is not None:
                 out.freeze_s = clock() - frozen_at
+        if switched and mode0 is not None:
+            with signals.deferred():
+                steps.set_mode(mode0)
         # thawed (a thaw that failed raised: the journal stays for restore); the drain put
         # its tunables back
         journal_path(req.key).unlink(missing_ok=True)
@@ -278,6 +312,7 @@ class Interrupted:
     phase: str
     started: float | None
     path: str
+    mode: str | None = None  # the cache mode before the freeze (writethrough while frozen)
 
 
 def load(data: dict[str, Any], path: str) -> Interrupted | None:
@@ -288,10 +323,11 @@ def load(data: dict[str, Any], path: str) -> Interrupted | None:
             and all(isinstance(v, str) and v for v in vals) and data.get("phase") in PHASES
             and str(data.get("mountpoint", "")).startswith("/")):
         return None
-    started = data.get("started")
+    started, mode = data.get("started"), data.get("mode")
     device, mountpoint, origin, snapshot, phase = (str(v) for v in vals)
     return Interrupted(device, frozenset(keys), mountpoint, origin, snapshot, phase,
-                       float(started) if isinstance(started, int | float) else None, path)
+                       float(started) if isinstance(started, int | float) else None, path,
+                       mode if isinstance(mode, str) and mode else None)
 
 
 def interrupted(key: str) -> Interrupted | None:
@@ -305,8 +341,8 @@ def interrupted(key: str) -> Interrupted | None:
     return j
 
 
-def recover(j: Interrupted, *, thaw: Callable[[str], bool],
-            exists: Callable[[str], bool]) -> list[str]:
+def recover(j: Interrupted, *, thaw: Callable[[str], bool], exists: Callable[[str], bool],
+            set_mode: Callable[[str, str], bool]) -> list[str]:
     """Finish what the interrupted run ``j`` left: thaw its filesystem (from the freeze on),
     say whether its snapshot was taken (and so is consistent), remove its journal. The
     words. The caller holds the device's locks."""
@@ -318,6 +354,10 @@ def recover(j: Interrupted, *, thaw: Callable[[str], bool],
                     f"{j.device})" if was else
                     f"{j.mountpoint}: not frozen (an interrupted snapshot of {j.device} had "
                     "frozen it; it was thawed since)")
+        if j.mode == "writeback":
+            put = set_mode(j.device, j.mode)
+            said.append(f"{j.device}: cache mode {j.mode} put back (writethrough while "
+                        "frozen)" if put else f"{j.device}: cache mode {j.mode} already")
     if j.phase in ("snapshotting", "snapshotted"):
         if exists(j.snapshot):
             said.append(f"{j.snapshot}: taken by the interrupted run while {j.mountpoint} "
@@ -366,6 +406,13 @@ class BcacheSteps:
             return 0
         return b.dirty.bytes if b.dirty is not None else None
 
+    def mode(self) -> str | None:
+        b = bcache.reread(self.sysfs, self.name)
+        return b.mode.value if b.mode is not None else None
+
+    def set_mode(self, mode: str) -> None:
+        set_bcache_mode(self.sysfs, self.name, mode)
+
     def freeze(self) -> None:
         self.guard = fsfreeze.Guard(self.mountpoint)
         fsfreeze.freeze(self.mountpoint)
@@ -396,6 +443,27 @@ class BcacheSteps:
 
     def snapshot_exists(self) -> bool:
         return lvsnap.exists(self.snap_name)
+
+
+def set_bcache_mode(sysfs: Sysfs, name: str, mode: str) -> bool:
+    """Switch backing device ``name`` (its kernel name) to ``mode``; False when so already."""
+    try:
+        bcache.set_mode(sysfs, bcache.reread(sysfs, name), CacheMode(mode))
+    except AlreadyError:
+        return False
+    return True
+
+
+def mode_setter(sysfs: Sysfs) -> Callable[[str, str], bool]:
+    """:func:`recover`'s ``set_mode`` for bcache devices named by their node
+    (/dev/bcacheN)."""
+    def put(device: str, mode: str) -> bool:
+        for b in bcache.scan(sysfs, stats=False).backings:
+            if b.device == device:
+                return set_bcache_mode(sysfs, b.identity.name, mode)
+        raise CacheMgrError(f"{device}: not found to put its cache mode {mode} back",
+                            hint=f"cachemgr mode {device} {mode}")
+    return put
 
 
 def supported(obj: object) -> bool:

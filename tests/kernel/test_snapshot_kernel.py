@@ -164,7 +164,7 @@ def test_snapshot_of_a_writeback_cache_is_consistent_where_a_naive_one_is_not(
     naive_s = time.monotonic() - t0
     rc, good, tail = check_snapshot(f"{VG}/naive", off, look, names)
     print(f"naive snapshot: e2fsck -fn exit {rc} ({tail}); {good}/{len(names)} files "
-          f"verified; dirty {b.dirty}; lvcreate {naive_s:.2f} s", file=sys.stderr)
+          f"verified; dirty {b.dirty}; lvcreate {naive_s:.2f} s")
     # its filesystem may even check clean (the state mkfs left, written back by bcache
     # before writeback was stopped) while the files' blocks are only in the cache: what
     # fails is the files (seen on the lab kernel: e2fsck exit 8, no superblock, in some
@@ -188,7 +188,7 @@ def test_snapshot_of_a_writeback_cache_is_consistent_where_a_naive_one_is_not(
         rc, out, err = clirun.run_process(
             "-vv", "snapshot", "/dev/bcache0", "--lv", LV, "--mount", str(mnt), "--name",
             "good", "--size", "96M", "--max-latency", "50", "--json", timeout=600)
-        print(err[-3000:], file=sys.stderr)
+        print(err[-1500:])
         assert rc == 0, (out, err)
         doc = json.loads(out)
     finally:
@@ -196,7 +196,7 @@ def test_snapshot_of_a_writeback_cache_is_consistent_where_a_naive_one_is_not(
         writer.wait(timeout=120)
     after_names = written.read_text().split()
     assert writer.returncode == 0
-    print(f"cachemgr snapshot: {json.dumps(doc)}", file=sys.stderr)
+    print(f"cachemgr snapshot: {json.dumps(doc)}")
     assert doc["snapshot"] == f"{VG}/good" and doc["data_offset"] == off
     # the issue's target is 2 s; the bound cachemgr holds is --max-freeze (10 s). On this
     # machine's UML guests at host load 18-21 the window measured 3.3-4.2 s: the freeze
@@ -209,14 +209,14 @@ def test_snapshot_of_a_writeback_cache_is_consistent_where_a_naive_one_is_not(
         doc["rest_seconds"] + doc["snapshot_seconds"], abs=1.0), doc
     assert doc["start_dirty_bytes"] >= 48 << 20, doc
     assert tunables(sysfs) == before  # every setting put back
+    assert "[writeback]" in sysfs.read(f"{B}/cache_mode")
     assert len(after_names) > len(done_before)  # the writer went on after the thaw
     assert not list((state.state_dir() / "snapshot").glob("*.json"))
 
     expected = names + done_before  # every file whose fsync returned before the command
     rc, good, tail = check_snapshot(f"{VG}/good", off, look, expected)
     print(f"cachemgr snapshot: e2fsck -fn exit {rc} ({tail}); {good}/{len(expected)} files "
-          f"verified ({len(done_before)} of them the writer's before the command)",
-          file=sys.stderr)
+          f"verified ({len(done_before)} of them the writer's before the command)")
     assert rc == 0, tail
     assert good == len(expected)
 
@@ -249,9 +249,9 @@ def test_killed_while_frozen_the_guard_thaws_and_restore_finishes(
                           " os.write(fd, b'x'); os.fsync(fd)", str(mnt / "after-kill")])
     w.wait(timeout=30)
     assert w.returncode == 0
-    print(f"killed while frozen: a write returned {time.monotonic() - t0:.2f} s later",
-          file=sys.stderr)
+    print(f"killed while frozen: a write returned {time.monotonic() - t0:.2f} s later")
     assert tunables(sysfs) != before  # the drain's, left by the kill
+    assert "[writeback]" in sysfs.read(f"{B}/cache_mode")  # frozen in a drain: kept
     rc, out, _ = clirun.run_process("status", "--json")
     assert rc == 0 and "snapshot" in out, out
 
@@ -259,6 +259,7 @@ def test_killed_while_frozen_the_guard_thaws_and_restore_finishes(
     assert rc == 0, (out, err)
     assert "not frozen" in out and "first: not taken" in out, out
     assert tunables(sysfs) == before
+    assert "[writeback]" in sysfs.read(f"{B}/cache_mode")
     assert not list((state.state_dir() / "snapshot").glob("*.json"))
     assert subprocess.run(["lvm", "lvs", f"{VG}/first"], capture_output=True).returncode != 0
 
@@ -266,3 +267,4 @@ def test_killed_while_frozen_the_guard_thaws_and_restore_finishes(
                                       str(mnt), "--name", "second", "--size", "32M")
     assert rc == 0, (out, err)
     assert tunables(sysfs) == before
+    assert "[writeback]" in sysfs.read(f"{B}/cache_mode")

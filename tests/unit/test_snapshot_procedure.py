@@ -59,6 +59,7 @@ class Host:
         self.dirty_left = 0
         self.polls = 0
         self.in_drain = False
+        self.cache_mode = "writeback"
 
     def phase(self) -> str | None:
         d = state.read_json(snap.journal_path(REQ.key))
@@ -87,6 +88,13 @@ class Host:
             self.polls += 1
             return self.frozen_readings.pop(0)
         return self.dirty_left
+
+    def mode(self) -> str | None:
+        return self.cache_mode
+
+    def set_mode(self, mode: str) -> None:
+        self.log.append(f"mode {mode}")
+        self.cache_mode = mode
 
     def freeze(self) -> None:
         self.log.append(f"freeze[{self.phase()}]")
@@ -130,6 +138,7 @@ def test_drains_freezes_at_the_rest_drains_the_rest_snapshots_and_thaws() -> Non
     # "snapshotting"; thawed last
     assert host.log == ["drain[draining]", "freeze[frozen]", "unpace", "tunables back",
                         "snapshot[snapshotting]", "thaw"]
+    assert host.cache_mode == "writeback"
     assert t.start_dirty == 64 << 20 and t.dirty_at_freeze == 3 << 20
     assert host.readings == [1 << 20]  # the drain's later readings never came
     assert t.rest_s == pytest.approx(3 * snap.POLL)
@@ -140,23 +149,33 @@ def test_drains_freezes_at_the_rest_drains_the_rest_snapshots_and_thaws() -> Non
 
 
 def test_a_zero_between_dirty_readings_is_not_the_end() -> None:
-    host = Host(Clock(), [2 << 20], frozen_readings=[0, 4096, 0, 0])
+    host = Host(Clock(), [3 << 20, 2 << 20], frozen_readings=[0, 4096, 0, 0])
     t = take(host)
     assert host.polls == 4 and t.rest_s == pytest.approx(3 * snap.POLL)
+
+
+def test_no_freeze_before_writeback_is_seen_moving() -> None:
+    """Under the rest from the first reading: bcache's writeback thread may still sleep its
+    writeback_delay (30 s); the freeze waits for a reading lower than the one before."""
+    host = Host(Clock(), [3 << 20, 3 << 20, 3 << 20, 5 << 20, 2 << 20, 1 << 20],
+                frozen_readings=[0, 0])
+    t = take(host)
+    assert t.dirty_at_freeze == 2 << 20 and host.readings == [1 << 20]
 
 
 def test_clean_from_the_start_still_freezes_and_drains_what_the_freeze_wrote() -> None:
     host = Host(Clock(), [], frozen_readings=[512 << 10, 512 << 10, 0, 0])
     t = take(host)
     # the drain again, frozen: its settings (unthrottled) hold while the rest is polled
-    assert host.log == ["drain[draining]", "freeze[frozen]", "drain[frozen]", "unpace",
-                        "tunables back", "snapshot[snapshotting]", "thaw"]
+    assert host.log == ["drain[draining]", "mode writethrough", "freeze[frozen]",
+                        "drain[frozen]", "unpace", "tunables back", "snapshot[snapshotting]",
+                        "thaw", "mode writeback"]
     assert host.polls == 4 and t.dirty_at_freeze == 0 and t.start_dirty == 0
 
 
 @pytest.mark.parametrize("fail", ["drain", "snapshot"])
 def test_a_failure_while_frozen_thaws_and_takes_no_snapshot(fail: str) -> None:
-    host = Host(Clock(), [8 << 20] if fail == "drain" else [1 << 20], fail=fail)
+    host = Host(Clock(), [8 << 20] if fail == "drain" else [2 << 20, 1 << 20], fail=fail)
     if fail == "drain":  # the drain stalls before the rest is reached: never frozen
         with pytest.raises(CacheMgrError, match="stalled"):
             take(host)
@@ -165,20 +184,20 @@ def test_a_failure_while_frozen_thaws_and_takes_no_snapshot(fail: str) -> None:
         with pytest.raises(CacheMgrError, match="lvcreate failed"):
             take(host)
         assert host.log[-1] == "thaw" and not host.frozen
-    assert not host.taken
+    assert not host.taken and host.cache_mode == "writeback"
     assert not snap.journal_path(REQ.key).exists()
 
 
 def test_a_failed_freeze_is_thawed_all_the_same() -> None:
     """fsfreeze failing (or killed by its timeout) may still have frozen: thaw is tried."""
-    host = Host(Clock(), [1 << 20], fail="freeze")
+    host = Host(Clock(), [2 << 20, 1 << 20], fail="freeze")
     with pytest.raises(CacheMgrError, match="fsfreeze failed"):
         take(host)
     assert host.log[-2:] == ["tunables back", "thaw"] and not host.taken
 
 
 def test_the_freeze_is_bounded_it_thaws_and_says_so() -> None:
-    host = Host(Clock(), [1 << 20], frozen_readings=[1 << 20] * 1000)
+    host = Host(Clock(), [2 << 20, 1 << 20], frozen_readings=[1 << 20] * 1000)
     with pytest.raises(snap.FreezeTooLong, match="--max-freeze 10 s") as exc:
         take(host)
     assert exc.value.exit_code == 5
@@ -193,11 +212,18 @@ def test_still_dirty_after_the_drain_takes_no_snapshot() -> None:
     host.dirty_left = 8192
     with pytest.raises(CacheMgrError, match=r"8\.0 KiB dirty after the drain"):
         take(host)
-    assert host.log[-1] == "thaw" and not host.taken
+    assert host.log[-2:] == ["thaw", "mode writeback"] and not host.taken
+
+
+def test_a_write_through_cache_keeps_its_mode() -> None:
+    host = Host(Clock(), [])
+    host.cache_mode = "writethrough"
+    take(host)
+    assert not any(x.startswith("mode") for x in host.log) and host.taken
 
 
 def test_a_thaw_that_fails_keeps_the_journal_for_restore() -> None:
-    host = Host(Clock(), [1 << 20])
+    host = Host(Clock(), [2 << 20, 1 << 20])
 
     def broken() -> bool:
         raise CacheMgrError("fsfreeze --unfreeze failed")
@@ -209,6 +235,8 @@ def test_a_thaw_that_fails_keeps_the_journal_for_restore() -> None:
     (o,) = [o for o in owners.interrupted() if o.procedure == "snapshot"]
     assert o.keys == frozenset(REQ.keys) and o.resume == "cachemgr restore"
     assert o.step == "snapshotted"
+    j = snap.interrupted(REQ.key)
+    assert j is not None and j.mode == "writeback"  # for restore to put back
 
 
 # ------------------------------------------------------------------ a run killed at each phase
@@ -219,7 +247,7 @@ def killed_at(phase: str) -> snap.Interrupted:
     state.write_json(snap.journal_path(REQ.key), {
         "device": REQ.device, "keys": list(REQ.keys), "mountpoint": REQ.mountpoint,
         "origin": REQ.origin, "snapshot": REQ.snapshot, "phase": phase, "started": 1.0,
-        "pid": 1})
+        "mode": "writeback", "pid": 1})
     j = snap.interrupted(REQ.key)
     assert j is not None and j.phase == phase
     return j
@@ -243,8 +271,17 @@ def test_recover_after_a_kill_at_each_phase(phase: str, frozen: bool, taken: boo
         calls.append(mp)
         return frozen
 
-    said = snap.recover(j, thaw=thaw, exists=lambda name: taken and name == "vg0/good")
+    modes: list[tuple[str, str]] = []
+
+    def set_mode(device: str, mode: str) -> bool:
+        modes.append((device, mode))
+        return frozen
+
+    said = snap.recover(j, thaw=thaw, exists=lambda name: taken and name == "vg0/good",
+                        set_mode=set_mode)
     assert calls == ([] if phase == "draining" else ["/srv/vms"])
+    # the mode is put back from the freeze on (the switch comes just before it)
+    assert modes == ([] if phase == "draining" else [("/dev/bcache0", "writeback")])
     text = " ".join(said)
     for w in words:
         assert w in text, (w, said)
