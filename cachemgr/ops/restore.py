@@ -12,7 +12,9 @@ An interrupted drain (a bcache drain's tunables, a dm-cache flush's cleaner tabl
 drain's policy) is put back the same way: what ``drain DEV --resume`` does before it drains
 again, alone, through the same gate (refused while the drain still runs); ``status`` and
 ``check`` name ``drain DEV --resume``, which also finishes the drain, and stop naming it
-once its journal is gone. The dirty data is then written back at the kernel's own pace."""
+once its journal is gone. The dirty data is then written back at the kernel's own pace.
+An interrupted ``cachemgr snapshot`` is finished the same way: the filesystem it may have
+left frozen is thawed and its journal removed (procedures/snapshot.py ``recover``)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def restore(sysfs: Sysfs, target: str | None = None) -> Result:
 
     journals = undo.journals()
     drains = [o for o in owners.interrupted() if o.procedure in DRAINS]
+    snapshots = [o for o in owners.interrupted() if o.procedure == "snapshot"]
     snap = cache_ops.status(sysfs) if drains or target is not None else None
     if target is not None:
         assert snap is not None
@@ -42,7 +45,8 @@ def restore(sysfs: Sysfs, target: str | None = None) -> Result:
         keys = {key for key, _ in k.locks} if k is not None else set()
         journals = [j for j in journals if j.keys & keys or target in j.device.split(", ")]
         drains = [o for o in drains if o.keys & keys or target == o.device]
-        if k is None and not journals and not drains:
+        snapshots = [o for o in snapshots if o.keys & keys or target == o.device]
+        if k is None and not journals and not drains and not snapshots:
             raise UsageError(f"{target}: no cached device or cache set of that name, and no "
                              "interrupted procedure's journal names it")
     done: list[dict[str, object]] = []
@@ -53,6 +57,11 @@ def restore(sysfs: Sysfs, target: str | None = None) -> Result:
             pass
         lines += [f"{j.device}: {w}" for w in said]
         done.append({**undo.to_json(j), "put_back": said})
+    for o in snapshots:
+        said = _snapshot(sysfs, o)
+        lines += said
+        done.append({"procedure": o.procedure, "device": o.device, "keys": sorted(o.keys),
+                     "started": o.since, "journal": o.journal, "put_back": said})
     missing = False
     for o in drains:
         assert snap is not None
@@ -60,7 +69,7 @@ def restore(sysfs: Sysfs, target: str | None = None) -> Result:
         lines += said
         missing = missing or not ok
         done.append(entry)
-    if not journals and not drains:
+    if not journals and not drains and not snapshots:
         return Result(lines=["nothing to put back: no interrupted procedure left a setting "
                              "changed" + (f" on {target}" if target else "")],
                       already=True, data={"schema": 1, "restored": []})
@@ -98,3 +107,25 @@ def _drain(sysfs: Sysfs, snap: Snapshot, o: Owner) -> tuple[dict[str, Any], list
     return entry, [f"{k.restored_note(restored)}, left by an interrupted {o.procedure}; its "
                    "dirty data is written back at the kernel's own pace now (cachemgr drain "
                    f"{k.node} makes that fast)"], True
+
+
+def _snapshot(sysfs: Sysfs, o: Owner) -> list[str]:
+    """Finish an interrupted ``cachemgr snapshot`` (procedures/snapshot.py ``recover``: its
+    filesystem thawed, whether its snapshot was taken), under the gate, which takes over only
+    that run: the words."""
+    from pathlib import Path
+
+    from cachemgr.backends import fsfreeze
+    from cachemgr.backends.lvm import snap as lvsnap
+    from cachemgr.core import state
+    from cachemgr.procedures import snapshot as snap_mod
+
+    with gate.gate(gate.of_names(o.device, sorted(o.keys)), "restore",
+                   takes_over=gate.resumes("snapshot", "drain")):  # the drain's is next
+        d = state.read_json(Path(o.journal or ""))
+        j = snap_mod.load(d, o.journal or "") if d is not None else None
+        if j is None:
+            return [f"{o.device}: the interrupted snapshot's journal is gone or unreadable"]
+        said = snap_mod.recover(j, thaw=fsfreeze.thaw, exists=lvsnap.exists,
+                                set_mode=snap_mod.mode_setter(sysfs))
+        return [f"{o.device}: {w}" for w in said]

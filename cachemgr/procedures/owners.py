@@ -84,6 +84,14 @@ def interrupted(view: state.View | None = None) -> list[Owner]:
             found.append(Owner("invalidation", frozenset({key}), dev, False,
                                since=_num(d.get("started")), journal=str(p),
                                resume=f"cachemgr invalidate {dev} --yes"))
+    for p, d in _journals("snapshot", view):  # procedures/snapshot.py: its filesystem
+        keys = d.get("keys")  # may be frozen; restore thaws it
+        if isinstance(keys, list) and keys and all(isinstance(k, str) and k for k in keys):
+            dev = str(d.get("device") or keys[0])
+            found.append(Owner("snapshot", frozenset(keys), dev, False,
+                               since=_num(d.get("started")), journal=str(p),
+                               step=str(d.get("phase") or "") or None,
+                               resume="cachemgr restore"))
     for j in undo.journals(view):
         found.append(Owner(j.procedure, j.keys, j.device, False, since=j.started,
                            journal=str(j.path), resume="cachemgr restore"))

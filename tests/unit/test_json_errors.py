@@ -51,6 +51,7 @@ ERRORS: dict[str, tuple[list[str], int]] = {
     "restore": (["restore", ND], 2),
     "warm": (["warm", ND, "--trace", "/nonexistent.trace"], 2),
     "doctor": (["doctor", ND, "--window", "1"], 2),
+    "snapshot": (["snapshot", ND, "--lv", "vg0/vm1", "--mount", "/srv/vms"], 2),
 }
 # commands that name no device: their read of /sys fails (EIO under the snapshot; protect's
 # pass)
