@@ -18,7 +18,9 @@ Order:
    kind's drop of the mismatched blocks (dm-cache: those blocks alone; bcache: every copy
    of the device), the pending record removed and the result recorded as dropped.
 
-Nothing is asked: a scrub changes nothing but the cache's copies that are wrong.
+The command line asks nothing: a scrub changes nothing but the cache's copies that are
+wrong. A face that asks (the TUI's ``v``) is shown :func:`plan` after the refusals and
+before the gate.
 
 ``cachemgr scrub --all`` (:func:`scrub_all`, the pass cachemgr-scrub.timer runs weekly):
 the same command over every write-through or clean cache on the host, or over those the
@@ -38,7 +40,7 @@ from cachemgr.core.model import CacheMode, human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import coherence as coherence_ops
 from cachemgr.ops import gate as gate_mod
-from cachemgr.ops.control import Control, Result
+from cachemgr.ops.control import Control, Plan, Result
 from cachemgr.procedures import coherence, kinds, policy
 from cachemgr.procedures import scrub as scrub_mod
 from cachemgr.procedures.kinds.base import pacing_words
@@ -80,6 +82,7 @@ def scrub(sysfs: Sysfs, target: str, *, max_latency_ms: float | None = None,
     dev = kinds.resolve(snap, target, sysfs)
     _check(dev)
     require_root("reading a cache's device and its origin")
+    ctl.ask(plan(dev, max_latency_ms))  # a face's question (the TUI's); the CLI asks none
     subject = gate_mod.of_kind(dev)
     key = coherence_ops.key_of(dev)
     changes = []
@@ -130,6 +133,21 @@ def scrub(sysfs: Sysfs, target: str, *, max_latency_ms: float | None = None,
 
 
 log = logging.getLogger("cachemgr.scrub")
+DEFAULT_MAX_LATENCY_MS = policy.SCRUB_MAX_LATENCY_MS  # the timer's and the TUI's pace
+
+
+def plan(dev: kinds.Kind, max_latency_ms: float | None) -> Plan:
+    """What a scrub of ``dev`` would do, for a face that asks first."""
+    pace_line = (f"paced: the other IO on {dev.node} keeps its p99 under {max_latency_ms:g} ms"
+                 if max_latency_ms is not None else
+                 "unpaced: as fast as the cache and the origin answer")
+    return Plan(f"scrub {dev.node}", (
+        f"would read each block {dev.node}'s cache holds (bcache: the whole device) "
+        "through the cache and from the origin, and compare them",
+        pace_line,
+        f"would drop every block that differs from the cache ({dev.scrub_drop_how}); "
+        "nothing else is changed",
+        "a mismatch found is reported by status and check (scrub-mismatch)"))
 
 
 def _policy(path: str) -> policy.ScrubPolicy:
