@@ -277,6 +277,49 @@ def test_bcache_scrub_finds_every_corrupted_block_and_nothing_else(
     check_and_metrics(vm, False)
 
 
+@pytest.mark.kernel(disks="256M,256M,256M", timeout=900)
+def test_the_weekly_pass_scrubs_the_write_through_caches_and_check_says_so(
+        lab_disks: list[str]) -> None:
+    """``cachemgr scrub --all`` (what cachemgr-scrub.timer runs), with a policy whose
+    ``[scrub]`` table leaves it unpaced: of two bcache devices on one SSD, the writethrough
+    one with corrupted copies is compared, its mismatches found and dropped, and check warns
+    about it; the writeback one is passed over, saying why; exit 0."""
+    hdd, ssd, hdd2 = lab_disks
+    r = clirun.in_process("create", "bcache", "--backing", hdd, "--backing", hdd2, "--cache",
+                          ssd, "--bucket", "128k", "--mode", "writethrough")
+    assert r.returncode == 0, r.stderr
+    names = {}
+    for b in os.listdir("/sys/block"):
+        if b.startswith("bcache"):
+            under = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/block/{b}/bcache")))
+            names[under] = f"/dev/{b}"
+    vm, other = names[os.path.basename(hdd)], names[os.path.basename(hdd2)]
+    r = clirun.in_process("mode", other, "writeback", "--yes")
+    assert r.returncode == 0, r.stderr
+    data = content(b"BW", HOT, 8)
+    write_pages(vm, data)
+    changed = corrupt_on_ssd(ssd, b"BW", N)
+    assert served_wrong(vm, data) == changed  # the hazard: the cache serves them
+    pol = Path("/tmp/scrub-policy.toml")
+    pol.write_text("[scrub]\nmax_latency_ms = 0\n")
+    pol.chmod(0o600)
+    rc, out, err = clirun.run_process("scrub", "--all", "--policy", str(pol), "--json",
+                                      timeout=600)
+    assert rc == 0, (out, err)
+    doc = json.loads(out)
+    assert doc["max_latency_ms"] is None, doc
+    by = {d["target"]: d for d in doc["devices"]}
+    assert by[vm]["outcome"] == "compared" and by[vm]["mismatches"] == N, doc
+    assert by[vm]["dropped"] is True, doc
+    assert by[other]["outcome"] == "passed over" and "writeback" in by[other]["message"], doc
+    assert served_wrong(vm, data) == []
+    check_and_metrics(vm, True)
+    # the table off: nothing compared, exit 4 (the unit's success)
+    pol.write_text("[scrub]\nenabled = false\n")
+    rc, out, err = clirun.run_process("scrub", "--all", "--policy", str(pol), timeout=120)
+    assert rc == 4 and "scrub is off" in out, (out, err)
+
+
 @pytest.mark.kernel(disks="256M,160M,256M", timeout=900)
 def test_lvm_cache_scrub_finds_every_corrupted_block_and_nothing_else(
         lab_disks: list[str]) -> None:
