@@ -14,7 +14,7 @@ _cachemgr_node() {
     'attach') subs=(); opts=('-h' '--help' '--writecache' '--mode' '--json'); vopts=('--mode') ;;
     'detach') subs=(); opts=('-h' '--help' '--timeout' '-y' '--yes' '--json'); vopts=('--timeout') ;;
     'invalidate') subs=(); opts=('-h' '--help' '-y' '--yes' '--json'); vopts=() ;;
-    'scrub') subs=(); opts=('-h' '--help' '--max-latency' '--json'); vopts=('--max-latency') ;;
+    'scrub') subs=(); opts=('-h' '--help' '--all' '--policy' '--max-latency' '--json'); vopts=('--policy' '--max-latency') ;;
     'create') subs=(); opts=('-h' '--help' '--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket' '--force' '-y' '--yes' '--json'); vopts=('--origin' '--metadata' '--block-size' '--backing' '--cache' '--mode' '--bucket') ;;
     'remove') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--keep-device' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout') ;;
     'tune') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
@@ -49,7 +49,7 @@ _cachemgr_node() {
     'vm-cache') subs=(); opts=('-h' '--help' '--next-boot' '-y' '--yes' '--connect' '--json'); vopts=('--connect') ;;
     'trace') subs=(); opts=('-h' '--help' '-o' '--output' '--seconds' '--rate' '--block' '--force' '--json'); vopts=('-o' '--output' '--seconds' '--rate' '--block') ;;
     'size') subs=(); opts=('-h' '--help' '--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot' '--json'); vopts=('--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot') ;;
-    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
+    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--scrub' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
     'doctor') subs=(); opts=('-h' '--help' '--window' '--trace' '--json'); vopts=('--window' '--trace') ;;
@@ -89,6 +89,7 @@ _cachemgr_optval() {
         esac ;;
     'scrub')
         case $2 in
+        '--policy') spec=files ;;
         '--max-latency') spec=none ;;
         esac ;;
     'create')

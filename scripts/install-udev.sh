@@ -6,6 +6,7 @@
 #   scripts/install-udev.sh --metrics --textfile # also the metrics units (systemd/README.md)
 #   scripts/install-udev.sh --smart              # also the SMART refresh timer
 #   scripts/install-udev.sh --protect            # also the protect pass every minute
+#   scripts/install-udev.sh --scrub              # also the weekly scrub of the caches
 #   scripts/install-udev.sh --uninstall          # everything it installed
 #
 # With the rule comes libvirt's qemu hook, the live-migration guard
@@ -21,6 +22,7 @@
 # cachemgr-textfile.service: node_exporter's textfile rewritten every 15 s), --smart
 # (enable cachemgr-smart.timer: the cache SSDs' SMART health read every 10 minutes),
 # --protect (enable cachemgr-protect.timer: the policy's [protect] pass every minute),
+# --scrub (enable cachemgr-scrub.timer: `cachemgr scrub --all` every week),
 # --hooks-dir DIR (libvirt's hooks directory, default /etc/libvirt/hooks),
 # --no-libvirt-hook. Units are enabled with systemctl also when systemd is not running (an
 # image or chroot being built); they are started only on a running systemd. The
@@ -30,7 +32,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 rules_dir=/etc/udev/rules.d
 unit_dir=/etc/systemd/system
 hooks_dir=
-python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0 hook=1
+python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0 scrub=0 hook=1
 while [ $# -gt 0 ]; do
     case $1 in
     --python) python=$2; shift ;;
@@ -46,7 +48,8 @@ while [ $# -gt 0 ]; do
     --textfile) textfile=1 ;;
     --smart) smart=1 ;;
     --protect) protect=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --scrub) scrub=1 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "install-udev: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -58,7 +61,8 @@ case $policy in
 *) echo "install-udev: --policy needs an absolute path ($policy)" >&2; exit 2 ;;
 esac
 units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.service
-    cachemgr-smart.service cachemgr-smart.timer cachemgr-protect.service cachemgr-protect.timer"
+    cachemgr-smart.service cachemgr-smart.timer cachemgr-protect.service cachemgr-protect.timer
+    cachemgr-scrub.service cachemgr-scrub.timer"
 # what earlier versions installed and this one does not: disabled, stopped and removed by an
 # install (an upgrade) as by --uninstall. cachemgr-textfile.timer started the textfile
 # service every 15 s; the service now runs on its own (--interval 15), and a timer left
@@ -227,6 +231,11 @@ if [ "$protect" = 1 ]; then
     install_unit cachemgr-protect.service
     install_unit cachemgr-protect.timer
     enable+=(cachemgr-protect.timer) start+=(cachemgr-protect.timer)
+fi
+if [ "$scrub" = 1 ]; then
+    install_unit cachemgr-scrub.service
+    install_unit cachemgr-scrub.timer
+    enable+=(cachemgr-scrub.timer) start+=(cachemgr-scrub.timer)
 fi
 if [ ${#enable[@]} -gt 0 ] && command -v systemctl >/dev/null; then
     if booted; then

@@ -52,7 +52,7 @@ class Host(Protocol):
 
 # every action about the selected device (its kind says whether it offers it now)
 DEVICE_ACTIONS = frozenset({"mode", "drain", "detach", "attach", "tune", "remove", "replace",
-                            "bench", "warm", "detail", "invalidate"})
+                            "bench", "warm", "detail", "invalidate", "scrub"})
 
 
 def selected_kind(app: Host) -> tuple[view.Row, cache_ops.Kind] | None:
@@ -216,6 +216,30 @@ def invalidate(app: Host) -> None:
         return coherence_ops.invalidate(app.sysfs, target, ctl=ctl)
 
     app.start_op(f"invalidate {target}", fn)
+
+
+SCRUB_NOTE = ("Cancel stops the comparison: nothing is dropped or recorded (scrub again to "
+              "compare).")
+
+
+def scrub(app: Host) -> None:
+    """Compare what the selected device's cache serves with its origin (cachemgr scrub),
+    paced (the weekly timer's bound): the command layer's refusals first, in the command
+    line's words (a writeback or dirty cache, exit 3; a passthrough one, exit 4), then its
+    plan as the question (Cancel has the focus), then the reads with progress
+    (cancellable)."""
+    sel = _target(app)
+    if sel is None:
+        return
+    target = sel[0].target
+    from cachemgr.ops import scrub as scrub_ops
+
+    def fn(ctl: Control) -> Result:
+        ctl.confirm = partial(_ask_plan, app, ctl)
+        return scrub_ops.scrub(app.sysfs, target, ctl=ctl,
+                               max_latency_ms=scrub_ops.DEFAULT_MAX_LATENCY_MS)
+
+    app.start_op(f"scrub {target}", fn, progress=True, cancel_note=SCRUB_NOTE)
 
 
 def _ask_plan(app: Host, ctl: Control, plan: Plan) -> bool:

@@ -123,6 +123,17 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
 def cmd_scrub(args: argparse.Namespace) -> int:
     from cachemgr.ops import scrub
 
+    if args.all == (args.target is not None):
+        raise UsageError("scrub takes a TARGET or --all (every write-through or clean cache "
+                         "the policy's [scrub] table names, or all of them)")
+    if args.policy and not args.all:
+        raise UsageError("--policy is for scrub --all")
+    if args.all:
+        from cachemgr.ops.udev import resolve_policy
+
+        return with_progress(args, "scrub --all", lambda ctl: scrub.scrub_all(
+            _sysfs(args), resolve_policy(args.policy), max_latency_ms=args.max_latency,
+            ctl=ctl))
     return with_progress(args, f"scrub of {args.target}", lambda ctl: scrub.scrub(
         _sysfs(args), args.target, max_latency_ms=args.max_latency, ctl=ctl))
 
@@ -261,7 +272,15 @@ def register(sub: Any) -> None:
     s = sub.add_parser("scrub", help="compare what a write-through or clean cache serves "
                        "with its origin, block by block over the blocks it caches (bcache: "
                        "the whole device); drop every block that differs from the cache")
-    s.add_argument("target", metavar="TARGET")
+    s.add_argument("target", metavar="TARGET", nargs="?")
+    s.add_argument("--all", action="store_true",
+                   help="every write-through or clean cache the policy's [scrub] table "
+                        "names (none named: every one on the host), one after the other, "
+                        "paced (default: the table's max_latency_ms, 20); what "
+                        "cachemgr-scrub.timer runs weekly. Exit 1: a scrub failed; 3: a "
+                        "named one refused; 4: nothing to compare")
+    s.add_argument("--policy", metavar="PATH", help="with --all: the policy file (default "
+                   "$CACHEMGR_POLICY, else /etc/cachemgr/cachemgr.toml)")
     s.add_argument("--max-latency", type=argtypes.milliseconds, metavar="MS",
                    help="pace the reads as a paced drain is paced: the other IO on the "
                         "device keeps its p99 latency under MS (at most 60000)")

@@ -18,21 +18,30 @@ Order:
    kind's drop of the mismatched blocks (dm-cache: those blocks alone; bcache: every copy
    of the device), the pending record removed and the result recorded as dropped.
 
-Nothing is asked: a scrub changes nothing but the cache's copies that are wrong.
+The command line asks nothing: a scrub changes nothing but the cache's copies that are
+wrong. A face that asks (the TUI's ``v``) is shown :func:`plan` after the refusals and
+before the gate.
+
+``cachemgr scrub --all`` (:func:`scrub_all`, the pass cachemgr-scrub.timer runs weekly):
+the same command over every write-through or clean cache on the host, or over those the
+policy's ``[scrub]`` table names, one after the other, paced (``max_latency_ms``, 20 ms
+unless it says otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+from typing import Any
 
 from cachemgr.core import pace
-from cachemgr.core.errors import AlreadyError, UnsafeError, UsageError, require_root
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
 from cachemgr.core.model import CacheMode, human
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import coherence as coherence_ops
 from cachemgr.ops import gate as gate_mod
-from cachemgr.ops.control import Control, Result
-from cachemgr.procedures import coherence, kinds
+from cachemgr.ops.control import Control, Plan, Result
+from cachemgr.procedures import coherence, kinds, policy
 from cachemgr.procedures import scrub as scrub_mod
 from cachemgr.procedures.kinds.base import pacing_words
 
@@ -73,6 +82,7 @@ def scrub(sysfs: Sysfs, target: str, *, max_latency_ms: float | None = None,
     dev = kinds.resolve(snap, target, sysfs)
     _check(dev)
     require_root("reading a cache's device and its origin")
+    ctl.ask(plan(dev, max_latency_ms))  # a face's question (the TUI's); the CLI asks none
     subject = gate_mod.of_kind(dev)
     key = coherence_ops.key_of(dev)
     changes = []
@@ -120,6 +130,110 @@ def scrub(sysfs: Sysfs, target: str, *, max_latency_ms: float | None = None,
                         "mismatches": [m.to_json() for m in got.mismatches],
                         "changes": [{"target": c.target, "what": c.what, "before": c.before,
                                      "after": c.after} for c in changes]})
+
+
+log = logging.getLogger("cachemgr.scrub")
+DEFAULT_MAX_LATENCY_MS = policy.SCRUB_MAX_LATENCY_MS  # the timer's and the TUI's pace
+
+
+def plan(dev: kinds.Kind, max_latency_ms: float | None) -> Plan:
+    """What a scrub of ``dev`` would do, for a face that asks first."""
+    pace_line = (f"paced: the other IO on {dev.node} keeps its p99 under {max_latency_ms:g} ms"
+                 if max_latency_ms is not None else
+                 "unpaced: as fast as the cache and the origin answer")
+    return Plan(f"scrub {dev.node}", (
+        f"would read each block {dev.node}'s cache holds (bcache: the whole device) "
+        "through the cache and from the origin, and compare them",
+        pace_line,
+        f"would drop every block that differs from the cache ({dev.scrub_drop_how}); "
+        "nothing else is changed",
+        "a mismatch found is reported by status and check (scrub-mismatch)"))
+
+
+def _policy(path: str) -> policy.ScrubPolicy:
+    """The policy's ``[scrub]`` table; the defaults when there is no policy file (a bad one
+    is a usage error: nothing is scrubbed)."""
+    try:
+        return policy.load(path).scrub
+    except policy.PolicyError as exc:
+        if exc.problems and exc.problems[0].line == 0 and \
+                exc.problems[0].message == "no such file":
+            return policy.ScrubPolicy()
+        raise
+
+
+def scrub_all(sysfs: Sysfs, policy_path: str, *, max_latency_ms: float | None = None,
+              ctl: Control | None = None) -> Result:
+    """Every write-through or clean cache the policy's ``[scrub]`` table names (none named:
+    every one on the host) scrubbed in turn (:func:`scrub`), paced by ``max_latency_ms``,
+    else the table's. A cache that is not one (writeback, dirty, passthrough, a writecache,
+    no cache) is passed over when none is named, and refused when named. Exit: 0 every one
+    compared (mismatches found are dropped and reported by ``check``), 1 a scrub failed, 3 a
+    named one refused (and none failed), 4 nothing to compare (the table's ``enabled =
+    false``, or no such cache); each device's outcome on its own line, and logged."""
+    from cachemgr.ops import cache as cache_ops
+
+    conf = _policy(policy_path)
+    if max_latency_ms is not None:
+        max_latency_ms = pace.check_max_latency(max_latency_ms)
+    bound = max_latency_ms if max_latency_ms is not None else conf.max_latency_ms
+    ctl = ctl if ctl is not None else Control(what="scrub --all")
+    if not conf.enabled:
+        line = f"scrub is off: the [scrub] table of {policy_path} has enabled = false"
+        log.info(line)
+        return Result(lines=[line], already=True,
+                      data={"schema": 1, "enabled": False, "devices": []})
+    require_root("reading a cache's device and its origin")
+    named = bool(conf.devices)
+    if named:
+        targets = list(conf.devices)
+    else:
+        snap = cache_ops.status(sysfs, probe_unregistered=False)
+        targets = [k.node for k in kinds.listed(snap) if k.node]
+    lines: list[str] = []
+    out: list[dict[str, Any]] = []
+    failed = refused = False
+    for target in targets:
+        entry: dict[str, Any] = {"target": target}
+        try:
+            if not named:
+                _, dev = cache_ops._again(sysfs, target)
+                _check(dev)  # not a write-through or clean cache: passed over
+        except (UsageError, UnsafeError, AlreadyError) as exc:
+            entry.update(outcome="passed over", message=exc.message)
+            lines.append(f"{target}: passed over ({exc.message})")
+            out.append(entry)
+            continue
+        try:
+            r = scrub(sysfs, target, max_latency_ms=bound, ctl=ctl)
+        except (UnsafeError, AlreadyError, UsageError) as exc:
+            # named by the policy, or busy (another command's, an interrupted procedure's)
+            refused = True
+            entry.update(outcome="refused", message=exc.message, hint=exc.hint)
+            lines.append(f"{target}: not scrubbed: {exc.message}"
+                         + (f" ({exc.hint})" if exc.hint else ""))
+            log.warning("%s", lines[-1])
+        except CacheMgrError as exc:
+            failed = True
+            entry.update(outcome="failed", message=exc.message, hint=exc.hint)
+            lines.append(f"{target}: scrub failed: {exc.message}")
+            log.error("%s", lines[-1])
+        else:
+            doc = r.data or {}
+            found = len(doc.get("mismatches") or [])
+            entry.update(outcome="compared", mismatches=found, bytes=doc.get("bytes"),
+                         seconds=doc.get("seconds"), dropped=doc.get("dropped"))
+            lines += r.lines
+            (log.warning if found else log.info)("%s", r.lines[0] if r.lines else target)
+        out.append(entry)
+    compared = [e for e in out if e["outcome"] == "compared"]
+    if not compared and not failed and not refused:
+        lines.append("no write-through or clean cache to scrub on this host" if not named
+                     else "nothing scrubbed")
+    return Result(lines=lines, failed=failed, refused=refused,
+                  already=not compared and not failed and not refused,
+                  data={"schema": 1, "enabled": True, "max_latency_ms": bound,
+                        "devices": out})
 
 
 def summary(node: str, src: scrub_mod.Source, got: scrub_mod.Scrubbed,

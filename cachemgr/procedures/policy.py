@@ -283,6 +283,23 @@ class ProtectPolicy:
     line: int = field(default=0, compare=False)
 
 
+SCRUB_MAX_LATENCY_MS = 20.0  # the weekly scrub's pace unless the policy says
+
+
+@dataclass(frozen=True)
+class ScrubPolicy:
+    """The ``[scrub]`` table: what ``cachemgr scrub --all`` (cachemgr-scrub.timer's weekly
+    pass, which is off until the timer is enabled) compares. ``enabled`` false: nothing (the
+    timer may be enabled on every host of a fleet); ``devices``: the targets to scrub, as an
+    admin types them (none: every write-through or clean cache on the host);
+    ``max_latency_ms``: the pace (``--max-latency``), None (``max_latency_ms = 0``): unpaced."""
+
+    enabled: bool = True
+    devices: tuple[str, ...] = ()
+    max_latency_ms: float | None = SCRUB_MAX_LATENCY_MS
+    line: int = field(default=0, compare=False)
+
+
 MIGRATION_ACTIONS = ("refuse", "writethrough")
 
 
@@ -316,6 +333,7 @@ class Policy:
     schedulers: tuple[SchedulerPolicy, ...] = ()
     protect: ProtectPolicy = ProtectPolicy()
     migration: MigrationPolicy = MigrationPolicy()
+    scrub: ScrubPolicy = ScrubPolicy()
 
     def cache(self, name: str) -> CachePolicy | None:
         return next((c for c in self.caches if c.name == name), None)
@@ -513,8 +531,9 @@ _LVM_KEYS = {"lv", "cache", "type", "mode", "erase_cachevol"}
 _SCHED_KEYS = {"device", "scheduler"}
 _PROTECT_KEYS = {"enabled", "io_errors", "smart_critical", "wear_percent"}
 _MIGRATION_KEYS = {"on_hazard", "guard_start", "drain_timeout"}
+_SCRUB_KEYS = {"enabled", "devices", "max_latency_ms"}
 _TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler", "protect",
-             "migration"}
+             "migration", "scrub"}
 
 
 def parse_size(value: object) -> int:
@@ -737,10 +756,44 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
     schedulers = _schedulers(ck, data)
     protect = _protect(ck, data)
     migration = _migration(ck, data)
+    scrub = _scrub(ck, data)
     if ck.problems:
         raise PolicyError(path, ck.problems)
     return Policy(tuple(caches), tuple(backings), path, tuple(lvms), tuple(schedulers),
-                  protect, migration)
+                  protect, migration, scrub)
+
+
+def _scrub(ck: _Checker, data: Mapping[str, object]) -> ScrubPolicy:
+    if "scrub" not in data:
+        return ScrubPolicy()
+    p = ("scrub",)
+    body = ck.table(data["scrub"], p)
+    if body is None:
+        return ScrubPolicy()
+    ck.unknown(body, _SCRUB_KEYS, p)
+    out: dict[str, Any] = {}
+    if "enabled" in body:
+        if isinstance(body["enabled"], bool):
+            out["enabled"] = body["enabled"]
+        else:
+            ck.bad((*p, "enabled"), "enabled must be true or false")
+    if "devices" in body:
+        v = body["devices"]
+        if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() and
+                                              "\0" not in x for x in v):
+            ck.bad((*p, "devices"), f"devices must be a list of devices as cachemgr scrub "
+                                    f"takes them (\"/dev/bcache0\", \"vg/lv\"), not {_toml(v)}")
+        else:
+            out["devices"] = tuple(dict.fromkeys(x.strip() for x in v))
+    if "max_latency_ms" in body:
+        v = body["max_latency_ms"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 60_000 \
+                or v != v:
+            ck.bad((*p, "max_latency_ms"), f"max_latency_ms must be a number of milliseconds "
+                                           f"from 0 (unpaced) to 60000, not {_toml(v)}")
+        else:
+            out["max_latency_ms"] = float(v) or None
+    return ScrubPolicy(**out, line=ck.lines.get(p, 0))
 
 
 def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
@@ -1049,4 +1102,9 @@ def dumps(policy: Policy) -> str:
         out += ["[migration]", f"on_hazard = {_q(mg.on_hazard)}",
                 f"guard_start = {'true' if mg.guard_start else 'false'}",
                 f"drain_timeout = {mg.drain_timeout}", ""]
+    sc = policy.scrub
+    if sc != ScrubPolicy():
+        out += ["[scrub]", f"enabled = {'true' if sc.enabled else 'false'}",
+                f"devices = [{', '.join(_q(d) for d in sc.devices)}]",
+                f"max_latency_ms = {sc.max_latency_ms or 0:g}", ""]
     return "\n".join(out)

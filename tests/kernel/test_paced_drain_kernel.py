@@ -5,6 +5,7 @@ is a usage error that changes nothing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -51,15 +52,28 @@ def setup_dirty(cache: str, dirty: str = "8M") -> Sysfs:
     return sysfs
 
 
-def reader(dev: str = "/dev/bcache0") -> subprocess.Popen[str]:
-    """A VM reading ``dev`` at QD1 (50 IOPS) where nothing is dirty or cached: its reads go
-    to the HDD (test_paced_dmcache_drain_kernel's too). It stops when STOP appears."""
+def reader(dev: str = "/dev/bcache0", *, offset: str = "64M", size: str = "64M",
+           keep: bool = False, iops: int = 50) -> subprocess.Popen[str]:
+    """A VM reading ``dev`` at QD1 (``iops`` a second) where nothing is dirty or cached: its
+    reads go to the HDD (test_paced_dmcache_drain_kernel's and test_scrub_kernel's too). It
+    stops when STOP appears; ``keep``: its JSON kept for :func:`reader_p99`."""
     Path(STOP).unlink(missing_ok=True)
     return subprocess.Popen(
         ["fio", "--name=vm", f"--filename={dev}", "--rw=randread", "--bs=4k",
-         "--offset=64M", "--size=64M", "--direct=1", "--time_based", "--runtime=600",
-         "--rate_iops=50", f"--trigger-file={STOP}", "--output-format=json"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+         f"--offset={offset}", f"--size={size}", "--direct=1", "--time_based",
+         "--runtime=600", f"--rate_iops={iops}", f"--trigger-file={STOP}", "--output-format=json"],
+        stdout=subprocess.PIPE if keep else subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        text=True, cwd="/tmp")
+
+
+def reader_p99(vm: subprocess.Popen[str]) -> float:
+    """Stop a :func:`reader` started with ``keep``: its p99 completion latency in ms, as fio
+    measured it (from submission to fio seeing the end)."""
+    Path(STOP).touch()
+    out, _ = vm.communicate(timeout=120)
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    assert job["error"] == 0, job
+    return float(job["read"]["clat_ns"]["percentile"]["99.000000"]) / 1e6
 
 
 def tunables(sysfs: Sysfs) -> dict[str, str]:

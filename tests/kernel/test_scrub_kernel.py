@@ -277,6 +277,49 @@ def test_bcache_scrub_finds_every_corrupted_block_and_nothing_else(
     check_and_metrics(vm, False)
 
 
+@pytest.mark.kernel(disks="256M,256M,256M", timeout=900)
+def test_the_weekly_pass_scrubs_the_write_through_caches_and_check_says_so(
+        lab_disks: list[str]) -> None:
+    """``cachemgr scrub --all`` (what cachemgr-scrub.timer runs), with a policy whose
+    ``[scrub]`` table leaves it unpaced: of two bcache devices on one SSD, the writethrough
+    one with corrupted copies is compared, its mismatches found and dropped, and check warns
+    about it; the writeback one is passed over, saying why; exit 0."""
+    hdd, ssd, hdd2 = lab_disks
+    r = clirun.in_process("create", "bcache", "--backing", hdd, "--backing", hdd2, "--cache",
+                          ssd, "--bucket", "128k", "--mode", "writethrough")
+    assert r.returncode == 0, r.stderr
+    names = {}
+    for b in os.listdir("/sys/block"):
+        if b.startswith("bcache"):
+            under = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/block/{b}/bcache")))
+            names[under] = f"/dev/{b}"
+    vm, other = names[os.path.basename(hdd)], names[os.path.basename(hdd2)]
+    r = clirun.in_process("mode", other, "writeback", "--yes")
+    assert r.returncode == 0, r.stderr
+    data = content(b"BW", HOT, 8)
+    write_pages(vm, data)
+    changed = corrupt_on_ssd(ssd, b"BW", N)
+    assert served_wrong(vm, data) == changed  # the hazard: the cache serves them
+    pol = Path("/tmp/scrub-policy.toml")
+    pol.write_text("[scrub]\nmax_latency_ms = 0\n")
+    pol.chmod(0o600)
+    rc, out, err = clirun.run_process("scrub", "--all", "--policy", str(pol), "--json",
+                                      timeout=600)
+    assert rc == 0, (out, err)
+    doc = json.loads(out)
+    assert doc["max_latency_ms"] is None, doc
+    by = {d["target"]: d for d in doc["devices"]}
+    assert by[vm]["outcome"] == "compared" and by[vm]["mismatches"] == N, doc
+    assert by[vm]["dropped"] is True, doc
+    assert by[other]["outcome"] == "passed over" and "writeback" in by[other]["message"], doc
+    assert served_wrong(vm, data) == []
+    check_and_metrics(vm, True)
+    # the table off: nothing compared, exit 4 (the unit's success)
+    pol.write_text("[scrub]\nenabled = false\n")
+    rc, out, err = clirun.run_process("scrub", "--all", "--policy", str(pol), timeout=120)
+    assert rc == 4 and "scrub is off" in out, (out, err)
+
+
 @pytest.mark.kernel(disks="256M,160M,256M", timeout=900)
 def test_lvm_cache_scrub_finds_every_corrupted_block_and_nothing_else(
         lab_disks: list[str]) -> None:
@@ -333,62 +376,74 @@ def test_a_writeback_cache_is_not_scrubbed(lab_disks: list[str]) -> None:
         r.stderr, r.stderr
 
 
-STOP = "/run/stop-scrub-reader"
+SEEK_MS = int(os.environ.get("CACHEMGR_SCRUB_SEEK_MS", "5"))  # the queueing HDD's request
+BOUND_MS = 4 * SEEK_MS  # the paced scrub's --max-latency
+READ_IOPS = min(50, 500 // SEEK_MS)  # the reader's rate: a tenth of what the HDD serves
 
 
-def reader_p99(dev: str, during: list[str]) -> tuple[float, dict[str, object] | None]:
-    """A VM reading ``dev`` at QD1 (50 IOPS) while ``cachemgr ARGS`` runs (``during``; none:
-    for 10 s): its p99 completion latency in ms, and the command's --json."""
-    Path(STOP).unlink(missing_ok=True)
-    vm = subprocess.Popen(
-        ["fio", "--name=vm", f"--filename={dev}", "--rw=randread", "--bs=4k",
-         "--offset=16M", "--size=16M", "--direct=1", "--time_based", "--runtime=900",
-         "--rate_iops=50", f"--trigger-file={STOP}", "--output-format=json"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+def beside_reader(dev: str, during: list[str]) -> tuple[float, dict[str, object] | None]:
+    """A VM reading ``dev`` at QD1 (test_paced_drain_kernel's reader, READ_IOPS, on blocks
+    the cache does not hold) while ``cachemgr ARGS`` runs (``during``; none: for 10 s): the
+    reader's p99 in ms, and the command's --json."""
+    import time
+
+    from tests.kernel import test_paced_drain_kernel as paced_drain
+
+    vm = paced_drain.reader(dev, offset="16M", size="16M", keep=True, iops=READ_IOPS)
+    doc = None
     try:
-        import time
-
         time.sleep(1)
-        doc = None
         if during:
-            rc, out, err = clirun.run_process(*during, timeout=800)
+            rc, out, err = clirun.run_process(*during, timeout=1200)
             assert rc == 0, err
             doc = json.loads(out)
         else:
             time.sleep(10)
     finally:
-        Path(STOP).touch()
-    out, _ = vm.communicate(timeout=120)
-    job = json.loads(out[out.index("{"):])["jobs"][0]
-    return job["read"]["clat_ns"]["percentile"]["99.000000"] / 1e6, doc
+        Path(paced_drain.STOP).touch()
+    return paced_drain.reader_p99(vm), doc
 
 
-@pytest.mark.kernel(disks="256M", timeout=1500)
-def test_a_paced_scrub_beside_a_qd1_reader(lab_disks: list[str]) -> None:
+@pytest.mark.kernel(disks="256M", timeout=1800)
+def test_a_paced_scrub_keeps_a_qd1_readers_p99_under_its_bound(lab_disks: list[str]) -> None:
     """bcache in writethrough over the queueing HDD (cachemgr/lab/hdd.py: one request at a
-    time, 5 ms each), a reader at QD1 on the device: its p99 alone, beside an unpaced scrub
-    and beside a paced one, as fio measures it (CACHEMGR_SCRUB_LOG; docs/admin-guide.md,
-    "Scrubbing a cache"). Asserted: both scrubs compare the whole device and find nothing,
-    and the paced one reports its pacing. Not asserted: the reader's p99 under the bound (in
-    the UML lab on a loaded host the reader alone read 36 ms at p99: the guest's one CPU,
-    shared with the scrub, dominates what fio measures)."""
+    time, SEEK_MS each: 5, or $CACHEMGR_SCRUB_SEEK_MS), a reader at QD1 on the device: its
+    p99 as fio measures it alone, beside
+    a scrub paced under BOUND_MS, and beside an unpaced one (CACHEMGR_SCRUB_LOG;
+    docs/benchmarks.md, "Scrubbing a cache"). Asserted: the paced scrub held the reader's p99
+    under the bound, and both compared the whole device and found nothing.
+
+    A UML guest's latencies stretch with the host's load, the disk's own as much as fio's
+    (the guest's timers fire late: at host load 16-21 the reader alone read p99 52-68 ms on
+    the 5 ms HDD and 186 ms on a 50 ms one, and the pacer's own estimate from the device's
+    counters went over the bound with it). A reader alone over half the bound shows the host,
+    not the scrub: the test is skipped then, saying so, rather than asserting what this host
+    cannot show."""
     from cachemgr.lab.hdd import queueing_hdd
     from tests.kernel import measure
 
-    hdd = queueing_hdd(seek_ms=5, size_mb=48)
+    hdd = queueing_hdd(seek_ms=SEEK_MS, size_mb=48)
     r = clirun.in_process("create", "bcache", "--backing", hdd, "--cache", lab_disks[0],
                           "--bucket", "128k", "--mode", "writethrough")
     assert r.returncode == 0, r.stderr
     dev = "/dev/" + next(x for x in os.listdir("/sys/block") if x.startswith("bcache"))
-    alone, _ = reader_p99(dev, [])
-    unpaced, doc_u = reader_p99(dev, ["scrub", dev, "--json"])
-    paced, doc_p = reader_p99(dev, ["scrub", dev, "--json", "--max-latency", "20"])
+    load = Path("/proc/loadavg").read_text().split()[0]
+    alone, _ = beside_reader(dev, [])
+    if alone > BOUND_MS / 2:
+        measure.report("CACHEMGR_SCRUB_LOG", "scrub beside a QD1 reader: not measurable",
+                       reader_p99_ms={"alone": alone}, guest_load=load)
+        pytest.skip(f"the reader alone read p99 {alone:.1f} ms, over half the {BOUND_MS} ms "
+                    "bound: the host's load, not the scrub; nothing to show here now")
+    paced, doc_p = beside_reader(dev, ["scrub", dev, "--json", "--max-latency", str(BOUND_MS)])
+    unpaced, doc_u = beside_reader(dev, ["scrub", dev, "--json"])
     assert doc_u and doc_p
     measure.report("CACHEMGR_SCRUB_LOG", "scrub beside a QD1 reader",
-                   reader_p99_ms={"alone": alone, "unpaced": unpaced, "paced": paced},
-                   scrub_s={"unpaced": doc_u["seconds"], "paced": doc_p["seconds"]},
-                   pacing=doc_p["pacing"])
+                   reader_p99_ms={"alone": alone, "paced": paced, "unpaced": unpaced},
+                   scrub_s={"paced": doc_p["seconds"], "unpaced": doc_u["seconds"]},
+                   pacing=doc_p["pacing"], guest_load=load, seek_ms=SEEK_MS)
     size = int(sh("blockdev", "--getsize64", dev))
     for doc in (doc_u, doc_p):
         assert doc["mismatches"] == [] and doc["bytes"] == size, doc
-    assert doc_u["pacing"] is None and doc_p["pacing"]["max_latency_ms"] == 20  # type: ignore[index]
+    assert doc_u["pacing"] is None
+    assert doc_p["pacing"]["max_latency_ms"] == BOUND_MS  # type: ignore[index]
+    assert paced <= BOUND_MS, (alone, paced, doc_p["pacing"])
