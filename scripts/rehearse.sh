@@ -56,7 +56,7 @@ pytest_args=("$@")
     echo "rehearse.sh: no tests given" >&2; usage; }
 [ "$runs" -ge 1 ] || { echo "rehearse.sh: --runs is at least 1" >&2; exit 2; }
 [ "$cpu_load" -le 100 ] || { echo "rehearse.sh: --cpu-load is a percentage" >&2; exit 2; }
-command -v stress-ng >/dev/null || {
+[ $((cpu + io + hdd)) = 0 ] || command -v stress-ng >/dev/null || {
     echo "rehearse.sh: stress-ng is not installed (scripts/setup.sh installs it)" >&2; exit 2; }
 
 dir=${keep:-$(mktemp -d /tmp/cachemgr-rehearse.XXXXXX)}
@@ -118,6 +118,7 @@ if [ "$cpu" -gt 0 ] || [ "$io" -gt 0 ] || [ "$hdd" -gt 0 ]; then
     # its parent's death (this script killed outright) stops it too: setpriv --pdeathsig
     setpriv --pdeathsig TERM stress-ng "${args[@]}" >"$dir/stress-ng.log" 2>&1 &
     stress_pid=$!
+    echo "$stress_pid" >"$dir/stress-ng.pid"
     sleep 1
     kill -0 "$stress_pid" 2>/dev/null || {
         echo "rehearse.sh: stress-ng did not start:" >&2; cat "$dir/stress-ng.log" >&2; exit 1; }
@@ -127,12 +128,13 @@ fi
 echo "rehearse: ${#tests[@]} test(s), $runs runs each, one at a time, under $pressure;" \
      "logs in $dir"
 
-# the first line that says why a run failed: pytest's short summary ("FAILED id - why"),
-# else its first "E " line, else why it skipped, else its last line
+# the first line that says why a run failed: its first "E " line (the exception, whole),
+# else pytest's short summary ("FAILED id - why", cut to the terminal's width), else why it
+# skipped (-ra), else its last line
 first_error() {
     local line
-    line=$(grep -m1 -E '^(FAILED|ERROR) ' "$1" | sed 's/^[A-Z]* [^ ]* - //' || true)
-    [ -n "$line" ] || line=$(grep -m1 -E '^E ' "$1" | sed 's/^E  *//' || true)
+    line=$(grep -m1 -E '^E ' "$1" | sed 's/^E  *//' || true)
+    [ -n "$line" ] || line=$(grep -m1 -E '^(FAILED|ERROR) ' "$1" || true)
     [ -n "$line" ] || line=$(grep -m1 -E '^SKIPPED ' "$1" || true)
     [ -n "$line" ] || line=$(tail -n1 "$1")
     # one table cell: no tab, no pipe, no backquote, at most 160 characters
@@ -155,7 +157,7 @@ for r in $(seq 1 "$runs"); do
         # again in it, which a background job (or a script started as one) would ignore
         CACHEMGR_LAB_BACKEND=$backend .venv/bin/python -c 'import signal, sys, pytest
 signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.exit(pytest.main(sys.argv[1:]))' -p no:cacheprovider "${sel[@]}" "${pytest_args[@]}" \
+sys.exit(pytest.main(sys.argv[1:]))' -p no:cacheprovider -ra "${sel[@]}" "${pytest_args[@]}" \
             >"$log" 2>&1 </dev/null &
         test_pid=$!
         wait "$test_pid" || rc=$?
