@@ -95,6 +95,14 @@ table() {  # the Markdown table of what ran, from $results
 stop() {
     if [ -n "$test_pid" ]; then  # a run still going: interrupted first, as by Ctrl-C (the
         # lab plugin then stops its guest: cachemgr/lab/core.py)
+        # a run just started ignores SIGINT until its python sets the handler (bash ignores
+        # SIGINT in a background job): wait for that (its SigIgn bit), then one SIGINT
+        local n ign
+        for n in $(seq 1 300); do
+            ign=$(awk '/^SigIgn:/ {print $2}' "/proc/$test_pid/status" 2>/dev/null || true)
+            [ -n "$ign" ] && (( (16#$ign & 2) != 0 )) || break
+            sleep 0.1
+        done
         kill -INT "$test_pid" 2>/dev/null || true
         wait "$test_pid" 2>/dev/null || true
         test_pid=""
