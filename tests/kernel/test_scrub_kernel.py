@@ -185,6 +185,20 @@ def check_and_metrics(dev: str, found: bool) -> None:
     assert line and float(line[0].rsplit(" ", 1)[1]) == (N if found else 0), line
 
 
+def two_bcache(hdd: str, ssd: str, hdd2: str) -> tuple[str, str]:
+    """``hdd`` and ``hdd2`` cached in writethrough on one cache set on ``ssd``: their
+    bcache nodes, in that order."""
+    r = clirun.in_process("create", "bcache", "--backing", hdd, "--backing", hdd2, "--cache",
+                          ssd, "--bucket", "128k", "--mode", "writethrough")
+    assert r.returncode == 0, r.stderr
+    names = {}
+    for b in os.listdir("/sys/block"):
+        if b.startswith("bcache"):
+            under = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/block/{b}/bcache")))
+            names[under] = f"/dev/{b}"
+    return names[os.path.basename(hdd)], names[os.path.basename(hdd2)]
+
+
 def cached_blocks(name: str) -> int:
     """The cache blocks dm-cache ``name`` holds (its status's used cache blocks)."""
     return int(sh("dmsetup", "status", name).split()[6].split("/")[0])
@@ -243,15 +257,7 @@ def test_dmcache_scrub_finds_every_corrupted_block_and_nothing_else(
 def test_bcache_scrub_finds_every_corrupted_block_and_nothing_else(
         lab_disks: list[str]) -> None:
     hdd, ssd, hdd2 = lab_disks
-    r = clirun.in_process("create", "bcache", "--backing", hdd, "--backing", hdd2, "--cache",
-                          ssd, "--bucket", "128k", "--mode", "writethrough")
-    assert r.returncode == 0, r.stderr
-    names = {}
-    for b in os.listdir("/sys/block"):
-        if b.startswith("bcache"):
-            under = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/block/{b}/bcache")))
-            names[under] = f"/dev/{b}"
-    vm, ctl_dev = names[os.path.basename(hdd)], names[os.path.basename(hdd2)]
+    vm, ctl_dev = two_bcache(hdd, ssd, hdd2)
     data, other = content(b"BA", HOT, 3), content(b"BB", HOT, 4)
     write_pages(vm, data)  # writethrough: bcache keeps a copy of every write
     write_pages(ctl_dev, other)
@@ -297,15 +303,7 @@ def test_the_weekly_pass_scrubs_the_write_through_caches_and_check_says_so(
     one with corrupted copies is compared, its mismatches found and dropped, and check warns
     about it; the writeback one is passed over, saying why; exit 0."""
     hdd, ssd, hdd2 = lab_disks
-    r = clirun.in_process("create", "bcache", "--backing", hdd, "--backing", hdd2, "--cache",
-                          ssd, "--bucket", "128k", "--mode", "writethrough")
-    assert r.returncode == 0, r.stderr
-    names = {}
-    for b in os.listdir("/sys/block"):
-        if b.startswith("bcache"):
-            under = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/block/{b}/bcache")))
-            names[under] = f"/dev/{b}"
-    vm, other = names[os.path.basename(hdd)], names[os.path.basename(hdd2)]
+    vm, other = two_bcache(hdd, ssd, hdd2)
     r = clirun.in_process("mode", other, "writeback", "--yes")
     assert r.returncode == 0, r.stderr
     data = content(b"BW", HOT, 8)

@@ -162,7 +162,8 @@ def test_a_dirty_writeback_cache_is_refused_before_the_question(
     assert writes == []
 
 
-def test_read_only_offers_no_invalidate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", ["invalidate", "scrub"])
+def test_read_only_offers_no_invalidate_nor_scrub(tmp_path: Path, action: str) -> None:
     root = clean_writethrough(tmp_path)
     key = snapshot.take(Sysfs(str(root))).backings[0].key
 
@@ -172,6 +173,6 @@ def test_read_only_offers_no_invalidate(tmp_path: Path) -> None:
             await settle(pilot, lambda: app.polls > 0)
             app.query_one(DeviceTable).select_key(key)
             await settle(pilot, lambda: app.selected_key == key)
-            assert app.check_action("invalidate", ()) is None
+            assert app.check_action(action, ()) is None
 
     asyncio.run(go())

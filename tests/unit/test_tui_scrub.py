@@ -157,18 +157,3 @@ def test_go_compares_with_a_progress_bar(tmp_path: Path, monkeypatch: pytest.Mon
     assert progress and all(isinstance(p, scrub.ScrubProgress) for p in progress)
     assert progress[-1].fraction == 1.0  # type: ignore[attr-defined]
     assert [x.device for x in scrub.lasts()] == ["/dev/bcache0"]  # recorded, as the CLI's
-
-
-def test_read_only_offers_no_scrub(tmp_path: Path) -> None:
-    root = clean_writethrough(tmp_path)
-    key = snapshot.take(Sysfs(str(root))).backings[0].key
-
-    async def go() -> None:
-        app = app_on(root, read_only=True)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await settle(pilot, lambda: app.polls > 0)
-            app.query_one(DeviceTable).select_key(key)
-            await settle(pilot, lambda: app.selected_key == key)
-            assert app.check_action("scrub", ()) is None
-
-    asyncio.run(go())
