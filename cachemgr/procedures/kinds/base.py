@@ -256,8 +256,7 @@ class Kind:
             return None
         return UsageError(f"{self.node} is a {self.title}: cachemgr cannot {action} it; "
                            "nothing was changed",
-                           hint=f"a {self.title} can: " + (", ".join(sorted(self.actions))
-                                                           or "nothing (it is only shown)"))
+                           hint=self.can_words())
 
     @classmethod
     def declines(cls, action: str, what: str) -> CacheMgrError | None:
@@ -268,8 +267,13 @@ class Kind:
             return None
         return UsageError(f"{what}: cachemgr cannot {action} a {cls.title}; nothing was "
                           "changed",
-                          hint=f"a {cls.title} can: " + (", ".join(sorted(cls.actions))
-                                                         or "nothing (it is only shown)"))
+                          hint=cls.can_words())
+
+    @classmethod
+    def can_words(cls) -> str:
+        """The hint of a refusal: what this kind can do."""
+        return f"a {cls.title} can: " + (", ".join(sorted(cls.actions))
+                                         or "nothing (it is only shown)")
 
     # ---------------------------------------------------------------- operations
 
