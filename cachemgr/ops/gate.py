@@ -129,7 +129,7 @@ NEEDS: dict[str, str | None] = {
     "detach": "detach", "attach": "attach", "remove": "remove", "tune": "tune",
     "force-run": "force-run", "stop-set": "stop-set", "warm": "warm",
     "invalidate": "invalidate", "scrub": "scrub", "bench": "bench",
-    "snapshot": "drain",  # drained, frozen, the rest drained (ops/snapshot.py)
+    "snapshot": "snapshot",
     "replace-ssd": "replace", "replace-ssd rollback": "replace",
     "create": "create", "create bcache": "create", "create dm-cache": "create",
     "register": "register", "assemble dm-cache": "assemble",

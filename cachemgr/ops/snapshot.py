@@ -100,7 +100,7 @@ def snapshot(sysfs: Sysfs, target: str, *, lv: str, mountpoint: str, name: str |
     ctl = ctl if ctl is not None else Control(what=f"snapshot of {target}")
     snap = cache_ops.status(sysfs, probe_unregistered=False)
     dev = kinds.resolve(snap, target, sysfs)
-    if not snap_mod.supported(dev.obj):
+    if not dev.can("snapshot"):
         raise UsageError(f"{dev.node}: cachemgr snapshot is built for bcache devices so far "
                          f"(this is {dev.title}); nothing was changed",
                          hint=f"drain it, then snapshot its origin yourself: cachemgr drain "
@@ -119,7 +119,7 @@ def snapshot(sysfs: Sysfs, target: str, *, lv: str, mountpoint: str, name: str |
     thin = lvsnap.segtype(lv) == "thin"
     req = snap_mod.Request(dev.node, tuple(k for k, _ in dev.locks), mp, lv, full, rest,
                            max_freeze)
-    with gate_mod.gate(gate_mod.of_kind(dev), "snapshot", needs="drain",
+    with gate_mod.gate(gate_mod.of_kind(dev), "snapshot",
                        takes_over=gate_mod.resumes("drain", "snapshot"),
                        detail={"lv": lv, "snapshot": full, "mount": mp}):
         recovered: list[str] = []

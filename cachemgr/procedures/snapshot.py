@@ -464,8 +464,3 @@ def mode_setter(sysfs: Sysfs) -> Callable[[str, str], bool]:
         raise CacheMgrError(f"{device}: not found to put its cache mode {mode} back",
                             hint=f"cachemgr mode {device} {mode}")
     return put
-
-
-def supported(obj: object) -> bool:
-    """Whether the snapshot sequence is built for this kind's object (bcache so far)."""
-    return isinstance(obj, BcacheBacking)

@@ -32,7 +32,7 @@ ProgressFn = Callable[[Any], None]
 # asks the class (Kind.declines).
 ACTIONS = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
                      "bench", "force-run", "stop-set", "warm", "invalidate", "scrub",
-                     "create", "register", "assemble"})
+                     "create", "register", "assemble", "snapshot"})
 
 
 def pacing_words(p: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ class Bcache(Kind):
     modes = tuple(BCACHE_MODES)
     actions = frozenset({"mode", "drain", "detach", "attach", "remove", "tune", "replace",
                          "bench", "force-run", "warm", "invalidate", "scrub", "create",
-                         "register"})
+                         "register", "snapshot"})
     invalidate_how = ("cachemgr detaches it from its cache set and attaches it again: bcache "
                       "forgets every block it held of this device (a few milliseconds; "
                       "the other devices on the set keep theirs). Each time uses one of the "
