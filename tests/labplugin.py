@@ -161,8 +161,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         # the guest's pytest loads no third-party plugin: the unit tests' (Textual's
         # snapshots, hypothesis, xdist) cost an import of Textual and hypothesis per test,
         # seconds under qemu's TCG, and no kernel test uses them
+        # LANGUAGE=C: no message catalogue looked for. argparse asks gettext for each of
+        # its own strings (141 times for cachemgr's parser, on every CLI call in or out of
+        # process); under LANG=C.UTF-8 each ask is a stat of a .mo file that is not there,
+        # a host round trip through the guest's hostfs root: 65 against 25 ms of host CPU
+        # per parser (docs/benchmarks.md, "Test suite time"). Nothing is translated either
+        # way: the same English messages.
         env={"CACHEMGR_LAB_RESULT": str(result_file), "PYTHONDONTWRITEBYTECODE": "1",
-             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "LANGUAGE": "C"},
         systemd=bool(kw.get("systemd", False)),
         setup=tuple(kw.get("setup", ())),
         # one by default: most tests do one thing at a time, which costs TCG less host CPU
