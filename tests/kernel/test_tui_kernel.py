@@ -526,56 +526,24 @@ def test_tui_dmcache_create_mode_drain_tune_remove(lab_disks: list[str], tmp_pat
     assert "vc" not in _dm("ls").split()
 
 
+# One guest for the two TUI proofs on a plain dm-cache device over the same disks (a guest's
+# boot, its pytest and Textual's import cost ~5 host CPU-s under UML: docs/benchmarks.md,
+# "A UML guest's CPU"): the bench, which must leave the device as it was, runs first; the
+# remove that keeps the device, which turns it linear, last.
 @pytest.mark.kernel(disks="256M,64M,8M", timeout=400)
-def test_tui_dmcache_remove_keep_device_while_in_use(lab_disks: list[str], tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remove with "Keep device" on a dm-cache device a process holds open: its dirty blocks
-    are flushed to the origin and the device stays as a linear mapping of it, same data."""
-    from cachemgr.backends import dmcache
-    from tests.unit.tui_helpers import settle
-    from tui.app import CacheMgrApp
-    from tui.widgets.devices import DeviceTable
-
-    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
-    hdd, ssd, meta = lab_disks
-    dmcache.create(Sysfs(), "vc", origin=hdd, cache=ssd, metadata=meta)
-    _dm_fill_and_hold("16M")
-    before = runner.run(["sha256sum", "/dev/mapper/vc"], timeout=120).stdout.split()[0]
-    holder = open("/dev/mapper/vc", "rb")  # a VM still using the disk  # noqa: SIM115
-
-    async def go() -> None:
-        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
-        async with app.run_test(size=(100, 30)) as pilot:
-            await _select(pilot, app, "dm:vc")
-            await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
-            await pilot.press("delete")
-            await pilot.click("#b-keep")
-            await settle(pilot, lambda: "dm:vc" not in app.query_one(DeviceTable).keys,
-                         tries=1200)
-            await settle(pilot, lambda: not app.ops, tries=200)
-            assert not [x for x in app.log_history if x.startswith("✗")], app.log_history
-
-    try:
-        asyncio.run(go())
-        table = _dm("table", "vc").split()
-        assert table[2] == "linear", table
-    finally:
-        holder.close()
-    assert runner.run(["sha256sum", "/dev/mapper/vc"], timeout=120).stdout.split()[0] == before
-    assert runner.run(["sha256sum", hdd], timeout=120).stdout.split()[0] == before
-
-
-@pytest.mark.kernel(disks="256M,64M,8M", timeout=400)
-def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tui_dmcache_bench_then_remove_keep_device_while_in_use(
+        lab_disks: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`b` on a dm-cache device: a short run through the bench screen, results saved and
-    shown, the device untouched (same table)."""
+    shown, the device untouched (same table). Then remove with "Keep device" while a process
+    holds the device open: its dirty blocks are flushed to the origin and the device stays as
+    a linear mapping of it, same data."""
     from textual.widgets import Input, RichLog
 
     from cachemgr.backends import dmcache
     from tests.unit.tui_helpers import settle
     from tui.app import CacheMgrApp
     from tui.screens.bench import BenchScreen
+    from tui.widgets.devices import DeviceTable
 
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
     bench_dir = tmp_path / "bench"
@@ -584,7 +552,7 @@ def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
     dmcache.create(Sysfs(), "vc", origin=hdd, cache=ssd, metadata=meta)
     table_before = _dm("table", "vc")
 
-    async def go() -> None:
+    async def bench_it() -> None:
         app = CacheMgrApp("/sys", interval=0.5, read_only=False)
         async with app.run_test(size=(100, 30)) as pilot:
             await _select(pilot, app, "dm:vc")
@@ -605,9 +573,34 @@ def test_tui_bench_on_dmcache(lab_disks: list[str], tmp_path: Path,
             (res,) = bench.doc["results"]
             assert res["iops"] > 0 and res["lat_p99_us"] > 0
 
-    asyncio.run(go())
+    asyncio.run(bench_it())
     assert _dm("table", "vc") == table_before
     assert list(bench_dir.rglob("*.json"))
+
+    _dm_fill_and_hold("16M")
+    before = runner.run(["sha256sum", "/dev/mapper/vc"], timeout=120).stdout.split()[0]
+    holder = open("/dev/mapper/vc", "rb")  # a VM still using the disk  # noqa: SIM115
+
+    async def remove_keep() -> None:
+        app = CacheMgrApp("/sys", interval=0.5, read_only=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await _select(pilot, app, "dm:vc")
+            await settle(pilot, lambda: app.check_action("remove", ()) is True, tries=200)
+            await pilot.press("delete")
+            await pilot.click("#b-keep")
+            await settle(pilot, lambda: "dm:vc" not in app.query_one(DeviceTable).keys,
+                         tries=1200)
+            await settle(pilot, lambda: not app.ops, tries=200)
+            assert not [x for x in app.log_history if x.startswith("✗")], app.log_history
+
+    try:
+        asyncio.run(remove_keep())
+        table = _dm("table", "vc").split()
+        assert table[2] == "linear", table
+    finally:
+        holder.close()
+    assert runner.run(["sha256sum", "/dev/mapper/vc"], timeout=120).stdout.split()[0] == before
+    assert runner.run(["sha256sum", hdd], timeout=120).stdout.split()[0] == before
 
 
 # --------------------------------------------------------------------------- warm
