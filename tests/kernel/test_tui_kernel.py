@@ -611,14 +611,12 @@ def test_tui_warm_cancel_then_warm(lab_disks: list[str], tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """`w` on a bcache device over a 5 ms dm-delay disk, from a trace of a hot set of 2,048
     blocks (10 s or more of reads): cancelled from its progress dialog mid-way, every
-    setting warm changed is back and its undo journal gone; warmed again to the end, the hot
-    set hits (bcache's own counters) and a set the trace never saw does not."""
-    from tests.kernel.test_warm_kernel import (
-        bcache_hit_ratios,
-        hot_sets,
-        no_undo_journals,
-        write_trace,
-    )
+    setting warm changed is back and its undo journal gone; warmed again to the end, the
+    8 MiB of the hot set read and every setting back. (That the hot set then hits and a set
+    the trace never saw does not is the command's, the same for every face: proven by
+    test_warm_kernel's test_warm_bcache_admits_the_hot_set_and_refuses; here it cost three
+    of bcache's accounting ticks and 4,096 reads through the delay, about half the test.)"""
+    from tests.kernel.test_warm_kernel import hot_sets, no_undo_journals, write_trace
     from tests.unit.tui_helpers import settle, shown
     from tui.app import CacheMgrApp
     from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -637,7 +635,7 @@ def test_tui_warm_cancel_then_warm(lab_disks: list[str], tmp_path: Path,
                 f"fs/bcache/{b.cset_uuid}/congested_read_threshold_us"]
     before = [sysfs.read(p) for p in settings]
     size = int(runner.run(["blockdev", "--getsize64", "/dev/bcache0"]).stdout)
-    hot, cold = hot_sets(size, 2048)
+    hot, _cold = hot_sets(size, 2048)
     trace = tmp_path / "vms.trace"
     write_trace(sysfs, "/dev/bcache0", hot, trace)
 
@@ -679,10 +677,6 @@ def test_tui_warm_cancel_then_warm(lab_disks: list[str], tmp_path: Path,
 
     asyncio.run(go())
     assert [sysfs.read(p) for p in settings] == before and no_undo_journals()
-    warmed, unwarmed = bcache_hit_ratios(sysfs, b.identity.name, hot, cold)
-    print(f"TUI warm: read hit ratio of the warmed set {warmed:.3f}, of a cold set "
-          f"{unwarmed:.3f}")
-    assert warmed >= 0.9 and unwarmed <= 0.2, (warmed, unwarmed)
 
 
 # --------------------------------------------------------------------------- replace-ssd
