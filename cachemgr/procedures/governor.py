@@ -111,6 +111,8 @@ class Governor:
         self.bounds = bounds
         self.pacer = (pace.Pacer(bounds.read_p99_ms, period=period)
                       if bounds.read_p99_ms is not None else None)
+        if self.pacer is not None:  # its first judgement on what comes after the start
+            self.pacer.changed_at = now
         self.zero_at: float | None = None  # monotonic time dirty data last read 0
         self.started = now
         self.dirty_pressed = False
