@@ -49,7 +49,7 @@ _cachemgr_node() {
     'vm-cache') subs=(); opts=('-h' '--help' '--next-boot' '-y' '--yes' '--connect' '--json'); vopts=('--connect') ;;
     'trace') subs=(); opts=('-h' '--help' '-o' '--output' '--seconds' '--rate' '--block' '--force' '--json'); vopts=('-o' '--output' '--seconds' '--rate' '--block') ;;
     'size') subs=(); opts=('-h' '--help' '--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot' '--json'); vopts=('--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot') ;;
-    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--scrub' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
+    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--scrub' '--governor' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
     'doctor') subs=(); opts=('-h' '--help' '--window' '--trace' '--json'); vopts=('--window' '--trace') ;;
