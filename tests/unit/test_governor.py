@@ -187,3 +187,32 @@ def test_off_by_default_does_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     os.chmod(pol, 0o600)
     res = gov_ops.run(sysfs, str(pol))
     assert "not enabled" in res.lines[0]
+
+
+def test_a_bound_given_up_is_a_warning_in_check_while_the_governor_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import time
+
+    from cachemgr.core import state
+    from cachemgr.ops import health as health_ops
+
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    sysfs = Sysfs(copy_capture(tmp_path, "bcache-writeback-dirty"))
+    why = "read p99 31 ms > 20 ms while writing back unpaced for the ceiling (dirty ...)"
+    doc = {"schema": 1, "running": True, "updated": time.time(), "bounds": {},
+           "devices": [{"device": "/dev/bcache0", "gave_up": {"read_p99": why}}]}
+    path = state.state_dir() / "governor" / "state.json"
+    state.write_json(path, doc)
+    res = health_ops.check(sysfs)
+    assert res.data is not None
+    found = [f for f in res.data["findings"] if f["code"] == "governor-gave-up"]
+    assert found and found[0]["level"] == "WARNING" and why in found[0]["what"], res.data
+    assert int(res.value) >= 1
+    # stopped, or not written for over a minute: nothing said
+    for stale in ({**doc, "running": False}, {**doc, "updated": time.time() - 120}):
+        state.write_json(path, stale)
+        data = health_ops.check(sysfs).data
+        assert data is not None
+        assert not [f for f in data["findings"] if f["code"] == "governor-gave-up"]
+    assert json.loads(path.read_text())["devices"]
