@@ -124,8 +124,9 @@ def _loop(sysfs: Sysfs, devices: list[gov.Device], bounds: gov.Bounds, ctl: Cont
     while True:
         end = clock() + period
         while True:  # every device's counters every SLICE (core/pace.py)
+            at = clock()
             for d in devices:
-                d.sampler.read()
+                d.watch(sysfs, at)
             left = end - clock()
             if left <= 0:
                 break

@@ -10,7 +10,9 @@ What it reads each tick (``PERIOD`` seconds; the counters every ``pace.SLICE`` b
 * the oldest dirty data's age, an estimate: bcache does not give it (no per-key timestamp in
   its sysfs files: drivers/md/bcache/sysfs.c). Every block dirty now was written after the
   last time dirty data read 0, so the time since that reading is an upper bound of the
-  oldest dirty block's age; the governor keeps it per device. Before its first reading of 0
+  oldest dirty block's age; the governor keeps it per device, reading ``dirty_data`` with the
+  counters (every ``pace.SLICE``: bursts of writes leave it at 0 for moments a tick every
+  ``PERIOD`` would miss). Before its first reading of 0
   (dirty data since before the governor started) the age is unknown and counts as over the
   ceiling: the governor writes back until a reading of 0, rather than report an age it does
   not know.
@@ -46,8 +48,8 @@ from typing import Any
 
 from cachemgr.backends import bcache, blockdev
 from cachemgr.core import pace, state, undo
-from cachemgr.core.errors import AlreadyError
-from cachemgr.core.model import BcacheBacking, CacheMode, human
+from cachemgr.core.errors import AlreadyError, CacheMgrError
+from cachemgr.core.model import BcacheBacking, CacheMode, Size, human
 from cachemgr.core.sysfs import Sysfs
 
 PERIOD = 2.0  # seconds between two decisions (the paced drain's pacer's period)
@@ -119,6 +121,10 @@ class Governor:
         self.pace: int | None = self.pacer.pace if self.pacer is not None else None
         self.period = period
         self.last_at: float | None = None
+
+    def saw_clean(self, now: float) -> None:
+        """Dirty data read 0 at ``now`` (between two decisions): the age starts again."""
+        self.zero_at = now
 
     def age(self, now: float) -> float | None:
         return None if self.zero_at is None else now - self.zero_at
@@ -247,6 +253,18 @@ class Device:
         self.knobs = BcacheKnobs(sysfs, b, journal)
         self.last: Tick | None = None
         self.gave_up_ticks: dict[str, int] = {}
+
+    def watch(self, sysfs: Sysfs, now: float) -> None:
+        """Between two ticks: the counters, and whether dirty data reads 0 (the age)."""
+        self.sampler.read()
+        text = sysfs.read_opt(f"{self.knobs.rel}/dirty_data")
+        if text is not None:
+            try:
+                zero = Size.parse_hprint(text.strip()).is_zero(512)
+            except (ValueError, CacheMgrError):  # KernelFormatError: unread this time
+                return
+            if zero:
+                self.gov.saw_clean(now)
 
     def tick(self, sysfs: Sysfs, now: float) -> Tick:
         b = bcache.reread(sysfs, self.b.identity.name, stats=False)

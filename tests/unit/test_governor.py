@@ -216,3 +216,13 @@ def test_a_bound_given_up_is_a_warning_in_check_while_the_governor_runs(
         assert data is not None
         assert not [f for f in data["findings"] if f["code"] == "governor-gave-up"]
     assert json.loads(path.read_text())["devices"]
+
+
+def test_a_clean_reading_between_ticks_starts_the_age() -> None:
+    """Dirty data read 0 between two decisions (Device.watch, every pace.SLICE): the age is
+    known from then, though every tick itself reads some dirty data."""
+    g = gov.Governor(gov.Bounds(max_age_s=60), 0.0)
+    assert g.decide(2.0, None, 0, None, 4 * M).age_s is None
+    g.saw_clean(3.5)
+    t = g.decide(4.0, None, 0, None, 4 * M)
+    assert t.age_s == 0.5 and not t.pressed
