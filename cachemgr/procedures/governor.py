@@ -140,7 +140,8 @@ class Governor:
         age = self.age(now)
         if self.pacer is not None:
             d = self.pacer.decide(now, p99, ios, drain_rate)
-            paced, note = d.pace, d.note
+            # the pacer's words are a drain's; here it is the writeback
+            paced, note = d.pace, d.note.replace("the drain", "the writeback")
         else:
             paced, note = None, "unpaced: no read bound"
         # the ceilings: near one, unpaced (module docstring)
