@@ -226,3 +226,13 @@ def test_a_clean_reading_between_ticks_starts_the_age() -> None:
     g.saw_clean(3.5)
     t = g.decide(4.0, None, 0, None, 4 * M)
     assert t.age_s == 0.5 and not t.pressed
+
+
+def test_a_command_refused_while_the_governor_runs_says_how_to_stop_it() -> None:
+    from cachemgr.core import state
+
+    e = state.BusyError("/dev/bcache0", {"procedure": "governor", "pid": 42})
+    assert "held by governor" in e.message and e.hint is not None
+    assert "systemctl stop cachemgr-governor.service" in e.hint
+    d = state.BusyError("/dev/bcache0", {"procedure": "drain", "pid": 42})
+    assert d.hint is not None and d.hint.startswith("wait for it to finish")
