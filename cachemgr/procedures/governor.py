@@ -314,3 +314,49 @@ def load_state() -> dict[str, Any] | None:
     except state.StateFileError:
         return None
     return d if isinstance(d, dict) else None
+
+
+FRESH = 60.0  # a state file older than this: the governor is not running (killed, stopped)
+
+
+def metrics(st: dict[str, Any] | None, now: float) -> list[Any]:
+    """The governor's figures as Prometheus metric families, from its state file ``st``
+    (:func:`load_state`): ``cachemgr_governor_running`` 1 while it runs (its state written
+    within ``FRESH`` seconds), and then per device its pace, the VMs' read p99, the oldest
+    dirty data's age (absent while unknown) and each bound given up now."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    running = GaugeMetricFamily("cachemgr_governor_running", "1 while the writeback governor "
+                                "runs (cachemgr governor; its state written within the last "
+                                "minute), else 0.")
+    live = bool(st and st.get("running") is True and isinstance(st.get("updated"), (int, float))
+                and now - st["updated"] <= FRESH and isinstance(st.get("devices"), list))
+    running.add_metric([], 1.0 if live else 0.0)
+    out: list[Any] = [running]
+    if not live or st is None:
+        return out
+    pace_ = GaugeMetricFamily("cachemgr_governor_pace_bytes_per_second", "The writeback pace "
+                              "the governor set (bytes/s); 0: unpaced, as fast as the disk "
+                              "allows.", labels=["path"])
+    p99 = GaugeMetricFamily("cachemgr_governor_read_p99_seconds", "The VMs' read p99 the "
+                            "governor measured at its last tick (the device's own counters).",
+                            labels=["path"])
+    age = GaugeMetricFamily("cachemgr_governor_oldest_dirty_seconds", "The age of the oldest "
+                            "dirty data, an upper bound: seconds since dirty data last read 0 "
+                            "(absent while unknown).", labels=["path"])
+    gave = GaugeMetricFamily("cachemgr_governor_gave_up", "1 for each bound the governor "
+                             "gives up now (read_p99, max_dirty, max_age_s).",
+                             labels=["path", "bound"])
+    for d in st["devices"]:
+        if not isinstance(d, dict) or not isinstance(d.get("device"), str):
+            continue
+        path = d["device"]
+        p = d.get("pace_sectors_per_s")
+        pace_.add_metric([path], float(p) * 512 if isinstance(p, int) else 0.0)
+        if isinstance(d.get("read_p99_ms"), (int, float)):
+            p99.add_metric([path], float(d["read_p99_ms"]) / 1000)
+        if isinstance(d.get("oldest_dirty_s"), (int, float)):
+            age.add_metric([path], float(d["oldest_dirty_s"]))
+        for bound in (d.get("gave_up") or {}):
+            gave.add_metric([path, str(bound)], 1.0)
+    return [*out, pace_, p99, age, gave]

@@ -236,3 +236,31 @@ def test_a_command_refused_while_the_governor_runs_says_how_to_stop_it() -> None
     assert "systemctl stop cachemgr-governor.service" in e.hint
     d = state.BusyError("/dev/bcache0", {"procedure": "drain", "pid": 42})
     assert d.hint is not None and d.hint.startswith("wait for it to finish")
+
+
+def test_metrics_from_the_state_file_while_it_runs() -> None:
+    import time
+
+    now = time.time()
+    st = {"schema": 1, "running": True, "updated": now - 5, "bounds": {},
+          "devices": [{"device": "/dev/bcache0", "pace_sectors_per_s": 128,
+                       "read_p99_ms": 12.0, "oldest_dirty_s": 33.0,
+                       "gave_up": {"max_dirty": "dirty 9 MiB > 8 MiB"}},
+                      {"device": "/dev/bcache1", "pace_sectors_per_s": None,
+                       "read_p99_ms": None, "oldest_dirty_s": None, "gave_up": {}}]}
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in gov.metrics(st, now) for s in fam.samples}
+    assert got[("cachemgr_governor_running", ())] == 1.0
+    assert got[("cachemgr_governor_pace_bytes_per_second", (("path", "/dev/bcache0"),))] \
+        == 128 * 512
+    assert got[("cachemgr_governor_pace_bytes_per_second", (("path", "/dev/bcache1"),))] == 0
+    assert got[("cachemgr_governor_read_p99_seconds", (("path", "/dev/bcache0"),))] == 0.012
+    assert got[("cachemgr_governor_oldest_dirty_seconds", (("path", "/dev/bcache0"),))] == 33
+    assert ("cachemgr_governor_oldest_dirty_seconds", (("path", "/dev/bcache1"),)) not in got
+    assert got[("cachemgr_governor_gave_up", (("bound", "max_dirty"),
+                                              ("path", "/dev/bcache0")))] == 1
+    # stopped, or not written for over a minute (killed): not running, no figures
+    for old in ({**st, "running": False}, {**st, "updated": now - 120}, None):
+        fams = gov.metrics(old, now)  # type: ignore[arg-type]
+        assert [(f.name, [s.value for s in f.samples]) for f in fams] == [
+            ("cachemgr_governor_running", [0.0])]
