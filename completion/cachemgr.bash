@@ -7,7 +7,7 @@
 _cachemgr_node() {
     # $1: the command path; sets subs, opts and vopts (the options taking a value)
     case $1 in
-    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'invalidate' 'scrub' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm' 'doctor' 'snapshot'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
+    '') subs=('status' 'mode' 'drain' 'attach' 'detach' 'invalidate' 'scrub' 'create' 'remove' 'tune' 'register' 'assemble' 'force-run' 'stop-set' 'tui' 'capture' 'lab' 'replace-ssd' 'metrics' 'ssd-health' 'check' 'bench' 'udev-event' 'autoattach' 'protect' 'policy' 'scheduler' 'vms' 'vm-cache' 'trace' 'size' 'install-udev' 'restore' 'warm' 'doctor' 'snapshot' 'governor'); opts=('-h' '--help' '-v' '--verbose' '--version'); vopts=() ;;
     'status') subs=(); opts=('-h' '--help' '--json' '--watch' '--connect' '--no-vms' '--stats'); vopts=('--watch' '--connect') ;;
     'mode') subs=(); opts=('-h' '--help' '--drain' '--timeout' '--stall-timeout' '--max-latency' '-y' '--yes' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
     'drain') subs=(); opts=('-h' '--help' '--timeout' '--stall-timeout' '--resume' '--max-latency' '--json'); vopts=('--timeout' '--stall-timeout' '--max-latency') ;;
@@ -49,11 +49,12 @@ _cachemgr_node() {
     'vm-cache') subs=(); opts=('-h' '--help' '--next-boot' '-y' '--yes' '--connect' '--json'); vopts=('--connect') ;;
     'trace') subs=(); opts=('-h' '--help' '-o' '--output' '--seconds' '--rate' '--block' '--force' '--json'); vopts=('-o' '--output' '--seconds' '--rate' '--block') ;;
     'size') subs=(); opts=('-h' '--help' '--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot' '--json'); vopts=('--trace' '--sizes' '--device' '--rate' '--block' '--hdd-latency' '--ssd-latency' '--plot') ;;
-    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--scrub' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
+    'install-udev') subs=(); opts=('-h' '--help' '--python' '--policy' '--metrics' '--textfile' '--smart' '--protect' '--scrub' '--governor' '--uninstall' '--no-systemd' '--no-reload' '--rules-dir' '--unit-dir' '--hooks-dir' '--no-libvirt-hook'); vopts=('--python' '--policy' '--rules-dir' '--unit-dir' '--hooks-dir') ;;
     'restore') subs=(); opts=('-h' '--help' '--json'); vopts=() ;;
     'warm') subs=(); opts=('-h' '--help' '--trace' '--bytes' '--json'); vopts=('--trace' '--bytes') ;;
     'doctor') subs=(); opts=('-h' '--help' '--window' '--trace' '--json'); vopts=('--window' '--trace') ;;
     'snapshot') subs=(); opts=('-h' '--help' '--lv' '--mount' '--name' '--size' '--max-latency' '--rest' '--max-freeze' '--json'); vopts=('--lv' '--mount' '--name' '--size' '--max-latency' '--rest' '--max-freeze') ;;
+    'governor') subs=(); opts=('-h' '--help' '--policy' '--once' '--json'); vopts=('--policy') ;;
     *) subs=(); opts=(); vopts=() ;;
     esac
 }
@@ -308,6 +309,10 @@ _cachemgr_optval() {
         '--max-latency') spec=none ;;
         '--rest') spec=none ;;
         '--max-freeze') spec=none ;;
+        esac ;;
+    'governor')
+        case $2 in
+        '--policy') spec=files ;;
         esac ;;
     esac
 }

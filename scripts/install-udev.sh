@@ -7,6 +7,7 @@
 #   scripts/install-udev.sh --smart              # also the SMART refresh timer
 #   scripts/install-udev.sh --protect            # also the protect pass every minute
 #   scripts/install-udev.sh --scrub              # also the weekly scrub of the caches
+#   scripts/install-udev.sh --governor           # also the writeback governor
 #   scripts/install-udev.sh --uninstall          # everything it installed
 #
 # With the rule comes libvirt's qemu hook, the live-migration guard
@@ -22,7 +23,8 @@
 # cachemgr-textfile.service: node_exporter's textfile rewritten every 15 s), --smart
 # (enable cachemgr-smart.timer: the cache SSDs' SMART health read every 10 minutes),
 # --protect (enable cachemgr-protect.timer: the policy's [protect] pass every minute),
-# --scrub (enable cachemgr-scrub.timer: `cachemgr scrub --all` every week),
+# --scrub (enable cachemgr-scrub.timer: `cachemgr scrub --all` every week), --governor
+# (enable cachemgr-governor.service: the policy's [writeback] bounds held while it runs),
 # --hooks-dir DIR (libvirt's hooks directory, default /etc/libvirt/hooks),
 # --no-libvirt-hook. Units are enabled with systemctl also when systemd is not running (an
 # image or chroot being built); they are started only on a running systemd. The
@@ -32,7 +34,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 rules_dir=/etc/udev/rules.d
 unit_dir=/etc/systemd/system
 hooks_dir=
-python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0 scrub=0 hook=1
+python= policy= systemd=1 reload=1 uninstall=0 metrics=0 textfile=0 smart=0 protect=0 scrub=0 governor=0 hook=1
 while [ $# -gt 0 ]; do
     case $1 in
     --python) python=$2; shift ;;
@@ -49,7 +51,8 @@ while [ $# -gt 0 ]; do
     --smart) smart=1 ;;
     --protect) protect=1 ;;
     --scrub) scrub=1 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --governor) governor=1 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "install-udev: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -62,7 +65,7 @@ case $policy in
 esac
 units="cachemgr-autoattach.service cachemgr-metrics.service cachemgr-textfile.service
     cachemgr-smart.service cachemgr-smart.timer cachemgr-protect.service cachemgr-protect.timer
-    cachemgr-scrub.service cachemgr-scrub.timer"
+    cachemgr-scrub.service cachemgr-scrub.timer cachemgr-governor.service"
 # what earlier versions installed and this one does not: disabled, stopped and removed by an
 # install (an upgrade) as by --uninstall. cachemgr-textfile.timer started the textfile
 # service every 15 s; the service now runs on its own (--interval 15), and a timer left
@@ -236,6 +239,10 @@ if [ "$scrub" = 1 ]; then
     install_unit cachemgr-scrub.service
     install_unit cachemgr-scrub.timer
     enable+=(cachemgr-scrub.timer) start+=(cachemgr-scrub.timer)
+fi
+if [ "$governor" = 1 ]; then
+    install_unit cachemgr-governor.service
+    enable+=(cachemgr-governor.service) start+=(cachemgr-governor.service)
 fi
 if [ ${#enable[@]} -gt 0 ] && command -v systemctl >/dev/null; then
     if booted; then

@@ -32,7 +32,8 @@ def argv_for(args: argparse.Namespace) -> list[str]:
     for opt in ("policy", "rules_dir", "unit_dir", "hooks_dir"):
         if getattr(args, opt):
             argv += [f"--{opt.replace('_', '-')}", getattr(args, opt)]
-    for flag in ("metrics", "textfile", "smart", "protect", "scrub", "uninstall", "no_systemd",
+    for flag in ("metrics", "textfile", "smart", "protect", "scrub", "governor", "uninstall",
+                 "no_systemd",
                  "no_reload", "no_libvirt_hook"):
         if getattr(args, flag):
             argv.append(f"--{flag.replace('_', '-')}")
@@ -74,6 +75,9 @@ def register(sub: Any) -> None:
                    help="also cachemgr-scrub.timer (cachemgr scrub --all every week: the "
                         "write-through and clean caches compared with their origins, "
                         "paced), enabled")
+    s.add_argument("--governor", action="store_true",
+                   help="also cachemgr-governor.service (the writeback governor: the "
+                        "policy's [writeback] bounds held while it runs), enabled")
     s.add_argument("--uninstall", action="store_true",
                    help="disable, stop and remove everything it installs")
     s.add_argument("--no-systemd", action="store_true", help="the udev rule only")

@@ -64,7 +64,7 @@ GROUPS: list[str] = ["cachemgr.cli.cache", "cachemgr.cli.lab", "cachemgr.cli.rep
                      "cachemgr.cli.metrics", "cachemgr.cli.bench", "cachemgr.cli.udev",
                      "cachemgr.cli.scheduler", "cachemgr.cli.vms", "cachemgr.cli.sizing",
                      "cachemgr.cli.install", "cachemgr.cli.restore", "cachemgr.cli.warm",
-                     "cachemgr.cli.doctor", "cachemgr.cli.snapshot"]
+                     "cachemgr.cli.doctor", "cachemgr.cli.snapshot", "cachemgr.cli.governor"]
 
 
 class VersionAction(argparse.Action):

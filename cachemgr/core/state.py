@@ -373,8 +373,12 @@ class BusyError(UnsafeError):
         else:
             msg = (f"another cachemgr run is acting on {what} "
                    f"({holder_words(holder) if holder else 'pid unknown'})")
-        super().__init__(msg, hint="wait for it to finish; two runs on one cache at once "
-                                   "could lose data")
+        hint = "wait for it to finish; two runs on one cache at once could lose data"
+        if holder.get("procedure") == "governor":  # it does not finish: it runs until stopped
+            hint = ("the writeback governor holds it until stopped: systemctl stop "
+                    "cachemgr-governor.service (or stop the cachemgr governor you started), "
+                    "then run this again; its settings are put back when it stops")
+        super().__init__(msg, hint=hint)
         self.what = what
         self.holder = holder
 

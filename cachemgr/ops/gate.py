@@ -129,7 +129,7 @@ NEEDS: dict[str, str | None] = {
     "detach": "detach", "attach": "attach", "remove": "remove", "tune": "tune",
     "force-run": "force-run", "stop-set": "stop-set", "warm": "warm",
     "invalidate": "invalidate", "scrub": "scrub", "bench": "bench",
-    "snapshot": "snapshot",
+    "snapshot": "snapshot", "governor": "tune",
     "replace-ssd": "replace", "replace-ssd rollback": "replace",
     "create": "create", "create bcache": "create", "create dm-cache": "create",
     "register": "register", "assemble dm-cache": "assemble",

@@ -18,7 +18,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import doctor as doctor_ops
 from cachemgr.ops.control import Result
-from cachemgr.procedures import health, kinds, owners, unseen
+from cachemgr.procedures import governor, health, kinds, owners, unseen
 from cachemgr.procedures.health import Finding, Level
 
 __all__ = ["Finding", "Level", "check", "findings", "report"]
@@ -51,7 +51,25 @@ def findings(snap: Snapshot, rows: Iterable[tuple[smart.Ssd, smart.Health | None
     the metrics'): with the journals that cannot be read; with SMART's replace-soon when
     ``rows`` (each cache SSD and its cached answer) are given, as ``check`` and a scrape
     give them."""
-    return health.assess(snap, replace_soon=replace_soon(rows), unreadable=_unreadable(snap))
+    return health.assess(snap, replace_soon=replace_soon(rows), unreadable=_unreadable(snap),
+                         gave_up=governor_gave_up())
+
+
+def governor_gave_up(now: float | None = None) -> list[tuple[str, str, str]]:
+    """(device, bound, why) for each bound the writeback governor gives up now: from its
+    state file, while it runs and wrote it within the last minute (procedures/governor.py);
+    none when it cannot be read (as another user than root)."""
+    try:
+        st = governor.load_state()
+    except (OSError, CacheMgrError):
+        return []
+    when = time.time() if now is None else now
+    if not st or st.get("running") is not True or not isinstance(st.get("updated"), (int, float)) \
+            or when - st["updated"] > 60 or not isinstance(st.get("devices"), list):
+        return []
+    return [(str(d.get("device")), str(k), str(v)) for d in st["devices"]
+            if isinstance(d, dict) and isinstance(d.get("gave_up"), dict)
+            for k, v in d["gave_up"].items()]
 
 
 def replace_soon(rows: Iterable[tuple[smart.Ssd, smart.Health | None]]
@@ -96,7 +114,7 @@ def check(sysfs: Sysfs, *, doctor_window: float | None = None) -> Result:
         blind, unseen.state_directory, lambda: smart.ssd_health(sysfs, snap, refresh=False),
         none)
     findings = health.assess(snap, replace_soon=replace_soon(rows),
-                             unreadable=_unreadable(snap))
+                             unreadable=_unreadable(snap), gave_up=governor_gave_up())
     level = health.worst(findings)
     devices = list(kinds.listed(snap))
     dirty = sum(k.dirty_bytes or 0 for k in devices)

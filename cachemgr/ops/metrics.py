@@ -23,11 +23,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from cachemgr.backends import smart
+from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import GoneBacking, Snapshot, Unseen, VmScan
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import health as health_ops
-from cachemgr.procedures import health, traffic, unseen
+from cachemgr.procedures import governor, health, traffic, unseen
 from cachemgr.procedures.metrics import STATS_EVERY, VM_EVERY, collect, health_metrics
 
 __all__ = ["KERNEL_LOG", "STATS_EVERY", "VM_EVERY", "SnapshotCollector", "gone"]
@@ -165,6 +166,16 @@ class SnapshotCollector(Collector):
             log.warning("%s", unseen.words(snap.unseen))
         rows = [] if blind else smart.ssd_health(self.sysfs, snap, refresh=False)
         return [*collect(snap, written_back=written, findings=health_ops.findings(snap, rows)),
-                *health_metrics(rows)]
+                *health_metrics(rows), *_governor(blind)]
 
 
+def _governor(blind: bool) -> list[Metric]:
+    """The writeback governor's figures (procedures/governor.py ``metrics``), from its state
+    file: none when the state directory cannot be read (another user than root)."""
+    if blind:
+        return []
+    try:
+        st = governor.load_state()
+    except (OSError, CacheMgrError):
+        st = None
+    return governor.metrics(st, time.time())

@@ -87,11 +87,14 @@ class Finding:
 
 def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
            unreadable: Sequence[tuple[str, str]] = (),
-           now: float | None = None) -> list[Finding]:
+           now: float | None = None,
+           gave_up: Sequence[tuple[str, str, str]] = ()) -> list[Finding]:
     """Every finding of ``snap``, worst first. ``replace_soon``: (SSD node, why) for each
     cache SSD SMART says to replace (smart.ssd_health's cached answers); ``unreadable``:
     (path, why) for each procedure journal that cannot be read (owners.unreadable);
-    ``now``: the epoch time a stall is counted to (default: the clock's)."""
+    ``now``: the epoch time a stall is counted to (default: the clock's); ``gave_up``:
+    (device, bound, why) for each bound the running writeback governor gives up now
+    (procedures/governor.py)."""
     when = time.time() if now is None else now
     found = [*_protected(snap), *_bcache(snap), *_gone(snap, when), *_dm(snap),
              *_unassembled(snap), *_records(snap), *_owners(snap, when), *_scrubbed(snap)]
@@ -105,6 +108,11 @@ def assess(snap: Snapshot, *, replace_soon: Sequence[tuple[str, str]] = (),
                       "was interrupted on its device is unknown",
                       "look at it, check its device by hand, then move it away")
               for path, why in unreadable]
+    # the governor could not hold all three of its bounds: the one it gave up, and why
+    found += [Finding(Level.WARNING, "governor-gave-up", dev, f"writeback governor gave up "
+                      f"{bound}: {why}", "raise the policy's [writeback] bound, or lower "
+                      "the VMs' writes (cachemgr governor --once --json shows the figures)")
+              for dev, bound, why in gave_up]
     return sorted(found, key=lambda f: -_RANK[f.level])
 
 

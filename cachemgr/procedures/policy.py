@@ -300,6 +300,20 @@ class ScrubPolicy:
     line: int = field(default=0, compare=False)
 
 
+@dataclass(frozen=True)
+class WritebackPolicy:
+    """The ``[writeback]`` table: the writeback governor's bounds (``cachemgr governor``,
+    cachemgr-governor.service; procedures/governor.py), off by default. ``read_p99_ms``: the
+    VMs' read p99 on a cached device, in ms; ``max_dirty``: its dirty data, bytes;
+    ``max_age_s``: the age of its oldest dirty data, seconds. None: not bounded."""
+
+    enabled: bool = False
+    read_p99_ms: float | None = None
+    max_dirty: int | None = None
+    max_age_s: float | None = None
+    line: int = field(default=0, compare=False)
+
+
 MIGRATION_ACTIONS = ("refuse", "writethrough")
 
 
@@ -334,6 +348,7 @@ class Policy:
     protect: ProtectPolicy = ProtectPolicy()
     migration: MigrationPolicy = MigrationPolicy()
     scrub: ScrubPolicy = ScrubPolicy()
+    writeback: WritebackPolicy = WritebackPolicy()
 
     def cache(self, name: str) -> CachePolicy | None:
         return next((c for c in self.caches if c.name == name), None)
@@ -532,8 +547,9 @@ _SCHED_KEYS = {"device", "scheduler"}
 _PROTECT_KEYS = {"enabled", "io_errors", "smart_critical", "wear_percent"}
 _MIGRATION_KEYS = {"on_hazard", "guard_start", "drain_timeout"}
 _SCRUB_KEYS = {"enabled", "devices", "max_latency_ms"}
+_WRITEBACK_KEYS = {"enabled", "read_p99_ms", "max_dirty", "max_age_s"}
 _TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler", "protect",
-             "migration", "scrub"}
+             "migration", "scrub", "writeback"}
 
 
 def parse_size(value: object) -> int:
@@ -757,10 +773,51 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
     protect = _protect(ck, data)
     migration = _migration(ck, data)
     scrub = _scrub(ck, data)
+    writeback = _writeback(ck, data)
     if ck.problems:
         raise PolicyError(path, ck.problems)
     return Policy(tuple(caches), tuple(backings), path, tuple(lvms), tuple(schedulers),
-                  protect, migration, scrub)
+                  protect, migration, scrub, writeback)
+
+
+def _writeback(ck: _Checker, data: Mapping[str, object]) -> WritebackPolicy:
+    if "writeback" not in data:
+        return WritebackPolicy()
+    p = ("writeback",)
+    body = ck.table(data["writeback"], p)
+    if body is None:
+        return WritebackPolicy()
+    ck.unknown(body, _WRITEBACK_KEYS, p)
+    out: dict[str, Any] = {}
+    if "enabled" in body:
+        if isinstance(body["enabled"], bool):
+            out["enabled"] = body["enabled"]
+        else:
+            ck.bad((*p, "enabled"), "enabled must be true or false")
+    for key, top, unit in (("read_p99_ms", 60_000, "milliseconds"),
+                           ("max_age_s", 7 * 86400, "seconds")):
+        if key in body:
+            v = body[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= top:
+                ck.bad((*p, key), f"{key} must be a number of {unit} above 0 and at most "
+                                  f"{top}, not {_toml(v)}")
+            else:
+                out[key] = float(v)
+    if "max_dirty" in body:
+        try:
+            n = parse_size(body["max_dirty"])
+        except ValueError as exc:
+            ck.bad((*p, "max_dirty"), f"max_dirty: {exc}")
+        else:
+            if n < 1 << 20:
+                ck.bad((*p, "max_dirty"), f"max_dirty must be at least 1M, not "
+                                          f"{_toml(body['max_dirty'])}")
+            else:
+                out["max_dirty"] = n
+    if out.get("enabled") and not ({"read_p99_ms", "max_dirty", "max_age_s"} & out.keys()):
+        ck.bad(p, "an enabled [writeback] needs at least one of read_p99_ms, max_dirty, "
+                  "max_age_s")
+    return WritebackPolicy(**out, line=ck.lines.get(p, 0))
 
 
 def _scrub(ck: _Checker, data: Mapping[str, object]) -> ScrubPolicy:
@@ -1107,4 +1164,14 @@ def dumps(policy: Policy) -> str:
         out += ["[scrub]", f"enabled = {'true' if sc.enabled else 'false'}",
                 f"devices = [{', '.join(_q(d) for d in sc.devices)}]",
                 f"max_latency_ms = {sc.max_latency_ms or 0:g}", ""]
+    wb = policy.writeback
+    if wb != WritebackPolicy():
+        out += ["[writeback]", f"enabled = {'true' if wb.enabled else 'false'}"]
+        if wb.read_p99_ms is not None:
+            out.append(f"read_p99_ms = {wb.read_p99_ms!r}")
+        if wb.max_dirty is not None:
+            out.append(f"max_dirty = {wb.max_dirty}")
+        if wb.max_age_s is not None:
+            out.append(f"max_age_s = {wb.max_age_s!r}")
+        out.append("")
     return "\n".join(out)

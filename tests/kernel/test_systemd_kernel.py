@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemgr.backends import bcache
 from cachemgr.core import runner
+from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from tests.kernel import measure, scenarios
 from tests.unit.test_metrics import listening
@@ -589,3 +590,54 @@ def test_scrub_timer_finds_the_corrupted_copies_in_its_sandbox(lab_disks: list[s
     doc = json.loads(sh(sys.executable, "-m", "cachemgr", "check", "--json", check=False))
     assert ("scrub-mismatch", "/dev/bcache0") in {(f["code"], f["device"])
                                                  for f in doc["findings"]}, doc
+
+
+# ------------------------------------------------------------------------------ governor
+
+
+@pytest.mark.kernel(systemd=True, disks="256M,64M", timeout=300)
+def test_governor_unit_turns_the_knobs_in_its_sandbox_and_stop_puts_them_back(
+        lab_disks: list[str]) -> None:
+    """cachemgr-governor.service (install-udev --governor) under its sandbox: with the
+    policy's [writeback] enabled it governs a bcache device in writeback (its settings
+    changed, journaled, its state file written); systemctl stop (SIGTERM) puts every
+    setting back, exit 0, the journal gone."""
+    sysfs = Sysfs()
+    bcache.create(sysfs, backings=[lab_disks[0]], cache=lab_disks[1], bucket="64k",
+                  mode=CacheMode.WRITEBACK)
+    rel = f"block/{os.path.basename(lab_disks[0])}/bcache"
+    knobs = ("writeback_percent", "writeback_delay", "writeback_running",
+             "writeback_rate_minimum")
+
+    def now() -> dict[str, str]:
+        return {k: sysfs.read(f"{rel}/{k}").strip() for k in knobs}
+
+    before = now()
+    POLICY.parent.mkdir(parents=True, exist_ok=True)
+    POLICY.write_text("version = 1\n\n[writeback]\nenabled = true\nread_p99_ms = 20\n"
+                      "max_dirty = \"16M\"\nmax_age_s = 60\n")
+    sh("systemctl", "log-target", "journal-or-kmsg")
+    # this checkout's code (the venv's cachemgr may be another checkout's editable install)
+    dropin = Path("/run/systemd/system/cachemgr-governor.service.d/src.conf")
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text(f"[Service]\nEnvironment=PYTHONPATH={ROOT}\n")
+    cursor = journal_cursor()
+    install("--governor")
+    wait(lambda: now()["writeback_delay"] == "1", 60, "the governor's writeback_delay 1")
+    assert show("cachemgr-governor.service", "ActiveState")["ActiveState"] == "active"
+    journals = list((STATE / "undo").glob("*.json"))
+    assert len(journals) == 1 and json.loads(journals[0].read_text())["procedure"] == "governor"
+    wait(lambda: (STATE / "governor" / "state.json").exists(), 30, "the governor's state")
+    st = json.loads((STATE / "governor" / "state.json").read_text())
+    assert st["running"] is True and st["devices"][0]["device"] == "/dev/bcache0", st
+    sh("systemctl", "stop", "cachemgr-governor.service")
+    res = show("cachemgr-governor.service", "Result", "ExecMainStatus", "ActiveState")
+    assert res == {"Result": "success", "ExecMainStatus": "0", "ActiveState": "inactive"}, res
+    assert now() == before
+    assert not list((STATE / "undo").glob("*.json"))
+    assert json.loads((STATE / "governor" / "state.json").read_text())["running"] is False
+    lines = unit_journal("cachemgr-governor.service", cursor)
+    report("governor_unit", before=before, unit=res, journal_lines=len(lines))
+    # its status lines (stderr) reach the journal
+    assert any("governing /dev/bcache0" in x for x in lines), lines
+

@@ -52,6 +52,7 @@ ERRORS: dict[str, tuple[list[str], int]] = {
     "warm": (["warm", ND, "--trace", "/nonexistent.trace"], 2),
     "doctor": (["doctor", ND, "--window", "1"], 2),
     "snapshot": (["snapshot", ND, "--lv", "vg0/vm1", "--mount", "/srv/vms"], 2),
+    "governor": (["governor", "--policy", "/"], 2),  # a directory, not a policy file
 }
 # commands that name no device: their read of /sys fails (EIO under the snapshot; protect's
 # pass)

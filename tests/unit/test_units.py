@@ -103,7 +103,8 @@ def test_units_verify_clean(units: Path) -> None:
                                             ("cachemgr-autoattach.service", 5.0),
                                             ("cachemgr-smart.service", 5.0),
                                             ("cachemgr-protect.service", 5.0),
-                                            ("cachemgr-scrub.service", 5.0)])
+                                            ("cachemgr-scrub.service", 5.0),
+                                            ("cachemgr-governor.service", 5.0)])
 def test_unit_exposure(units: Path, name: str, most: float) -> None:
     assert exposure(units / name) <= most
 
