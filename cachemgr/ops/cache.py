@@ -366,9 +366,11 @@ def _drained(sysfs: Sysfs, dev: kinds.Kind, ctl: Control, timeout: float,
         out.notes.append(f"{dev.node}: already clean")
         return out
     out.lines.append(d.summary())
-    out.data = {"schema": 1, "device": d.device, "clean": True,
+    out.data = {"schema": 1, "device": d.device, "clean": not d.dirty_after,
                 "drained_bytes": d.start_bytes, "seconds": round(d.elapsed_s, 2),
                 "restored": d.restored}
+    if d.dirty_after:
+        out.data["dirty_blocks_after"] = d.dirty_after
     if d.pacing is not None:
         out.data["pacing"] = d.pacing
     out.value = d

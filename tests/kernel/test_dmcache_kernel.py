@@ -250,10 +250,14 @@ def test_flush_under_continuous_writes(lab_disks: list[str]) -> None:
         took = time.monotonic() - t0
         assert rc == 0, err
         res = json.loads(out)
-        assert res["clean"] is True and res["drained_bytes"] > 0
+        assert res["drained_bytes"] > 0
+        # clean only as the status read after the last table change says: back in
+        # writeback under these writes, blocks are dirty again at once (counted)
+        after = res.get("dirty_blocks_after", 0)
+        assert res["clean"] is (after == 0), res
         assert res["restored"] == {"mode": "writeback", "policy": "smq"}
         print(f"flush under load: {under_load} dirty blocks, {res['drained_bytes']} bytes, "
-              f"{res['seconds']} s (wall {took:.1f} s)")
+              f"{res['seconds']} s (wall {took:.1f} s); {after} dirty after the switch back")
         # the original table is back, with the tuned migration_threshold carried over
         t = table().split()
         assert t[:7] == before.split()[:7] and t[7:11] == ["1", "writeback", "smq", "2"]

@@ -19,15 +19,25 @@ import pytest
 from cachemgr.backends import dmcache
 from cachemgr.backends.dmcache import command, discover, flushing, switch
 from cachemgr.core import state
-from cachemgr.core.errors import CommandError, UnsafeError
+from cachemgr.core.errors import CacheMgrError, CommandError, UnsafeError
 from cachemgr.core.model import CacheMode, DmCacheDevice
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures.kinds import Drained
 
 ORIGINAL = "0 1048576 cache 98:32 98:16 253:0 128 1 writeback smq 0"
 
 
+USED = 771  # cached blocks in the fake's status
+
+
 class FakeDm:
-    def __init__(self, dirty: int = 10) -> None:
+    """Also dm-cache's metadata object (drivers/md/dm-cache-metadata.c): one per metadata
+    block device while a table uses it, ``clean_when_opened`` read from the superblock's
+    clean-shutdown flag when it is opened (a suspend commits the flag set); a table loaded
+    on an object opened unclean marks every cached block dirty (``unclean``: the live one
+    was). Other dm devices (``create``) are linear stand-ins, numbered 253:10 on."""
+
+    def __init__(self, dirty: int = 10, unclean: bool = False) -> None:
         self.live = ORIGINAL
         self.inactive: str | None = None
         self.suspended = False
@@ -35,6 +45,8 @@ class FakeDm:
         self.threshold = 2048
         self.log: list[tuple[str, ...]] = []
         self.dirty_on_resume: int | None = None  # writes that race a switch
+        self.clean_when_opened = not unclean  # the live table's metadata object
+        self.others: dict[str, tuple[str, str]] = {}  # name: (devno, table)
 
     def __call__(self, *args: str, timeout: float = 60, check: bool = True):  # type: ignore[no-untyped-def]
         self.log.append(args)
@@ -43,8 +55,11 @@ class FakeDm:
         def fail(msg: str) -> object:
             if check:
                 raise CommandError(["dmsetup", *args], 1, msg)
-            return None
+            return _Done("", 1)
 
+        if op in ("create", "remove") or (op == "info" and args[-1] in self.others) \
+                or (op == "info" and args[-1].startswith("cachemgr-md-")):
+            return self.other(args, fail)
         if op == "suspend":
             self.suspended = True
         elif op == "load":
@@ -56,7 +71,13 @@ class FakeDm:
             self.inactive = None
         elif op == "resume":
             if self.inactive is not None:
+                old_md = self.live.split()[3]
                 self.live, self.inactive = self.inactive, None
+                if self.live.split()[2] == "cache":
+                    if self.live.split()[3] != old_md:  # opened afresh: the flag a suspend set
+                        self.clean_when_opened = True
+                    if not self.clean_when_opened:
+                        self.dirty = USED
                 if self.dirty_on_resume is not None:
                     self.dirty, self.dirty_on_resume = self.dirty_on_resume, None
                 if " passthrough " in self.live and self.dirty:
@@ -69,6 +90,24 @@ class FakeDm:
             return _Done(self.status() if op == "status" else self.live)
         return _Done("")
 
+    def other(self, args: tuple[str, ...], fail):  # type: ignore[no-untyped-def]
+        op, name = args[0], args[1] if args[0] == "create" else args[-1]
+        if op == "create":
+            if name in self.others:
+                return fail(f"device-mapper: create ioctl on {name} failed: Device or "
+                            "resource busy")
+            self.others[name] = (f"253:{10 + len(self.log)}", args[-1])
+        elif name not in self.others:
+            return fail(f"Device {name} not found")
+        elif op == "remove":
+            if self.live.split()[3] == self.others[name][0]:
+                return fail(f"device-mapper: remove ioctl on {name} failed: Device or "
+                            "resource busy")
+            del self.others[name]
+        elif "major,minor" in args:
+            return _Done(self.others[name][0])
+        return _Done("")
+
     def status(self) -> str:
         t = dmcache.parse_table(self.live)
         return (f"0 {t.length} cache 8 16/4096 128 771/2048 10 5 20 3 0 0 {self.dirty} "
@@ -76,9 +115,10 @@ class FakeDm:
 
 
 class _Done:
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, returncode: int = 0) -> None:
         self.stdout = out + "\n"
-        self.returncode = 0
+        self.stderr = ""
+        self.returncode = returncode
 
 
 @pytest.fixture
@@ -88,6 +128,9 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeDm]:
     monkeypatch.setattr(command, "dmsetup", f)  # every dmsetup call goes through it
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(discover, "find", lambda sysfs, name: device(f))
+    # the metadata device's size (sysfs dev/block/98:32/size), for the reopen's stand-in
+    monkeypatch.setattr(switch, "device_sectors",
+                        lambda sysfs, devno: 32768 if devno == "98:32" else None)
     yield f
 
 
@@ -204,9 +247,11 @@ def test_flush_with_final_mode_never_passes_through_writeback(
     monkeypatch.setattr(command, "read_status", read_status)
     dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
                   final_mode=CacheMode.PASSTHROUGH)
-    loads = [a[-1].split()[8] for a in fake.log if a[0] == "load"]
-    assert loads == ["writethrough", "passthrough"]
-    assert " passthrough smq 0" in fake.live
+    loads = [a[-1].split() for a in fake.log if a[0] == "load"]
+    # the final table on the metadata's stand-in, then on the metadata device (a reopen)
+    assert [t[8] for t in loads] == ["writethrough", "passthrough", "passthrough"]
+    assert [t[3] for t in loads] == ["98:32", loads[1][3], "98:32"] and loads[1][3] != "98:32"
+    assert " passthrough smq 0" in fake.live and not fake.others
 
 
 def test_a_block_dirty_again_under_the_suspended_device_is_cleaned_and_switched(
@@ -230,7 +275,8 @@ def test_a_block_dirty_again_under_the_suspended_device_is_cleaned_and_switched(
     dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
                   final_mode=CacheMode.PASSTHROUGH)
     loads = [a[-1].split()[8] for a in fake.log if a[0] == "load"]
-    assert loads == ["writethrough", "passthrough"] and " passthrough smq 0" in fake.live
+    assert loads == ["writethrough", "passthrough", "passthrough"]
+    assert " passthrough smq 0" in fake.live
 
     fake.live, fake.dirty, fake.log[:] = ORIGINAL, 10, []
     again[0] = dmcache.flushing.SWITCH_TRIES  # every try: refused, the table put back
@@ -248,3 +294,70 @@ def test_a_killed_flush_is_restored_by_the_next_run(fake: FakeDm) -> None:
     assert dmcache.restore_saved(SYSFS, replace(d, table=dmcache.parse_table(flush_line))) == \
         {"table": ORIGINAL}
     assert fake.live == ORIGINAL and not flushing.journal(d).exists()
+
+
+def _cleaning(fake: FakeDm, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = command.read_status
+
+    def read_status(name: str):  # type: ignore[no-untyped-def]
+        if "cleaner" in fake.live and not fake.suspended:
+            fake.dirty = 0
+        return real(name)
+
+    monkeypatch.setattr(command, "read_status", read_status)
+
+
+@pytest.mark.parametrize("final_mode", [None, CacheMode.WRITETHROUGH, CacheMode.PASSTHROUGH])
+def test_a_flush_of_metadata_opened_unclean_ends_clean(
+        fake: FakeDm, monkeypatch: pytest.MonkeyPatch, final_mode: CacheMode | None) -> None:
+    """Metadata opened after an unclean shutdown: every plain reload marks each cached block
+    dirty again (lab, 7.2.7); the flush's last switch opens it afresh through a stand-in, so
+    the table put back reads 0 dirty blocks, and the stand-in is gone."""
+    fake.clean_when_opened = False
+    _cleaning(fake, monkeypatch)
+    res = dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
+                        final_mode=final_mode)
+    assert (fake.dirty, res.dirty_after, fake.others) == (0, 0, {})
+    assert fake.live.split()[3] == "98:32" and not fake.suspended
+    # and it stays clean across a further reload of the same table
+    switch.switch_table("vc", fake.live, fake.live)
+    assert fake.dirty == 0
+
+
+def test_a_plain_closing_reload_is_never_called_clean(
+        fake: FakeDm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the reopen (the closing switch a plain reload), the status read after it says
+    dirty: in writethrough the flush fails (exit 1) naming the count; in writeback its
+    result carries the count, and the drain does not say clean."""
+    fake.clean_when_opened = False
+    _cleaning(fake, monkeypatch)
+    monkeypatch.setattr(
+        flushing, "reopen_switch",
+        lambda sysfs, name, old, new, require_clean=False:
+            switch.switch_table(name, old, new.line(), require_clean=require_clean))
+    with pytest.raises(CacheMgrError, match=f"{USED} blocks .* read dirty after the table was "
+                                            "put back .writethrough.; it is not clean") as e:
+        dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05,
+                      final_mode=CacheMode.WRITETHROUGH)
+    assert e.value.exit_code == 1 and "cachemgr drain vc" in str(e.value)
+    fake.live, fake.dirty = ORIGINAL, 10
+    res = dmcache.flush(SYSFS, device(fake), interval=0.01, confirm=0.05)
+    assert res.dirty_after == USED
+    summary = Drained(res.device, res.start_bytes, res.elapsed_s, res.restored,
+                      dirty_after=res.dirty_after).summary()
+    assert "clean" not in summary.split(";")[0] and f"{USED} blocks dirty again" in summary
+
+
+def test_a_killed_reopen_is_put_back_and_its_stand_in_removed(fake: FakeDm) -> None:
+    """Killed between the reopen's two switches: the device runs its table over the
+    stand-in; the next run loads the journal's table on the metadata device and removes
+    the stand-in."""
+    d = device(fake)
+    flush_line = ORIGINAL.replace("writeback smq", "writethrough cleaner")
+    state.write_json(flushing.journal(d), {"original": ORIGINAL, "flush": flush_line})
+    fake("create", switch.reopen_name("vc"), "--table", "0 32768 linear 98:32 0")
+    stand_in = fake.others[switch.reopen_name("vc")][0]
+    fake.live = ORIGINAL.replace("98:32", stand_in)
+    assert dmcache.restore_saved(SYSFS, replace(d, table=dmcache.parse_table(fake.live))) == \
+        {"table": ORIGINAL}
+    assert fake.live == ORIGINAL and not fake.others and not flushing.journal(d).exists()

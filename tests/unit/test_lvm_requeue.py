@@ -153,3 +153,27 @@ def test_a_table_not_the_drains_stops_the_loads(monkeypatch: pytest.MonkeyPatch)
         clock.t += manage.REQUEUE_AFTER_S
         assert manage._requeue(d, flat, 57, None) == (57, None)
     assert loads == ["vg0-vm1"]
+
+
+@pytest.mark.parametrize(("mode", "blocks", "raises"), [
+    ("writethrough", 57, True), ("passthrough", 3, True), ("writethrough", 0, False),
+    ("writeback", 57, False)])
+def test_dirty_after_lvm2_put_the_policy_back_is_never_called_clean(
+        monkeypatch: pytest.MonkeyPatch, mode: str, blocks: int, raises: bool) -> None:
+    """lvm2's reload keeps dm-cache's metadata object: opened after an unclean shutdown, it
+    marks every cached block dirty again. The status read after the drain's last lvchange
+    then fails the drain in writethrough or passthrough (exit 1) rather than say clean; in
+    writeback dirty blocks may be the VMs' writes."""
+    from dataclasses import replace
+
+    from tests.unit.test_dmcache_ops import FakeDm, device
+
+    d = replace(device(FakeDm()), lvm=SimpleNamespace(full_name="vg0/vm1"))
+    monkeypatch.setattr(manage, "_dirty", lambda d: (blocks, blocks * 65536))
+    if not raises:
+        manage._clean_after(d, mode, None, False)
+        return
+    with pytest.raises(manage.CacheMgrError, match=f"vg0/vm1: every dirty block was written "
+                                                   f"back, but {blocks} blocks") as e:
+        manage._clean_after(d, mode, None, False)
+    assert e.value.exit_code == 1 and "not clean" in e.value.message

@@ -15,7 +15,14 @@ from cachemgr.backends import kernlog
 from cachemgr.backends.dmcache import command, discover, pacing
 from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
 from cachemgr.backends.dmcache.refusals import bad_mode, check_changeable
-from cachemgr.backends.dmcache.switch import critical, switch_table, with_threshold
+from cachemgr.backends.dmcache.switch import (
+    critical,
+    drop_reopen,
+    reopen_name,
+    reopen_switch,
+    switch_table,
+    with_threshold,
+)
 from cachemgr.core import drainloop, state
 from cachemgr.core.errors import (
     AlreadyError,
@@ -51,6 +58,9 @@ class FlushResult:
     restored: dict[str, str] = field(default_factory=dict)
     final_table: str = ""
     pacing: dict[str, object] | None = None  # a paced flush (--max-latency): what it did
+    # dirty blocks read after the last table change (0 in writethrough and passthrough, or
+    # the flush fails; in writeback, the VMs' writes since)
+    dirty_after: int = 0
 
 
 SWITCH_TRIES = 3  # cleaned and switched: how often before dirty blocks that keep coming back
@@ -75,7 +85,8 @@ def restore_saved(sysfs: Sysfs, d: DmCacheDevice) -> dict[str, str]:
     original = str(saved["original"])
     live = command.read_table(d.name)
     try:
-        ours = parse_table(live).policy == "cleaner" and live != original
+        t = parse_table(live)
+        ours = live != original and (t.policy == "cleaner" or t.metadata_dev == _reopen_devno(d))
     except KernelFormatError:
         ours = False
     restored: dict[str, str] = {}
@@ -93,11 +104,21 @@ def restore_saved(sysfs: Sysfs, d: DmCacheDevice) -> dict[str, str]:
                 command.dmsetup("resume", d.name)
         restored = {"table": original}
         log.info("%s: restored the table saved by an interrupted flush: %s", d.node, original)
+    drop_reopen(d.name)
     path.unlink(missing_ok=True)
     throttle = pacing.restore_stale(sysfs)  # a paced flush's, killed with it
     if throttle is not None:
         restored["cache_copy_throttle"] = str(throttle)
     return restored
+
+
+def _reopen_devno(d: DmCacheDevice) -> str | None:
+    """major:minor of the metadata stand-in a killed :func:`reopen_switch` left, if any."""
+    r = command.dmsetup("info", "-c", "--noheadings", "-o", "major,minor", "--",
+                        reopen_name(d.name), timeout=30, check=False)
+    if r.returncode != 0:
+        return None
+    return r.stdout.strip() or None
 
 
 def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
@@ -134,7 +155,7 @@ def flush(sysfs: Sysfs, d: DmCacheDevice, *, timeout: float = 24 * 3600,
             return flush_locked(d, final, require_clean=final.mode == CacheMode.PASSTHROUGH,
                                  timeout=timeout, stall_timeout=stall_timeout,
                                  confirm=confirm, interval=interval, progress=progress,
-                                 paced=paced)
+                                 paced=paced, sysfs=sysfs)
 
 
 def recover(sysfs: Sysfs, d: DmCacheDevice) -> DmCacheDevice:
@@ -146,13 +167,28 @@ def recover(sysfs: Sysfs, d: DmCacheDevice) -> DmCacheDevice:
 def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: bool,
                   timeout: float, stall_timeout: float, confirm: float, interval: float,
                   progress: Callable[[DrainProgress], None] | None,
-                  paced: pacing.Paced | None = None) -> FlushResult:
-    """The flush of :func:`flush`, its lock held; ``paced``: its pace, set already."""
+                  paced: pacing.Paced | None = None,
+                  sysfs: Sysfs | None = None) -> FlushResult:
+    """The flush of :func:`flush`, its lock held; ``paced``: its pace, set already.
+
+    A cache ``final`` table is loaded with the metadata opened afresh (:func:`reopen_switch`:
+    a plain reload of metadata first opened after an unclean shutdown marks every block
+    dirty again), and the status is read once more after it: in writethrough or passthrough
+    a dirty block then fails the flush (exit 1) rather than report clean."""
     assert d.status is not None
+    sysfs = sysfs or Sysfs()
     original = d.table
     live_line = original.line()
     thr = d.status.migration_threshold
+    final_t = None if isinstance(final, str) else with_threshold(final, thr)
     final_line = final if isinstance(final, str) else with_threshold(final, thr).line()
+
+    def switch_final(old: str) -> None:
+        if final_t is None:
+            switch_table(d.name, old, final_line, require_clean=require_clean)
+        else:
+            reopen_switch(sysfs, d.name, old, final_t, require_clean=require_clean)
+
     t0 = time.monotonic()
     if d.status.dirty == 0:
         time.sleep(min(confirm, 0.2))
@@ -160,8 +196,9 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
         if not isinstance(st, str) and st.dirty == 0:
             if final_line == live_line:
                 raise AlreadyError(f"{d.node} is already clean (0 dirty blocks)")
-            switch_table(d.name, live_line, final_line, require_clean=require_clean)
-            return FlushResult(d.node, 0, time.monotonic() - t0, {}, final_line)
+            switch_final(live_line)
+            return FlushResult(d.node, 0, time.monotonic() - t0, {}, final_line,
+                               dirty_after=_dirty_after(d, final_t))
     keep_mode = CacheMode.WRITETHROUGH if original.mode == CacheMode.WRITEBACK else original.mode
     # migration_threshold decides whether the policy is told "idle": no IO for a second and
     # (migrations in flight + 1) x block <= threshold (spare_migration_bandwidth in
@@ -189,7 +226,7 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
                               paced=paced)
             start = got if start is None else start
             try:
-                switch_table(d.name, flush_line, final_line, require_clean=require_clean)
+                switch_final(flush_line)
                 break
             except UnsafeError as exc:
                 # clean twice, then a dirty block under the suspended device (lab, 7.2.7,
@@ -202,7 +239,8 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
         done = True
         return FlushResult(d.node, start or 0, time.monotonic() - t0,
                            {"mode": original.mode.value, "policy": original.policy},
-                           final_line, paced.summary() if paced is not None else None)
+                           final_line, paced.summary() if paced is not None else None,
+                           dirty_after=_dirty_after(d, final_t))
     finally:
         if switched and not done:
             try:
@@ -212,7 +250,29 @@ def flush_locked(d: DmCacheDevice, final: DmCacheTable | str, *, require_clean: 
                 log.error("%s: could not restore the table (%s); the journal %s keeps it: "
                           "cachemgr drain %s --resume", d.node, exc, path, d.name)
                 raise
+            drop_reopen(d.name)  # a reopen cut short left it; unused once restored
         path.unlink(missing_ok=True)
+
+
+def _dirty_after(d: DmCacheDevice, final: DmCacheTable | None) -> int:
+    """The dirty blocks the status reads after the last table change. A cache table in
+    writethrough or passthrough must read 0 (no write can dirty a block there): else
+    CacheMgrError (exit 1), never "clean". In writeback a count is the VMs' writes since;
+    returned, for the caller to say."""
+    if final is None:
+        return 0
+    st = command.read_status(d.name)
+    if isinstance(st, str):
+        raise CacheMgrError(f"{d.node}: the cache failed ({st}) after its table was put back; "
+                            "see dmesg", hint="keep the cache device: it may hold data")
+    if st.dirty and final.mode != CacheMode.WRITEBACK:
+        raise CacheMgrError(
+            f"{d.node}: every dirty block was written back, but {st.dirty} blocks "
+            f"({human(st.dirty_bytes)}) read dirty after the table was put back "
+            f"({final.mode.value}); it is not clean",
+            hint=f"cachemgr doctor {d.node} says why; cachemgr drain {d.name} writes them "
+                 "back again")
+    return st.dirty
 
 
 def _poll_clean(d: DmCacheDevice, *, timeout: float, stall_timeout: float, confirm: float,

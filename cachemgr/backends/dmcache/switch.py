@@ -1,18 +1,26 @@
 """Table switches: suspend -> load -> resume with SIGINT/SIGTERM/SIGHUP held, the old
 table put back on any failure; the live migration_threshold carried into a new table; the
-same cleaner table loaded again to let a drain's tail go (:func:`requeue_cleaner`)."""
+same cleaner table loaded again to let a drain's tail go (:func:`requeue_cleaner`); a switch
+that opens the cache metadata afresh (:func:`reopen_switch`), so that the dirty bits a
+drain cleared are the ones the new table loads."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import logging
 import signal
 import time
 from collections.abc import Iterator
 
 from cachemgr.backends.dmcache import command
 from cachemgr.backends.dmcache.parse import DEFAULT_MIGRATION_THRESHOLD, parse_table
-from cachemgr.core.errors import CommandError, UnsafeError
+from cachemgr.core.errors import CacheMgrError, CommandError, UnsafeError
 from cachemgr.core.model import CacheMode, DmCacheTable
+from cachemgr.core.sysfs import Sysfs
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -117,3 +125,76 @@ def requeue_cleaner(name: str) -> float | None:
             raise
         command.dmsetup("resume", "--", name)
         return time.monotonic() - t0 if ours else None
+
+
+# The reopen's stand-in for the metadata device: a dm name of our own, the same for a device
+# every time (a run killed half-way leaves it; the next one finds and removes it)
+REOPEN_PREFIX = "cachemgr-md-"
+
+
+def reopen_name(name: str) -> str:
+    """The stand-in's dm name for cache ``name`` (a digest: any dm name fits, none is parsed)."""
+    return REOPEN_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def reopen_switch(sysfs: Sysfs, name: str, old: str, new: DmCacheTable, *,
+                  require_clean: bool = False) -> None:
+    """``old`` -> ``new`` with the cache metadata opened afresh, so that the new table loads
+    the dirty bits as they are on disk.
+
+    Why: dm-cache keeps one metadata object per metadata block device while any table uses
+    it, and reads the superblock's clean-shutdown flag only when it opens one
+    (``clean_when_opened``, drivers/md/dm-cache-metadata.c: ``__open_metadata``,
+    ``lookup_or_open``). Opened after an unclean shutdown, every later table load of the
+    same device marks every cached block dirty again (``__load_mapping_v1/v2``:
+    ``respect_dirty_flags``), however clean a drain left them. A suspend commits the
+    metadata with the flag set (``cache_postsuspend`` -> ``sync_metadata`` ->
+    ``commit(cache, true)``); a table on another block device over the same metadata opens
+    a new object, which reads that flag. So: a linear stand-in over the metadata device,
+    ``new`` on it (suspend -> load -> resume), then ``new`` itself (the stand-in's object
+    committed clean at that suspend; the metadata device's own opened afresh), then the
+    stand-in removed. IO is held twice, as long as each switch. Lab (UML 7.2.7): a device
+    whose metadata was opened unclean read 512 of 512 blocks dirty again after each plain
+    reload of its drained table, and 0 after this switch and every reload after it
+    (docs/kernel-notes.md, "Why a cache does not help": dirty blocks in writethrough after
+    an unclean shutdown).
+
+    Each switch is :func:`switch_table` (the old table back on a failure). Left on the
+    stand-in by a failure of the second, the device runs ``new`` with its metadata read
+    through the stand-in (the same blocks); the stand-in is then kept (in use) and the
+    error raised: the caller puts its own table back, and :func:`drop_reopen` removes it.
+    """
+    size = device_sectors(sysfs, new.metadata_dev)
+    if not size:
+        raise CacheMgrError(f"/dev/mapper/{name}: cannot read the size of its metadata device "
+                            f"{new.metadata_dev} (sysfs dev/block/{new.metadata_dev}/size)")
+    alias = reopen_name(name)
+    drop_reopen(name)  # one a killed run left
+    command.dmsetup("create", alias, "--table", f"0 {size} linear {new.metadata_dev} 0")
+    try:
+        devno = command.dmsetup("info", "-c", "--noheadings", "-o", "major,minor", "--",
+                                alias, timeout=30).stdout.strip()
+        via = dataclasses.replace(new, metadata_dev=devno).line()
+        switch_table(name, old, via, require_clean=require_clean)
+        switch_table(name, via, new.line(), require_clean=require_clean)
+    finally:
+        drop_reopen(name)
+
+
+def device_sectors(sysfs: Sysfs, devno: str) -> int | None:
+    """The size in 512-byte sectors of block device ``devno`` (major:minor), from sysfs."""
+    return sysfs.read_int(f"dev/block/{devno}/size")
+
+
+def drop_reopen(name: str) -> bool:
+    """Remove cache ``name``'s stand-in (:func:`reopen_switch`) if one exists and nothing
+    uses it; True when none is left."""
+    alias = reopen_name(name)
+    if command.dmsetup("info", "--", alias, timeout=30, check=False).returncode != 0:
+        return True
+    r = command.dmsetup("remove", "--", alias, timeout=60, check=False)
+    if r.returncode != 0:
+        log.error("/dev/mapper/%s: the metadata stand-in %s is still in use (%s)", name, alias,
+                  r.stderr.strip())
+        return False
+    return True

@@ -330,6 +330,7 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
             if final_mode is None or final_mode.value == mode_now:
                 raise AlreadyError(f"{v.full_name} is already clean (0 dirty blocks)")
             command.lvchange(v.full_name, "--cachemode", final_mode.value)
+            _clean_after(d, final_mode.value, None, False)
             return start, time.monotonic() - t0, {"mode": final_mode.value, "switched": True}, \
                 None
         saved: dict[str, Any] = {"lv": v.full_name, "segtype": v.segtype, "policy": v.policy,
@@ -368,6 +369,7 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
                     raise
             if not (done and keep_cleaner):
                 path.unlink(missing_ok=True)
+        _clean_after(d, final_mode.value if final_mode else mode_now, then, keep_cleaner)
         restored: dict[str, Any] = ({"cleaner": saved["cleaner"]} if v.segtype == "writecache"
                                     else {"policy": saved["policy"], "mode": final_mode.value
                                           if final_mode else mode_now})
@@ -376,6 +378,27 @@ def drain(d: LvmDevice, *, timeout: float = 24 * 3600.0, stall_timeout: float = 
         if summary is not None:
             restored["pacing"] = summary
         return start, time.monotonic() - t0, restored, result
+
+
+def _clean_after(d: LvmDevice, mode: str, then: Any, keep_cleaner: bool) -> None:
+    """The status read after lvm2 put the policy back: a dm-cache LV in writethrough or
+    passthrough that reads dirty blocks then is not called clean (CacheMgrError, exit 1).
+    lvm2's reload keeps dm-cache's metadata object, opened with the clean-shutdown flag of
+    its first open: after an unclean shutdown every reload marks each cached block dirty
+    again (docs/kernel-notes.md, "Why a cache does not help")."""
+    if not isinstance(d, DmCacheDevice) or then is not None or keep_cleaner \
+            or mode == CacheMode.WRITEBACK.value:
+        return
+    blocks, nbytes = _dirty(d)
+    if blocks:
+        name = lv_of(d).full_name
+        raise CacheMgrError(
+            f"{name}: every dirty block was written back, but {blocks} blocks "
+            f"({human(nbytes)}) read dirty after lvm2 put the policy back ({mode}); it is "
+            "not clean: its cache metadata was opened after an unclean shutdown, and each "
+            "lvm2 reload marks every cached block dirty again",
+            hint=f"smq writes them back when the LV idles; cachemgr doctor {name} shows the "
+                 "pace")
 
 
 def _requeue(d: DmCacheDevice, flat: list[Any], blocks: int,

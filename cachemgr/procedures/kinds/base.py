@@ -59,10 +59,17 @@ class Drained:
     restored: dict[str, Any]  # what was put back (tunables, or the table's mode and policy)
     restored_what: str = "tunables"  # how to say it
     pacing: dict[str, Any] | None = None  # a paced drain (--max-latency): what it did
+    # dirty blocks the status read after the drain's last table change (a dm-cache put back
+    # in writeback: the VMs' writes since); "clean" is said only when 0
+    dirty_after: int = 0
 
     def summary(self) -> str:
-        return (f"{self.device}: clean after {self.elapsed_s:.1f} s "
-                f"({human(self.start_bytes)} written back); {self.restored_words()}"
+        done = f"clean after {self.elapsed_s:.1f} s" if not self.dirty_after else \
+            f"written back in {self.elapsed_s:.1f} s"
+        return (f"{self.device}: {done} ({human(self.start_bytes)} written back); "
+                f"{self.restored_words()}"
+                + (f"; {self.dirty_after} blocks dirty again since (writeback: new writes)"
+                   if self.dirty_after else "")
                 + (f"; {pacing_words(self.pacing)}" if self.pacing else ""))
 
     def restored_words(self) -> str:

@@ -354,7 +354,8 @@ class DmCache(_DmCacheWarm, _Dm):
         if final_mode is not None:
             restored = {"mode": final_mode.value, "policy": self.obj.table.policy,
                         "switched": bool(r.final_table)}
-        return Drained(r.device, r.start_bytes, r.elapsed_s, restored, pacing=r.pacing)
+        return Drained(r.device, r.start_bytes, r.elapsed_s, restored, pacing=r.pacing,
+                       dirty_after=r.dirty_after)
 
     def restore_interrupted(self, sysfs: Sysfs) -> dict[str, Any]:
         """Put back the table an interrupted flush left, holding the device's lock (the one
