@@ -150,8 +150,16 @@ def warm_after(args: Sequence[str]) -> int:
             log.addHandler(h)
         except OSError:
             pass
+    import signal
+
     from cachemgr.core.sysfs import Sysfs
 
+    def stop(signum: int, _frame: object) -> None:  # migrate.stop_warm: the VM left
+        exc = KeyboardInterrupt()
+        exc.name = signal.Signals(signum).name  # type: ignore[attr-defined]
+        raise exc
+
+    signal.signal(signal.SIGTERM, stop)
     return migrate.warm_after(Sysfs(os.environ.get(SYSFS_ENV) or sysfs_lite.ROOT), domain,
                               nodes, traces)
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from cachemgr.backends.virsh import VirshSource
     from cachemgr.core.model import Snapshot
     from cachemgr.core.sysfs import Sysfs
+    from cachemgr.procedures.kinds import Kind
     from cachemgr.procedures.policy import MigrationPolicy
 
 # the qemu hook operations the guard looks at (every other one passes): an arrival, a start,
@@ -371,7 +372,38 @@ def release(sysfs: Sysfs, domain: str, xml: str, src: VirshSource | None = None)
             said.append(f"{h.node}: marked: VM '{printable(domain)}' left; its disk {h.disk} "
                         "may be "
                         "written elsewhere")
+            if stop_warm(h.key):
+                said.append(f"{h.node}: the warm its arrival started was stopped")
     return said
+
+
+def stop_warm(key: str) -> bool:
+    """Stop the warm an arrival left running on ``key``'s device (SIGTERM: warm puts back
+    what it set and its record says stopped), whether it was there. The VM left: what the
+    warm would read next may be rewritten elsewhere, and its gate would refuse the next
+    arrival's invalidation while it runs. The pid is signalled only while it is still that
+    warm (its command line), never a process that took its number since."""
+    import signal
+
+    from cachemgr.procedures import coherence
+
+    for w in coherence.warms():
+        pid = w.data.get("pid")
+        if w.key != key or w.state not in coherence.WARM_ACTIVE or not isinstance(pid, int):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            return False
+        if WARM_FLAG.encode() not in argv or b"cachemgr.cli.hook" not in argv:
+            return False
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            return False
+        return True
+    return False
 
 
 # --------------------------------------------------------------- the warm after an arrival
@@ -500,13 +532,7 @@ def warm_after(sysfs: Sysfs, domain: str, nodes: list[str], traces: str, *,
     """The detached warm (see above): 0 when every device was warmed, 1 otherwise; every
     outcome in the devices' warm records and the log."""
     from cachemgr.backends import snapshot as snapshot_mod
-    from cachemgr.backends import virsh
-    from cachemgr.core.errors import CacheMgrError
-    from cachemgr.core.text import printable
-    from cachemgr.ops import warm as warm_ops
-    from cachemgr.ops.control import Control
     from cachemgr.procedures import kinds
-    from cachemgr.procedures import warm as warm_mod
 
     log = _log()
     snap = snapshot_mod.take(sysfs, stats=False)
@@ -516,6 +542,33 @@ def warm_after(sysfs: Sysfs, domain: str, nodes: list[str], traces: str, *,
         devs.append((node, k.locks[0][0] if k is not None else node, k))
     for node, key, _ in devs:
         _record(key, node, "waiting", domain=domain)
+    try:
+        return _warm_after(sysfs, domain, devs, traces, src, wait_s, poll_s)
+    except KeyboardInterrupt as exc:  # SIGTERM (stop_warm: the VM left) or SIGINT
+        from cachemgr.procedures import coherence
+
+        why = getattr(exc, "name", None) or "SIGINT"
+        for node, key, _ in devs:
+            w = next((x for x in coherence.warms() if x.key == key), None)
+            if w is None or w.data.get("state") in coherence.WARM_ACTIVE:
+                _record(key, node, "failed", ended=_now(),
+                        words=f"stopped ({why}: the VM left this host, or the admin); "
+                              "what the warm set was put back")
+        log.warning("%s: warm stopped (%s)", ", ".join(n for n, _, _ in devs), why)
+        return 1
+
+
+def _warm_after(sysfs: Sysfs, domain: str, devs: list[tuple[str, str, Kind | None]],
+                traces: str, src: VirshSource | None, wait_s: float, poll_s: float) -> int:
+    """:func:`warm_after` once the records say waiting."""
+    from cachemgr.backends import virsh
+    from cachemgr.core.errors import CacheMgrError
+    from cachemgr.core.text import printable
+    from cachemgr.ops import warm as warm_ops
+    from cachemgr.ops.control import Control
+    from cachemgr.procedures import warm as warm_mod
+
+    log = _log()
     state_now = wait_running(src or virsh.live_source(), domain, timeout=wait_s, poll=poll_s)
     if state_now != "running":
         words = (f"VM '{printable(domain)}' did not run here ({state_now}): nothing read "

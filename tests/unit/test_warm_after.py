@@ -23,10 +23,25 @@ from cachemgr.ops.control import Result
 from cachemgr.procedures import coherence, kinds, warm
 from cachemgr.procedures import policy as policy_mod
 from cachemgr.procedures.policy import MigrationPolicy
-from tests.unit.test_migrate_hook import _capture, _xml, dropped  # noqa: F401 (a fixture)
+from tests.unit.test_migrate_hook import _capture, _xml
 from tests.unit.test_warm import make_trace
 
 K = 4096
+
+
+@pytest.fixture
+def dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The invalidations the guard asks for (recorded, not run: the capture is no kernel),
+    with the state directory in ``tmp_path`` (as tests/unit/test_migrate_hook.py's)."""
+    monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
+    calls: list[str] = []
+
+    def fake(sysfs: object, target: str, **_: object) -> Result:
+        calls.append(target)
+        return Result(lines=[f"{target}: dropped"])
+
+    monkeypatch.setattr(coherence_ops, "invalidate", fake)
+    return calls
 
 
 def test_the_policy_keys() -> None:
@@ -91,7 +106,8 @@ def test_the_real_spawn_is_detached_and_the_hook_does_not_wait(tmp_path: Path) -
     the hook's stdout and stderr until they close)."""
     flag = tmp_path / "done"
     t0 = time.monotonic()
-    pid = migrate._spawn(["/bin/sh", "-c", f"sleep 1; ls -l /proc/$$/fd > {flag}"])
+    pid = migrate._spawn(["/bin/sh", "-c",
+                          f"sleep 1; ls -l /proc/$$/fd > {flag}.part; mv {flag}.part {flag}"])
     assert time.monotonic() - t0 < 0.5
     assert os.getsid(pid) == pid  # its own session
     deadline = time.monotonic() + 30  # a bound, not a measurement
@@ -99,7 +115,6 @@ def test_the_real_spawn_is_detached_and_the_hook_does_not_wait(tmp_path: Path) -
         time.sleep(0.05)
     fds = flag.read_text()
     assert fds.count("/dev/null") >= 3, fds
-    os.waitpid(pid, 0)
 
 
 class FakeLibvirt:
@@ -278,3 +293,34 @@ def test_a_record_whose_process_is_gone_reads_interrupted(tmp_path: Path,
     coherence.warm_record("k", "/dev/bcache0", "running")  # this process: alive
     assert coherence.warms()[0].state == "running"
     assert kinds  # the registry's kinds are what warm_after resolves nodes with
+
+
+def test_release_stops_the_warm_of_a_vm_that_left(tmp_path: Path, dropped: list[str]) -> None:
+    """Only a process whose command line is the warm's is signalled; it records that it
+    stopped and exits 1."""
+    import subprocess
+    import sys
+
+    sysfs, src = _capture(tmp_path, mode="writethrough", dirty="0.0k")
+    (h,) = migrate.hazards(sysfs, _xml("vm-bc"), src)
+    assert h.key is not None
+    # a process with another command line under the recorded pid: left alone
+    other = subprocess.Popen(["sleep", "30"])
+    coherence.warm_record(h.key, h.node, "running", domain="vm-bc", pid=other.pid)
+    assert migrate.stop_warm(h.key) is False and other.poll() is None
+    other.kill()
+    other.wait()
+    # the warm itself, waiting for a VM that never runs (libvirt unreachable for ever)
+    env = {**os.environ, "CACHEMGR_HOOK_SYSFS": str(sysfs.root),
+           "CACHEMGR_LIBVIRT_URI": "test:///default", "PYTHONPATH": str(Path.cwd())}
+    p = subprocess.Popen([sys.executable, "-m", "cachemgr.cli.hook", "--warm-after",
+                          "--traces", str(tmp_path), "--", "no-such-vm", h.node], env=env)
+    deadline = time.monotonic() + 120  # a bound: the interpreter's start under load
+    while time.monotonic() < deadline and not (
+            coherence.warms() and coherence.warms()[0].data.get("pid") == p.pid):
+        time.sleep(0.1)
+    said = migrate.release(sysfs, "vm-bc", _xml("vm-bc"), src)
+    assert said[-1] == "/dev/bcache0: the warm its arrival started was stopped", said
+    assert p.wait(timeout=60) == 1
+    (w,) = coherence.warms()
+    assert w.state == "failed" and "stopped (SIGTERM: the VM left this host" in w.words()
