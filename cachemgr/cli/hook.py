@@ -127,10 +127,50 @@ def run(argv: Sequence[str], xml: str, *, sys_root: str | None = None,
     return 0
 
 
+def warm_after(args: Sequence[str]) -> int:
+    """``--warm-after --traces DIR -- DOMAIN NODE...``: the warm an arrival left running
+    (cachemgr/ops/migrate.py ``start_warm``, ``warm_after``), detached from libvirt; its
+    outcome goes to the devices' warm records and to syslog."""
+    import logging
+    import logging.handlers
+
+    rest = list(args)
+    if rest[:1] != ["--traces"] or len(rest) < 5 or rest[2] != "--":
+        _say("cachemgr: usage: python -m cachemgr.cli.hook --warm-after --traces DIR -- "
+             "DOMAIN NODE...")
+        return 2
+    traces, domain, nodes = rest[1], rest[3], rest[4:]
+    log = logging.getLogger("cachemgr")
+    log.setLevel(logging.INFO)
+    if os.path.exists("/dev/log"):
+        try:
+            h = logging.handlers.SysLogHandler(
+                address="/dev/log", facility=logging.handlers.SysLogHandler.LOG_DAEMON)
+            h.setFormatter(logging.Formatter("cachemgr-warm[%(process)d]: %(message)s"))
+            log.addHandler(h)
+        except OSError:
+            pass
+    import signal
+
+    from cachemgr.core.sysfs import Sysfs
+
+    def stop(signum: int, _frame: object) -> None:  # migrate.stop_warm: the VM left
+        exc = KeyboardInterrupt()
+        exc.name = signal.Signals(signum).name  # type: ignore[attr-defined]
+        raise exc
+
+    signal.signal(signal.SIGTERM, stop)
+    return migrate.warm_after(Sysfs(os.environ.get(SYSFS_ENV) or sysfs_lite.ROOT), domain,
+                              nodes, traces)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``[--policy PATH] NAME OP SUBOP EXTRA`` (the wrapper puts ``--policy`` first when
-    install-udev was given one; libvirt's four arguments follow)."""
+    install-udev was given one; libvirt's four arguments follow); or the warm an arrival
+    left running (:func:`warm_after`)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [migrate.WARM_FLAG]:
+        return warm_after(args[1:])
     policy_path = os.environ.get(POLICY_ENV) or None
     if args[:1] == ["--policy"] and len(args) >= 2:
         policy_path, args = args[1], args[2:]

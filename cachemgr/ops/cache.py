@@ -817,6 +817,7 @@ def status_json(snap: Snapshot, sysfs: Sysfs | None = None, *,
     doc["unseen"] = [unseen_json(u) for u in snap.unseen]
     # caches marked as holding copies of a disk a VM took elsewhere (procedures/coherence.py)
     doc["left"] = coherence.left_json()
+    doc["warms"] = coherence.warm_json()  # the warms arrivals started (ops/migrate.py)
     if sysfs is not None:
         doc["ssd_health"] = ssd_health_json(ssd_health(sysfs, snap))
     return doc

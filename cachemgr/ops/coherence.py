@@ -127,7 +127,18 @@ def invalidate(sysfs: Sysfs, target: str, *, ctl: Control | None = None,
 def mark_lines() -> list[str]:
     """The caches marked as holding copies of a disk a VM took elsewhere, in words with the
     command that clears each (status and ``vms`` print them)."""
-    return [line for _, _, line in left_marks()]
+    return [line for _, _, line in left_marks()] + warm_lines()
+
+
+def warm_lines() -> list[str]:
+    """The warms arrivals started (the policy's ``[migration] warm_after``), running or
+    ended, in words (status and ``vms`` print them after the marks)."""
+    return [w.words() for w in coherence.warms()]
+
+
+def warm_json() -> list[dict[str, object]]:
+    """The same for ``status --json`` and ``vms --json`` (docs/json.md, ``warms``)."""
+    return coherence.warm_json()
 
 
 def left_marks() -> list[tuple[str, str | None, str]]:

@@ -41,11 +41,13 @@ from cachemgr.core import safexml, sysfs_lite
 
 TYPE_CHECKING = False  # typing's import costs what the fast path saves; mypy reads it as True
 if TYPE_CHECKING:
+    import logging
     from collections.abc import Callable
 
     from cachemgr.backends.virsh import VirshSource
     from cachemgr.core.model import Snapshot
     from cachemgr.core.sysfs import Sysfs
+    from cachemgr.procedures.kinds import Kind
     from cachemgr.procedures.policy import MigrationPolicy
 
 # the qemu hook operations the guard looks at (every other one passes): an arrival, a start,
@@ -296,13 +298,16 @@ def _drop_copies(sysfs: Sysfs, snap: Snapshot, found: list[Hazard], domain: str,
 
 
 def guard(sysfs: Sysfs, domain: str, op: str, xml: str, pol: MigrationPolicy, *,
-          src: VirshSource | None = None, policy_problem: str | None = None) -> list[str]:
+          src: VirshSource | None = None, policy_problem: str | None = None,
+          spawn: Callable[[list[str]], int] | None = None) -> list[str]:
     """Pass (what was done, in words: nothing, the caches made safe, their copies dropped)
     or refuse (:class:`UnsafeError`, exit 3) the operation ``op`` (migrate, prepare) of
     ``domain``. Passing an arrival (``migrate``; ``prepare`` with the policy's
     ``guard_start``, or over a cache marked as holding copies of a disk written elsewhere)
     first drops every copy the caches under the VM's shared disks hold
-    (:func:`_drop_copies`): what the VM reads next is what the shared disk holds."""
+    (:func:`_drop_copies`): what the VM reads next is what the shared disk holds. With the
+    policy's ``warm_after`` it then leaves a process running that warms them again
+    (:func:`start_warm`; ``spawn``: how, for tests) and returns at once."""
     from cachemgr.backends import snapshot as snapshot_mod
     from cachemgr.core.errors import UnsafeError
     from cachemgr.core.text import printable
@@ -331,7 +336,10 @@ def guard(sysfs: Sysfs, domain: str, op: str, xml: str, pol: MigrationPolicy, *,
                        + (", and the same on the host the VM runs on now before it migrates"
                           if op == "migrate" else ""))
         raise UnsafeError(msg, hint=return_hint)
-    return done + _drop_copies(sysfs, snap, found, domain, what)
+    done += _drop_copies(sysfs, snap, found, domain, what)
+    if pol.warm_after:
+        done += start_warm(domain, [h for h in found if h.key], pol.warm_traces, spawn=spawn)
+    return done
 
 
 def _looked_at(found: list[Hazard], op: str, pol: MigrationPolicy) -> list[Hazard]:
@@ -364,4 +372,249 @@ def release(sysfs: Sysfs, domain: str, xml: str, src: VirshSource | None = None)
             said.append(f"{h.node}: marked: VM '{printable(domain)}' left; its disk {h.disk} "
                         "may be "
                         "written elsewhere")
+            if stop_warm(h.key):
+                said.append(f"{h.node}: the warm its arrival started was stopped")
     return said
+
+
+def stop_warm(key: str) -> bool:
+    """Stop the warm an arrival left running on ``key``'s device (SIGTERM: warm puts back
+    what it set and its record says stopped), whether it was there. The VM left: what the
+    warm would read next may be rewritten elsewhere, and its gate would refuse the next
+    arrival's invalidation while it runs. The pid is signalled only while it is still that
+    warm (its command line), never a process that took its number since."""
+    import signal
+
+    from cachemgr.procedures import coherence
+
+    for w in coherence.warms():
+        pid = w.data.get("pid")
+        if w.key != key or w.state not in coherence.WARM_ACTIVE or not isinstance(pid, int):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            return False
+        if WARM_FLAG.encode() not in argv or b"cachemgr.cli.hook" not in argv:
+            return False
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            return False
+        return True
+    return False
+
+
+# --------------------------------------------------------------- the warm after an arrival
+#
+# Once an arrival has dropped a cache's copies the VM starts cold. With the policy's
+# ``warm_after`` the hook leaves a process behind (:func:`start_warm`) and returns: libvirt
+# waits for the hook, never for the warm. That process (:func:`warm_after`, run as
+# ``python -m cachemgr.cli.hook --warm-after``) first waits until libvirt reports the domain
+# running on this host: during an incoming live migration the VM still runs on the source
+# host and writes the shared disk there, so a block read into this host's cache before the
+# switch-over could be overwritten on the source a moment later and served stale here (the
+# very hazard the invalidation removed). Then, per device, the newest trace in the policy's
+# ``warm_traces`` directory that maps onto it (procedures/warm.py ``find_trace``) is read
+# through the cache by ``cachemgr warm``'s own command (ops/warm.py: the gate, its undo
+# journal, its pacing behind the VMs' IO). Each step is written to the device's warm record
+# (procedures/coherence.py), which status and ``vms`` show; nothing it meets fails the
+# arrival, which has passed already.
+
+WARM_WAIT_S = 3600.0  # longest wait for the VM to run here (a long live migration)
+WARM_POLL_S = 1.0  # how often libvirt is asked meanwhile
+WARM_FLAG = "--warm-after"
+
+
+def warm_argv(domain: str, nodes: list[str], traces: str) -> list[str]:
+    """The detached process's command line (cli/hook.py ``main`` reads it)."""
+    import sys
+
+    return [sys.executable, "-m", "cachemgr.cli.hook", WARM_FLAG, "--traces", traces, "--",
+            domain, *nodes]
+
+
+def _spawn(argv: list[str]) -> int:
+    """Start ``argv`` detached (its own session, no terminal, stdin/stdout/stderr on
+    /dev/null: libvirt reads the hook's output until it closes, so an inherited pipe would
+    make libvirt wait for the warm); its pid."""
+    import subprocess
+
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    return p.pid
+
+
+def start_warm(domain: str, found: list[Hazard], traces: str, *,
+               spawn: Callable[[list[str]], int] | None = None) -> list[str]:
+    """Leave the warm of ``found``'s devices running (see above) and record it for each:
+    waiting, with the process's pid. Never raises: a warm that cannot start is recorded and
+    said, and the arrival goes on."""
+    from cachemgr.core.text import printable
+
+    devs = {h.node: h.key for h in found if h.key}
+    if not devs:
+        return []
+    nodes = list(devs)
+    try:
+        pid = (spawn or _spawn)(warm_argv(domain, nodes, traces))
+    except OSError as exc:
+        for node, key in devs.items():
+            _record(key, node, "failed", domain=domain,
+                    words=f"the warm could not start: {exc}")
+        return [f"{', '.join(nodes)}: the warm could not start ({exc}); the VM starts cold"]
+    for node, key in devs.items():
+        _record(key, node, "waiting", domain=domain, pid=pid, started=_now(),
+                traces=traces, trace=None, ended=None, admitted_fraction=None,
+                words=f"pid {pid}, traces in {traces}")
+    return [f"{', '.join(nodes)}: warm started in the background (pid {pid}) from the "
+            f"traces in {printable(traces)}, once VM '{printable(domain)}' runs here; "
+            f"cachemgr status shows it"]
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def _record(key: str, node: str, state_word: str, **extra: object) -> None:
+    """Write a warm record, never raising (a full state directory costs the record only)."""
+    from cachemgr.procedures import coherence as c
+
+    try:
+        c.warm_record(key, node, state_word, **extra)
+    except Exception:  # the warm goes on without its record
+        _log().warning("%s: the warm record could not be written", node)
+
+
+def _log() -> logging.Logger:
+    import logging
+
+    return logging.getLogger("cachemgr.warm_after")
+
+
+def wait_running(src: VirshSource, domain: str, *, timeout: float = WARM_WAIT_S,
+                 poll: float = WARM_POLL_S, sleep: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> str:
+    """Wait until libvirt reports ``domain`` running on this host: "running", or what it
+    was when the wait ended (its last state, "not found", or why libvirt cannot be asked)."""
+    import time
+
+    from cachemgr.backends import virsh
+    from cachemgr.core.errors import CacheMgrError
+
+    sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    why = src.available()
+    if why is not None:
+        return f"libvirt cannot be asked ({why})"
+    end = clock() + timeout
+    last = "not found"
+    uuid: str | None = None  # found once (a lookup by name reads every domain's XML)
+    while True:
+        try:
+            uuid = uuid or virsh.find(src, domain)
+            last = virsh.domstate(src, uuid)
+        except CacheMgrError:
+            uuid, last = None, "not found"
+        if last == "running":
+            return last
+        if clock() >= end:
+            return last
+        sleep(poll)
+
+
+def warm_after(sysfs: Sysfs, domain: str, nodes: list[str], traces: str, *,
+               src: VirshSource | None = None, wait_s: float = WARM_WAIT_S,
+               poll_s: float = WARM_POLL_S) -> int:
+    """The detached warm (see above): 0 when every device was warmed, 1 otherwise; every
+    outcome in the devices' warm records and the log."""
+    from cachemgr.backends import snapshot as snapshot_mod
+    from cachemgr.procedures import kinds
+
+    log = _log()
+    snap = snapshot_mod.take(sysfs, stats=False)
+    devs: list[tuple[str, str, kinds.Kind | None]] = []
+    for node in nodes:
+        k = kinds.find(snap, node, sysfs, kinds.devices_only())
+        devs.append((node, k.locks[0][0] if k is not None else node, k))
+    for node, key, _ in devs:
+        _record(key, node, "waiting", domain=domain)
+    try:
+        return _warm_after(sysfs, domain, devs, traces, src, wait_s, poll_s)
+    except KeyboardInterrupt as exc:  # SIGTERM (stop_warm: the VM left) or SIGINT
+        from cachemgr.procedures import coherence
+
+        why = getattr(exc, "name", None) or "SIGINT"
+        for node, key, _ in devs:
+            w = next((x for x in coherence.warms() if x.key == key), None)
+            if w is None or w.data.get("state") in coherence.WARM_ACTIVE:
+                _record(key, node, "failed", ended=_now(),
+                        words=f"stopped ({why}: the VM left this host, or the admin); "
+                              "what the warm set was put back")
+        log.warning("%s: warm stopped (%s)", ", ".join(n for n, _, _ in devs), why)
+        return 1
+
+
+def _warm_after(sysfs: Sysfs, domain: str, devs: list[tuple[str, str, Kind | None]],
+                traces: str, src: VirshSource | None, wait_s: float, poll_s: float) -> int:
+    """:func:`warm_after` once the records say waiting."""
+    from cachemgr.backends import virsh
+    from cachemgr.core.errors import CacheMgrError
+    from cachemgr.core.text import printable
+    from cachemgr.ops import warm as warm_ops
+    from cachemgr.ops.control import Control
+    from cachemgr.procedures import warm as warm_mod
+
+    log = _log()
+    state_now = wait_running(src or virsh.live_source(), domain, timeout=wait_s, poll=poll_s)
+    if state_now != "running":
+        words = (f"VM '{printable(domain)}' did not run here ({state_now}): nothing read "
+                 "(a warm before it runs here could cache blocks its source host still writes)")
+        for node, key, _ in devs:
+            _record(key, node, "skipped", ended=_now(), words=words)
+            log.warning("%s: warm not run: %s", node, words)
+        return 1
+    ok = True
+    for node, key, k in devs:
+        if k is None:
+            _record(key, node, "skipped", ended=_now(),
+                    words="no longer a cached device here")
+            ok = False
+            continue
+        path, why = warm_mod.find_trace(sysfs, k, traces)
+        if path is None:
+            words = (f"no trace in {traces} maps onto {node}"
+                     + (f" ({'; '.join(why[:3])})" if why else "")
+                     + f": record one with cachemgr trace {node} --rate 1 -o "
+                       f"{traces}/NAME.trace")
+            _record(key, node, "skipped", ended=_now(), words=words)
+            log.warning("%s", words)
+            ok = False
+            continue
+        _record(key, node, "running", trace=path, words=f"from {path}")
+        try:
+            r = warm_ops.warm(sysfs, node, path, ctl=Control(what=f"warm {node}"))
+        except CacheMgrError as exc:
+            words = exc.message + (f" (next: {exc.hint})" if exc.hint else "")
+            _record(key, node, "failed", ended=_now(), words=words)
+            log.warning("%s: warm failed: %s", node, words)
+            ok = False
+            continue
+        except Exception as exc:  # recorded; the next device is warmed
+            _record(key, node, "failed", ended=_now(),
+                    words=f"{type(exc).__name__}: {exc}")
+            log.exception("%s: warm failed", node)
+            ok = False
+            continue
+        doc = r.data or {}
+        ad = doc.get("admitted") if isinstance(doc, dict) else None
+        frac = ad.get("fraction") if isinstance(ad, dict) else None
+        words = r.lines[0] if r.lines else "warmed"
+        _record(key, node, "failed" if r.failed else "done", ended=_now(),
+                words=words, admitted_fraction=frac, seconds=doc.get("seconds"))
+        log.info("%s", words)
+        ok = ok and not r.failed
+    return 0 if ok else 1

@@ -60,6 +60,7 @@ def vms(sysfs: Sysfs, uri: str | None = None) -> Result:
     assert snap.vms is not None
     doc = {"schema": 1, **snapshot_mod.vm_scan_json(snap.vms)}
     doc["left"] = coherence.left_json()  # caches holding copies of a disk a VM took away
+    doc["warms"] = coherence.warm_json()  # the warms arrivals started
     return Result(lines=table(snap.vms) + coherence.mark_lines(),
                   notes=[f"cachemgr: {w}" for w in snap.vms.warnings], data=doc, value=snap)
 

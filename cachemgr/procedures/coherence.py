@@ -18,6 +18,15 @@ Two records, one file per cached device, keyed by the device's lock key
   ``release``): the disk may now be written elsewhere, so the cache may hold copies that are
   no longer what the disk holds. Shown by status and ``vms``; cleared by the next
   invalidation of the device (an arrival, or ``cachemgr invalidate DEV``).
+
+A third, beside them and never an owner of the device: ``warm/KEY.json``, the warm an
+arrival started after it dropped the device's copies (the policy's ``[migration]
+warm_after``: ops/migrate.py ``warm_after``), from the moment the hook leaves it running to
+its end: waiting for the VM to run here, running (the warm's own journal and the gate's
+locks are what protect the device meanwhile), then done, failed or skipped, with its words.
+It stays until the next arrival's warm replaces it; a record that says waiting or running
+whose process is gone was cut short (status says so; nothing is left to put back that the
+warm's undo journal does not hold).
 """
 
 from __future__ import annotations
@@ -34,6 +43,10 @@ from cachemgr.core.errors import CacheMgrError
 
 PENDING = "invalidate"
 LEFT = "left"
+WARM = "warm"
+# a warm record's states: the first two while its process runs
+WARM_ACTIVE = ("waiting", "running")
+WARM_ENDED = ("done", "failed", "skipped")
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,7 @@ def marks(kind: str | None = None) -> list[Mark]:
             return []
         raise
     out: list[Mark] = []
-    for k in ((kind,) if kind else (PENDING, LEFT)):
+    for k in ((kind,) if kind else (PENDING, LEFT)):  # a warm record owns nothing: asked alone
         d = root / k
         try:
             if not d.is_dir():
@@ -138,3 +151,88 @@ def left_json() -> list[dict[str, object]]:
     """The same marks for ``status --json`` and ``vms --json`` (docs/json.md)."""
     return [{"device": m.device, "domain": m.domain, "disk": m.data.get("disk"),
              "since": m.since} for m in marks(LEFT)]
+
+
+# ----------------------------------------------------------------------- the warm after an arrival
+
+
+@dataclass(frozen=True)
+class WarmRecord:
+    """The warm an arrival left running for one device (``warm/KEY.json``)."""
+
+    key: str
+    device: str
+    state: str  # WARM_ACTIVE or WARM_ENDED, or "interrupted" (active, its process gone)
+    data: dict[str, Any]
+
+    @property
+    def domain(self) -> str | None:
+        d = self.data.get("domain")
+        return d if isinstance(d, str) else None
+
+    def words(self) -> str:
+        said = self.data.get("words")
+        said = f": {said}" if isinstance(said, str) and said else ""
+        who = f" after VM '{self.domain}' arrived" if self.domain else ""
+        since = self.data.get("started")
+        when = (time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(since))
+                if isinstance(since, (int, float)) else "")
+        what = {"waiting": "waiting for the VM to run here before it reads",
+                "running": "running", "done": "done", "failed": "FAILED",
+                "skipped": "not run",
+                "interrupted": "cut short (its process is gone)"}.get(self.state, self.state)
+        return f"{self.device}: the warm started{when}{who} is {what}{said}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"device": self.device, "domain": self.domain, "state": self.state,
+                "trace": self.data.get("trace"), "started": self.data.get("started"),
+                "ended": self.data.get("ended"), "words": self.data.get("words"),
+                "admitted_fraction": self.data.get("admitted_fraction")}
+
+
+def warm_path(key: str) -> Path:
+    return _path(WARM, key)
+
+
+def warm_record(key: str, device: str, state_word: str, **extra: Any) -> Path:
+    """Write (replace) the warm record of ``key``: ``state_word`` and what goes with it.
+    The fields of the record before are kept unless ``extra`` names them again."""
+    p = warm_path(key)
+    old: dict[str, Any] = {}
+    with contextlib.suppress(FileNotFoundError, state.StateFileError):
+        old = state.read_json(p) or {}
+    doc = {**old, "key": key, "device": device, "state": state_word}
+    if state_word in WARM_ACTIVE:
+        doc["pid"] = os.getpid()
+    doc.update(extra)
+    state.write_json(p, doc)
+    return p
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def warms() -> list[WarmRecord]:
+    """Every warm record; an active one whose process is gone reads "interrupted"."""
+    out: list[WarmRecord] = []
+    for m in marks(WARM):
+        st = m.data.get("state")
+        st = st if isinstance(st, str) else "unknown"
+        if st in WARM_ACTIVE and not _alive(m.data.get("pid")):
+            st = "interrupted"
+        out.append(WarmRecord(m.key, m.device, st, m.data))
+    return out
+
+
+def warm_json() -> list[dict[str, object]]:
+    """The warm records for ``status --json`` and ``vms --json`` (docs/json.md, ``warms``)."""
+    return [w.to_json() for w in warms()]

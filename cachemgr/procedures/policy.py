@@ -315,6 +315,8 @@ class WritebackPolicy:
 
 
 MIGRATION_ACTIONS = ("refuse", "writethrough")
+# where the warm after an arrival looks for traces (``[migration] warm_traces``)
+WARM_TRACES = "/var/lib/cachemgr/traces"
 
 
 @dataclass(frozen=True)
@@ -325,11 +327,17 @@ class MigrationPolicy:
     storage that is in writeback or holds dirty data. ``on_hazard``: ``refuse`` (the
     default) refuses with the command that makes it safe; ``writethrough`` runs that command
     itself (``cachemgr mode DEV writethrough --drain``, through the gate), for at most
-    ``drain_timeout`` seconds, and refuses when the cache is still not clean then."""
+    ``drain_timeout`` seconds, and refuses when the cache is still not clean then.
+    ``warm_after``: once an arrival has dropped a cache's copies, a process the hook leaves
+    running warms it again (``cachemgr warm``) from the newest trace in ``warm_traces`` (a
+    directory of ``cachemgr trace`` files) that maps onto the device, when the VM runs here
+    (ops/migrate.py ``warm_after``)."""
 
     on_hazard: str = "refuse"
     guard_start: bool = False
     drain_timeout: int = 60
+    warm_after: bool = False
+    warm_traces: str = WARM_TRACES
     line: int = field(default=0, compare=False)
 
 
@@ -545,7 +553,7 @@ _BACKING_KEYS = {"device", "cache", *_COMMON_KEYS}
 _LVM_KEYS = {"lv", "cache", "type", "mode", "erase_cachevol"}
 _SCHED_KEYS = {"device", "scheduler"}
 _PROTECT_KEYS = {"enabled", "io_errors", "smart_critical", "wear_percent"}
-_MIGRATION_KEYS = {"on_hazard", "guard_start", "drain_timeout"}
+_MIGRATION_KEYS = {"on_hazard", "guard_start", "drain_timeout", "warm_after", "warm_traces"}
 _SCRUB_KEYS = {"enabled", "devices", "max_latency_ms"}
 _WRITEBACK_KEYS = {"enabled", "read_p99_ms", "max_dirty", "max_age_s"}
 _TOP_KEYS = {"version", "defaults", "cache", "backing", "lvm", "scheduler", "protect",
@@ -881,6 +889,18 @@ def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
                                           f"(seconds), not {_toml(v)}")
         else:
             out["drain_timeout"] = v
+    if "warm_after" in body:
+        if isinstance(body["warm_after"], bool):
+            out["warm_after"] = body["warm_after"]
+        else:
+            ck.bad((*p, "warm_after"), "warm_after must be true or false")
+    if "warm_traces" in body:
+        v = body["warm_traces"]
+        if isinstance(v, str) and v.startswith("/") and "\0" not in v:
+            out["warm_traces"] = v
+        else:
+            ck.bad((*p, "warm_traces"), f"warm_traces must be an absolute directory path "
+                                        f"(where the trace files are), not {_toml(v)}")
     return MigrationPolicy(**out, line=ck.lines.get(p, 0))
 
 
@@ -1158,7 +1178,9 @@ def dumps(policy: Policy) -> str:
     if mg != MigrationPolicy():
         out += ["[migration]", f"on_hazard = {_q(mg.on_hazard)}",
                 f"guard_start = {'true' if mg.guard_start else 'false'}",
-                f"drain_timeout = {mg.drain_timeout}", ""]
+                f"drain_timeout = {mg.drain_timeout}",
+                f"warm_after = {'true' if mg.warm_after else 'false'}",
+                f"warm_traces = {_q(mg.warm_traces)}", ""]
     sc = policy.scrub
     if sc != ScrubPolicy():
         out += ["[scrub]", f"enabled = {'true' if sc.enabled else 'false'}",

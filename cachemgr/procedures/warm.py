@@ -520,6 +520,51 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
     return out
 
 
+def read_header(path: str | os.PathLike[str]) -> tr.Header | None:
+    """A trace file's header alone (its first two lines: cheap on a large trace); None when
+    the file is no cachemgr trace."""
+    import gzip
+    import json
+
+    try:
+        with gzip.open(path, "rb") as f:
+            if f.readline(64) != tr.MAGIC_LINE:
+                return None
+            return tr.Header.from_json(json.loads(f.readline(1 << 20)))
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return None
+
+
+def find_trace(sysfs: Sysfs, kind: Kind, directory: str) -> tuple[str | None, list[str]]:
+    """The trace in ``directory`` (``*.trace``, as ``cachemgr trace -o`` writes them) that
+    warms ``kind``'s device: of those whose offsets map onto it (:func:`trace_source`: a
+    trace of the device, of its origin, of a bcache backing disk before bcache), the one
+    recorded last. (its path or None, why each other file was passed over, in words)."""
+    from pathlib import Path
+
+    why: list[str] = []
+    best: tuple[float, str] | None = None
+    try:
+        files = sorted(Path(directory).glob("*.trace"))
+    except OSError as exc:
+        return None, [f"{directory}: {exc.strerror or exc}"]
+    if not files:
+        why.append(f"no *.trace file in {directory}")
+    for f in files:
+        header = read_header(f)
+        if header is None:
+            why.append(f"{f.name}: not a cachemgr trace")
+            continue
+        try:
+            trace_source(sysfs, kind, tr.Trace(header, None, [], [], [], [], []))
+        except UsageError as exc:
+            why.append(f"{f.name}: {exc.message}")
+            continue
+        if best is None or header.started > best[0]:
+            best = (header.started, str(f))
+    return (best[1] if best else None), why
+
+
 # --------------------------------------------------------------------------------- a run
 
 
