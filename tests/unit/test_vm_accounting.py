@@ -140,3 +140,34 @@ def test_the_tui_detail_gives_each_vm_hit_ratio_as_data() -> None:
     out = con.export_text()
     assert "vm-hot vda" in out and "read hit ratio 1.00" in out
     assert "read hit ratio 0.25" in out and "noisy neighbour on /dev/bcache0: vm-bak" in out
+
+
+def test_watch_gives_each_vm_hit_ratio_in_the_interval() -> None:
+    """``vms --watch``: the ratio of what each VM read since the previous look; a victim
+    only where it fell below the earlier figure."""
+    import dataclasses
+
+    from cachemgr.core.model import VmCacheIo
+
+    snap = snapshot.take(SYS, vms=True)
+    assert snap.vms is not None
+    cur = snap.vms
+    # the earlier look: each VM had read half as much, uni all of it from the slow disk
+    prev_vms = []
+    for v in cur.vms:
+        (c,) = v.cache_io
+        slow = (c.read_bytes or 0) // 2 if v.name == "vm-uni" else (c.slow_read_bytes or 0) // 2
+        prev_vms.append(dataclasses.replace(v, cache_io=(
+            VmCacheIo(c.cache, (c.read_bytes or 0) // 2, slow),)))
+    prev = dataclasses.replace(cur, vms=tuple(prev_vms))
+    win = vm_ops.window(prev, cur)
+    uni = next(v for v in win.vms if v.name == "vm-uni").cache_io[0]
+    c = next(v for v in cur.vms if v.name == "vm-uni").cache_io[0]
+    half = (c.read_bytes or 0) - (c.read_bytes or 0) // 2
+    assert uni.read_bytes == half
+    assert uni.slow_read_bytes == (c.slow_read_bytes or 0) - (c.read_bytes or 0) // 2
+    # uni's ratio rose (it was 0 at the earlier look): no victim, nobody named
+    assert win.noisy == ()
+    lines = vm_ops.watch_lines(prev, cur, 2.0)
+    assert any(line.startswith("vm-uni:") and "read hit ratio on /dev/bcache0" in line
+               for line in lines)
