@@ -18,6 +18,7 @@ if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
         case $s in
         nvme-*) disks=256M,nvme:128M,nvme:64M b=qemu ;;
         vms) disks=512M,128M,512M,128M,16M,256M flags=(--libvirt) ;;
+        vms-accounting) disks=768M,160M flags=(--libvirt) ;;
         esac
         echo "== $s ($b)"
         "$py" -m cachemgr lab run --backend "$b" --disks "$disks" "${flags[@]}" -- \
@@ -137,6 +138,20 @@ build(sys.argv[1:])
 _fio_in(_scope("vm-bc", 7), "/dev/bcache0", 4).wait()
 PY
     cap "three libvirt domains (not running) on a bcache device, a dm-cache device and a file on ext4 on a bare disk; VM cache modes none/writeback/unsafe; one qemu scope under machine.slice that did 4 s of QD1 random writes to bcache0"
+    ;;
+vms-accounting)
+    # per-VM accounting (the kernel test's own set-up): three domains on LVs of one VG on
+    # bcache0 over a 2 ms dm-delay disk, each LV's job run at once in a scope named like
+    # libvirt's: a hot Zipf reader (its set cached), a uniform reader over 384 MiB (96 MiB
+    # cached), a sequential backup
+    # shellcheck disable=SC2086
+    "$py" - $LAB_DISKS <<'PY'
+import sys
+from tests.kernel.test_vm_accounting_kernel import build, together
+build(sys.argv[1:])
+together()
+PY
+    cap "three libvirt domains (not running) on LVs of one VG on bcache0 over a 2 ms dm-delay disk; in scopes named like libvirt's, 8 s at once: a hot Zipf reader, a uniform reader over a large span, a sequential backup"
     ;;
 lvm-caches)
     # lvm2's own caches in one VG: the origin PV a dm-delay "HDD" over the first disk (the raw

@@ -359,8 +359,8 @@ def about(snap: Snapshot, r: Row, findings: Sequence[Finding]) -> list[Finding]:
 
 
 def vms_text(snap: Snapshot, r: Row) -> str:
-    """The VM disks on the row's device ("vm1 vda, vm2 vdb"); for a cache set, those on its
-    devices."""
+    """The VM disks on the row's device ("vm1 vda 0.93, vm2 vdb": the VM's read hit ratio
+    on it where known); for a cache set, those on its devices."""
     if snap.vms is None:
         return ""
     if r.kind == CSET:
@@ -372,7 +372,9 @@ def vms_text(snap: Snapshot, r: Row) -> str:
     seen: list[str] = []
     for node in dict.fromkeys(nodes):
         for v, d in vm_ops.serving(snap.vms, node):
-            word = f"{v.name} {d.target}"
+            # the VM's read hit ratio on this cache where io.stat tells it (cachemgr vms)
+            hit = vm_ops.hit_text(next((c for c in v.cache_io if c.cache == node), None))
+            word = f"{v.name} {d.target}" + (f" {hit}" if hit != "-" else "")
             if word not in seen:
                 seen.append(word)
     return ", ".join(seen)

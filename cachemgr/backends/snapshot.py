@@ -26,12 +26,14 @@ from cachemgr.core.model import (
     DmCacheDevice,
     DmWritecacheDevice,
     LvmCachedLv,
+    NoisyNeighbour,
     Pressure,
     Snapshot,
     Stats,
     UnregisteredBcache,
     Unseen,
     Vm,
+    VmCacheIo,
     VmScan,
 )
 from cachemgr.core.sysfs import Sysfs
@@ -391,7 +393,8 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
     if snap.vms is not None:
         for dev in devices:
             dev["vms"] = [{"name": v.name, "disk": d.target, "cache": d.cache,
-                           "pressure": pressure_json(v.pressure)}
+                           "pressure": pressure_json(v.pressure),
+                           **_vm_on(v, dev["device"])}
                           for v, d in vms_mod.serving(snap.vms, dev["device"])]
         out.update(vm_scan_json(snap.vms))
     return out
@@ -416,8 +419,34 @@ def vm_json(v: Vm) -> dict[str, Any]:
                    "stack": list(d.stack), "caches": list(d.caches),
                    "warnings": list(d.warnings), "unresolved": d.unresolved}
                   for d in v.disks],
+        "cache_io": [cache_io_json(c) for c in v.cache_io],
         "warnings": list(v.warnings),
     }
+
+
+def _vm_on(v: Vm, node: str) -> dict[str, Any]:
+    """A VM's read hit ratio and slow-disk bytes on the cached device ``node``."""
+    c = next((c for c in v.cache_io if c.cache == node), None)
+    h = c.read_hit_ratio if c is not None else None
+    return {"read_hit_ratio": None if h is None else round(h, 4),
+            "slow_read_bytes": c.slow_read_bytes if c is not None else None}
+
+
+def cache_io_json(c: VmCacheIo) -> dict[str, Any]:
+    """A VM's reads through one cached device (docs/kernel-notes.md, "What a cache charges
+    to a VM's cgroup")."""
+    h = c.read_hit_ratio
+    return {"cache": c.cache, "read_bytes": c.read_bytes,
+            "slow_read_bytes": c.slow_read_bytes,
+            "read_hit_ratio": None if h is None else round(h, 4), "unknown": c.why}
+
+
+def noisy_json(n: NoisyNeighbour) -> dict[str, Any]:
+    return {"cache": n.cache, "vm": n.vm, "share": round(n.share, 4),
+            "slow_read_bytes": n.slow_read_bytes,
+            "victims": [{"vm": v, "read_hit_ratio": None if h is None else round(h, 4)}
+                        for v, h in n.victims],
+            "text": n.text}
 
 
 def vm_scan_json(s: VmScan) -> dict[str, Any]:
@@ -425,7 +454,8 @@ def vm_scan_json(s: VmScan) -> dict[str, Any]:
     return {"libvirt_uri": s.uri, "vms": [vm_json(v) for v in s.vms],
             "host": {"pressure": pressure_json(s.host_pressure),
                      "iowait_ticks": s.iowait_ticks},
-            "vm_warnings": list(s.warnings)}
+            "vm_warnings": list(s.warnings),
+            "noisy_neighbours": [noisy_json(n) for n in s.noisy]}
 
 
 def unregistered_json(u: UnregisteredBcache, snap: Snapshot) -> dict[str, Any]:

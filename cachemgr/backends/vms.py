@@ -30,9 +30,11 @@ from cachemgr.core.errors import CacheMgrError
 from cachemgr.core.model import (
     CacheMode,
     IoCounters,
+    NoisyNeighbour,
     Pressure,
     Snapshot,
     Vm,
+    VmCacheIo,
     VmDisk,
     VmScan,
 )
@@ -119,6 +121,23 @@ def parse_io_stat(text: str, devnos: set[str] | None = None) -> IoCounters:
             if k in tot and v.isdigit():
                 tot[k] += int(v)
     return IoCounters(**tot)
+
+
+def parse_io_stat_devices(text: str) -> dict[str, IoCounters]:
+    """``io.stat`` by device number: MAJ:MIN -> its counters (a line without values, as the
+    kernel prints for a device the group has not used, counts zero)."""
+    out: dict[str, IoCounters] = {}
+    for line in text.splitlines():
+        dev, _, rest = line.partition(" ")
+        if not dev:
+            continue
+        v = dict(_KV.findall(rest))
+        out[dev] = IoCounters(int(v.get("rbytes", 0)), int(v.get("wbytes", 0)),
+                              int(v.get("rios", 0)), int(v.get("wios", 0)))
+    return out
+
+
+_KV = re.compile(r"(rbytes|wbytes|rios|wios)=(\d+)")
 
 
 def parse_iowait(text: str) -> int | None:
@@ -308,7 +327,8 @@ def disk(sysfs: Sysfs, src: virsh.VirshSource, d: dict[str, object],
     warnings = vm_cache_warnings(cache, bool(d["read_only"]),
                                  [caches[n][1] for n in found])
     for n in found:
-        shared = shared_under(sysfs, n)
+        shared = (shared_under(sysfs, n) if scan_cache is None else
+                  scan_cache.get(("vm-shared", n), functools.partial(shared_under, sysfs, n)))
         if shared is not None:
             warnings.append(hazard_warning(caches[n][0], shared))
     return VmDisk(target=str(d["target"]), bus=d["bus"] if isinstance(d["bus"], str) else None,
@@ -339,6 +359,93 @@ def vm_cache_warnings(cache: str, read_only: bool,
         out.append("the host cache under it is in mode none: this disk runs at the backing "
                    "disk's speed")
     return out
+
+
+# ------------------------------------------------------------------------ per-VM accounting
+
+# the least a VM must have made the slow disk serve before it is named a noisy neighbour
+NOISY_MIN_BYTES = 1 << 20
+NOISY_SHARE = 0.5  # ... and its part of the slow disk's reads charged to the VMs there
+
+
+def accounting_devices(sysfs: Sysfs, snap: Snapshot) -> dict[str, tuple[str, str | None,
+                                                                        str | None]]:
+    """Kernel name of each cached device -> (its node, its MAJ:MIN, the MAJ:MIN of the slow
+    disk under it: bcache's backing device, a dm-cache's or dm-writecache's origin)."""
+    out: dict[str, tuple[str, str | None, str | None]] = {}
+    for b in snap.backings:
+        if b.device_name and b.device:
+            out[b.device_name] = (b.device, _devno_of(sysfs, b.device_name),
+                                  b.identity.devno or _devno_of(sysfs, b.identity.name))
+    for d in snap.dm_devices:
+        out[d.kernel_name] = (d.node, d.devno, d.origin.devno if d.origin else None)
+    return out
+
+
+def cache_io(stat: dict[str, IoCounters] | None, why: str | None, disks: tuple[VmDisk, ...],
+             acct: Mapping[str, tuple[str, str | None, str | None]],
+             devno_of: Mapping[str, str | None]) -> tuple[VmCacheIo, ...]:
+    """One :class:`VmCacheIo` per cached device under the VM's disks, from its io.stat by
+    device (``stat``; None with ``why``). ``devno_of``: MAJ:MIN of each disk's top device.
+    Where the VM read its disk and nothing was charged to it on the cache under it, the IO
+    reached the cache from a kernel thread (charged to the root cgroup): unknown, said so."""
+    out: dict[str, VmCacheIo] = {}
+    for d in disks:
+        for name in d.stack:
+            if name not in acct or acct[name][0] in out:
+                continue
+            node, num, slow = acct[name]
+            if stat is None:
+                out[node] = VmCacheIo(node, None, None, why)
+                continue
+            if num is None or slow is None:
+                out[node] = VmCacheIo(node, None, None, "the device numbers of the cache or of "
+                                      "the slow disk under it are unknown")
+                continue
+            zero = IoCounters(0, 0, 0, 0)
+            read = stat.get(num, zero).rbytes
+            top = devno_of.get(d.stack[0]) if d.stack else None
+            if read == 0 and top is not None and top != num and stat.get(top, zero).rbytes:
+                out[node] = VmCacheIo(node, None, None, f"its reads of {d.target} reach "
+                                      f"{node} from a kernel thread (charged to the root "
+                                      "cgroup): not attributable from io.stat")
+                continue
+            out[node] = VmCacheIo(node, read, stat.get(slow, zero).rbytes)
+    return tuple(out.values())
+
+
+def noisy(vms: tuple[Vm, ...],
+          before: Mapping[tuple[str, str], float | None] | None = None
+          ) -> tuple[NoisyNeighbour, ...]:
+    """The noisy neighbours among ``vms``: on a cached device two or more VMs read through,
+    one VM made at least NOISY_SHARE of the slow disk's reads charged to them (and at least
+    NOISY_MIN_BYTES) while another VM there missed too: its read hit ratio below 1, or, given
+    ``before`` ((VM, cache) -> its hit ratio at an earlier look), lower than then."""
+    per: dict[str, list[tuple[str, VmCacheIo]]] = {}
+    for v in vms:
+        for c in v.cache_io:
+            if c.why is None and c.read_bytes:
+                per.setdefault(c.cache, []).append((v.name, c))
+    out: list[NoisyNeighbour] = []
+    for cache, rows in sorted(per.items()):
+        total = sum(c.slow_read_bytes or 0 for _, c in rows)
+        if len(rows) < 2 or total <= 0:
+            continue
+        name, top = max(rows, key=lambda r: r[1].slow_read_bytes or 0)
+        slow = top.slow_read_bytes or 0
+        if slow / total < NOISY_SHARE or slow < NOISY_MIN_BYTES:
+            continue
+        victims = []
+        for n, c in rows:
+            h = c.read_hit_ratio
+            if n == name or h is None:
+                continue
+            was = before.get((n, cache)) if before is not None else None
+            if (h < was) if was is not None else (before is None and h < 1.0):
+                victims.append((n, h))
+        if victims:
+            out.append(NoisyNeighbour(cache, name, slow / total, slow, tuple(victims)))
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------- the scan
@@ -382,6 +489,7 @@ def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None,
     if why is not None:
         return VmScan(src.uri, (), host, iowait, (f"VMs: {why}",))
     caches = cached_devices(snap)
+    acct = accounting_devices(sysfs, snap)
     scopes = _scopes(sysfs)
     vms: list[Vm] = []
     try:
@@ -398,13 +506,24 @@ def scan(sysfs: Sysfs, snap: Snapshot, src: virsh.VirshSource | None = None,
             pressure = parse_pressure(p) if p else None
             s = sysfs.read_opt(f"fs/cgroup/{cg}/io.stat")
         vm_disks = tuple(disk(sysfs, src, d, caches, cache) for d in disks)
+        top_devnos = {d.stack[0]: cache.get(("vm-devno", d.stack[0]),
+                                            functools.partial(_devno_of, sysfs, d.stack[0]))
+                      for d in vm_disks if d.stack}
+        by_dev: dict[str, IoCounters] | None = None
         if cg is not None and s is not None:
-            tops = {n for n in (_devno_of(sysfs, d.stack[0]) for d in vm_disks if d.stack) if n}
-            io = parse_io_stat(s, tops or None)
+            tops = {n for n in top_devnos.values() if n}
+            by_dev = parse_io_stat_devices(s)
+            sel = [c for k, c in by_dev.items() if not tops or k in tops]
+            io = IoCounters(sum(c.rbytes for c in sel), sum(c.wbytes for c in sel),
+                            sum(c.rios for c in sel), sum(c.wios for c in sel))
+        why_not = (None if by_dev is not None else
+                   "no cgroup scope under machine.slice (not running)" if cg is None else
+                   "its scope has no io.stat (the io controller is off for machine.slice)")
         vms.append(Vm(name=name, uuid=uuid, state=state, domain_id=dom_id, disks=vm_disks,
-                      cgroup=cg, pressure=pressure, io=io))
+                      cgroup=cg, pressure=pressure, io=io,
+                      cache_io=cache_io(by_dev, why_not, vm_disks, acct, top_devnos)))
     vms.sort(key=lambda v: v.name)
-    return VmScan(src.uri, tuple(vms), host, iowait, tuple(warnings))
+    return VmScan(src.uri, tuple(vms), host, iowait, tuple(warnings), noisy(tuple(vms)))
 
 
 def serving(scan_: VmScan, node: str) -> list[tuple[Vm, VmDisk]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1073,6 +1074,49 @@ class VmDisk:
 
 
 @dataclass(frozen=True)
+class VmCacheIo:
+    """What one VM read through one cached device, from its cgroup's ``io.stat``: the bytes
+    charged to it on the cached device (bcacheN, the dm device) and on the slow disk under
+    it (bcache's backing device, dm-cache's origin). The kernel charges a cache's reads of
+    the slow disk to the VM that asked (the miss is a clone of its bio); its own background
+    IO (writeback, promotion) to the root cgroup, no VM's (docs/kernel-notes.md, "What a
+    cache charges to a VM's cgroup"). Counted since the VM's scope was made."""
+
+    cache: str  # the cached device's node: /dev/bcache0, /dev/mapper/NAME
+    read_bytes: int | None  # the VM's reads of the cached device
+    slow_read_bytes: int | None  # of them, what the slow disk served (the misses)
+    why: str | None = None  # why the figures are unknown (None: known)
+
+    @property
+    def read_hit_ratio(self) -> float | None:
+        """1 - slow / read: the share of the VM's read bytes the cache served; None while
+        unknown or before it read anything."""
+        if self.why is not None or not self.read_bytes or self.slow_read_bytes is None:
+            return None
+        return max(0.0, 1.0 - self.slow_read_bytes / self.read_bytes)
+
+
+@dataclass(frozen=True)
+class NoisyNeighbour:
+    """One VM's misses make most of the slow disk's reads under a cache that other VMs
+    share, while another VM on it misses too (or, over a window, its hit ratio fell)."""
+
+    cache: str  # the cached device's node
+    vm: str  # the noisy VM
+    share: float  # its part of the slow disk's reads charged to the VMs on that cache
+    slow_read_bytes: int  # what it made the slow disk serve
+    victims: tuple[tuple[str, float | None], ...]  # (VM, its read hit ratio) that miss too
+
+    @property
+    def text(self) -> str:
+        others = ", ".join(f"{n} ({'?' if h is None else f'{h:.2f}'})" for n, h in self.victims)
+        return (f"noisy neighbour on {self.cache}: {self.vm} made {100 * self.share:.0f}% of "
+                f"the slow disk's reads ({human(self.slow_read_bytes)}) while {others} "
+                f"missed too; to cap its reads: virsh blkdeviotune {shlex.quote(self.vm)} "
+                "DISK --read-bytes-sec BYTES")
+
+
+@dataclass(frozen=True)
 class Vm:
     """A libvirt domain, running or only defined."""
 
@@ -1084,6 +1128,7 @@ class Vm:
     cgroup: str | None  # its scope under machine.slice (a path below the cgroup root)
     pressure: Pressure | None  # the scope's io.pressure (None: no scope, or no PSI)
     io: IoCounters | None
+    cache_io: tuple[VmCacheIo, ...] = ()  # per cached device under its disks
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -1099,3 +1144,4 @@ class VmScan:
     host_pressure: Pressure | None
     iowait_ticks: int | None  # /proc/stat's cpu iowait (USER_HZ ticks since boot)
     warnings: tuple[str, ...] = ()
+    noisy: tuple[NoisyNeighbour, ...] = ()

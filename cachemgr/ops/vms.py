@@ -4,6 +4,7 @@ definition, through libvirt). cachemgr/backends/vms.py reads; virsh.py is the on
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -13,7 +14,16 @@ from cachemgr.backends import virsh
 from cachemgr.backends import vms as vms_mod
 from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError, require_root
-from cachemgr.core.model import VM_CACHE_MODES, Pressure, Snapshot, VmScan, human
+from cachemgr.core.model import (
+    VM_CACHE_MODES,
+    Pressure,
+    Snapshot,
+    Vm,
+    VmCacheIo,
+    VmDisk,
+    VmScan,
+    human,
+)
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import gate
 from cachemgr.ops.control import Result
@@ -34,21 +44,41 @@ def pressure_text(p: Pressure | None) -> str:
     return f"some {p.some_avg10:.1f}/{p.some_avg60:.1f}{full}"
 
 
+def hit_text(c: VmCacheIo | None) -> str:
+    """A VM's read hit ratio on a cache: ``0.93``; ``-`` before it read or when unknown."""
+    h = c.read_hit_ratio if c is not None else None
+    return "-" if h is None else f"{h:.2f}"
+
+
+def _on(v: Vm, d: VmDisk) -> VmCacheIo | None:
+    return next((c for c in v.cache_io if d.caches and c.cache == d.caches[0]), None)
+
+
 def table(s: VmScan) -> list[str]:
-    """``vms`` as text: one line per VM disk, its warnings under it, the host's pressure."""
-    lines = [f"{'VM':<16} {'STATE':<9} {'DISK':<5} {'CACHE':<12} {'ON':<22} IO PRESSURE %"]
+    """``vms`` as text: one line per VM disk with the VM's read hit ratio on the cache under
+    it and the bytes it made the slow disk serve (io.stat, since the VM started), its
+    warnings under it, why a VM's figures are unknown, the noisy neighbours, the host's
+    pressure."""
+    lines = [f"{'VM':<16} {'STATE':<9} {'DISK':<5} {'CACHE':<12} {'ON':<22} {'RHIT':>5} "
+             f"{'SLOW READ':>10} IO PRESSURE %"]
     for v in s.vms:
         for i, d in enumerate(v.disks or ()):
             on = ", ".join(d.caches) or (f"/dev/{d.stack[-1]} (no cache)" if d.stack
                                          else (d.unresolved or "?"))
+            c = _on(v, d)
+            slow = human(c.slow_read_bytes) if c is not None and c.why is None else "-"
             lines.append(f"{v.name if i == 0 else '':<16.16} {v.state if i == 0 else '':<9.9} "
-                         f"{d.target:<5} {d.cache:<12} {on:<22.22} "
+                         f"{d.target:<5} {d.cache:<12} {on:<22.22} {hit_text(c):>5} "
+                         f"{slow:>10} "
                          + (pressure_text(v.pressure) if i == 0 else ""))
             lines += [f"  ! {d.target}: {w}" for w in d.warnings]
         if not v.disks:
             lines.append(f"{v.name:<16.16} {v.state:<9.9} (no disks)")
+        if v.cgroup is not None:
+            lines += [f"  ? {c.cache}: hit ratio unknown: {c.why}" for c in v.cache_io if c.why]
     if not s.vms:
         lines.append("(no domains)")
+    lines += [n.text for n in s.noisy]
     lines.append(f"host IO pressure % (10 s/60 s): {pressure_text(s.host_pressure)}")
     return lines
 
@@ -68,8 +98,10 @@ def vms(sysfs: Sysfs, uri: str | None = None) -> Result:
 def watch_lines(prev: VmScan | None, cur: VmScan, dt: float) -> list[str]:
     """``vms --watch``: one line per VM with a cgroup, its IO pressure now and its IOPS and
     bytes per second since the previous look (the before/after around a mode change or a
-    drain made meanwhile), then the host's pressure."""
+    drain made meanwhile), its read hit ratio on each cache in that window, the noisy
+    neighbours of the window, then the host's pressure."""
     before = {v.uuid: v.io for v in prev.vms} if prev is not None else {}
+    win = window(prev, cur) if prev is not None else None
     lines = []
     for v in cur.vms:
         if v.cgroup is None:
@@ -81,9 +113,38 @@ def watch_lines(prev: VmScan | None, cur: VmScan, dt: float) -> list[str]:
             r_b, w_b = (v.io.rbytes - old.rbytes) / dt, (v.io.wbytes - old.wbytes) / dt
             rate = (f" read {r_io:.0f} IO/s {human(int(r_b))}/s, "
                     f"write {w_io:.0f} IO/s {human(int(w_b))}/s")
-        lines.append(f"{v.name}: IO pressure % {pressure_text(v.pressure)}{rate}")
+        hits = ""
+        if win is not None:
+            wv = next((w for w in win.vms if w.uuid == v.uuid), None)
+            hits = "".join(f", read hit ratio on {c.cache} {hit_text(c)}"
+                           for c in (wv.cache_io if wv is not None else ()) if c.read_bytes)
+        lines.append(f"{v.name}: IO pressure % {pressure_text(v.pressure)}{rate}{hits}")
+    if win is not None:
+        lines += [n.text for n in win.noisy]
     lines.append(f"host: IO pressure % {pressure_text(cur.host_pressure)}")
     return lines
+
+
+def window(prev: VmScan, cur: VmScan) -> VmScan:
+    """``cur`` with each VM's reads through its caches counted since ``prev`` (the VMs seen
+    both times), and the noisy neighbours of that window: a victim is a VM whose hit ratio
+    in the window is lower than it was at ``prev``."""
+    old = {(v.uuid, c.cache): c for v in prev.vms for c in v.cache_io}
+    vms = []
+    for v in cur.vms:
+        rows = []
+        for c in v.cache_io:
+            o = old.get((v.uuid, c.cache))
+            if o is None or c.why or o.why or c.read_bytes is None or o.read_bytes is None:
+                rows.append(VmCacheIo(c.cache, None, None, c.why or "no earlier look"))
+                continue
+            rows.append(VmCacheIo(c.cache, c.read_bytes - o.read_bytes,
+                                  (c.slow_read_bytes or 0) - (o.slow_read_bytes or 0)))
+        vms.append(dataclasses.replace(v, cache_io=tuple(rows)))
+    names = {v.uuid: v.name for v in cur.vms}
+    before = {(names.get(u, u), cache): c.read_hit_ratio for (u, cache), c in old.items()}
+    return dataclasses.replace(cur, vms=tuple(vms),
+                               noisy=vms_mod.noisy(tuple(vms), before))
 
 
 # ------------------------------------------------------------------------------ vm-cache

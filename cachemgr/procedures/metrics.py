@@ -462,6 +462,18 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
                "total).", ["vm", "kind"])
     ios = _c("vm_io_ops", "IOs of a VM's cgroup (io.stat).", ["vm", "op"])
     nbytes = _c("vm_io_bytes", "Bytes of a VM's cgroup (io.stat).", ["vm", "op"])
+    cache_read = _c("vm_cache_read_bytes", "Bytes a VM read through a cached device (its "
+                    "cgroup's io.stat on it; device: kernel name, path: node).",
+                    ["vm", "device", "path"])
+    slow_read = _c("vm_cache_slow_read_bytes", "Of them, the bytes the slow disk under the "
+                   "cache served the VM (its misses: io.stat on the backing device or origin).",
+                   ["vm", "device", "path"])
+    vm_hit = _g("vm_cache_read_hit_ratio", "A VM's read hit ratio on a cached device since "
+                "its scope was made: 1 - slow / read bytes (absent while unknown).",
+                ["vm", "device", "path"])
+    noisy = _g("vm_noisy_neighbour", "1 for a VM whose misses make most of the slow disk's "
+               "reads under a cache that other VMs share while another there misses too.",
+               ["vm", "device", "path"])
     host = _g("host_io_pressure_ratio", "Share of the last 10 s in which some or all tasks "
               "of the host waited on IO (/proc/pressure/io avg10 / 100).", ["kind"])
     host_stall = _c("host_io_stall_seconds", "Time some or all tasks of the host waited on "
@@ -478,11 +490,21 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
             if v.pressure.full_avg10 is not None and v.pressure.full_total_us is not None:
                 pressure.add_metric([v.name, "full"], v.pressure.full_avg10 / 100)
                 stall.add_metric([v.name, "full"], v.pressure.full_total_us / 1e6)
+        for c in v.cache_io:
+            lab = [v.name, names.get(c.cache) or _kname(c.cache), c.cache]
+            if c.why is None and c.read_bytes is not None:
+                cache_read.add_metric(lab, c.read_bytes)
+                slow_read.add_metric(lab, c.slow_read_bytes or 0)
+            h = c.read_hit_ratio
+            if h is not None:
+                vm_hit.add_metric(lab, h)
         if v.io is not None:
             ios.add_metric([v.name, "read"], v.io.rios)
             ios.add_metric([v.name, "write"], v.io.wios)
             nbytes.add_metric([v.name, "read"], v.io.rbytes)
             nbytes.add_metric([v.name, "write"], v.io.wbytes)
+    for n in snap.vms.noisy:
+        noisy.add_metric([n.vm, names.get(n.cache) or _kname(n.cache), n.cache], 1.0)
     hp = snap.vms.host_pressure
     if hp is not None:
         host.add_metric(["some"], hp.some_avg10 / 100)
@@ -490,7 +512,8 @@ def _vm_metrics(snap: Snapshot) -> Iterator[Metric]:
         if hp.full_avg10 is not None and hp.full_total_us is not None:
             host.add_metric(["full"], hp.full_avg10 / 100)
             host_stall.add_metric(["full"], hp.full_total_us / 1e6)
-    yield from (disk, disk_warn, pressure, stall, ios, nbytes, host, host_stall)
+    yield from (disk, disk_warn, pressure, stall, ios, nbytes, cache_read, slow_read, vm_hit,
+                noisy, host, host_stall)
 
 
 # how often a long-lived collector (ops/metrics.py) reads what changes slowly (issue #34):

@@ -274,3 +274,50 @@ def test_disk_stacks_are_kept_while_no_uevent_is_sent(tmp_path: Path,
     assert [s.vms for s, _ in scans] == [uncached.vms] * 3
     (_, first), (_, second), (_, third) = scans
     assert first >= 3 and second == 0 and third == first  # a device per disk, then none
+
+
+def _vm(name: str, *rows: tuple[str, int | None, int | None]) -> object:
+    from cachemgr.core.model import Vm, VmCacheIo
+
+    return Vm(name=name, uuid=name, state="running", domain_id=1, disks=(), cgroup="x",
+              pressure=None, io=None,
+              cache_io=tuple(VmCacheIo(c, r, s) for c, r, s in rows))
+
+
+def test_read_hit_ratio_is_one_minus_what_the_slow_disk_served() -> None:
+    from cachemgr.core.model import VmCacheIo
+
+    # the lab's LVM cache: 16 MiB read, 1,576,960 bytes from _corig (docs/kernel-notes.md)
+    assert round(VmCacheIo("c", 16 << 20, 1576960).read_hit_ratio or 0, 3) == 0.906
+    assert VmCacheIo("c", 0, 0).read_hit_ratio is None  # nothing read yet
+    assert VmCacheIo("c", None, None, "no scope").read_hit_ratio is None
+
+
+def test_the_noisy_neighbour_is_the_one_the_slow_disk_serves_while_others_miss() -> None:
+    mb = 1 << 20
+    hot = _vm("hot", ("/dev/bcache0", 100 * mb, 5 * mb))
+    uni = _vm("uni", ("/dev/bcache0", 10 * mb, 6 * mb))
+    bak = _vm("bak", ("/dev/bcache0", 400 * mb, 390 * mb))
+    (n,) = vms.noisy((hot, uni, bak))  # type: ignore[arg-type]
+    assert (n.vm, n.cache, n.slow_read_bytes) == ("bak", "/dev/bcache0", 390 * mb)
+    assert [v for v, _ in n.victims] == ["hot", "uni"]
+    assert n.text.startswith("noisy neighbour on /dev/bcache0: bak made 97% of the slow")
+    # alone on its cache: nobody's neighbour; under half the slow reads: not named
+    assert vms.noisy((bak,)) == ()  # type: ignore[arg-type]
+    assert vms.noisy((hot, uni, _vm("b2", ("/dev/bcache0", 8 * mb, 8 * mb)))) == ()  # type: ignore[arg-type]
+    # over a window: only a VM whose hit ratio fell since the earlier look is a victim
+    # (hot 0.99 -> 0.95 fell, uni 0.1 -> 0.4 rose)
+    before = {("hot", "/dev/bcache0"): 0.99, ("uni", "/dev/bcache0"): 0.1}
+    (w,) = vms.noisy((hot, uni, bak), before)  # type: ignore[arg-type]
+    assert [v for v, _ in w.victims] == ["hot"]
+    assert vms.noisy((hot, uni, bak), {("hot", "/dev/bcache0"): 0.9}) == ()  # type: ignore[arg-type]
+
+
+def test_the_capture_scope_without_reads_has_no_hit_ratio_and_says_so_when_unknown() -> None:
+    by = _scan()
+    (c,) = by["vm-bc"].cache_io  # type: ignore[attr-defined]
+    # vm-bc's scope only wrote: its cache is known, its read hit ratio not yet
+    assert (c.cache, c.read_bytes, c.why, c.read_hit_ratio) == ("/dev/bcache0", 0, None, None)
+    (d,) = by["vm-dm"].cache_io  # type: ignore[attr-defined]
+    assert d.read_bytes is None and "no cgroup scope" in d.why
+    assert by["vm.bare"].cache_io == ()  # type: ignore[attr-defined]

@@ -68,10 +68,18 @@ def vm_detail(node: str | None, snap: Snapshot) -> list[RenderableType]:
         return []
     pairs: list[tuple[str, object]] = []
     for v, d in vm_ops.serving(snap.vms, node):
+        c = next((c for c in v.cache_io if c.cache == node), None)
+        hits = ""
+        if c is not None and c.why is None and c.read_bytes:
+            hits = (f", read hit ratio {vm_ops.hit_text(c)} (the slow disk served "
+                    f"{human(c.slow_read_bytes)} of {human(c.read_bytes)})")
+        elif c is not None and c.why is not None and v.cgroup is not None:
+            hits = f", read hit ratio unknown: {c.why}"
         pairs.append((printable(f"{v.name} {d.target}"),  # one line in its cell
                       f"cache={d.cache}, {v.state}, IO pressure % "
-                      f"{vm_ops.pressure_text(v.pressure)}"))
+                      f"{vm_ops.pressure_text(v.pressure)}{hits}"))
         pairs += [("  !", w) for w in d.warnings]
+    pairs += [("  noisy", n.text) for n in snap.vms.noisy if n.cache == node]
     if not pairs:
         if snap.vms.warnings and not snap.vms.vms:
             return []  # libvirt not there (or not reachable): nothing to say per cache
