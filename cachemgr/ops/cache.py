@@ -500,16 +500,19 @@ def register(sysfs: Sysfs, devices: Sequence[str]) -> Result:
     out = Result(notes=already, already=not plans and bool(already))
     order = sorted(plans, key=lambda p: p[1].kind != "cache")  # the SSDs first
     for _, u in order:
-        # the object it brings back: a cache set's SSD or a backing device (the gate checks
-        # that kind declares register)
-        made = kinds.BcacheSet if u.kind == "cache" else kinds.Bcache
+        # the object it brings back: a cache set's SSD or a backing device, made by the
+        # kind that registers a disk of its superblock role (the gate checks that kind
+        # declares register)
+        made = kinds.registering(u.kind)
+        if made is None:
+            raise CacheMgrError(f"{u.identity.node}: no cache kind registers a {u.kind} disk")
         subject = gate_mod.of_disks([u.identity.node], made)
         if u.cset_uuid:
             subject = subject + gate_mod.of_names(
                 f"cache set {u.cset_uuid}", [owners.cache_key(u.cset_uuid)])
         with gate_mod.gate(subject, "register"):
             try:
-                out.changes.append(bcache.register(sysfs, u.identity.node))
+                out.changes.append(made.register_disk(sysfs, u.identity.node))
             except AlreadyError as exc:  # 69-bcache.rules (udev) was first
                 out.notes.append(f"cachemgr: {exc}")
         if u.kind == "backing":

@@ -275,6 +275,37 @@ class Kind:
         return f"a {cls.title} can: " + (", ".join(sorted(cls.actions))
                                          or "nothing (it is only shown)")
 
+    # ---------------------------------------------------------------- making its objects
+    # (cachemgr register and create, the udev worker's and the boot pass's register, attach
+    # and format: ops/autoattach.py asks the registry, kinds.registering, never a backend)
+
+    # the role an unregistered disk of this kind has on its superblock (bcache-super-show's
+    # sb.version: "backing", "cache"), by which register finds the kind that brings it back
+    disk_role: ClassVar[str | None] = None
+
+    @classmethod
+    def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
+        """Register ``node``, a disk carrying this kind's superblock that the kernel does
+        not know, so that its object appears (AlreadyError: registered already)."""
+        raise cls._declined("register", node)
+
+    @classmethod
+    def format_disk(cls, sysfs: Sysfs, node: str, *, bucket: str | None = None
+                    ) -> list[Change]:
+        """Make the blank disk ``node`` an object of this kind, ready to use (the policy's
+        ``format_blank_ssd``): formatted and registered."""
+        raise cls._declined("create", node)
+
+    @classmethod
+    def _declined(cls, action: str, what: str) -> CacheMgrError:
+        err = cls.declines(action, what)
+        return err if err is not None else CacheMgrError(
+            f"{what}: {action} of a {cls.title} is not built")
+
+    def attach_to(self, sysfs: Sysfs, cache: Kind) -> Change:
+        """Attach this device to ``cache`` (an object of a kind that takes it)."""
+        raise self._cannot("attach")
+
     # ---------------------------------------------------------------- operations
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:

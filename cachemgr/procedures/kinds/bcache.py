@@ -87,6 +87,22 @@ class Bcache(Kind):
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
         return bcache.set_mode(sysfs, self.obj, mode)
 
+    # ---------------------------------------------------------------- making its objects
+
+    disk_role = "backing"
+
+    @classmethod
+    def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
+        return bcache.register(sysfs, node)
+
+    def attach_to(self, sysfs: Sysfs, cache: Kind) -> Change:
+        """Attach it to the cache set ``cache`` (bcache's ``attach``: the set's UUID)."""
+        if not isinstance(cache, BcacheSet):
+            raise UsageError(f"{self.node} attaches to a bcache cache set, not to "
+                             f"{cache.node} ({cache.title})",
+                             hint="cachemgr status lists the cache sets")
+        return bcache.attach(sysfs, self.obj, cache.obj)
+
     # ---------------------------------------------------------------- warming
 
     def warm_refusal(self) -> CacheMgrError | None:
@@ -433,6 +449,31 @@ class BcacheSet(Kind):
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
         return ((keys.cache_key(self.obj.uuid), self.node),)
+
+    # ---------------------------------------------------------------- making its objects
+
+    disk_role = "cache"
+
+    @classmethod
+    def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
+        return bcache.register(sysfs, node)
+
+    @classmethod
+    def format_disk(cls, sysfs: Sysfs, node: str, *, bucket: str | None = None
+                    ) -> list[Change]:
+        """make-bcache -C (a bucket the kernel would refuse is refused first, nothing
+        formatted; unset, one that gives the kernel enough buckets), then register it:
+        the SSD of a new cache set."""
+        size = bcache.device_bytes(sysfs, node)
+        if size is not None:
+            bucket = bcache.check_bucket(node, size, bucket)
+        bcache.make_bcache(cache=node, bucket=bucket)
+        out = [Change(node, "format", None, "bcache cache")]
+        try:
+            out.append(bcache.register(sysfs, node))
+        except AlreadyError:  # 69-bcache.rules may be first
+            pass
+        return out
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         return dict(bcache.SET_TUNABLES)
