@@ -21,7 +21,15 @@ from typing import Any, ClassVar
 
 from cachemgr.core.change import Change
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheMode, Identity, Size, Snapshot, Stats, human, short
+from cachemgr.core.model import (
+    CacheMode,
+    Identity,
+    Size,
+    Snapshot,
+    Stats,
+    human,
+    short,
+)
 from cachemgr.core.sysfs import Sysfs
 
 ProgressFn = Callable[[Any], None]
@@ -375,6 +383,25 @@ class Kind:
         a kind that cannot drop one block drops every copy of the device), ending in its
         mode (``final_mode``: what an interrupted drop recorded)."""
         raise self._cannot("scrub")
+
+    # ---------------------------------------------------------------- cachemgr snapshot
+
+    def snapshot_cache(self, sysfs: Sysfs, *, max_latency_ms: float | None, timeout: float,
+                       stall_timeout: float) -> Any:
+        """The cache's part of a consistent snapshot of its origin (procedures/snapshot.py
+        ``CacheSteps``: its drain paced under ``max_latency_ms``, its dirty bytes and mode
+        read fresh, its mode switched, the drain unthrottled from inside it)."""
+        raise self._cannot("snapshot")
+
+    @property
+    def origin_node(self) -> str | None:
+        """The device under the cache that holds its data (what a snapshot of the origin
+        copies); None: not known."""
+        return None
+
+    def origin_offset(self) -> int | None:
+        """Where its byte 0 sits on :attr:`origin_node` (None: not known)."""
+        return None
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         """What can be tuned on it and the bounds."""
