@@ -168,3 +168,19 @@ def test_the_bcache_actions_write_what_they_wrote_before(
     assert writes[1][0].endswith("/bcache/writeback_percent")
     assert writes[2][0] == writes[3][0] == "fs/bcache/register"
     assert ran == [{"cache": "/dev/sdz", "bucket": None}]  # 1 GiB: make-bcache's bucket
+
+
+def test_the_data_losing_verbs_are_the_kinds_and_the_test_only_kind_has_none(
+        tmp_path: Path) -> None:
+    """force-run and stop-set are a kind's verbs (Kind.force_run, Kind.stop_set, handed
+    AcceptDataLoss by the command once it has asked): a kind that declares neither refuses
+    them by name, nothing done."""
+    from cachemgr.core.model import AcceptDataLoss
+
+    sysfs = Sysfs(str(copy_capture(tmp_path, "bcache-writeback-dirty")))
+    toy = Toy(next(iter(Toy.scan(sysfs))))
+    for verb, word in ((toy.force_run, "force-run"), (toy.stop_set, "stop-set")):
+        with pytest.raises(UsageError) as exc:
+            verb(sysfs, AcceptDataLoss.I_ACCEPT_DATA_LOSS)
+        assert exc.value.message == (f"/dev/toy0 is a toy cache: cachemgr cannot {word} it; "
+                                     "nothing was changed")

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from cachemgr.core.change import Change
 from cachemgr.core.errors import CacheMgrError, UsageError
 from cachemgr.core.model import (
+    AcceptDataLoss,
     CacheMode,
     Identity,
     Size,
@@ -313,6 +314,19 @@ class Kind:
     def attach_to(self, sysfs: Sysfs, cache: Kind) -> Change:
         """Attach this device to ``cache`` (an object of a kind that takes it)."""
         raise self._cannot("attach")
+
+    # ---------------------------------------------------------------- what loses data
+    # (cachemgr force-run and stop-set: the command has refused them unless the admin said
+    # --i-accept-data-loss and asked its question; the kind does them only when handed
+    # AcceptDataLoss)
+
+    def force_run(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """Start it without its cache: what its cache held dirty is lost."""
+        raise self._cannot("force-run")
+
+    def stop_set(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """Stop this cache without writing its dirty data back: every device on it stops."""
+        raise self._cannot("stop-set")
 
     # ---------------------------------------------------------------- operations
 

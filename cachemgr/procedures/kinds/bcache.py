@@ -10,7 +10,15 @@ from cachemgr.backends import bcache
 from cachemgr.backends.bcache import BCACHE_MODES
 from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UsageError
-from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, dirty_text, human
+from cachemgr.core.model import (
+    AcceptDataLoss,
+    BcacheBacking,
+    CacheMode,
+    CacheSet,
+    Snapshot,
+    dirty_text,
+    human,
+)
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain as drain_mod
 from cachemgr.procedures import keys
@@ -86,6 +94,11 @@ class Bcache(Kind):
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
         return bcache.set_mode(sysfs, self.obj, mode)
+
+    def force_run(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """``running=1`` (bcache.rst's "massive filesystem corruption" when its dirty data
+        was in the missing cache)."""
+        return bcache.force_run(sysfs, self.obj, accept)
 
     # ---------------------------------------------------------------- making its objects
 
@@ -524,6 +537,11 @@ class BcacheSet(Kind):
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
         return ((keys.cache_key(self.obj.uuid), self.node),)
+
+    def stop_set(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """``stop`` on the set: every attached backing device stops, dirty data stays on
+        the SSD."""
+        return bcache.stop_cache_set(sysfs, self.obj, accept)
 
     # ---------------------------------------------------------------- making its objects
 
