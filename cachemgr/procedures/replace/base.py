@@ -73,6 +73,9 @@ class Kind:
     # the journal's backing devices, its other cached LVs on the same SSD) -> keys
     run_keys: Callable[[str, tuple[dict[str, Any], ...], tuple[str, ...]], set[str]] = (
         lambda cache, backings, lvs: set())
+    # the devices VMs use that a run takes out of caching until it ends (a snapshot with
+    # the dm devices): (the journal, the snapshot) -> nodes
+    vm_nodes: Callable[[Journal, Snapshot], set[str]] = lambda j, snap: set()
 
     def short(self, cset: str) -> str:
         """A run's object, as far as a narrow list shows it (a cache set's UUID prefix)."""

@@ -450,4 +450,5 @@ KIND = Kind(STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set",
             undoes="Put the modes back and re-attach what was detached.",
             done_line=_done_line, interim_mode=True,
             run_keys=lambda cache, backings, lvs: {
-                keys.bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings})
+                keys.bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings},
+            vm_nodes=lambda j, snap: {b["device"] for b in j.backings if b.get("device")})

@@ -382,4 +382,5 @@ KIND = Kind(
     undoes="Put the cache back on the old SSD's areas with its old table (cold: the "
            "metadata is zeroed), or its table back if the drain stopped half-way.",
     done_line=done_line, interim_mode=False,
-    run_keys=lambda cache, backings, lvs: {keys.dmcache_key(cache)})
+    run_keys=lambda cache, backings, lvs: {keys.dmcache_key(cache)},
+    vm_nodes=lambda j, snap: {f"/dev/mapper/{j.cset}"})

@@ -463,4 +463,6 @@ KIND = Kind(
     undoes="Attach the old cache again with its mode, policy and settings (or, if it was "
            "only drained, put its policy back).",
     done_line=done_line, interim_mode=False,
-    run_keys=lambda cache, backings, lvs: {keys.lvm_key(x) for x in (cache, *lvs)})
+    run_keys=lambda cache, backings, lvs: {keys.lvm_key(x) for x in (cache, *lvs)},
+    vm_nodes=lambda j, snap: {d.node for d in snap.dm_devices
+                              if d.lvm and d.lvm.full_name == j.cset})
