@@ -8,7 +8,6 @@ seen on the lab kernels (captures in tests/fixtures/). Files that a kernel lacks
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import logging
 import os
@@ -36,6 +35,7 @@ from cachemgr.core.errors import (
     UnsafeError,
     UsageError,
 )
+from cachemgr.core.model import AcceptDataLoss as AcceptDataLoss
 from cachemgr.core.model import (
     BcacheBacking,
     BcacheCache,
@@ -647,18 +647,6 @@ def make_bcache(
     if backing:
         argv += ["-B", *backing]
     return runner.run(argv, timeout=timeout)
-
-
-class AcceptDataLoss(enum.Enum):
-    """The explicit, separately named argument for the operations that can lose data.
-
-    Writing ``running=1`` to a backing device whose dirty data sat in a lost cache, or
-    ``stop`` to a cache set, can corrupt filesystems or make VM disks vanish
-    (bcache.rst; docs/kernel-notes.md, "Failure"). The library never does either unless
-    handed this.
-    """
-
-    I_ACCEPT_DATA_LOSS = "I accept data loss"
 
 
 Progress = Callable[[DrainProgress], None]

@@ -52,6 +52,18 @@ class CacheState(enum.StrEnum):
             raise KernelFormatError("cache state", text) from None
 
 
+class AcceptDataLoss(enum.Enum):
+    """The explicit, separately named argument for the operations that can lose data.
+
+    Writing ``running=1`` to a backing device whose dirty data sat in a lost cache, or
+    ``stop`` to a cache set, can corrupt filesystems or make VM disks vanish
+    (bcache.rst; docs/kernel-notes.md, "Failure"). The library (a backend, a cache kind's
+    force_run and stop_set) never does either unless handed this.
+    """
+
+    I_ACCEPT_DATA_LOSS = "I accept data loss"
+
+
 _UNITS = "?kMGTPEZY"
 # Size.parse_hprint's parsed texts (at most _HPRINT_KEEP, then it starts again)
 _HPRINT_SEEN: dict[tuple[str, bool | None], Any] = {}

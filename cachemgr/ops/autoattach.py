@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cachemgr.backends import bcache, identity
+from cachemgr.backends import identity
 from cachemgr.backends import scheduler as sched
 from cachemgr.backends.dmcache import discover as dm_discover
 from cachemgr.backends.dmcache import record as dm_record
@@ -50,7 +50,12 @@ log = logging.getLogger("cachemgr.procedures.autoattach")
 
 
 def act(sysfs: Sysfs, view: View, a: Action) -> None:
-    """Carry out one decided action (AlreadyError: already so; UnsafeError: skipped)."""
+    """Carry out one decided action (AlreadyError: already so; UnsafeError: skipped).
+
+    Each goes through the gate (the capability it needs: gate.NEEDS) and is done by the
+    cache kind it acts on, found in the registry: the kind that registers a disk of the
+    superblock role it found (``kinds.registering``), the cached device on the disk it
+    names (``kinds.on_disk``), the cache it attaches that device to."""
     if isinstance(a, LvmAttach):  # through the attach and mode commands, with their locks
         cache_ops.attach(sysfs, a.device, a.cache, writecache=a.writecache, mode=a.mode)
         return
@@ -60,43 +65,50 @@ def act(sysfs: Sysfs, view: View, a: Action) -> None:
     if isinstance(a, AssembleDmCache):
         _assemble(sysfs, view, a)
         return
+    node = f"/dev/{a.device}"
     if isinstance(a, Register):
-        made = kinds.BcacheSet if a.role == "cache" else kinds.Bcache
-        with gate.gate(gate.of_disks([f"/dev/{a.device}"], made), "autoattach register"):
-            bcache.register(sysfs, f"/dev/{a.device}")
+        made = _registering(a.role, node)
+        with gate.gate(gate.of_disks([node], made), "autoattach register"):
+            made.register_disk(sysfs, node)
         return
     if isinstance(a, SetScheduler):  # what `cachemgr scheduler DISK NAME` does, read back
-        with gate.gate(gate.of_disks([f"/dev/{a.device}"]), "autoattach scheduler",
+        with gate.gate(gate.of_disks([node]), "autoattach scheduler",
                        detail={"to": a.scheduler}):
             sched.set_scheduler(sysfs, a.device, a.scheduler)
         return
-    if isinstance(a, Format):  # a blank SSD made a bcache cache (a set's)
-        with gate.gate(gate.of_disks([f"/dev/{a.device}"], kinds.BcacheSet),
-                       "autoattach format"):
-            _format(sysfs, a)
+    if isinstance(a, Format):  # a blank SSD made a cache (a new cache set's)
+        made = _registering("cache", node)
+        with gate.gate(gate.of_disks([node], made), "autoattach format"):
+            made.format_disk(sysfs, node, bucket=a.bucket)
         return
     # the view was read just before this round; each action of a round touches another
     # file of the backing device, so its object from the view is current enough
-    bk = view.backing(a.device)
-    if bk is None:
-        raise CacheMgrError(f"/dev/{a.device} is no longer a registered backing device")
-    k = kinds.Bcache(bk)
+    k = kinds.on_disk(view.snapshot, a.device)
+    if k is None:
+        raise CacheMgrError(f"{node} is no longer a registered backing device")
     subject = gate.of_kind(k)
-    cset = view.snapshot.cache_set(a.cset) if isinstance(a, Attach) else None
+    cache = kinds.find(view.snapshot, a.cset, None) if isinstance(a, Attach) else None
     if isinstance(a, Attach):
-        if cset is None:
+        if cache is None:
             raise CacheMgrError(f"cache set {a.cset} vanished")
-        subject = subject + gate.of_cache_set(cset)
+        subject = subject + gate.of_kind(cache)
     # the gate checks the kind's capability (gate.NEEDS: attach, mode, tune) as for the
-    # admin's own commands; the mode and the tunable are the kind's own operations
+    # admin's own commands; each is the kind's own operation
     with gate.gate(subject, f"autoattach {type(a).__name__.lower()}"):
         if isinstance(a, Attach):
-            assert cset is not None
-            bcache.attach(sysfs, bk, cset)
+            assert cache is not None
+            k.attach_to(sysfs, cache)
         elif isinstance(a, SetMode):
             k.set_mode(sysfs, CacheMode(a.mode))
         elif isinstance(a, SetTunable):
             k.set_tunable(sysfs, a.name, a.value)
+
+
+def _registering(role: str, node: str) -> type[kinds.Kind]:
+    made = kinds.registering(role)
+    if made is None:
+        raise CacheMgrError(f"{node}: no cache kind registers a {role} disk")
+    return made
 
 
 def _assemble(sysfs: Sysfs, view: View, a: AssembleDmCache) -> None:
@@ -122,16 +134,6 @@ def _load_policy(path: str) -> policy.Policy:
                 "no such file" and dm_record.load_all() != ([], []):
             return policy.Policy(path=path)
         raise
-
-
-def _format(sysfs: Sysfs, a: Format) -> None:
-    node = f"/dev/{a.device}"
-    size = bcache.device_bytes(sysfs, node)
-    # refuses (nothing formatted) a bucket the kernel would not take; picks one if unset
-    bucket = bcache.check_bucket(node, size, a.bucket) if size is not None else a.bucket
-    bcache.make_bcache(cache=node, bucket=bucket)
-    with contextlib.suppress(AlreadyError):  # 69-bcache.rules may be first
-        bcache.register(sysfs, f"/dev/{a.device}")
 
 
 @contextlib.contextmanager

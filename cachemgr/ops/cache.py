@@ -41,6 +41,7 @@ from cachemgr.core.errors import (
     require_root,
 )
 from cachemgr.core.model import (
+    AcceptDataLoss,
     CacheMode,
     CacheSet,
     LoggedErrors,
@@ -273,6 +274,15 @@ def vm_lines(sysfs: Sysfs, snap: Snapshot, nodes: Sequence[str | None]) -> list[
     return out
 
 
+def _kind(obj: object) -> kinds.Kind:
+    """A snapshot object found by its own resolver (resolve_backing, resolve_cache_set), as
+    its kind, whose verbs do the change."""
+    k = kinds.of(obj)
+    if k is None:
+        raise CacheMgrError(f"{obj!r}: no cache kind owns it")
+    return k
+
+
 def _again(sysfs: Sysfs, target: str, *, caches: bool = False) -> tuple[Snapshot, kinds.Kind]:
     """The target read again after the question (it may have waited a while)."""
     snap = status(sysfs, probe_unregistered=False)
@@ -432,7 +442,7 @@ def attach(sysfs: Sysfs, backing: str, cache: str, *, writecache: bool = False,
     with gate_mod.gate(gate_mod.of_backing(b), "attach", detail={"cache": cache}):
         c = resolve_cache_set(snap, cache, sysfs)
         with gate_mod.gate(gate_mod.of_cache_set(c), "attach"):
-            return Result(changes=[bcache.attach(sysfs, b, c)])
+            return Result(changes=[_kind(b).attach_to(sysfs, _kind(c))])
 
 
 def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
@@ -502,16 +512,19 @@ def register(sysfs: Sysfs, devices: Sequence[str]) -> Result:
     out = Result(notes=already, already=not plans and bool(already))
     order = sorted(plans, key=lambda p: p[1].kind != "cache")  # the SSDs first
     for _, u in order:
-        # the object it brings back: a cache set's SSD or a backing device (the gate checks
-        # that kind declares register)
-        made = kinds.BcacheSet if u.kind == "cache" else kinds.Bcache
+        # the object it brings back: a cache set's SSD or a backing device, made by the
+        # kind that registers a disk of its superblock role (the gate checks that kind
+        # declares register)
+        made = kinds.registering(u.kind)
+        if made is None:
+            raise CacheMgrError(f"{u.identity.node}: no cache kind registers a {u.kind} disk")
         subject = gate_mod.of_disks([u.identity.node], made)
         if u.cset_uuid:
             subject = subject + gate_mod.of_names(
                 f"cache set {u.cset_uuid}", [owners.cache_key(u.cset_uuid)])
         with gate_mod.gate(subject, "register"):
             try:
-                out.changes.append(bcache.register(sysfs, u.identity.node))
+                out.changes.append(made.register_disk(sysfs, u.identity.node))
             except AlreadyError as exc:  # 69-bcache.rules (udev) was first
                 out.notes.append(f"cachemgr: {exc}")
         if u.kind == "backing":
@@ -740,9 +753,9 @@ def force_run(sysfs: Sysfs, backing: str, *, accept_data_loss: bool = False,
                 + (": what its cache held dirty is lost, and the filesystem on it can be "
                    "corrupt" if dirty else "")], [b.device]):
             b = resolve_backing(status(sysfs, probe_unregistered=False), backing, sysfs)
-    with gate_mod.gate(gate_mod.of_backing(b), "force-run"):
-        return Result(changes=[bcache.force_run(sysfs, b,
-                                                bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
+    dev = _kind(b)
+    with gate_mod.gate(gate_mod.of_kind(dev), "force-run"):
+        return Result(changes=[dev.force_run(sysfs, AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
 
 def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False,
@@ -779,8 +792,7 @@ def stop_set(sysfs: Sysfs, cache: str, *, accept_data_loss: bool = False,
             snap = status(sysfs, probe_unregistered=False)
             c = resolve_cache_set(snap, cache, sysfs)
     with gate_mod.gate(gate_mod.of_cache_set(c, snap), "stop-set"):
-        return Result(changes=[bcache.stop_cache_set(
-            sysfs, c, bcache.AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
+        return Result(changes=[_kind(c).stop_set(sysfs, AcceptDataLoss.I_ACCEPT_DATA_LOSS)])
 
 
 # ----------------------------------------------------------------------------- words

@@ -185,12 +185,7 @@ def vm_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:
     snap = vms.scan(sysfs)
     if snap.vms is None or not snap.vms.vms:
         return []
-    if j.kind == "bcache":
-        nodes = {b["device"] for b in j.backings if b.get("device")}
-    elif j.kind == "lvm":
-        nodes = {d.node for d in snap.dm_devices if d.lvm and d.lvm.full_name == j.cset}
-    else:
-        nodes = {f"/dev/mapper/{j.cset}"}
+    nodes = replace.kind_of(j.kind).vm_nodes(j, snap)  # its kind's module says which
     served = [f"{v.name} ({d.target} on {n})" for n in sorted(nodes)
               for v, d in vms.serving(snap.vms, n)]
     if not served:

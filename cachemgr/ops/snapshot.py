@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from cachemgr.backends import bcache_super, fsfreeze
+from cachemgr.backends import fsfreeze
 from cachemgr.backends.lvm import snap as lvsnap
 from cachemgr.backends.lvm.command import check_vg_lv
 from cachemgr.core import pace, safefs
@@ -74,14 +74,6 @@ def _checked_mount(sysfs: Sysfs, dev: kinds.Kind, mountpoint: str) -> str:
     return mp
 
 
-def _offset(origin_node: str) -> int | None:
-    """Where TARGET's byte 0 sits on its origin (bcache: ``dev.data.first_sector``), so
-    the snapshot's filesystem starts there too."""
-    sb = bcache_super.super_show(origin_node) or {}
-    first = sb.get("dev.data.first_sector", "")
-    return int(first) * 512 if first.isdigit() else None
-
-
 def snapshot(sysfs: Sysfs, target: str, *, lv: str, mountpoint: str, name: str | None = None,
              size: str | None = None, max_latency_ms: float | None = None,
              rest: int = snap_mod.REST, max_freeze: float = snap_mod.MAX_FREEZE,
@@ -105,10 +97,10 @@ def snapshot(sysfs: Sysfs, target: str, *, lv: str, mountpoint: str, name: str |
                          f"(this is {dev.title}); nothing was changed",
                          hint=f"drain it, then snapshot its origin yourself: cachemgr drain "
                               f"{dev.node}")
-    backing = dev.obj.identity
-    if not lvsnap.same_device(lv, backing.node):
+    origin = dev.origin_node or "?"
+    if not lvsnap.same_device(lv, origin):
         raise UsageError(f"{lv} is not the origin of {dev.node} (its backing device is "
-                         f"{backing.node})",
+                         f"{origin})",
                          hint="--lv names the LV bcache caches (lvs shows it)")
     mp = _checked_mount(sysfs, dev, mountpoint)
     require_root("freezing a filesystem and snapshotting")
@@ -130,16 +122,17 @@ def snapshot(sysfs: Sysfs, target: str, *, lv: str, mountpoint: str, name: str |
             for line in recovered:
                 ctl.note(line)
         _, dev = cache_ops._again(sysfs, target)
-        steps = snap_mod.BcacheSteps(sysfs, dev.obj, mountpoint=mp, origin=lv, name=full,
-                                     size=size, thin=thin, max_latency_ms=max_latency_ms,
-                                     timeout=DRAIN_TIMEOUT, stall_timeout=STALL_TIMEOUT)
+        steps = snap_mod.LiveSteps(
+            dev.snapshot_cache(sysfs, max_latency_ms=max_latency_ms, timeout=DRAIN_TIMEOUT,
+                               stall_timeout=STALL_TIMEOUT),
+            mountpoint=mp, origin=lv, name=full, size=size, thin=thin)
         ctl.note(f"snapshot {dev.node}: draining"
                  + (f" under p99 {max_latency_ms:g} ms of the other IO"
                     if max_latency_ms is not None else "")
                  + f" to {human(rest)} dirty, then freezing {mp}")
         taken = snap_mod.take(req, steps, report=ctl.report)
         taken.recovered = recovered
-    offset = _offset(backing.node)
+    offset = dev.origin_offset()  # the snapshot's filesystem starts there too
     return Result(lines=summary(taken, offset), data={
         "schema": 1, **taken.to_json(), "snapshot_node": lvsnap.lv_node(full),
         "data_offset": offset})

@@ -14,7 +14,8 @@ At boot (``cachemgr autoattach``, a full pass) and on every block-device uevent 
    a disk's IO scheduler (``[scheduler.NAME]``), or nothing, with a :class:`Note` saying
    why. It never detaches, never formats a backing device, and ignores devices the policy
    does not name.
-3. :func:`execute` carries the actions out through the bcache backend, logs each with the
+3. :func:`execute` carries the actions out through the command layer's ``act`` (each by
+   the cache kind it acts on), logs each with the
    device's stable id (syslog/journald through :mod:`logging`) and appends it to
    ``<state dir>/autoattach/actions.jsonl``. :func:`reconcile` repeats 1-3 until nothing is
    left to do (registering a cache makes the kernel attach the backing devices whose
@@ -47,6 +48,7 @@ from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, KernelFormatError, UnsafeError
 from cachemgr.core.model import BcacheBacking, CacheState, Identity, Snapshot, hprint
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import kinds
 from cachemgr.procedures.policy import (
     BackingPolicy,
     CachePolicy,
@@ -310,8 +312,11 @@ def take_view(sysfs: Sysfs, *, udev: identity.UdevArg = identity.AUTO,
     """Read the host once. ``udev``/``probe``/``super_show`` default to the live sources;
     ``lvm``: read lvm2's report too (the policy names LVM caches)."""
     scan = bcache.scan(sysfs)
+    # the objects of the kinds that scan for themselves too (kinds.scan_others): an action
+    # on one of them goes to its kind, which does it or refuses it by name
     snap = Snapshot(kernel=None, bcache_loaded=scan.loaded, cache_sets=scan.cache_sets,
-                    backings=scan.backings, warnings=scan.warnings)
+                    backings=scan.backings, warnings=scan.warnings,
+                    others=kinds.scan_others(sysfs))
     dirs = bcache.block_dirs(sysfs)
     live = sysfs.live
     prober = identity.probe_superblock if probe is identity.AUTO and live else (

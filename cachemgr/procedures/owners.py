@@ -129,15 +129,12 @@ def unreadable() -> list[tuple[str, str]]:
 def replace_keys(kind: str, cset: str, backings: Iterable[dict[str, Any]],
                  lvs: Iterable[str] = ()) -> frozenset[str]:
     """The objects a replace-ssd run owns for its whole run (``lvs``: an LVM run's other
-    cached LVs on the same SSD, Journal.lvs)."""
-    keys = {cache_key(cset)}
-    if kind == "bcache":
-        keys |= {bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings}
-    elif kind == "dmcache":
-        keys.add(dmcache_key(cset))
-    elif kind == "lvm":
-        keys |= {lvm_key(x) for x in (cset, *lvs)}
-    return frozenset(keys)
+    cached LVs on the same SSD, Journal.lvs): its cache's and what its kind's module
+    declares (procedures/replace/, ``Kind.run_keys``)."""
+    from cachemgr.procedures import replace
+
+    return frozenset({cache_key(cset), *replace.kind_of(kind).run_keys(
+        cset, tuple(backings), tuple(lvs))})
 
 
 def _replace_runs(view: state.View | None = None) -> list[Owner]:

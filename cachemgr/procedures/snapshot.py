@@ -33,6 +33,7 @@ process lives, a guard process thaws the filesystem the moment it dies
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -41,13 +42,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cachemgr.backends import bcache, fsfreeze
+from cachemgr.backends import fsfreeze
+from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends.lvm import snap as lvsnap
 from cachemgr.core import signals, state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, TimeoutExpired
-from cachemgr.core.model import BcacheBacking, CacheMode, DrainProgress, human
+from cachemgr.core.model import CacheMode, DrainProgress, human
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import drain as drain_mod
+from cachemgr.procedures import kinds
 
 log = logging.getLogger(__name__)
 
@@ -372,62 +374,52 @@ def recover(j: Interrupted, *, thaw: Callable[[str], bool], exists: Callable[[st
     return said
 
 
-class BcacheSteps:
-    """The live steps for a bcache backing device whose origin is an LVM LV: the drain of
-    procedures/drain.py (paced under ``max_latency_ms``), fsfreeze with its guard, lvcreate
-    --snapshot. Other kinds are not built yet (:func:`live_steps` refuses them)."""
+class CacheSteps(Protocol):
+    """The cache's part of the sequence (:class:`Steps`' drain, dirty_bytes, mode,
+    set_mode, unpace), which its kind gives (``Kind.snapshot_cache``: the kinds that declare
+    snapshot; procedures/kinds/bcache.py for bcache)."""
 
-    # the drain's "clean twice, this far apart": 0.2 s, not the drain's 2 s, because it is
-    # part of the freeze; with the filesystem frozen nothing new gets dirty (the 2 s are for
-    # writes that redirty under a running VM: procedures/drain.py)
-    CONFIRM = 0.2
-    INTERVAL = 0.2  # the drain's readings (its default 0.5 s is spent frozen too)
+    def drain(self, progress: Callable[[DrainProgress], None]) -> None: ...
 
-    def __init__(self, sysfs: Sysfs, b: BcacheBacking, *, mountpoint: str, origin: str,
-                 name: str, size: str | None, thin: bool, max_latency_ms: float | None,
-                 timeout: float, stall_timeout: float) -> None:
-        self.sysfs, self.name = sysfs, b.identity.name
+    def dirty_bytes(self) -> int | None: ...
+
+    def mode(self) -> str | None: ...
+
+    def set_mode(self, mode: str) -> None: ...
+
+    def unpace(self) -> None: ...
+
+
+class LiveSteps:
+    """The live steps: the cache's own (its kind's :class:`CacheSteps`: the drain, paced
+    under the command's ``--max-latency``, and its readings), fsfreeze with its guard,
+    lvcreate --snapshot of the LVM LV that is the cache's origin."""
+
+    def __init__(self, cache: CacheSteps, *, mountpoint: str, origin: str, name: str,
+                 size: str | None, thin: bool) -> None:
+        self.cache = cache
         self.mountpoint, self.origin, self.snap_name = mountpoint, origin, name
         self.size, self.thin = size, thin
-        self.max_latency_ms, self.timeout, self.stall_timeout = (max_latency_ms, timeout,
-                                                                 stall_timeout)
         self.guard: fsfreeze.Guard | None = None
 
     def drain(self, progress: Callable[[DrainProgress], None]) -> None:
-        b = bcache.reread(self.sysfs, self.name)
-        drain_mod.drain(self.sysfs, b, timeout=self.timeout,
-                            stall_timeout=self.stall_timeout, confirm=self.CONFIRM,
-                            interval=self.INTERVAL,
-                            progress=progress, max_latency_ms=self.max_latency_ms)
+        self.cache.drain(progress)
 
     def dirty_bytes(self) -> int | None:
-        b = bcache.reread(self.sysfs, self.name)
-        if drain_mod.is_clean(b):
-            return 0
-        return b.dirty.bytes if b.dirty is not None else None
+        return self.cache.dirty_bytes()
 
     def mode(self) -> str | None:
-        b = bcache.reread(self.sysfs, self.name)
-        return b.mode.value if b.mode is not None else None
+        return self.cache.mode()
 
     def set_mode(self, mode: str) -> None:
-        set_bcache_mode(self.sysfs, self.name, mode)
+        self.cache.set_mode(mode)
+
+    def unpace(self) -> None:
+        self.cache.unpace()
 
     def freeze(self) -> None:
         self.guard = fsfreeze.Guard(self.mountpoint)
         fsfreeze.freeze(self.mountpoint)
-
-    def unpace(self) -> None:
-        """writeback_percent 0 (unthrottled writeback) and writeback_delay 0, both journaled
-        by the drain before it began and put back at its end (procedures/drain.py). The
-        paced drain sets writeback_percent to its PACED_PERCENT while it slows down for the
-        VMs and goes back to 0 only after 2 s without their IO: frozen, 2 s more of freeze.
-        The drain's writeback_delay of 1 s is a pause after each pass over the index, which
-        what the freeze wrote waits out (writeback.c, bch_writeback_thread)."""
-        b = bcache.reread(self.sysfs, self.name)
-        for name in ("writeback_percent", "writeback_delay"):
-            if getattr(b, name) != 0:
-                bcache.set_tunable(self.sysfs, b, name, 0)
 
     def thaw(self) -> bool:
         # a thaw that fails raises with the guard kept: it tries again when cachemgr exits
@@ -445,22 +437,20 @@ class BcacheSteps:
         return lvsnap.exists(self.snap_name)
 
 
-def set_bcache_mode(sysfs: Sysfs, name: str, mode: str) -> bool:
-    """Switch backing device ``name`` (its kernel name) to ``mode``; False when so already."""
-    try:
-        bcache.set_mode(sysfs, bcache.reread(sysfs, name), CacheMode(mode))
-    except AlreadyError:
-        return False
-    return True
-
-
 def mode_setter(sysfs: Sysfs) -> Callable[[str, str], bool]:
-    """:func:`recover`'s ``set_mode`` for bcache devices named by their node
-    (/dev/bcacheN)."""
+    """:func:`recover`'s ``set_mode`` for cached devices named by their node
+    (/dev/bcacheN): the device's kind switches it, on a fresh read; False when so
+    already."""
     def put(device: str, mode: str) -> bool:
-        for b in bcache.scan(sysfs, stats=False).backings:
-            if b.device == device:
-                return set_bcache_mode(sysfs, b.identity.name, mode)
-        raise CacheMgrError(f"{device}: not found to put its cache mode {mode} back",
-                            hint=f"cachemgr mode {device} {mode}")
+        snap = dataclasses.replace(snapshot_mod.take(sysfs, stats=False),
+                                   others=kinds.scan_others(sysfs))
+        k = kinds.find(snap, device, sysfs, kinds.devices_only())
+        if k is None:
+            raise CacheMgrError(f"{device}: not found to put its cache mode {mode} back",
+                                hint=f"cachemgr mode {device} {mode}")
+        try:
+            k.set_mode(sysfs, CacheMode(mode))
+        except AlreadyError:
+            return False
+        return True
     return put

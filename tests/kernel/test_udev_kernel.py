@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -165,10 +166,22 @@ def policy_text(ssd: Disk, backs: list[Disk], *, mode: str = "writeback",
     return "\n".join(lines)
 
 
+def here_python() -> Path:
+    """The interpreter the rule runs, with this checkout first on its path: udevd starts
+    the handler with an empty environment, so an editable install of another checkout (the
+    .venv's .pth file names it) would be what the worker imports, not the code under test."""
+    wrapper = Path("/run/cachemgr-wrap/python-here")
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))} exec '
+                       f'{shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def install(text: str) -> None:
     POLICY.parent.mkdir(parents=True, exist_ok=True)
     POLICY.write_text(text)
-    runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--python", sys.executable,
+    runner.run([str(ROOT / "scripts" / "install-udev.sh"), "--python", str(here_python()),
                 "--no-systemd"])
     assert Path("/etc/udev/rules.d/90-cachemgr.rules").exists()
     # udevd logs each rule and program of the events to come (debug_state shows them)

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.core.errors import UsageError
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UsageError
+from cachemgr.core.model import CacheMode
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import autoattach as autoattach_ops
 from cachemgr.ops import gate
 from cachemgr.procedures import autoattach, kinds
-from cachemgr.procedures.autoattach import Attach, Register, SetMode, SetTunable
-from tests.unit.test_kind_registry import Toy
+from cachemgr.procedures.autoattach import Attach, Format, Register, SetMode, SetTunable
+from tests.unit.test_kind_registry import SWITCHED, Toy
 from tests.unit.tui_helpers import copy_capture, kernel_writes
 
 OPS = Path(__file__).resolve().parents[2] / "cachemgr" / "ops"
@@ -105,3 +106,81 @@ def test_the_autoattach_actions_pass_the_capability_check(
     with pytest.raises(UsageError, match=f"cannot {cap}"):
         autoattach_ops.act(sysfs, view, action)
     assert writes == []
+
+
+def test_the_autoattach_actions_are_the_kinds_own_and_a_kind_that_declares_none_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ops/autoattach.py asks the registry which kind an action is for (the kind that
+    registers a disk of its superblock role, the cached device on its disk, the cache it
+    attaches to) and has that kind do it: the test-only kind, which declares a mode and
+    nothing else, is switched, and refused by name (exit 2, nothing written) the register,
+    attach and tune it does not declare."""
+    writes = kernel_writes(monkeypatch)
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    sysfs = Sysfs(str(root))
+    SWITCHED.clear()
+    kinds.register(Toy)
+    try:
+        view = autoattach.take_view(sysfs, udev=None, probe=None, lvm=False)
+        (c,) = view.snapshot.cache_sets
+        for action, words in (
+                (Register("toy0", "toy0", "p", "toy"),
+                 "/dev/toy0: cachemgr cannot register a toy cache; nothing was changed"),
+                (Attach("toy0", "toy0", "p", c.uuid),
+                 "/dev/toy0 is a toy cache: cachemgr cannot attach it; nothing was changed"),
+                (SetTunable("toy0", "toy0", "p", "writeback_percent", 40),
+                 "/dev/toy0 is a toy cache: cachemgr cannot tune it; nothing was changed")):
+            with pytest.raises(UsageError) as exc:
+                autoattach_ops.act(sysfs, view, action)
+            assert exc.value.message == words
+            assert exc.value.hint == "a toy cache can: mode"
+        autoattach_ops.act(sysfs, view, SetMode("toy0", "toy0", "p", "writethrough"))
+        assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]
+        with pytest.raises(CacheMgrError, match="no cache kind registers a flash disk"):
+            autoattach_ops.act(sysfs, view, Register("toy0", "toy0", "p", "flash"))
+    finally:
+        kinds.unregister(Toy)
+    assert writes == []
+
+
+def test_the_bcache_actions_write_what_they_wrote_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same kernel writes as when ops/autoattach.py called bcache's functions: the
+    backing device's cache_mode and tunable, the register file; a format runs make-bcache
+    -C on the disk (the bucket the kernel takes), then registers it."""
+    writes = kernel_writes(monkeypatch)
+    root = copy_capture(tmp_path, "bcache-writeback-dirty")
+    sysfs = Sysfs(str(root))
+    view = autoattach.take_view(sysfs, udev=None, probe=None, lvm=False)
+    (b,) = view.snapshot.backings
+    name = b.identity.name
+    autoattach_ops.act(sysfs, view, SetMode(name, name, "p", "writethrough"))
+    autoattach_ops.act(sysfs, view, SetTunable(name, name, "p", "writeback_percent", 40))
+    with pytest.raises(AlreadyError):  # the capture's backing device is attached
+        autoattach_ops.act(sysfs, view, Attach(name, name, "p", b.cset_uuid or ""))
+    ran: list[dict[str, object]] = []
+    monkeypatch.setattr("cachemgr.backends.bcache.make_bcache", lambda **kw: ran.append(kw))
+    monkeypatch.setattr("cachemgr.backends.bcache.device_bytes", lambda sysfs, node: 1 << 30)
+    autoattach_ops.act(sysfs, view, Format("sdz", "sdz", "p", None))
+    autoattach_ops.act(sysfs, view, Register("sdy", "sdy", "p", "backing"))
+    assert [w for _, w in writes] == ["writethrough", "40", "/dev/sdz", "/dev/sdy"]
+    assert writes[0][0].endswith("/bcache/cache_mode")
+    assert writes[1][0].endswith("/bcache/writeback_percent")
+    assert writes[2][0] == writes[3][0] == "fs/bcache/register"
+    assert ran == [{"cache": "/dev/sdz", "bucket": None}]  # 1 GiB: make-bcache's bucket
+
+
+def test_the_data_losing_verbs_are_the_kinds_and_the_test_only_kind_has_none(
+        tmp_path: Path) -> None:
+    """force-run and stop-set are a kind's verbs (Kind.force_run, Kind.stop_set, handed
+    AcceptDataLoss by the command once it has asked): a kind that declares neither refuses
+    them by name, nothing done."""
+    from cachemgr.core.model import AcceptDataLoss
+
+    sysfs = Sysfs(str(copy_capture(tmp_path, "bcache-writeback-dirty")))
+    toy = Toy(next(iter(Toy.scan(sysfs))))
+    for verb, word in ((toy.force_run, "force-run"), (toy.stop_set, "stop-set")):
+        with pytest.raises(UsageError) as exc:
+            verb(sysfs, AcceptDataLoss.I_ACCEPT_DATA_LOSS)
+        assert exc.value.message == (f"/dev/toy0 is a toy cache: cachemgr cannot {word} it; "
+                                     "nothing was changed")

@@ -56,6 +56,13 @@ class Toy(Kind):
     def names(self) -> set[str]:
         return {self.node, self.obj.name}
 
+    def kernel_names(self) -> set[str]:
+        return {self.obj.name}
+
+    # its disks carry a "toy" superblock, which cachemgr cannot register (it declares no
+    # register): autoattach's Register of one is refused by name
+    disk_role = "toy"
+
     @property
     def node(self) -> str:
         return f"/dev/{self.obj.name}"

@@ -321,3 +321,48 @@ def test_mount_at_takes_the_last_mount_and_refuses_a_relative_path(tmp_path: Pat
     with pytest.raises(CacheMgrError):
         fsfreeze.mount_at("srv", mi)
     assert os.path.isabs(fsfreeze.check_mountpoint("/a/../b"))
+
+
+def test_the_live_steps_are_the_kinds_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """The cache's part of the live steps (its readings, its mode, the unthrottled drain)
+    and restore's mode setter go through the device's kind (Kind.snapshot_cache, set_mode)
+    on a fresh read, not through bcache's own functions: a bcache device's are bcache's
+    writes (on a copy of a lab capture); the test-only kind, which declares a mode switch
+    and no snapshot, is switched by restore's setter and refused the snapshot by name."""
+    from cachemgr.core.model import CacheMode
+    from cachemgr.core.sysfs import Sysfs
+    from cachemgr.procedures import kinds
+    from cachemgr.procedures.kinds.base import Kind
+    from tests.unit.test_kind_registry import SWITCHED, Toy
+    from tests.unit.tui_helpers import copy_capture, kernel_writes
+
+    writes = kernel_writes(monkeypatch)
+    sysfs = Sysfs(str(copy_capture(tmp_path, "bcache-writeback-dirty")))
+    put = snap.mode_setter(sysfs)
+    assert put("/dev/bcache0", "writeback") is False  # already so
+    assert put("/dev/bcache0", "writethrough") is True
+    with pytest.raises(CacheMgrError, match="/dev/nothing: not found to put its cache mode"):
+        put("/dev/nothing", "writeback")
+    snapshot = snap.snapshot_mod.take(sysfs, stats=False)
+    k: Kind = kinds.resolve(snapshot, "/dev/bcache0", sysfs)
+    cache = k.snapshot_cache(sysfs, max_latency_ms=None, timeout=1, stall_timeout=1)
+    steps = snap.LiveSteps(cache, mountpoint="/srv", origin="vg/lv", name="vg/s", size=None,
+                           thin=False)
+    assert steps.mode() == "writethrough"
+    assert steps.dirty_bytes() == k.dirty_bytes and (k.dirty_bytes or 0) > 0
+    steps.set_mode("writethrough")  # already so: fine
+    steps.unpace()
+    assert [(p.rsplit("/", 1)[1], v) for p, v in writes] == [
+        ("cache_mode", "writethrough"), ("writeback_percent", "0"), ("writeback_delay", "0")]
+    SWITCHED.clear()
+    kinds.register(Toy)
+    try:
+        assert snap.mode_setter(sysfs)("/dev/toy0", "writethrough") is True
+        assert SWITCHED == [("/dev/toy0", CacheMode.WRITETHROUGH)]
+        toy = Toy(next(iter(Toy.scan(sysfs))))
+        with pytest.raises(CacheMgrError, match="/dev/toy0 is a toy cache: cachemgr cannot "
+                                                "snapshot it"):
+            toy.snapshot_cache(sysfs, max_latency_ms=None, timeout=1, stall_timeout=1)
+    finally:
+        kinds.unregister(Toy)

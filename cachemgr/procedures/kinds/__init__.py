@@ -28,7 +28,8 @@ from cachemgr.procedures.kinds.dm import DmCache, DmWritecache, LvmCache, LvmWri
 
 __all__ = ["ACTIONS", "REGISTRY", "Bcache", "BcacheSet", "DmCache", "DmWritecache",
            "Drained", "Kind", "LvmCache", "LvmWritecache", "all_of", "find", "kind_named",
-           "listed", "of", "register", "resolve", "scan_others", "unregister"]
+           "listed", "of", "on_disk", "register", "registering", "resolve", "scan_others",
+           "unregister"]
 
 REGISTRY: list[type[Kind]] = [LvmCache, LvmWritecache, DmWritecache, DmCache, Bcache, BcacheSet]
 
@@ -47,6 +48,18 @@ def unregister(kind: type[Kind]) -> None:
 
 def kind_named(name: str) -> type[Kind] | None:
     return next((k for k in REGISTRY if k.name == name), None)
+
+
+def registering(role: str) -> type[Kind] | None:
+    """The kind whose unregistered disks carry the superblock role ``role`` (Kind.disk_role:
+    bcache's "backing" and "cache"): the one that registers them."""
+    return next((k for k in REGISTRY if k.disk_role == role), None)
+
+
+def on_disk(snap: Snapshot, name: str) -> Kind | None:
+    """The cached device of ``snap`` whose kernel name (its disk's, or its own) is
+    ``name``, as its kind; None: none."""
+    return next((k for k in all_of(snap, devices_only()) if name in k.kernel_names()), None)
 
 
 def devices_only() -> list[type[Kind]]:

@@ -21,7 +21,16 @@ from typing import Any, ClassVar
 
 from cachemgr.core.change import Change
 from cachemgr.core.errors import CacheMgrError, UsageError
-from cachemgr.core.model import CacheMode, Identity, Size, Snapshot, Stats, human, short
+from cachemgr.core.model import (
+    AcceptDataLoss,
+    CacheMode,
+    Identity,
+    Size,
+    Snapshot,
+    Stats,
+    human,
+    short,
+)
 from cachemgr.core.sysfs import Sysfs
 
 ProgressFn = Callable[[Any], None]
@@ -282,6 +291,50 @@ class Kind:
         return f"a {cls.title} can: " + (", ".join(sorted(cls.actions))
                                          or "nothing (it is only shown)")
 
+    # ---------------------------------------------------------------- making its objects
+    # (cachemgr register and create, the udev worker's and the boot pass's register, attach
+    # and format: ops/autoattach.py asks the registry, kinds.registering, never a backend)
+
+    # the role an unregistered disk of this kind has on its superblock (bcache-super-show's
+    # sb.version: "backing", "cache"), by which register finds the kind that brings it back
+    disk_role: ClassVar[str | None] = None
+
+    @classmethod
+    def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
+        """Register ``node``, a disk carrying this kind's superblock that the kernel does
+        not know, so that its object appears (AlreadyError: registered already)."""
+        raise cls._declined("register", node)
+
+    @classmethod
+    def format_disk(cls, sysfs: Sysfs, node: str, *, bucket: str | None = None
+                    ) -> list[Change]:
+        """Make the blank disk ``node`` an object of this kind, ready to use (the policy's
+        ``format_blank_ssd``): formatted and registered."""
+        raise cls._declined("create", node)
+
+    @classmethod
+    def _declined(cls, action: str, what: str) -> CacheMgrError:
+        err = cls.declines(action, what)
+        return err if err is not None else CacheMgrError(
+            f"{what}: {action} of a {cls.title} is not built")
+
+    def attach_to(self, sysfs: Sysfs, cache: Kind) -> Change:
+        """Attach this device to ``cache`` (an object of a kind that takes it)."""
+        raise self._cannot("attach")
+
+    # ---------------------------------------------------------------- what loses data
+    # (cachemgr force-run and stop-set: the command has refused them unless the admin said
+    # --i-accept-data-loss and asked its question; the kind does them only when handed
+    # AcceptDataLoss)
+
+    def force_run(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """Start it without its cache: what its cache held dirty is lost."""
+        raise self._cannot("force-run")
+
+    def stop_set(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """Stop this cache without writing its dirty data back: every device on it stops."""
+        raise self._cannot("stop-set")
+
     # ---------------------------------------------------------------- operations
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
@@ -351,6 +404,25 @@ class Kind:
         a kind that cannot drop one block drops every copy of the device), ending in its
         mode (``final_mode``: what an interrupted drop recorded)."""
         raise self._cannot("scrub")
+
+    # ---------------------------------------------------------------- cachemgr snapshot
+
+    def snapshot_cache(self, sysfs: Sysfs, *, max_latency_ms: float | None, timeout: float,
+                       stall_timeout: float) -> Any:
+        """The cache's part of a consistent snapshot of its origin (procedures/snapshot.py
+        ``CacheSteps``: its drain paced under ``max_latency_ms``, its dirty bytes and mode
+        read fresh, its mode switched, the drain unthrottled from inside it)."""
+        raise self._cannot("snapshot")
+
+    @property
+    def origin_node(self) -> str | None:
+        """The device under the cache that holds its data (what a snapshot of the origin
+        copies); None: not known."""
+        return None
+
+    def origin_offset(self) -> int | None:
+        """Where its byte 0 sits on :attr:`origin_node` (None: not known)."""
+        return None
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         """What can be tuned on it and the bounds."""

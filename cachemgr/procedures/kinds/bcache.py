@@ -10,7 +10,15 @@ from cachemgr.backends import bcache
 from cachemgr.backends.bcache import BCACHE_MODES
 from cachemgr.core.change import Change
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UsageError
-from cachemgr.core.model import BcacheBacking, CacheMode, CacheSet, Snapshot, dirty_text, human
+from cachemgr.core.model import (
+    AcceptDataLoss,
+    BcacheBacking,
+    CacheMode,
+    CacheSet,
+    Snapshot,
+    dirty_text,
+    human,
+)
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import drain as drain_mod
 from cachemgr.procedures import keys
@@ -86,6 +94,27 @@ class Bcache(Kind):
 
     def set_mode(self, sysfs: Sysfs, mode: CacheMode) -> Change:
         return bcache.set_mode(sysfs, self.obj, mode)
+
+    def force_run(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """``running=1`` (bcache.rst's "massive filesystem corruption" when its dirty data
+        was in the missing cache)."""
+        return bcache.force_run(sysfs, self.obj, accept)
+
+    # ---------------------------------------------------------------- making its objects
+
+    disk_role = "backing"
+
+    @classmethod
+    def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
+        return bcache.register(sysfs, node)
+
+    def attach_to(self, sysfs: Sysfs, cache: Kind) -> Change:
+        """Attach it to the cache set ``cache`` (bcache's ``attach``: the set's UUID)."""
+        if not isinstance(cache, BcacheSet):
+            raise UsageError(f"{self.node} attaches to a bcache cache set, not to "
+                             f"{cache.node} ({cache.title})",
+                             hint="cachemgr status lists the cache sets")
+        return bcache.attach(sysfs, self.obj, cache.obj)
 
     # ---------------------------------------------------------------- warming
 
@@ -236,6 +265,26 @@ class Bcache(Kind):
 
     def reread(self, sysfs: Sysfs) -> Kind:
         return Bcache(bcache.reread(sysfs, self.obj.identity.name))
+
+    # ---------------------------------------------------------------- cachemgr snapshot
+
+    def snapshot_cache(self, sysfs: Sysfs, *, max_latency_ms: float | None, timeout: float,
+                       stall_timeout: float) -> Any:
+        return SnapshotCache(sysfs, self.obj.identity.name, max_latency_ms=max_latency_ms,
+                             timeout=timeout, stall_timeout=stall_timeout)
+
+    @property
+    def origin_node(self) -> str | None:
+        return self.obj.identity.node
+
+    def origin_offset(self) -> int | None:
+        """bcache's superblock comes first: the data starts at ``dev.data.first_sector``
+        (bcache-super-show)."""
+        from cachemgr.backends import bcache_super
+
+        sb = bcache_super.super_show(self.obj.identity.node) or {}
+        first = sb.get("dev.data.first_sector", "")
+        return int(first) * 512 if first.isdigit() else None
 
     def detach(self, sysfs: Sysfs, *, timeout: float, stall_timeout: float,
                progress: ProgressFn | None) -> list[Change]:
@@ -390,6 +439,61 @@ class Bcache(Kind):
         return out
 
 
+class SnapshotCache:
+    """A bcache backing device's part of cachemgr snapshot (procedures/snapshot.py
+    ``CacheSteps``), each reading fresh from sysfs: the drain of procedures/drain.py (paced
+    under ``max_latency_ms``), its dirty bytes and mode, its mode switched, the drain
+    unthrottled."""
+
+    # the drain's "clean twice, this far apart": 0.2 s, not the drain's 2 s, because it is
+    # part of the freeze; with the filesystem frozen nothing new gets dirty (the 2 s are for
+    # writes that redirty under a running VM: procedures/drain.py)
+    CONFIRM = 0.2
+    INTERVAL = 0.2  # the drain's readings (its default 0.5 s is spent frozen too)
+
+    def __init__(self, sysfs: Sysfs, name: str, *, max_latency_ms: float | None,
+                 timeout: float, stall_timeout: float) -> None:
+        self.sysfs, self.name = sysfs, name
+        self.max_latency_ms, self.timeout, self.stall_timeout = (max_latency_ms, timeout,
+                                                                 stall_timeout)
+
+    def drain(self, progress: ProgressFn) -> None:
+        b = bcache.reread(self.sysfs, self.name)
+        drain_mod.drain(self.sysfs, b, timeout=self.timeout,
+                        stall_timeout=self.stall_timeout, confirm=self.CONFIRM,
+                        interval=self.INTERVAL,
+                        progress=progress, max_latency_ms=self.max_latency_ms)
+
+    def dirty_bytes(self) -> int | None:
+        b = bcache.reread(self.sysfs, self.name)
+        if drain_mod.is_clean(b):
+            return 0
+        return b.dirty.bytes if b.dirty is not None else None
+
+    def mode(self) -> str | None:
+        b = bcache.reread(self.sysfs, self.name)
+        return b.mode.value if b.mode is not None else None
+
+    def set_mode(self, mode: str) -> None:
+        """Already so is fine."""
+        try:
+            bcache.set_mode(self.sysfs, bcache.reread(self.sysfs, self.name), CacheMode(mode))
+        except AlreadyError:
+            pass
+
+    def unpace(self) -> None:
+        """writeback_percent 0 (unthrottled writeback) and writeback_delay 0, both journaled
+        by the drain before it began and put back at its end (procedures/drain.py). The
+        paced drain sets writeback_percent to its PACED_PERCENT while it slows down for the
+        VMs and goes back to 0 only after 2 s without their IO: frozen, 2 s more of freeze.
+        The drain's writeback_delay of 1 s is a pause after each pass over the index, which
+        what the freeze wrote waits out (writeback.c, bch_writeback_thread)."""
+        b = bcache.reread(self.sysfs, self.name)
+        for name in ("writeback_percent", "writeback_delay"):
+            if getattr(b, name) != 0:
+                bcache.set_tunable(self.sysfs, b, name, 0)
+
+
 class BcacheSet(Kind):
     """A bcache cache set: its SSD and the backing devices attached to it."""
 
@@ -433,6 +537,36 @@ class BcacheSet(Kind):
     @property
     def locks(self) -> tuple[tuple[str, str], ...]:
         return ((keys.cache_key(self.obj.uuid), self.node),)
+
+    def stop_set(self, sysfs: Sysfs, accept: AcceptDataLoss) -> Change:
+        """``stop`` on the set: every attached backing device stops, dirty data stays on
+        the SSD."""
+        return bcache.stop_cache_set(sysfs, self.obj, accept)
+
+    # ---------------------------------------------------------------- making its objects
+
+    disk_role = "cache"
+
+    @classmethod
+    def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
+        return bcache.register(sysfs, node)
+
+    @classmethod
+    def format_disk(cls, sysfs: Sysfs, node: str, *, bucket: str | None = None
+                    ) -> list[Change]:
+        """make-bcache -C (a bucket the kernel would refuse is refused first, nothing
+        formatted; unset, one that gives the kernel enough buckets), then register it:
+        the SSD of a new cache set."""
+        size = bcache.device_bytes(sysfs, node)
+        if size is not None:
+            bucket = bcache.check_bucket(node, size, bucket)
+        bcache.make_bcache(cache=node, bucket=bucket)
+        out = [Change(node, "format", None, "bcache cache")]
+        try:
+            out.append(bcache.register(sysfs, node))
+        except AlreadyError:  # 69-bcache.rules may be first
+            pass
+        return out
 
     def tunables(self) -> dict[str, tuple[int, int]]:
         return dict(bcache.SET_TUNABLES)

@@ -69,6 +69,13 @@ class Kind:
     undoes: str  # what a rollback puts back, as a sentence
     done_line: Callable[[Journal], str]  # what a finished run made, in one line
     interim_mode: bool  # the run switches to the operator's interim mode first
+    # the lock keys of what a run owns beside its cache's (procedures/keys.py): (the cache,
+    # the journal's backing devices, its other cached LVs on the same SSD) -> keys
+    run_keys: Callable[[str, tuple[dict[str, Any], ...], tuple[str, ...]], set[str]] = (
+        lambda cache, backings, lvs: set())
+    # the devices VMs use that a run takes out of caching until it ends (a snapshot with
+    # the dm devices): (the journal, the snapshot) -> nodes
+    vm_nodes: Callable[[Journal, Snapshot], set[str]] = lambda j, snap: set()
 
     def short(self, cset: str) -> str:
         """A run's object, as far as a narrow list shows it (a cache set's UUID prefix)."""

@@ -43,7 +43,7 @@ from cachemgr.core.model import (
     Snapshot,
 )
 from cachemgr.core.sysfs import Sysfs
-from cachemgr.procedures import drain
+from cachemgr.procedures import drain, keys
 from cachemgr.procedures.replace import steps
 from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
@@ -448,4 +448,7 @@ KIND = Kind(STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set",
             name="bcache cache set", tag="cset", tag_chars=8,
             stays_up="The VMs' bcache devices stay up (passthrough while detached).",
             undoes="Put the modes back and re-attach what was detached.",
-            done_line=_done_line, interim_mode=True)
+            done_line=_done_line, interim_mode=True,
+            run_keys=lambda cache, backings, lvs: {
+                keys.bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings},
+            vm_nodes=lambda j, snap: {b["device"] for b in j.backings if b.get("device")})

@@ -41,6 +41,7 @@ from cachemgr.core.change import wait_for
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import keys
 from cachemgr.procedures.replace import shared, steps
 from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
@@ -380,4 +381,6 @@ KIND = Kind(
              "is out).",
     undoes="Put the cache back on the old SSD's areas with its old table (cold: the "
            "metadata is zeroed), or its table back if the drain stopped half-way.",
-    done_line=done_line, interim_mode=False)
+    done_line=done_line, interim_mode=False,
+    run_keys=lambda cache, backings, lvs: {keys.dmcache_key(cache)},
+    vm_nodes=lambda j, snap: {f"/dev/mapper/{j.cset}"})

@@ -41,6 +41,7 @@ from cachemgr.backends.targets import find_dm
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import keys
 from cachemgr.procedures.replace import shared, steps
 from cachemgr.procedures.replace.base import Ctx, Kind
 from cachemgr.procedures.replace.journal import Journal, Options, new_run_id
@@ -461,4 +462,7 @@ KIND = Kind(
     stays_up="The LV stays up (uncached between the split and the new attach).",
     undoes="Attach the old cache again with its mode, policy and settings (or, if it was "
            "only drained, put its policy back).",
-    done_line=done_line, interim_mode=False)
+    done_line=done_line, interim_mode=False,
+    run_keys=lambda cache, backings, lvs: {keys.lvm_key(x) for x in (cache, *lvs)},
+    vm_nodes=lambda j, snap: {d.node for d in snap.dm_devices
+                              if d.lvm and d.lvm.full_name == j.cset})
