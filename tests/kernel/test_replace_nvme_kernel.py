@@ -62,11 +62,14 @@ def test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load(
     namespace. The same disk steps served bcache's cache in a test of its own here until
     2026-11-28 (they are one code for every kind: procedures/replace/shared.py); bcache's own
     steps onto another disk under the verify load are test_replace_kernel.py's
-    test_replace_with_a_different_disk (SCSI, UML)."""
+    test_replace_with_a_different_disk (SCSI, UML). First, in the same guest, the NVMe
+    backend's own checks on these two controllers (test_nvme_kernel.py: identities, a refusal,
+    a controller pulled and found again after a rescan)."""
     from tests.kernel import test_replace_dmcache_kernel as dmk
+    from tests.kernel.test_nvme_kernel import identity_refusal_remove_and_rescan
 
     sysfs = Sysfs()
-    a, b = nvme.wait_for_all(sysfs, os.environ["LAB_NVME_SERIALS"].split(), 30)
+    a, b = identity_refusal_remove_and_rescan(sysfs, 192 << 20)
     sectors = runner.run(["blockdev", "--getsz", lab_disks[0]]).stdout.strip()
     runner.run(["dmsetup", "create", "slowhdd", "--table",
                 f"0 {sectors} delay {lab_disks[0]} 0 2"])
