@@ -29,7 +29,7 @@ step "mypy"
 # time, about 0.7 of a CPU). The UML kernel tests start when the unit tests end, three
 # guests at a time, beside what is left of the package lane. On 2 CPUs the suite is bound by
 # CPU: one unit process beside one qemu guest left ~0.4 CPU idle for the unit phase's 600 s
-# (2026-11-28: 531 CPU-s in 597 s beside 0.72 CPU of qemu); two workers take that idle CPU
+# (2026-11-28: ~520 CPU-s in 597 s beside 0.72 CPU of qemu); two workers take that idle CPU
 # (~70 CPU-s more for a second interpreter) so that the UML phase, the critical path's
 # second half, starts sooner; the Ansible unit tests leave that path for the lane, which
 # is not on it. docs/benchmarks.md, "Test suite time".
