@@ -1,7 +1,13 @@
 """NVMe hotplug on Debian's kernel in the qemu lab (issue #17 items 1 and 2): two emulated
 NVMe controllers, each on its own PCIe root port. The backend finds the namespaces by their
 controllers' serials, refuses to pull a controller whose namespace is in use, pulls one (its PCI
-function's remove), and finds it again by its WWID after a PCI rescan, its data unchanged."""
+function's remove), and finds it again by its WWID after a PCI rescan, its data unchanged.
+
+In the CI's qemu set these checks run in the guest of
+test_replace_nvme_kernel.py::test_dmcache_on_nvme_partitions_moved_to_another_controller_under_load,
+which has the same two controllers and goes on to replace a cache on them (a qemu guest's boot
+and pytest's start cost ~25 CPU-s of TCG, as much as these checks' own guest did in all);
+the test here runs them alone."""
 
 from __future__ import annotations
 
@@ -14,23 +20,29 @@ from cachemgr.core import runner
 from cachemgr.core.errors import UnsafeError, UsageError
 from cachemgr.core.sysfs import Sysfs
 
-pytestmark = [pytest.mark.qemu_smoke,
-              pytest.mark.kernel(disks="256M,nvme:64M,nvme:64M", timeout=300)]
+SIZE = 64 << 20
 
 
 def _sha(node: str) -> str:
     return runner.run(["bash", "-c", f"head -c 4M {node} | sha256sum"]).stdout.split()[0]
 
 
+@pytest.mark.kernel(disks="256M,nvme:64M,nvme:64M", timeout=300)
 def test_nvme_identity_refusal_remove_and_rescan() -> None:
-    sysfs = Sysfs()
+    identity_refusal_remove_and_rescan(Sysfs(), SIZE)
+
+
+def identity_refusal_remove_and_rescan(sysfs: Sysfs, size: int
+                                       ) -> tuple[nvme.NvmeNamespace, nvme.NvmeNamespace]:
+    """The checks, on the lab's two controllers (namespaces of ``size`` bytes): their
+    namespaces 1 after them (the first one as the rescan brought it back)."""
     serials = os.environ["LAB_NVME_SERIALS"].split()
     assert len(serials) == 2
     found = {n.serial: n for n in nvme.wait_for_all(sysfs, serials, 30)}
     a, b = found[serials[0]], found[serials[1]]
     assert a.controller != b.controller and a.wwid and b.wwid and a.wwid != b.wwid
     assert a.pci and b.pci and a.pci != b.pci and a.transport == "pcie"
-    assert a.nsid == 1 and a.size_bytes == 64 << 20
+    assert a.nsid == 1 and a.size_bytes == size
     assert nvme.siblings(sysfs, a) == []
     with pytest.raises(UsageError):
         nvme.namespace(sysfs, "vda")
@@ -55,3 +67,4 @@ def test_nvme_identity_refusal_remove_and_rescan() -> None:
     assert back.serial == a.serial and back.pci == a.pci
     assert nvme.wait_for_namespace(sysfs, f"serial:{a.serial}", 1).wwid == a.wwid
     assert _sha(back.node) == before
+    return back, b
