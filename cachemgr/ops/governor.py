@@ -6,7 +6,11 @@ takes the host's snapshot once, and governs every bcache device in writeback fou
 ``systemctl restart cachemgr-governor``). It enters the gate once for all of them (action
 ``governor``) and holds their locks while it runs, as a drain does for its device: a command
 that would change one of them (``mode``, ``drain``, ``snapshot``, ``replace-ssd``...) is
-refused meanwhile (exit 3, naming the governor); stop it first. Every setting it changes is
+refused meanwhile (exit 3, naming the governor); stop it first. It steps aside for the
+protect pass: a device whose cache SSD the pass recorded as failing is not governed, and
+once one it governs is recorded so (checked each tick), every setting is put back and every
+lock released, and the others are governed again (the pass's next run switches the device
+to writethrough, which its lock refused). Every setting it changes is
 journaled first (core/undo.py): put back when it stops (SIGTERM, SIGINT, SIGHUP, an error);
 after a SIGKILL the gate of the next command on a device (the governor's own next start
 included) or ``cachemgr restore`` puts it back.
@@ -65,17 +69,45 @@ def run(sysfs: Sysfs, policy_path: str | None, *, once: bool = False,
                       data={"schema": 1, "enabled": False, "devices": []})
     bounds = bounds_of(pol.writeback)
     require_root("governor")
+    left_aside: list[str] = []
+    while True:
+        res, stepped = _govern(sysfs, bounds, ctl, left_aside, once=once, ticks=ticks,
+                               period=period, clock=clock, sleep=sleep)
+        if not stepped or once:
+            return res
+        # a governed device's SSD failing: every setting is back and every lock released
+        # (the protect pass's next run switches it); the others are governed again
+
+
+def _govern(sysfs: Sysfs, bounds: gov.Bounds, ctl: Control, left_aside: list[str], *,
+            once: bool, ticks: int | None, period: float, clock: Callable[[], float],
+            sleep: Callable[[float], None]) -> tuple[Result, bool]:
+    """One stretch of governing: every bcache device in writeback but those the protect
+    pass claimed; ``True`` with the result when it stepped aside for one it claimed since."""
     snap = cache_ops.status(sysfs, probe_unregistered=False, stats=False)
-    backs = [b for b in snap.backings if gov.bcache_governed(b)]
+    claimed = gov.claimed_by_protect()
+    backs = []
+    for b in snap.backings:
+        if not gov.bcache_governed(b):
+            continue
+        node = b.device or b.identity.node
+        if node in claimed:
+            words = f"{node}: not governed: {claimed[node]}"
+            if words not in left_aside:
+                left_aside.append(words)
+                ctl.note(words)
+            continue
+        backs.append(b)
     if not backs:
-        return Result(lines=["no bcache device in writeback: nothing to govern"],
+        return Result(lines=[*left_aside, "no bcache device in writeback: nothing to govern"],
                       data={"schema": 1, "enabled": True, "bounds": _bounds_json(bounds),
-                            "devices": []})
+                            "devices": [], "left_to_protect": left_aside}), False
     subject = gate.of_backing(backs[0])
     for b in backs[1:]:
         subject = subject + gate.of_backing(b)
     said: list[str] = []
     stopped = ""
+    stepped: list[str] = []
     with signals.terminate_as_interrupt(), gate.gate(subject, "governor", said=said), \
             undo.recording("governor", subject.what, subject.keys, sysfs) as j:
         for line in said:
@@ -87,7 +119,7 @@ def run(sysfs: Sysfs, policy_path: str | None, *, once: bool = False,
             for d in devices:
                 d.knobs.start()
             stopped = _loop(sysfs, devices, bounds, ctl, once=once, ticks=ticks,
-                            period=period, clock=clock, sleep=sleep)
+                            period=period, clock=clock, sleep=sleep, stepped=stepped)
         except signals.Terminated as exc:
             stopped = f"stopped by {exc.name}"
         finally:
@@ -99,9 +131,12 @@ def run(sysfs: Sysfs, policy_path: str | None, *, once: bool = False,
                     log.warning("governor: its state file was not written: %s", exc)
     lines = [d.last.words(d.dev) for d in devices if d.last is not None]
     lines.append(f"{stopped}; put back: " + ("; ".join(back) or "nothing was changed"))
-    return Result(lines=lines, data={
+    if stepped:
+        ctl.note(lines[-1])
+    return Result(lines=[*left_aside, *lines], data={
         "schema": 1, "enabled": True, "bounds": _bounds_json(bounds),
-        "devices": [d.record() for d in devices], "put_back": back, "stopped": stopped})
+        "devices": [d.record() for d in devices], "put_back": back, "stopped": stopped,
+        "left_to_protect": left_aside}), bool(stepped)
 
 
 def _put_back(j: undo.Journal) -> list[str]:
@@ -118,10 +153,16 @@ def _bounds_json(b: gov.Bounds) -> dict[str, object]:
 
 def _loop(sysfs: Sysfs, devices: list[gov.Device], bounds: gov.Bounds, ctl: Control, *,
           once: bool, ticks: int | None, period: float, clock: Callable[[], float],
-          sleep: Callable[[float], None]) -> str:
+          sleep: Callable[[float], None], stepped: list[str] | None = None) -> str:
     said_at: dict[str, float] = {}
     n = 0
     while True:
+        claimed = gov.claimed_by_protect()
+        aside = [d.dev for d in devices if d.dev in claimed]
+        if aside and stepped is not None:  # its settings back and its lock free, now
+            stepped.extend(aside)
+            return ("stepped aside for the protect pass: "
+                    + "; ".join(f"{dev}: {claimed[dev]}" for dev in aside))
         end = clock() + period
         while True:  # every device's counters every SLICE (core/pace.py)
             at = clock()

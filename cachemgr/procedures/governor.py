@@ -51,6 +51,7 @@ from cachemgr.core import pace, state, undo
 from cachemgr.core.errors import AlreadyError, CacheMgrError
 from cachemgr.core.model import BcacheBacking, CacheMode, Size, human
 from cachemgr.core.sysfs import Sysfs
+from cachemgr.procedures import protect
 
 PERIOD = 2.0  # seconds between two decisions (the paced drain's pacer's period)
 NEAR = 0.8  # dirty data or age at this share of its ceiling: write back unpaced
@@ -305,6 +306,21 @@ def write_state(bounds: Bounds, devices: list[Device], *, running: bool) -> None
         "bounds": {"read_p99_ms": bounds.read_p99_ms, "max_dirty": bounds.max_dirty,
                    "max_age_s": bounds.max_age_s},
         "devices": [d.record() for d in devices]})
+
+
+def claimed_by_protect() -> dict[str, str]:
+    """The devices the protect pass has claimed (node -> why, in words): every device cached
+    on an SSD it recorded as failing (procedures/protect.py ``next_state``: a triggered SSD's
+    members, whether its switch was done or refused). The governor leaves them: while it
+    holds a device's lock the protect pass's switch to writethrough is refused, and dirty
+    data on a failing SSD is the data at risk. Read each tick (a small file)."""
+    out: dict[str, str] = {}
+    for v in protect.load_state()["protected"].values():
+        devs = v.get("devices")
+        for node in devs if isinstance(devs, dict) else ():
+            out[str(node)] = (f"its cache SSD {v.get('ssd')} is failing "
+                              f"({v.get('why')}): left to the protect pass")
+    return out
 
 
 def load_state() -> dict[str, Any] | None:

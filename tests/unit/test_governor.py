@@ -177,6 +177,56 @@ def test_a_killed_governors_settings_are_put_back_by_its_next_start(
     assert res.data is not None
 
 
+def claim(dev: str) -> None:
+    """What a protect pass that found ``dev``'s cache SSD failing writes (its switch refused
+    by the governor's lock: procedures/protect.py next_state)."""
+    from cachemgr.core import state
+    state.write_json(state.state_dir() / "protect" / "state.json", {
+        "counts": {}, "protected": {"sdb": {"ssd": "/dev/sdb", "since": 1.0, "last": 1.0,
+                                            "why": "3 IO errors", "devices": {dev: "skipped"},
+                                            "modes": {}}}})
+    assert dev in gov.claimed_by_protect()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the governor changes settings as root only")
+def test_it_steps_aside_for_the_protect_pass(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A governed device whose SSD a protect pass records as failing: at the next tick every
+    setting is put back and the gate left (no undo journal, its locks free), and it is not
+    governed again while the record stands; so the protect pass's next switch gets through."""
+    sysfs, rel, pol = setup(tmp_path, monkeypatch)
+    dev = snapshot.take(sysfs).backings[0].device
+    assert dev is not None
+    before = knobs(sysfs, rel)
+    seen: list[dict[str, str]] = []
+    real = gov.Device.tick
+
+    def tick(self: gov.Device, s: Sysfs, now: float) -> gov.Tick:
+        t = real(self, s, now)
+        seen.append(knobs(sysfs, rel))
+        if len(seen) == 1:
+            claim(dev)
+        return t
+
+    monkeypatch.setattr(gov.Device, "tick", tick)
+    res = gov_ops.run(sysfs, pol, ticks=5, period=0.05)
+    assert len(seen) == 1 and seen[0]["writeback_delay"] == "1"  # it governed, once
+    assert knobs(sysfs, rel) == before
+    assert not undo.journals()
+    assert res.data is not None and res.data["devices"] == []
+    assert any(f"{dev}: not governed: its cache SSD /dev/sdb is failing" in line
+               for line in res.lines), res.lines
+    # a start while the record stands governs nothing of it (still in writeback)
+    seen.clear()
+    res = gov_ops.run(sysfs, pol, ticks=2, period=0.05)
+    assert seen == [] and knobs(sysfs, rel) == before and not undo.journals()
+    assert "nothing to govern" in res.lines[-1]
+    # the protect pass's switch passes the gate (the governor holds nothing)
+    from cachemgr.ops import cache as cache_ops
+    cache_ops.mode(sysfs, dev, "writethrough")
+    assert sysfs.read(f"{rel}/cache_mode").split("[")[1].startswith("writethrough")
+
+
 def test_off_by_default_does_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(tmp_path / "state"))
     sysfs = Sysfs(copy_capture(tmp_path, "bcache-writeback-dirty"))
