@@ -152,16 +152,30 @@ def warm_after(args: Sequence[str]) -> int:
             pass
     import signal
 
+    from cachemgr.core.signals import Terminated
     from cachemgr.core.sysfs import Sysfs
 
     def stop(signum: int, _frame: object) -> None:  # migrate.stop_warm: the VM left
-        exc = KeyboardInterrupt()
-        exc.name = signal.Signals(signum).name  # type: ignore[attr-defined]
-        raise exc
+        # once: a second signal while the first is handled (the records written, what the
+        # warm set put back) must not cut that short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Terminated, a subclass, never a plain KeyboardInterrupt: CPython 3.11 marks a
+        # plain one that leaves code run by exec() of a string (a dataclass being made
+        # during an import) as unhandled for good, caught or not, and the process then
+        # ends killed by SIGINT whatever it returned (pythonrun.c run_eval_code_obj sets
+        # _Py_UnhandledKeyboardInterrupt on the exact type; main.c exit_sigint)
+        raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, stop)
-    return migrate.warm_after(Sysfs(os.environ.get(SYSFS_ENV) or sysfs_lite.ROOT), domain,
-                              nodes, traces)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        return migrate.warm_after(Sysfs(os.environ.get(SYSFS_ENV) or sysfs_lite.ROOT),
+                                  domain, nodes, traces)
+    except KeyboardInterrupt as exc:  # before its records said waiting: nothing was read
+        _say(f"cachemgr: warm after the arrival of {domain!r} stopped "
+             f"({getattr(exc, 'name', 'SIGINT')}) before it began")
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
