@@ -62,7 +62,7 @@ import re
 import stat
 import tomllib
 import uuid as uuid_mod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -622,6 +622,27 @@ class _Checker:
             return None
         return data
 
+    def section(self, data: Mapping[str, object], name: str,
+                allowed: set[str]) -> dict[str, Any] | None:
+        """A top-level table (``[protect]``, ``[migration]``...): None when it is absent or
+        not a table (said), else its body, its unknown keys said."""
+        if name not in data:
+            return None
+        body = self.table(data[name], (name,))
+        if body is not None:
+            self.unknown(body, allowed, (name,))
+        return body
+
+    def flags(self, body: Mapping[str, object], path: tuple[str, ...],
+              keys: Iterable[str], out: dict[str, Any]) -> None:
+        """Each of ``keys`` present in ``body`` into ``out``, if it is true or false."""
+        for key in keys:
+            if key in body:
+                if isinstance(body[key], bool):
+                    out[key] = body[key]
+                else:
+                    self.bad((*path, key), f"{key} must be true or false")
+
     def unknown(self, data: Mapping[str, object], allowed: set[str],
                 path: tuple[str, ...]) -> None:
         for k in data:
@@ -789,19 +810,12 @@ def parse(text: str, path: str = DEFAULT_PATH) -> Policy:
 
 
 def _writeback(ck: _Checker, data: Mapping[str, object]) -> WritebackPolicy:
-    if "writeback" not in data:
-        return WritebackPolicy()
     p = ("writeback",)
-    body = ck.table(data["writeback"], p)
+    body = ck.section(data, "writeback", _WRITEBACK_KEYS)
     if body is None:
         return WritebackPolicy()
-    ck.unknown(body, _WRITEBACK_KEYS, p)
     out: dict[str, Any] = {}
-    if "enabled" in body:
-        if isinstance(body["enabled"], bool):
-            out["enabled"] = body["enabled"]
-        else:
-            ck.bad((*p, "enabled"), "enabled must be true or false")
+    ck.flags(body, p, ("enabled",), out)
     for key, top, unit in (("read_p99_ms", 60_000, "milliseconds"),
                            ("max_age_s", 7 * 86400, "seconds")):
         if key in body:
@@ -829,19 +843,12 @@ def _writeback(ck: _Checker, data: Mapping[str, object]) -> WritebackPolicy:
 
 
 def _scrub(ck: _Checker, data: Mapping[str, object]) -> ScrubPolicy:
-    if "scrub" not in data:
-        return ScrubPolicy()
     p = ("scrub",)
-    body = ck.table(data["scrub"], p)
+    body = ck.section(data, "scrub", _SCRUB_KEYS)
     if body is None:
         return ScrubPolicy()
-    ck.unknown(body, _SCRUB_KEYS, p)
     out: dict[str, Any] = {}
-    if "enabled" in body:
-        if isinstance(body["enabled"], bool):
-            out["enabled"] = body["enabled"]
-        else:
-            ck.bad((*p, "enabled"), "enabled must be true or false")
+    ck.flags(body, p, ("enabled",), out)
     if "devices" in body:
         v = body["devices"]
         if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() and
@@ -862,13 +869,10 @@ def _scrub(ck: _Checker, data: Mapping[str, object]) -> ScrubPolicy:
 
 
 def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
-    if "migration" not in data:
-        return MigrationPolicy()
     p = ("migration",)
-    body = ck.table(data["migration"], p)
+    body = ck.section(data, "migration", _MIGRATION_KEYS)
     if body is None:
         return MigrationPolicy()
-    ck.unknown(body, _MIGRATION_KEYS, p)
     out: dict[str, Any] = {}
     if "on_hazard" in body:
         v = body["on_hazard"]
@@ -877,11 +881,7 @@ def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
         else:
             ck.bad((*p, "on_hazard"), f"on_hazard must be one of "
                                       f"{', '.join(MIGRATION_ACTIONS)}, not {_toml(v)}")
-    if "guard_start" in body:
-        if isinstance(body["guard_start"], bool):
-            out["guard_start"] = body["guard_start"]
-        else:
-            ck.bad((*p, "guard_start"), "guard_start must be true or false")
+    ck.flags(body, p, ("guard_start",), out)
     if "drain_timeout" in body:
         v = body["drain_timeout"]
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 3600:
@@ -889,11 +889,7 @@ def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
                                           f"(seconds), not {_toml(v)}")
         else:
             out["drain_timeout"] = v
-    if "warm_after" in body:
-        if isinstance(body["warm_after"], bool):
-            out["warm_after"] = body["warm_after"]
-        else:
-            ck.bad((*p, "warm_after"), "warm_after must be true or false")
+    ck.flags(body, p, ("warm_after",), out)
     if "warm_traces" in body:
         v = body["warm_traces"]
         if isinstance(v, str) and v.startswith("/") and "\0" not in v:
@@ -905,20 +901,12 @@ def _migration(ck: _Checker, data: Mapping[str, object]) -> MigrationPolicy:
 
 
 def _protect(ck: _Checker, data: Mapping[str, object]) -> ProtectPolicy:
-    if "protect" not in data:
-        return ProtectPolicy()
     p = ("protect",)
-    body = ck.table(data["protect"], p)
+    body = ck.section(data, "protect", _PROTECT_KEYS)
     if body is None:
         return ProtectPolicy()
-    ck.unknown(body, _PROTECT_KEYS, p)
     out: dict[str, Any] = {}
-    for key in ("enabled", "smart_critical"):
-        if key in body:
-            if isinstance(body[key], bool):
-                out[key] = body[key]
-            else:
-                ck.bad((*p, key), f"{key} must be true or false")
+    ck.flags(body, p, ("enabled", "smart_critical"), out)
     if "io_errors" in body:
         v = body["io_errors"]
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
