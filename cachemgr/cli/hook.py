@@ -56,8 +56,7 @@ def _policy(path: str | None) -> tuple[object, str | None]:
     try:
         return policy.load(path).migration, None
     except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and "no such file" in \
-                exc.problems[0].message:
+        if exc.missing:
             return policy.MigrationPolicy(), None
         return policy.MigrationPolicy(), "; ".join(x.render(exc.path) for x in exc.problems)
 

@@ -130,8 +130,7 @@ def _load_policy(path: str) -> policy.Policy:
     try:
         return policy.load(path)
     except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and exc.problems[0].message == \
-                "no such file" and dm_record.load_all() != ([], []):
+        if exc.missing and dm_record.load_all() != ([], []):
             return policy.Policy(path=path)
         raise
 
@@ -280,8 +279,7 @@ def event_pass(sysfs: Sysfs, policy_path: str, batch: Sequence[dict[str, Any]],
     try:
         pol = _load_policy(policy_path)
     except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and exc.problems[0].message == \
-                "no such file":
+        if exc.missing:
             log.debug("no policy at %s: nothing to do", policy_path)
             return
         log.error("not acting on %d event(s): %s", len(events), exc.message)

@@ -40,16 +40,6 @@ log = logging.getLogger("cachemgr.governor")
 REPORT_EVERY = 60.0  # seconds between two status lines of a device that did not change
 
 
-def _load(policy_path: str | None) -> policy.Policy | None:
-    try:
-        return policy.load(policy_path)
-    except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and \
-                exc.problems[0].message == "no such file":
-            return None
-        raise
-
-
 def bounds_of(wb: policy.WritebackPolicy) -> gov.Bounds:
     return gov.Bounds(wb.read_p99_ms, wb.max_dirty, wb.max_age_s)
 
@@ -62,7 +52,7 @@ def run(sysfs: Sysfs, policy_path: str | None, *, once: bool = False,
     (``period`` seconds measured, one decision applied, everything put back: what it would
     do now). ``ticks``: stop after that many (tests)."""
     ctl = ctl or Control(what="governor")
-    pol = _load(policy_path)
+    pol = policy.load_if_present(policy_path)
     if pol is None or not pol.writeback.enabled:
         why = "no policy file" if pol is None else "its [writeback] table is not enabled"
         return Result(lines=[f"the writeback governor is off ({why}): nothing done"],

@@ -88,16 +88,6 @@ def gather(sysfs: Sysfs, snap: Snapshot) -> tuple[list[protect.Ssd], protect.Log
     return protect.ssds(snap, rows, errors, by_disk), klog
 
 
-def _load(policy_path: str) -> policy.Policy | None:
-    try:
-        return policy.load(policy_path)
-    except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and \
-                exc.problems[0].message == "no such file":
-            return None
-        raise
-
-
 def run(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False,
         pol: policy.Policy | None = None, ctl: Control | None = None,
         stall_timeout: float = STALL_TIMEOUT, drains: bool = True) -> Result:
@@ -105,7 +95,7 @@ def run(sysfs: Sysfs, policy_path: str, *, dry_run: bool = False,
     ``[protect]`` off: nothing is read or done. Root unless ``dry_run``. ``drains`` False
     (the boot pass, which must not hold the boot for hours): the switches only, the drains
     left to the next pass (cachemgr-protect.timer)."""
-    pol = pol if pol is not None else _load(policy_path)
+    pol = pol if pol is not None else policy.load_if_present(policy_path)
     if pol is None or not pol.protect.enabled:
         why = "no policy file" if pol is None else "its protect table has enabled = false"
         lines = [f"protect is off, {why}: nothing decided"]
@@ -354,7 +344,7 @@ def _clear(sysfs: Sysfs, name: str, policy_path: str, *, dry_run: bool,
     else:
         lines.append(f"dry-run  SSD {ssd}: its record would be forgotten and its counts taken "
                      "as the new baseline")
-    pol = _load(policy_path)
+    pol = policy.load_if_present(policy_path)
     if pol is not None and pol.protect.enabled and group is not None:
         again = protect.decide([group], pol.protect, {k: n for k, n in group.io_errors.items()})
         if again.triggered:

@@ -153,13 +153,8 @@ def plan(dev: kinds.Kind, max_latency_ms: float | None) -> Plan:
 def _policy(path: str) -> policy.ScrubPolicy:
     """The policy's ``[scrub]`` table; the defaults when there is no policy file (a bad one
     is a usage error: nothing is scrubbed)."""
-    try:
-        return policy.load(path).scrub
-    except policy.PolicyError as exc:
-        if exc.problems and exc.problems[0].line == 0 and \
-                exc.problems[0].message == "no such file":
-            return policy.ScrubPolicy()
-        raise
+    pol = policy.load_if_present(path)
+    return pol.scrub if pol is not None else policy.ScrubPolicy()
 
 
 def scrub_all(sysfs: Sysfs, policy_path: str, *, max_latency_ms: float | None = None,

@@ -131,6 +131,12 @@ class PolicyError(UsageError):
     def line(self) -> int:
         return self.problems[0].line if self.problems else 0
 
+    @property
+    def missing(self) -> bool:
+        """The file is not there (no policy: the callers' defaults), not a bad one."""
+        return bool(self.problems) and self.problems[0].line == 0 and \
+            self.problems[0].message == "no such file"
+
 
 class UnsafePolicyError(PolicyError):
     """Run as root, a policy file that another user could change (exit 2): the file, or a
@@ -1110,6 +1116,16 @@ def load(path: str | None = None) -> Policy:
         line = raw[:exc.start].count(b"\n") + 1
         raise PolicyError(p, [Problem(line, "not valid UTF-8")]) from None
     return parse(text, p)
+
+
+def load_if_present(path: str | None = None) -> Policy | None:
+    """:func:`load`, None when there is no policy file (a bad one still raises)."""
+    try:
+        return load(path)
+    except PolicyError as exc:
+        if exc.missing:
+            return None
+        raise
 
 
 # ---------------------------------------------------------------------------------------
