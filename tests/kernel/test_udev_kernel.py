@@ -402,6 +402,11 @@ def test_reinserted_ssd_after_replacement_is_picked_up() -> None:
     wait(lambda: all(backing_ok(sysfs, b) for b in backs) and cset_of(sysfs, backs[0]) != old,
          20, "the backing attached to a new cache set on the re-inserted SSD")
     latency = time.monotonic() - t_last
+    # the worker journals an action when the command layer's call returns, a moment after
+    # sysfs shows its effect (a full run read the journal in between: format there, attach
+    # not yet): wait for the attach's line, not a guess at how long writing it takes
+    wait(lambda: any(r["kind"] == "attach" and r["result"] == "done"
+                     for r in records()[n_before:]), 20, "the worker's journal line of the attach")
     new = records()[n_before:]
     fmt = [r for r in new if r["kind"] == "format" and r["result"] == "done"]
     report("reinserted_blank_ssd", seconds_from_rescan=round(latency, 3),
