@@ -492,13 +492,17 @@ def _read_many(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
     local = threading.local()
 
     def start() -> None:
+        # here, not as the pool's initializer: an error (the device gone) is then the
+        # read's own OSError, not a broken pool
         _set_idle()
-        local.fd = os.open(node, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-        local.buf = mmap.mmap(-1, MAX_REQUEST)
+        fd = os.open(node, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+        local.fd, local.buf = fd, mmap.mmap(-1, MAX_REQUEST)
         with lock:
             opened.append((local.fd, local.buf))
 
     def one(req: tuple[int, int]) -> int:
+        if not hasattr(local, "fd"):
+            start()
         off, ln = req
         with gate:
             pacer.wait(lambda: flight[0])
@@ -511,7 +515,7 @@ def _read_many(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
             with lock:
                 flight[0] -= 1
 
-    pool = ThreadPoolExecutor(depth, thread_name_prefix="warm", initializer=start)
+    pool = ThreadPoolExecutor(depth, thread_name_prefix="warm")
     last = time.monotonic()
     try:
         for (_, ln), got in zip(reqs, pool.map(one, reqs), strict=True):

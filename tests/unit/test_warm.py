@@ -459,3 +459,13 @@ def test_dmcache_warm_paces_on_the_cached_device_and_reads_in_parallel(
     assert k.warm_slow_devices(sysfs) == [f"block/{d.kernel_name}"]
     assert d.origin is not None and d.origin.name != d.kernel_name
     assert k.warm_depth > 1 and k.warm_pass_s >= 1.0  # a pass within smq's period
+
+
+def test_reads_in_flight_at_once_on_a_device_gone_raise_its_oserror(tmp_path: Path) -> None:
+    class Pacer(warm.Pacer):
+        def wait(self, ours: Any = None) -> None:
+            pass
+
+    with pytest.raises(FileNotFoundError):
+        warm.read_hot(str(tmp_path / "gone"), [(0, 4096)] * 4, pacer=Pacer(None, []),  # type: ignore[arg-type]
+                      progress=None, out=warm.Warmed("gone"), total=4 * 4096, depth=4)
