@@ -15,7 +15,7 @@ says dirty; a failed dm-cache has no status), never 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -304,6 +304,19 @@ class Kind:
         """Register ``node``, a disk carrying this kind's superblock that the kernel does
         not know, so that its object appears (AlreadyError: registered already)."""
         raise cls._declined("register", node)
+
+    @classmethod
+    def register_refusal(cls, snap: Snapshot, named: str, disk: Any,
+                         batch: Sequence[Any]) -> CacheMgrError | None:
+        """Why registering ``disk`` (an entry of ``Snapshot.unregistered`` whose role is this
+        kind's, ``named`` as the admin typed it) would be unsafe now, ``batch`` being every
+        disk the same command registers (``disk`` too); None: nothing against it."""
+        return None
+
+    @classmethod
+    def wait_registered(cls, sysfs: Sysfs, disk: Any) -> None:
+        """Return once the object :meth:`register_disk` made of ``disk`` (an entry of
+        ``Snapshot.unregistered``) shows where a snapshot reads it. Default: at once."""
 
     @classmethod
     def format_disk(cls, sysfs: Sysfs, node: str, *, bucket: str | None = None
