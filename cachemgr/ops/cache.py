@@ -658,11 +658,7 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     with gate_mod.gate(gate_mod.of_kind(dev), "remove"):
         out = Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
                                         stall_timeout=stall_timeout, progress=ctl.report))
-        # no cache is left to bring back at boot (with --keep-device the device stays as a
-        # linear mapping of the origin until the next reboot): the record goes either way
-        if dev.name == "dm-cache" and dm_record.delete(getattr(dev.obj, "name", "")):
-            out.notes.append(f"cachemgr: its record {dm_record.records_dir()}/"
-                             f"{dev.obj.name}.json is removed")
+        out.notes += dev.forget()  # what would bring it back (a dm-cache's record)
         return out
 
 

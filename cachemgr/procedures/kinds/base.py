@@ -390,6 +390,11 @@ class Kind:
                progress: ProgressFn | None) -> list[Change]:
         raise self._cannot("remove")
 
+    def forget(self) -> list[str]:
+        """Once :meth:`remove` is done: drop what cachemgr keeps of the object to bring it
+        back later (none by default); the notes that say so."""
+        return []
+
     # what dropping its cached copies costs and how long it holds the device (cachemgr
     # invalidate's question; docs/admin-guide.md, "Live migration over shared storage")
     invalidate_how: ClassVar[str] = ""
