@@ -78,7 +78,7 @@ def list_runs(cache: str | None = None) -> Result:
     the JSON) and skipped: the others are listed all the same."""
     found, bad = replace.scan_runs()
     if cache:
-        found = [j for j in found if j.named_by(cache)]
+        found = [j for j in found if replace.named_by(j, cache)]
     return Result(
         lines=[f"{j.id}  {j.status:<11} {replace.kind_of(j.kind).label(j.cset)}  "
                f"done: {', '.join(j.done[-1:])}"
@@ -136,7 +136,7 @@ def _planned(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal
     them makes itself): another unfinished run on the cache is refused, then the kind plans."""
     unfinished = runs(unfinished=True)
     for r in unfinished:
-        if r.named_by(cache):
+        if replace.named_by(r, cache):
             _refuse_second(r)
     j = _plan(sysfs, cache, opts)
     for r in unfinished:

@@ -1,8 +1,9 @@
 """replace-ssd asks its kinds (procedures/replace/run.py ``KINDS``): which kind a CACHE is
-(each kind's ``claims``, bcache the fallback), whose plan it takes, and which fields of
-``replace-ssd --json`` each fills (issue #44 item 2). A kind that ships nowhere, added to
-the registry here and nowhere else, is recognised, planned and shown; the built-in kinds'
-JSON fields are pinned as docs/json.md gives them."""
+(each kind's ``claims``, bcache the fallback), whose plan it takes, which fields of
+``replace-ssd --json`` each fills and which names name a run's cache (``names_run``)
+(issue #44 item 2). A kind that ships nowhere, added to the registry here and nowhere
+else, is recognised, planned and shown; the built-in kinds' JSON fields are pinned as
+docs/json.md gives them."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def test_a_kind_registered_here_is_recognised_planned_and_shown(
         replace.BCACHE, name="Open-CAS cache", tag="cas", fallback=False,
         claims=lambda cache, sysfs, snap: cache.removeprefix("cas:") if cache.startswith(
             "cas:") else None,
-        plan=plan, json=lambda j: {"cas_id": j.cset})
+        plan=plan, json=lambda j: {"cas_id": j.cset},
+        names_run=lambda j, spec: spec.removeprefix("cas:") == j.cset.removeprefix("cas:"))
     monkeypatch.setitem(run.KINDS, "opencas", lambda: opencas)
     sysfs = Sysfs(LVM_CAPTURE)
     assert ops_replace.kind_for("cas:1") is opencas
@@ -90,6 +92,9 @@ def test_a_kind_registered_here_is_recognised_planned_and_shown(
     assert planned == [("cas:1", "1")] and j.kind == "opencas"
     doc = ops_replace.journal_json(j)
     assert doc["cas_id"] == "cas:1"
+    # a run is named as its kind says (bcache's would take "cas:1" alone)
+    assert replace.named_by(j, "1") and replace.named_by(j, " cas:1 ")
+    assert not replace.named_by(j, "2") and not replace.named_by(j, "")
     # the other kinds' fields are null: bcache's new_cset is not read from this run
     assert all(doc[k] is None for k in ("cset", "new_cset", "lv", "lvm", "dm_name", "dm"))
     other = ops_replace.journal_json(_journal("dmcache", "vc"))

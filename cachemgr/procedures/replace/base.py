@@ -75,6 +75,9 @@ class Kind:
     claims: Callable[[str, Sysfs | None, Snapshot | None], object | None]
     # the plan of a run on the cache it claimed: (sysfs, CACHE, options, what claims found)
     plan: Callable[[Sysfs, str, Options, object], Journal]
+    # whether a CACHE as replace-ssd takes it (stripped, not empty) names a run's cache,
+    # told from the journal alone: (the journal, CACHE) -> bool
+    names_run: Callable[[Journal, str], bool]
     # the fields of ``replace-ssd --json`` (docs/json.md) this kind fills, the same keys
     # whatever the journal; a run of another kind has each of them null
     json: Callable[[Journal], dict[str, Any]]

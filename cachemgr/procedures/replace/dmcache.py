@@ -395,6 +395,7 @@ KIND = Kind(
            "metadata is zeroed), or its table back if the drain stopped half-way.",
     done_line=done_line, interim_mode=False,
     claims=claims,
+    names_run=lambda j, spec: spec.removeprefix("/dev/mapper/") == j.cset,
     plan=plan_claimed,
     json=lambda j: {"dm_name": j.cset, "dm": j.dm},
     run_keys=lambda cache, backings, lvs: {keys.dmcache_key(cache)},

@@ -481,7 +481,9 @@ KIND = Kind(
     undoes="Attach the old cache again with its mode, policy and settings (or, if it was "
            "only drained, put its policy back).",
     done_line=done_line, interim_mode=False,
-    claims=claims, plan=plan_claimed, json=lambda j: {"lv": j.cset, "lvm": j.lvm},
+    claims=claims, plan=plan_claimed,
+    names_run=lambda j, spec: command.spelling(spec) in j.lvs(),
+    json=lambda j: {"lv": j.cset, "lvm": j.lvm},
     run_keys=lambda cache, backings, lvs: {keys.lvm_key(x) for x in (cache, *lvs)},
     vm_nodes=lambda j, snap: {d.node for d in snap.dm_devices
                               if d.lvm and d.lvm.full_name == j.cset})

@@ -92,6 +92,14 @@ def plan_cache(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
     return kind.plan(sysfs, cache, opts, found)
 
 
+def named_by(j: Journal, spec: str) -> bool:
+    """``spec``, spelt as replace-ssd takes its CACHE, names run ``j``'s cache (its kind
+    says: ``Kind.names_run``) or its old SSD; told from the journal alone, so it holds once
+    the old SSD is gone."""
+    spec = spec.strip()
+    return bool(spec) and (kind_of(j.kind).names_run(j, spec) or j.names_old_ssd(spec))
+
+
 def json_fields(j: Journal) -> dict[str, Any]:
     """The kinds' own fields of ``replace-ssd --json`` (docs/json.md): those of run ``j``'s
     kind filled, every other kind's null, in :data:`KINDS`' order."""
