@@ -263,7 +263,7 @@ def replace(app: Host) -> None:
     from cachemgr.ops import replace as replace_ops
     from tui.screens.replace import ReplaceScreen
 
-    app.push_screen(ReplaceScreen(cache, replace_ops.kind_for(cache, app.sysfs)))
+    app.push_screen(ReplaceScreen(cache, replace_ops.kind_for(cache, app.sysfs, app.snap)))
 
 
 def bench(app: Host) -> None:

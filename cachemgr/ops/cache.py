@@ -24,7 +24,6 @@ from typing import Any
 from cachemgr.backends import bcache, dmcache, kernlog, signatures, smart
 from cachemgr.backends import snapshot as snapshot_mod
 from cachemgr.backends import vms as vms_mod
-from cachemgr.backends.bcache_super import refuse_orphaned_dirt, refuse_unreadable
 from cachemgr.backends.dmcache import build as dm_build
 from cachemgr.backends.dmcache import discover as dm_discover
 from cachemgr.backends.dmcache import record as dm_record
@@ -43,7 +42,6 @@ from cachemgr.core.errors import (
 from cachemgr.core.model import (
     AcceptDataLoss,
     CacheMode,
-    CacheSet,
     LoggedErrors,
     Owner,
     Snapshot,
@@ -467,9 +465,6 @@ def detach(sysfs: Sysfs, backing: str, *, ctl: Control | None = None,
 # ----------------------------------------------------------------------------- register
 
 
-REGISTER_WAIT = 10.0  # seconds for a registered backing device to show its bcache directory
-
-
 def register(sysfs: Sysfs, devices: Sequence[str]) -> Result:
     """Bring back bcache devices the kernel stopped or a boot left unregistered: cache
     devices first (whatever the order given), then backing devices, each through the gate.
@@ -493,42 +488,30 @@ def register(sysfs: Sysfs, devices: Sequence[str]) -> Result:
                              hint="cachemgr status lists the unregistered bcache devices "
                                   "(bcache-super-show DEV shows a superblock)")
         plans.append((dev, u))
-    caches = {u.cset_uuid for _, u in plans if u.kind == "cache" and u.cset_uuid}
+    # each disk as the kind that registers a disk of its superblock role (the gate checks
+    # that kind declares register), which says what stands against it
+    batch = [u for _, u in plans]
+    made: list[tuple[UnregisteredBcache, type[kinds.Kind]]] = []
     for dev, u in plans:
-        if u.kind != "backing" or u.sb_state != "dirty" or not u.cset_uuid:
-            continue
-        if snap.cache_set(u.cset_uuid) is not None or u.cset_uuid in caches:
-            continue
-        ssd = next((x.identity.node for x in snap.unregistered
-                    if x.kind == "cache" and x.cset_uuid == u.cset_uuid), None)
-        raise UnsafeError(
-            f"{dev} holds dirty data on cache set {u.cset_uuid}, which is not registered"
-            + (f"; its SSD {ssd} is present but was not named" if ssd else
-               " and whose SSD is absent") + "; nothing was registered",
-            hint=(f"register them together, the SSD first: cachemgr register {ssd} {dev}"
-                  if ssd else "bring the SSD back (its dirty data is on it), then "
-                              f"cachemgr register SSD {dev}; running {dev} without it "
-                              "(force-run) risks filesystem corruption"))
-    out = Result(notes=already, already=not plans and bool(already))
-    order = sorted(plans, key=lambda p: p[1].kind != "cache")  # the SSDs first
-    for _, u in order:
-        # the object it brings back: a cache set's SSD or a backing device, made by the
-        # kind that registers a disk of its superblock role (the gate checks that kind
-        # declares register)
-        made = kinds.registering(u.kind)
-        if made is None:
+        k = kinds.registering(u.kind)
+        if k is None:
             raise CacheMgrError(f"{u.identity.node}: no cache kind registers a {u.kind} disk")
-        subject = gate_mod.of_disks([u.identity.node], made)
+        refused = k.register_refusal(snap, dev, u, batch)
+        if refused is not None:
+            raise refused
+        made.append((u, k))
+    out = Result(notes=already, already=not plans and bool(already))
+    for u, k in sorted(made, key=lambda m: m[1].cached_device):  # the caches first
+        subject = gate_mod.of_disks([u.identity.node], k)
         if u.cset_uuid:
             subject = subject + gate_mod.of_names(
                 f"cache set {u.cset_uuid}", [owners.cache_key(u.cset_uuid)])
         with gate_mod.gate(subject, "register"):
             try:
-                out.changes.append(made.register_disk(sysfs, u.identity.node))
+                out.changes.append(k.register_disk(sysfs, u.identity.node))
             except AlreadyError as exc:  # 69-bcache.rules (udev) was first
                 out.notes.append(f"cachemgr: {exc}")
-        if u.kind == "backing":
-            _wait_registered(sysfs, u.identity.name)
+        k.wait_registered(sysfs, u)
     return out
 
 
@@ -538,14 +521,6 @@ def _unregistered(snap: Snapshot, dev: str, sysfs: Sysfs) -> UnregisteredBcache 
         if dev == u.identity.node or (name is not None and name == u.identity.name):
             return u
     return None
-
-
-def _wait_registered(sysfs: Sysfs, name: str) -> None:
-    """Until the backing device shows its bcache directory (the kernel registers it in the
-    write; sysfs follows at once on the lab, a moment later under load)."""
-    deadline = time.monotonic() + REGISTER_WAIT
-    while time.monotonic() < deadline and not sysfs.is_dir(f"block/{name}/bcache"):
-        time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------- create/remove
@@ -663,15 +638,17 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     snap = status(sysfs, probe_unregistered=False)
     dev = kinds.resolve(snap, target, sysfs, caches=True)
     _root(dev, "removing")
-    if not dev.cached_device:  # a cache set: its own refusals (remove_cache_set)
+    if not dev.cached_device:  # a cache set: its kind's own refusals (its preflight)
         # no question while devices are attached to it: that is refused as it stands
         if ctl.asks and not getattr(dev.obj, "backing_names", ()):
             first = _checked(gate_mod.of_cache_set(dev.obj, snap), "remove")
             if os.geteuid() == 0:
-                _cache_set_refusals(sysfs, dev.obj)
+                dev.preflight(sysfs, "remove")
             if _ask(ctl, sysfs, snap, f"remove {target}", [*first, *dev.would("remove")]):
                 snap, dev = _again(sysfs, target, caches=True)
-        return remove_cache_set(sysfs, dev.obj, snap)
+        with gate_mod.gate(gate_mod.of_cache_set(dev.obj, snap), "remove"):
+            return Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
+                                             stall_timeout=stall_timeout, progress=ctl.report))
     if ctl.asks:
         first = _checked(gate_mod.of_kind(dev), "remove")
         dev.preflight(sysfs, "remove", keep_device=keep_device)
@@ -681,33 +658,8 @@ def remove(sysfs: Sysfs, target: str, *, keep_device: bool = False,
     with gate_mod.gate(gate_mod.of_kind(dev), "remove"):
         out = Result(changes=dev.remove(sysfs, keep_device=keep_device, timeout=timeout,
                                         stall_timeout=stall_timeout, progress=ctl.report))
-        # no cache is left to bring back at boot (with --keep-device the device stays as a
-        # linear mapping of the origin until the next reboot): the record goes either way
-        if dev.name == "dm-cache" and dm_record.delete(getattr(dev.obj, "name", "")):
-            out.notes.append(f"cachemgr: its record {dm_record.records_dir()}/"
-                             f"{dev.obj.name}.json is removed")
+        out.notes += dev.forget()  # what would bring it back (a dm-cache's record)
         return out
-
-
-def remove_cache_set(sysfs: Sysfs, c: CacheSet, snap: Snapshot | None = None) -> Result:
-    """Unregister ``c``: refused while backing devices are attached or dirty, and while a
-    backing device that bcache stopped still has its dirty data on this SSD (it is no longer
-    listed in the set; only its superblock says so)."""
-    with gate_mod.gate(gate_mod.of_cache_set(c, snap), "remove"):
-        full = _cache_set_refusals(sysfs, c)
-        cur = full.cache_set(c.uuid) or c
-        return Result(changes=[bcache.unregister_cache_set(sysfs, cur, full.backings)])
-
-
-def _cache_set_refusals(sysfs: Sysfs, c: CacheSet) -> Snapshot:
-    """The refusals of unregistering ``c`` that only the superblocks tell (a backing device
-    bcache stopped with its dirty data on this SSD, or one that cannot be read); the
-    snapshot that has them (probe_unregistered)."""
-    full = status(sysfs, probe_unregistered=True)
-    refuse_orphaned_dirt(full, c.uuid, doing="unregistering the cache set",
-                         then="run remove again")
-    refuse_unreadable(sysfs, c.uuid, "unregistering the cache set")
-    return full
 
 
 # ----------------------------------------------------------------------------- tune

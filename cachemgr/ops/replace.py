@@ -12,35 +12,31 @@ from typing import Any
 from cachemgr.backends import smart
 from cachemgr.core import state
 from cachemgr.core.errors import Cancelled, UnsafeError, UsageError, require_root
+from cachemgr.core.model import Snapshot
 from cachemgr.core.state import StateFileError
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.ops import gate
 from cachemgr.ops.control import Control, Plan, Result
 from cachemgr.procedures import kinds, owners, replace
-from cachemgr.procedures.replace import dmcache as replace_dmcache
-from cachemgr.procedures.replace import lvm as replace_lvm
 
 Options = replace.Options
 Journal = replace.Journal
 Kind = replace.Kind
 kind_of = replace.kind_of
-KINDS = tuple(replace.kind_of(name) for name in replace.KIND_NAMES)
+KINDS = replace.kinds()
 STEPS = replace.STEPS
-LVM_STEPS = replace_lvm.STEPS
-DM_STEPS = replace_dmcache.STEPS
 STEP_NAMES = replace.STEP_NAMES
 describe = replace.describe
 
 
-def kind_for(cache: str, sysfs: Sysfs | None = None) -> replace.Kind:
+def kind_for(cache: str, sysfs: Sysfs | None = None,
+             snap: Snapshot | None = None) -> replace.Kind:
     """The kind of replacement ``cache`` (a cset UUID, SSD, cached LV or dm-cache device)
-    takes: its steps, its point of no return and its words."""
-    if replace_lvm.names_lv(cache):
-        return replace_lvm.KIND
-    if sysfs is not None and replace_dmcache.names_dm(sysfs, cache) is not None:
-        return replace_dmcache.KIND
-    return replace.BCACHE
+    takes: its steps, its point of no return and its words; each kind asked, as the plan
+    asks them (``replace.recognise``; ``snap``: a snapshot the caller has, read instead of
+    taking one)."""
+    return replace.recognise(cache, sysfs, snap)[0]
 
 
 def steps_for(cache: str, sysfs: Sysfs | None = None) -> tuple[tuple[str, str], ...]:
@@ -50,11 +46,8 @@ def steps_for(cache: str, sysfs: Sysfs | None = None) -> tuple[tuple[str, str], 
 
 def journal_json(j: replace.Journal) -> dict[str, Any]:
     """A run as ``replace-ssd --json`` prints it (schema 1, docs/json.md)."""
-    lvm, dm = j.kind == "lvm", j.kind == "dmcache"
     return {"schema": 1, "id": j.id, "kind": j.kind, "status": j.status, "error": j.error,
-            "cset": j.cset if j.kind == "bcache" else None, "new_cset": j.new.get("cset"),
-            "lv": j.cset if lvm else None, "lvm": j.lvm if lvm else None,
-            "dm_name": j.cset if dm else None, "dm": j.dm if dm else None,
+            **replace.json_fields(j),  # each kind's own: cset, lv, dm_name...
             "old": j.old, "new": j.new,
             "steps": [{"name": n, "done": n in j.done, "seconds": j.seconds.get(n)}
                       for n, _ in j.steps],
@@ -85,7 +78,7 @@ def list_runs(cache: str | None = None) -> Result:
     the JSON) and skipped: the others are listed all the same."""
     found, bad = replace.scan_runs()
     if cache:
-        found = [j for j in found if j.named_by(cache)]
+        found = [j for j in found if replace.named_by(j, cache)]
     return Result(
         lines=[f"{j.id}  {j.status:<11} {replace.kind_of(j.kind).label(j.cset)}  "
                f"done: {', '.join(j.done[-1:])}"
@@ -143,7 +136,7 @@ def _planned(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal
     them makes itself): another unfinished run on the cache is refused, then the kind plans."""
     unfinished = runs(unfinished=True)
     for r in unfinished:
-        if r.named_by(cache):
+        if replace.named_by(r, cache):
             _refuse_second(r)
     j = _plan(sysfs, cache, opts)
     for r in unfinished:
@@ -166,15 +159,9 @@ def _refuse_second(r: replace.Journal) -> None:
 
 
 def _plan(sysfs: Sysfs, cache: str, opts: replace.Options) -> replace.Journal:
-    if replace_lvm.names_lv(cache):
-        return replace_lvm.plan(sysfs, cache, opts)
-    found = replace_lvm.find(sysfs, cache)  # /dev/dm-N, a dm name: an LVM cache all the same
-    if found is not None:
-        return replace_lvm.plan(sysfs, cache, opts, found)
-    dm = replace_dmcache.names_dm(sysfs, cache)
-    if dm is not None:
-        return replace_dmcache.plan(sysfs, cache, opts, dm)
-    return replace.plan(sysfs, cache, opts)
+    """The plan of the kind that claims ``cache`` (an LV's /dev/dm-N or dm name is an LVM
+    cache's all the same)."""
+    return replace.plan_cache(sysfs, cache, opts)
 
 
 def vm_lines(sysfs: Sysfs, j: replace.Journal) -> list[str]:

@@ -242,6 +242,8 @@ def test_create_records_and_remove_deletes(monkeypatch: pytest.MonkeyPatch) -> N
         def remove(self, sysfs: Sysfs, **kw: Any) -> list[Any]:
             return []
 
+        forget = kinds.DmCache.forget  # its kind's: the record goes
+
     monkeypatch.setattr(cache_ops, "status", lambda *a, **k: None)
     monkeypatch.setattr(kinds, "resolve", lambda *a, **k: Dev())
     monkeypatch.setattr(gate_mod, "of_kind", lambda dev: None)

@@ -15,7 +15,9 @@ from cachemgr.core.errors import UnsafeError, UsageError
 from cachemgr.core.model import Identity, Snapshot, UnregisteredBcache
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
-from tests.unit.tui_helpers import copy_capture
+from cachemgr.procedures import kinds
+from cachemgr.procedures.kinds import bcache as kinds_bcache
+from tests.unit.tui_helpers import copy_capture, kernel_writes
 
 CSET = "11111111-2222-3333-4444-555555555555"
 
@@ -38,7 +40,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Sysfs, list[s
         return cache_ops.bcache.Change(node, "register", None, "registered")
 
     monkeypatch.setattr(cache_ops.bcache, "register", register)
-    monkeypatch.setattr(cache_ops, "REGISTER_WAIT", 0.0)
+    monkeypatch.setattr(kinds_bcache, "REGISTER_WAIT", 0.0)
     return sysfs, done
 
 
@@ -88,6 +90,28 @@ def test_a_clean_backing_device_is_registered_alone(host: tuple[Sysfs, list[str]
     assert done == ["/dev/sdx"]
 
 
+def test_each_disk_is_asked_of_the_kind_that_registers_it(
+        host: tuple[Sysfs, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """register decides nothing by role itself: the kind that registers a disk's role says
+    what stands against it (Kind.register_refusal) and what to wait for once it is done
+    (Kind.wait_registered); the caches are registered first (not ``cached_device``)."""
+    sysfs, done = host
+    with_unregistered(monkeypatch, unreg("sdx", "backing", "clean"), unreg("sdy", "cache", None))
+    waited: list[str] = []
+    for k in (kinds.Bcache, kinds.BcacheSet):
+        monkeypatch.setattr(k, "wait_registered", classmethod(
+            lambda cls, sysfs, u: waited.append(f"{cls.name} {u.identity.node}")))
+    cache_ops.register(sysfs, ["/dev/sdx", "/dev/sdy"])
+    assert done == ["/dev/sdy", "/dev/sdx"]
+    assert waited == ["bcache-set /dev/sdy", "bcache /dev/sdx"]
+    done.clear()
+    monkeypatch.setattr(kinds.BcacheSet, "register_refusal", classmethod(
+        lambda cls, snap, named, u, batch: UnsafeError(f"{named}: not now ({len(batch)})")))
+    with pytest.raises(UnsafeError, match=r"^/dev/sdy: not now \(2\)$"):
+        cache_ops.register(sysfs, ["/dev/sdx", "/dev/sdy"])
+    assert done == []
+
+
 def test_registered_ones_are_already_so_and_others_usage_errors(
         host: tuple[Sysfs, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
     sysfs, done = host
@@ -121,3 +145,22 @@ def test_json_claims_no_loss_while_the_ssd_is_on_the_host(tmp_path: Path) -> Non
     doc = snapshot.to_json(dataclasses.replace(snap, unregistered=(registered,)))
     (entry,) = doc["unregistered"]
     assert entry["cache_registered"] is True and entry["dirty_data_lost_with_cache"] is False
+
+
+def test_a_cache_set_holding_a_stopped_devices_dirt_is_not_removed(
+        host: tuple[Sysfs, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """remove of a cache set asks its kind (kinds.BcacheSet.remove): a backing device bcache
+    stopped with its dirty data on this SSD is seen only on its superblock, and refuses the
+    unregister (the lab's proof: tests/kernel/test_orphaned_dirt_kernel.py)."""
+    sysfs, _ = host
+    cset = snapshot.take(sysfs).cache_sets[0].uuid
+    stopped = dataclasses.replace(unreg("sdx", "backing", "dirty"), cset_uuid=cset)
+    with_unregistered(monkeypatch, stopped)
+    writes = kernel_writes(monkeypatch)
+    with pytest.raises(UnsafeError) as ei:
+        cache_ops.remove(sysfs, cset)
+    assert ei.value.message.startswith(
+        f"cache set {cset} holds dirty data of /dev/sdx, which bcache stopped")
+    assert "unregistering the cache set would lose it" in ei.value.message
+    assert "then run remove again" in str(ei.value.hint)
+    assert writes == []

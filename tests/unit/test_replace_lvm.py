@@ -127,8 +127,8 @@ def test_a_run_over_several_lvs_on_one_ssd_owns_and_names_them_all(
     plan = replace.describe(j)
     assert any("and of vg0/vm2 (cached on the same SSD PV /dev/sda): cache vg0/pool2" in x
                and "mode writethrough" in x for x in plan), plan
-    assert j.named_by("vg0/vm2") and j.named_by("/dev/mapper/vg0-vm2")
-    assert not j.named_by("vg0/vm3")
+    assert replace.named_by(j, "vg0/vm2") and replace.named_by(j, "/dev/mapper/vg0-vm2")
+    assert not replace.named_by(j, "vg0/vm3")
     keys = owners.replace_keys(j.kind, j.cset, j.backings, j.lvs())
     assert owners.lvm_key("vg0/vm2") in keys and owners.lvm_key("vg0/vm1") in keys
     assert "vg0/vm2 cached by vg0/pool2" in replace_lvm.done_line(j)

@@ -303,14 +303,15 @@ def test_a_run_is_named_by_its_cache_or_old_ssd_after_the_ssd_is_gone(
     wwid = j.old["wwid"]
     assert wwid.startswith("naa.")
     for spec in (j.cset, "/dev/sda", "sda", wwid, "wwn:0x" + wwid[4:], " /dev/sda "):
-        assert j.named_by(spec), spec
+        assert replace.named_by(j, spec), spec
     for spec in ("", "/dev/sdb", j.cset[:8], "vg0/lv", "naa.5000000000000001"):
-        assert not j.named_by(spec), spec
+        assert not replace.named_by(j, spec), spec
     lvm = replace.Journal(id="x", cset="vg0/vm1", options={}, old={}, backings=[], kind="lvm")
-    assert lvm.named_by("/dev/vg0/vm1") and lvm.named_by("/dev/mapper/vg0-vm1")
-    assert not lvm.named_by("vg0/vm2")
+    assert replace.named_by(lvm, "/dev/vg0/vm1") and replace.named_by(lvm, "/dev/mapper/vg0-vm1")
+    assert not replace.named_by(lvm, "vg0/vm2")
     dm = replace.Journal(id="y", cset="vc", options={}, old={}, backings=[], kind="dmcache")
-    assert dm.named_by("vc") and dm.named_by("/dev/mapper/vc") and not dm.named_by("vc2")
+    assert replace.named_by(dm, "vc") and replace.named_by(dm, "/dev/mapper/vc")
+    assert not replace.named_by(dm, "vc2")
 
 
 def test_list_with_a_cache_shows_only_that_caches_runs(

@@ -15,7 +15,7 @@ says dirty; a failed dm-cache has no status), never 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -306,6 +306,19 @@ class Kind:
         raise cls._declined("register", node)
 
     @classmethod
+    def register_refusal(cls, snap: Snapshot, named: str, disk: Any,
+                         batch: Sequence[Any]) -> CacheMgrError | None:
+        """Why registering ``disk`` (an entry of ``Snapshot.unregistered`` whose role is this
+        kind's, ``named`` as the admin typed it) would be unsafe now, ``batch`` being every
+        disk the same command registers (``disk`` too); None: nothing against it."""
+        return None
+
+    @classmethod
+    def wait_registered(cls, sysfs: Sysfs, disk: Any) -> None:
+        """Return once the object :meth:`register_disk` made of ``disk`` (an entry of
+        ``Snapshot.unregistered``) shows where a snapshot reads it. Default: at once."""
+
+    @classmethod
     def format_disk(cls, sysfs: Sysfs, node: str, *, bucket: str | None = None
                     ) -> list[Change]:
         """Make the blank disk ``node`` an object of this kind, ready to use (the policy's
@@ -376,6 +389,11 @@ class Kind:
     def remove(self, sysfs: Sysfs, *, keep_device: bool, timeout: float, stall_timeout: float,
                progress: ProgressFn | None) -> list[Change]:
         raise self._cannot("remove")
+
+    def forget(self) -> list[str]:
+        """Once :meth:`remove` is done: drop what cachemgr keeps of the object to bring it
+        back later (none by default); the notes that say so."""
+        return []
 
     # what dropping its cached copies costs and how long it holds the device (cachemgr
     # invalidate's question; docs/admin-guide.md, "Live migration over shared storage")

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cachemgr.backends import bcache
 from cachemgr.backends.bcache import BCACHE_MODES
 from cachemgr.core.change import Change
-from cachemgr.core.errors import AlreadyError, CacheMgrError, UsageError
+from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
 from cachemgr.core.model import (
     AcceptDataLoss,
     BcacheBacking,
@@ -35,6 +36,9 @@ from cachemgr.procedures.kinds.base import (
     size_words,
     stats_section,
 )
+
+# seconds for a registered backing device to show its bcache directory
+REGISTER_WAIT = 10.0
 
 
 class Bcache(Kind):
@@ -107,6 +111,38 @@ class Bcache(Kind):
     @classmethod
     def register_disk(cls, sysfs: Sysfs, node: str) -> Change:
         return bcache.register(sysfs, node)
+
+    @classmethod
+    def register_refusal(cls, snap: Snapshot, named: str, disk: Any,
+                         batch: Sequence[Any]) -> CacheMgrError | None:
+        """A backing device whose dirty data sits on a cache set that is neither registered
+        nor registered with it (its SSD absent, or present and not named: the hint names
+        it): running it would read stale blocks."""
+        u = disk
+        if u.sb_state != "dirty" or not u.cset_uuid:
+            return None
+        caches = {x.cset_uuid for x in batch if x.kind == "cache" and x.cset_uuid}
+        if snap.cache_set(u.cset_uuid) is not None or u.cset_uuid in caches:
+            return None
+        ssd = next((x.identity.node for x in snap.unregistered
+                    if x.kind == "cache" and x.cset_uuid == u.cset_uuid), None)
+        return UnsafeError(
+            f"{named} holds dirty data on cache set {u.cset_uuid}, which is not registered"
+            + (f"; its SSD {ssd} is present but was not named" if ssd else
+               " and whose SSD is absent") + "; nothing was registered",
+            hint=(f"register them together, the SSD first: cachemgr register {ssd} {named}"
+                  if ssd else "bring the SSD back (its dirty data is on it), then "
+                              f"cachemgr register SSD {named}; running {named} without it "
+                              "(force-run) risks filesystem corruption"))
+
+    @classmethod
+    def wait_registered(cls, sysfs: Sysfs, disk: Any) -> None:
+        """Until the backing device shows its bcache directory (the kernel registers it in
+        the write; sysfs follows at once on the lab, a moment later under load)."""
+        deadline = time.monotonic() + REGISTER_WAIT
+        while time.monotonic() < deadline and not sysfs.is_dir(
+                f"block/{disk.identity.name}/bcache"):
+            time.sleep(0.1)
 
     def attach_to(self, sysfs: Sysfs, cache: Kind) -> Change:
         """Attach it to the cache set ``cache`` (bcache's ``attach``: the set's UUID)."""
@@ -542,6 +578,33 @@ class BcacheSet(Kind):
         """``stop`` on the set: every attached backing device stops, dirty data stays on
         the SSD."""
         return bcache.stop_cache_set(sysfs, self.obj, accept)
+
+    def preflight(self, sysfs: Sysfs, action: str, *, mode: CacheMode | None = None,
+                  drain: bool = False, keep_device: bool = False) -> None:
+        if action == "remove":
+            self._unregister_refusals(sysfs)
+
+    def remove(self, sysfs: Sysfs, *, keep_device: bool, timeout: float, stall_timeout: float,
+               progress: ProgressFn | None) -> list[Change]:
+        """Unregister the set: refused while backing devices are attached or dirty, and while
+        a backing device that bcache stopped still has its dirty data on this SSD (it is no
+        longer listed in the set; only its superblock says so)."""
+        full = self._unregister_refusals(sysfs)
+        cur = full.cache_set(self.obj.uuid) or self.obj
+        return [bcache.unregister_cache_set(sysfs, cur, full.backings)]
+
+    def _unregister_refusals(self, sysfs: Sysfs) -> Snapshot:
+        """The refusals of unregistering the set that only the superblocks tell (a backing
+        device bcache stopped with its dirty data on this SSD, or one that cannot be read);
+        the snapshot that has them (probe_unregistered)."""
+        from cachemgr.backends import bcache_super, snapshot
+
+        full = snapshot.take(sysfs, probe_unregistered=True)
+        bcache_super.refuse_orphaned_dirt(full, self.obj.uuid,
+                                          doing="unregistering the cache set",
+                                          then="run remove again")
+        bcache_super.refuse_unreadable(sysfs, self.obj.uuid, "unregistering the cache set")
+        return full
 
     # ---------------------------------------------------------------- making its objects
 

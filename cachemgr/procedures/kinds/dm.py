@@ -465,6 +465,17 @@ class DmCache(_DmCacheWarm, _Dm):
                        f"mount) loses it; the data stays on {origin}")
         return out
 
+    def forget(self) -> list[str]:
+        """Its record (backends/dmcache/record.py): no cache is left to bring back at boot
+        (with --keep-device the device stays as a linear mapping of the origin until the
+        next reboot), so the record goes either way."""
+        from cachemgr.backends.dmcache import record as dm_record
+
+        if not dm_record.delete(self.obj.name):
+            return []
+        return [f"cachemgr: its record {dm_record.records_dir()}/{self.obj.name}.json is "
+                "removed"]
+
     def remove_words(self, target: str, dirty: str, disk: str) -> Asked | None:
         return Asked(f"Remove dm-cache {self.obj.node}: flush every dirty block to {disk}, "
                      "swap the table for a linear mapping of the origin, then remove the "

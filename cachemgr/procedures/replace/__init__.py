@@ -12,9 +12,10 @@ tests/unit/test_replace_package.py, reads their imports):
 
 * journal.py: the journal (:class:`Journal`, :class:`Options`): read back field by field,
   saved after every step, listed (:func:`scan_runs`, :func:`list_runs`), run ids.
-* run.py: the engine: a run's context (:class:`Ctx`), what a kind is (:class:`Kind`), the
-  kinds by name (:func:`kind_of`), the plan in words (:func:`describe`), :func:`execute`
-  and :func:`rollback` (the cache's lock, the journal read again under it).
+* run.py: the engine: the kinds by name (:data:`run.KINDS`, :func:`kind_of`), which kind a
+  CACHE is (:func:`recognise`, :func:`plan_cache`), the plan in words (:func:`describe`),
+  :func:`execute` and :func:`rollback` (the cache's lock, the journal read again under it).
+  A run's context (:class:`Ctx`) and what a kind is (:class:`Kind`) are in base.py.
 * shared.py: what every kind shares: the old SSD and the new one (found, pulled, waited for,
   identified, a wrong disk refused), a drain's progress in words.
 * bcache.py, lvm.py, dmcache.py: one module per kind: its plan, steps and rollback.
@@ -45,8 +46,13 @@ from cachemgr.procedures.replace.run import (
     Say,
     describe,
     execute,
+    json_fields,
     kind_of,
+    kinds,
+    named_by,
     new_words,
+    plan_cache,
+    recognise,
     rollback,
 )
 from cachemgr.procedures.replace.shared import (
@@ -82,13 +88,18 @@ __all__ = [
     "drain_reporter",
     "execute",
     "hotplug_disk",
+    "json_fields",
     "kind_of",
+    "kinds",
     "list_runs",
+    "named_by",
     "new_disk",
     "new_match",
     "new_run_id",
     "new_words",
     "plan",
+    "plan_cache",
+    "recognise",
     "refuse_new_disk",
     "refuse_unpullable",
     "rollback",

@@ -69,6 +69,21 @@ class Kind:
     undoes: str  # what a rollback puts back, as a sentence
     done_line: Callable[[Journal], str]  # what a finished run made, in one line
     interim_mode: bool  # the run switches to the operator's interim mode first
+    # what the CACHE replace-ssd was given names of this kind, if anything (None: not this
+    # kind's): (CACHE, the host's /sys or None, a snapshot taken already or None) -> what
+    # the kind's plan takes; the engine (run.py recognise) asks every kind in turn
+    claims: Callable[[str, Sysfs | None, Snapshot | None], object | None]
+    # the plan of a run on the cache it claimed: (sysfs, CACHE, options, what claims found)
+    plan: Callable[[Sysfs, str, Options, object], Journal]
+    # whether a CACHE as replace-ssd takes it (stripped, not empty) names a run's cache,
+    # told from the journal alone: (the journal, CACHE) -> bool
+    names_run: Callable[[Journal, str], bool]
+    # the fields of ``replace-ssd --json`` (docs/json.md) this kind fills, the same keys
+    # whatever the journal; a run of another kind has each of them null
+    json: Callable[[Journal], dict[str, Any]]
+    # the kind of every CACHE no other kind claims (bcache: an SSD's node, a cset UUID,
+    # whose own checks say what is wrong with a name that is neither); one kind is
+    fallback: bool = False
     # the lock keys of what a run owns beside its cache's (procedures/keys.py): (the cache,
     # the journal's backing devices, its other cached LVs on the same SSD) -> keys
     run_keys: Callable[[str, tuple[dict[str, Any], ...], tuple[str, ...]], set[str]] = (

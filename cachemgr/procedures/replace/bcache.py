@@ -449,6 +449,10 @@ KIND = Kind(STEPS, FUNCS, POINT_OF_NO_RETURN, _rollback, _head, "cache set",
             stays_up="The VMs' bcache devices stay up (passthrough while detached).",
             undoes="Put the modes back and re-attach what was detached.",
             done_line=_done_line, interim_mode=True,
+            claims=lambda cache, sysfs, snap: cache,
+            names_run=lambda j, spec: spec.lower() == j.cset.lower(),
+            plan=lambda sysfs, cache, opts, found: plan(sysfs, cache, opts),
+            json=lambda j: {"cset": j.cset, "new_cset": j.new.get("cset")}, fallback=True,
             run_keys=lambda cache, backings, lvs: {
                 keys.bcache_key(str(b.get("uuid") or b.get("name"))) for b in backings},
             vm_nodes=lambda j, snap: {b["device"] for b in j.backings if b.get("device")})

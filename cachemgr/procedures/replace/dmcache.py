@@ -39,7 +39,7 @@ from cachemgr.backends.dmcache.refusals import check_changeable
 from cachemgr.backends.dmcache.switch import switch_table, with_threshold
 from cachemgr.core.change import wait_for
 from cachemgr.core.errors import CacheMgrError, UnsafeError, UsageError
-from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size
+from cachemgr.core.model import DmCacheDevice, DmCacheTable, Identity, Size, Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import keys
 from cachemgr.procedures.replace import shared, steps
@@ -67,6 +67,12 @@ def names_dm(sysfs: Sysfs, target: str) -> DmCacheDevice | None:
     except CacheMgrError:
         return None
     return None if d.lvm is not None or (d.uuid or "").startswith("LVM-") else d
+
+
+def claims(target: str, sysfs: Sysfs | None, snap: Snapshot | None = None
+           ) -> DmCacheDevice | None:
+    """The dm-cache device ``target`` names (:func:`names_dm`; None without a /sys)."""
+    return None if sysfs is None else names_dm(sysfs, target)
 
 
 # --------------------------------------------------------------------------------- planning
@@ -161,6 +167,12 @@ def plan(sysfs: Sysfs, target: str, opts: Options, d: DmCacheDevice) -> Journal:
     return Journal(id=new_run_id(d.name[:24]), cset=d.name, options=asdict(opts),
                    old={**hotplug.record(disk), "bucket": None}, backings=[], kind="dmcache",
                    dm=dm)
+
+
+def plan_claimed(sysfs: Sysfs, target: str, opts: Options, found: object) -> Journal:
+    """:func:`plan` of the device :func:`claims` found."""
+    assert isinstance(found, DmCacheDevice), found
+    return plan(sysfs, target, opts, found)
 
 
 def _ours(why: str, own: set[str], d: DmCacheDevice) -> bool:
@@ -382,5 +394,9 @@ KIND = Kind(
     undoes="Put the cache back on the old SSD's areas with its old table (cold: the "
            "metadata is zeroed), or its table back if the drain stopped half-way.",
     done_line=done_line, interim_mode=False,
+    claims=claims,
+    names_run=lambda j, spec: spec.removeprefix("/dev/mapper/") == j.cset,
+    plan=plan_claimed,
+    json=lambda j: {"dm_name": j.cset, "dm": j.dm},
     run_keys=lambda cache, backings, lvs: {keys.dmcache_key(cache)},
     vm_nodes=lambda j, snap: {f"/dev/mapper/{j.cset}"})

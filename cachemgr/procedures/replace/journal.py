@@ -113,22 +113,10 @@ class Journal:
             raise state.StateFileError(path, f"not a replace-ssd journal: {problem}")
         return cls(**data)
 
-    def named_by(self, spec: str) -> bool:
-        """``spec``, spelt as replace-ssd takes its CACHE, names this run's cache or its old
-        SSD; told from the journal alone, so it holds once the old SSD is gone."""
-        spec = spec.strip()
-        if not spec:
-            return False
-        if self.kind == "lvm":
-            from cachemgr.backends.lvm import command
-
-            if command.spelling(spec) in self.lvs():
-                return True
-        elif self.kind == "dmcache":
-            if spec.removeprefix("/dev/mapper/") == self.cset:
-                return True
-        elif spec.lower() == self.cset.lower():
-            return True
+    def names_old_ssd(self, spec: str) -> bool:
+        """``spec`` (stripped, not empty) names this run's old SSD: its node, its kernel
+        name or its WWID; told from the journal alone, so it holds once the SSD is gone.
+        Whether it names the run's cache is its kind's to say (run.py named_by)."""
         old = self.old
         wwid = str(old.get("wwid") or "")
         if spec in {old.get("node"), old.get("name"), f"/dev/{old.get('name')}"}:

@@ -39,7 +39,7 @@ from cachemgr.backends.lvm import command, manage
 from cachemgr.backends.lvm import report as lvm_report
 from cachemgr.backends.targets import find_dm
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
-from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size
+from cachemgr.core.model import CacheMode, DmCacheDevice, DmWritecacheDevice, Size, Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import keys
 from cachemgr.procedures.replace import shared, steps
@@ -65,6 +65,24 @@ def find(sysfs: Sysfs, target: str) -> manage.LvmDevice | None:
 def names_lv(target: str) -> bool:
     """``target`` is spelt as an LV (VG/LV, /dev/VG/LV, /dev/mapper/VG-LV)."""
     return command.spelling(target) is not None
+
+
+def claims(target: str, sysfs: Sysfs | None,
+           snap: Snapshot | None = None) -> manage.LvmDevice | bool | None:
+    """Whether ``target`` names an LVM cache: True when it is spelt as an LV (the plan looks
+    it up), the cache a dm name or /dev/dm-N is (in ``snap``, or a snapshot of ``sysfs``),
+    None when neither (or when there is neither a snapshot nor a /sys to look in)."""
+    if names_lv(target):
+        return True
+    if snap is not None:
+        return find_dm(snap, target, sysfs, lvm=True)
+    return None if sysfs is None else find(sysfs, target)
+
+
+def plan_claimed(sysfs: Sysfs, target: str, opts: Options, found: object) -> Journal:
+    """:func:`plan` of what :func:`claims` found."""
+    return plan(sysfs, target, opts,
+                found if isinstance(found, DmCacheDevice | DmWritecacheDevice) else None)
 
 
 # --------------------------------------------------------------------------------- planning
@@ -463,6 +481,9 @@ KIND = Kind(
     undoes="Attach the old cache again with its mode, policy and settings (or, if it was "
            "only drained, put its policy back).",
     done_line=done_line, interim_mode=False,
+    claims=claims, plan=plan_claimed,
+    names_run=lambda j, spec: command.spelling(spec) in j.lvs(),
+    json=lambda j: {"lv": j.cset, "lvm": j.lvm},
     run_keys=lambda cache, backings, lvs: {keys.lvm_key(x) for x in (cache, *lvs)},
     vm_nodes=lambda j, snap: {d.node for d in snap.dm_devices
                               if d.lvm and d.lvm.full_name == j.cset})

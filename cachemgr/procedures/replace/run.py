@@ -1,4 +1,5 @@
-"""The engine every kind of replacement runs on: the kinds by name (:func:`kind_of`), the plan
+"""The engine every kind of replacement runs on: the kinds by name (:data:`KINDS`,
+:func:`kind_of`), which kind a cache is (:func:`recognise`: each kind asked), the plan
 in words (:func:`describe`), and :func:`execute` and :func:`rollback`, which hold the cache's
 lock, read the journal again under it, and run (or undo) the steps not yet journaled as done.
 A run's context (:class:`Ctx`) and what a kind is (:class:`Kind`) are in base.py, below the
@@ -10,10 +11,13 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from cachemgr.backends import hotplug
 from cachemgr.core import state
 from cachemgr.core.errors import AlreadyError, CacheMgrError, UnsafeError, UsageError
+from cachemgr.core.model import Snapshot
 from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures.replace.base import Ctx as Ctx
 from cachemgr.procedures.replace.base import Kind as Kind
@@ -25,20 +29,85 @@ from cachemgr.procedures.replace.journal import Options as Options
 # the package's one logger, named as before the package was split into modules
 log = logging.getLogger(__package__)
 
-def kind_of(name: str) -> Kind:
-    """The kind a journal's ``kind`` names (:data:`journal.KIND_NAMES`; bcache for any other
-    name). Each kind's module is loaded when it is first asked for."""
-    if name == "lvm":
-        from cachemgr.procedures.replace import lvm
-
-        return lvm.KIND
-    if name == "dmcache":
-        from cachemgr.procedures.replace import dmcache
-
-        return dmcache.KIND
+def _bcache() -> Kind:
     from cachemgr.procedures.replace import bcache
 
     return bcache.KIND
+
+
+def _lvm() -> Kind:
+    from cachemgr.procedures.replace import lvm
+
+    return lvm.KIND
+
+
+def _dmcache() -> Kind:
+    from cachemgr.procedures.replace import dmcache
+
+    return dmcache.KIND
+
+
+# The kinds, by the name a journal gives its kind (journal.KIND_NAMES, in that order: the
+# order faces list them in), each module loaded when first asked for. Everything a face or
+# the command layer decides by kind is asked of these (:func:`recognise`, :func:`plan_cache`,
+# a kind's fields): a new kind is its module and its line here.
+KINDS: dict[str, Callable[[], Kind]] = {"bcache": _bcache, "lvm": _lvm, "dmcache": _dmcache}
+
+
+def kinds() -> tuple[Kind, ...]:
+    """Every kind, in :data:`KINDS`' order (each module loaded)."""
+    return tuple(load() for load in KINDS.values())
+
+
+def fallback() -> Kind:
+    """The kind of a cache no other kind claims (``Kind.fallback``)."""
+    return next(k for k in kinds() if k.fallback)
+
+
+def kind_of(name: str) -> Kind:
+    """The kind a journal's ``kind`` names (:data:`KINDS`; the fallback kind, bcache, for
+    any other name). Only that kind's module is loaded."""
+    load = KINDS.get(name)
+    return load() if load is not None else fallback()
+
+
+def recognise(cache: str, sysfs: Sysfs | None = None,
+              snap: Snapshot | None = None) -> tuple[Kind, object]:
+    """The kind of replacement ``cache`` (replace-ssd's CACHE) takes, and what that kind
+    found it names: each kind asked in turn (``Kind.claims``), the fallback kind last.
+    Without ``sysfs`` (and ``snap``) only what the name's spelling tells."""
+    for k in kinds():
+        if not k.fallback:
+            found = k.claims(cache, sysfs, snap)
+            if found is not None:
+                return k, found
+    k = fallback()
+    return k, k.claims(cache, sysfs, snap)
+
+
+def plan_cache(sysfs: Sysfs, cache: str, opts: Options) -> Journal:
+    """The plan of a run on ``cache``, made by the kind that claims it (:func:`recognise`):
+    everything checked, what is to be restored recorded; nothing changed."""
+    kind, found = recognise(cache, sysfs)
+    return kind.plan(sysfs, cache, opts, found)
+
+
+def named_by(j: Journal, spec: str) -> bool:
+    """``spec``, spelt as replace-ssd takes its CACHE, names run ``j``'s cache (its kind
+    says: ``Kind.names_run``) or its old SSD; told from the journal alone, so it holds once
+    the old SSD is gone."""
+    spec = spec.strip()
+    return bool(spec) and (kind_of(j.kind).names_run(j, spec) or j.names_old_ssd(spec))
+
+
+def json_fields(j: Journal) -> dict[str, Any]:
+    """The kinds' own fields of ``replace-ssd --json`` (docs/json.md): those of run ``j``'s
+    kind filled, every other kind's null, in :data:`KINDS`' order."""
+    mine = kind_of(j.kind)
+    out: dict[str, Any] = {}
+    for k in kinds():
+        out.update(k.json(j) if k is mine else dict.fromkeys(k.json(j)))
+    return out
 
 
 # --------------------------------------------------------------------------------- the plan
