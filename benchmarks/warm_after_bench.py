@@ -48,7 +48,9 @@ def main() -> int:
             "steady": d["steady_hit_ratio"],
             "returns": [{"return": x["return"], "hit_ratio": x["hit_ratio_first_window"],
                          "of_steady": x["of_steady"], "reads": x["reads"],
-                         "warm_s": (x["warm"] or {}).get("seconds")} for x in d["returns"]]}))
+                         "warm_s": (x["warm"] or {}).get("seconds"),
+                         "warm_reads_from_s": (x["warm"] or {}).get("reads_from_s")}
+                        for x in d["returns"]]}))
     shutil.rmtree(tmp, ignore_errors=True)
     return r.returncode
 
