@@ -6,8 +6,8 @@ first minute back is compared with its steady state before it left.
 The stack: a lab disk under a dm-multipath device (shared storage as the kernel shows it:
 the "LUN") under a dm-delay device (the slow path: its delay is 0 while the test sets things
 up, WARM_DELAY_MS while it measures; the kernel refuses a multipath table over a dm-delay
-device), cached in writethrough by bcache or dm-cache (smq). The VM reads HOT scattered 4 KiB
-blocks drawn uniformly, one read in flight and THINK_S between reads; a read is a hit when it
+device), cached in writethrough by bcache or dm-cache (smq). The VM reads its hot set of scattered
+4 KiB blocks drawn uniformly, one read in flight and THINK_S between reads; a read is a hit when it
 returns in under HIT_MS (a miss waits the delay at least). Per kind:
 
 1. the bare disk traced before the cache exists (issue #45: the reader's requests written
@@ -15,17 +15,33 @@ returns in under HIT_MS (a miss waits the delay at least). Per kind:
    the UML kernel has no block tracing);
 2. the cache made, the VM's blocks read until the cache is warm (the delay 0), the VM's own
    trace of the cached device written likewise, and the steady state: the hit ratio over
-   WINDOW_S seconds at the delay;
+   the window at the delay;
 3. three returns, each after the hook's ``release``, the VM's blocks rewritten on the LUN
    under the cache as another host writes them, and the hook's ``migrate`` as libvirt runs
    it (the policy file naming the traces' directory): without warm_after (the cold control:
    below the bar, or the test could not fail), with the cached device's trace, with the bare
-   disk's. Each measures the hit ratio over the first WINDOW_S seconds after the hook
+   disk's. Each measures the hit ratio over the first window after the hook
    returned, the warm running beside the VM at warm's own pace (it yields to the VM's IO on
    the slow device), then checks that every hot block reads the new data (a warm never
    brings stale copies back) and records what the warm said.
 
-WINDOW_S is a real minute by default. The VM "runs here" at once: libvirt's test driver
+The window is scaled (:class:`Scale`): bcache's is 30 s, dm-cache's 15 s, and the hot set,
+the span it is scattered over and the reads that make the cache warm are the same part of
+the acceptance line's minute with 800 blocks; the reader's pace (one read in flight,
+THINK_S, the delay) is kept. A cold return misses each hot block once, so its ratio is about
+1 - hot blocks / reads in the window, and the warm has as many blocks to read at the same
+pace: both scale with the window, and the ratio means what it means over the minute. What
+does not scale is the warm's own start (the hook spawns it; the window opens when the hook
+returns; each return records when the warm's reads began). In a loaded lab (2026-11-28,
+load 22) a 15 s window of bcache's fell below the bar, 0.79 of the steady state against the
+cold return's 0.85, its warm's 163 reads done in 1.0 s, 6 ms a read (14 ms in the run
+before): under even one 10 ms tick of UML's dm-delay, so most were hits of blocks the VM had
+read by then, and the warm began late in the window. Hence bcache's 30 s. dm-cache's test
+holds no bar. The minute with 800 blocks is benchmarks/warm_after_bench.py's
+(CACHEMGR_WARM_AFTER_WINDOW=60 runs this module at that scale; docs/benchmarks.md, "Warming
+after an arrival", has its figures).
+
+The VM "runs here" at once: libvirt's test driver
 (test:///default) reports its built-in domain "test" running, the name the domain XML
 gives; the wait itself is tests/unit/test_warm_after.py's."""
 
@@ -39,6 +55,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,12 +69,36 @@ from tests.kernel import clirun, measure
 ROOT = Path(__file__).resolve().parents[2]
 LOG = "CACHEMGR_WARM_AFTER_LOG"
 BS = 4096
-HOT = 800  # the VM's hot blocks (3.1 MiB, scattered)
 WARM_DELAY_MS = 20  # the slow disk's read delay while measuring
 HIT_MS = 10.0  # faster: from the cache (a loaded UML guest stalls a hit for some ms)
 THINK_S = 0.005  # the VM's pause between reads
-WINDOW_S = float(os.environ.get("CACHEMGR_WARM_AFTER_WINDOW", "60"))  # the first minute
-WARMUP = 12000  # reads that make the cache warm before the steady state is measured
+BCACHE_WINDOW_S = 30.0  # the bcache test's "minute" (see the module docstring)
+DMCACHE_WINDOW_S = 15.0  # the dm-cache test's
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A test's window and what scales with it: the acceptance line's minute has 800 hot
+    blocks; CACHEMGR_WARM_AFTER_WINDOW (benchmarks/warm_after_bench.py) overrides the
+    window."""
+
+    window_s: float
+
+    @classmethod
+    def of(cls, default_s: float) -> Scale:
+        return cls(float(os.environ.get("CACHEMGR_WARM_AFTER_WINDOW", default_s)))
+
+    @property
+    def part(self) -> float:  # of the minute
+        return self.window_s / 60
+
+    @property
+    def hot(self) -> int:  # the VM's hot blocks (800 at the minute: 3.1 MiB, scattered)
+        return round(800 * self.part)
+
+    @property
+    def warmup(self) -> int:  # reads that make the cache warm (a block missed by e**-15)
+        return 15 * self.hot
 DOMAIN = "test"  # test:///default's running domain
 
 
@@ -71,12 +112,12 @@ class HotSet:
     units (a dm-cache block holds one of them: 64 KiB = 16 blocks). The same blocks for
     every reader; the draws by ``seed``."""
 
-    def __init__(self, seed: int, *, unit: int, units: int) -> None:
-        self.blocks = [u * unit for u in random.Random(42).sample(range(units), HOT)]
+    def __init__(self, seed: int, *, unit: int, units: int, hot: int) -> None:
+        self.blocks = [u * unit for u in random.Random(42).sample(range(units), hot)]
         self.rnd = random.Random(seed)
 
     def next(self) -> int:
-        return self.blocks[self.rnd.randrange(HOT)]
+        return self.blocks[self.rnd.randrange(len(self.blocks))]
 
 
 def reader(node: str, base: int, z: HotSet, *, n: int | None = None,
@@ -205,7 +246,8 @@ def stale_blocks(node: str, base: int, new: dict[int, bytes]) -> int:
 
 
 def returns(kind: str, node: str, hdd: str, lun_base: int, base: int, unit: int, units: int,
-            own: Path, bare: Path, steady: float, tmp: Path, *, bar: bool = True) -> None:
+            own: Path, bare: Path, steady: float, tmp: Path, sc: Scale, *,
+            bar: bool = True) -> None:
     """The three returns (see the module docstring) and their figures; ``bar``: the
     acceptance line asserted (the warmed returns within 0.9 of the steady state)."""
     xml = domain(node)
@@ -219,7 +261,7 @@ def returns(kind: str, node: str, hdd: str, lun_base: int, base: int, unit: int,
                        f'warm_traces = "{traces}"\n')
         code, err, _ = hook("release", xml, pol)
         assert code == 0 and "marked" in err, err
-        new = rewrite(hdd, lun_base, HotSet(0, unit=unit, units=units).blocks)
+        new = rewrite(hdd, lun_base, HotSet(0, unit=unit, units=units, hot=sc.hot).blocks)
         delay(WARM_DELAY_MS)
         for w in coherence.warms():
             coherence.warm_path(w.key).unlink()
@@ -227,8 +269,9 @@ def returns(kind: str, node: str, hdd: str, lun_base: int, base: int, unit: int,
         assert code == 0, err
         assert "every cached copy dropped" in err, err
         assert ("warm started in the background" in err) == on, err
-        _, hits, n = reader(node, base, HotSet(7, unit=unit, units=units),
-                            seconds=WINDOW_S, think=THINK_S)
+        opened = time.time()  # the window
+        _, hits, n = reader(node, base, HotSet(7, unit=unit, units=units, hot=sc.hot),
+                            seconds=sc.window_s, think=THINK_S)
         first = hits / n
         w = warm_ended() if on else None
         delay(0)
@@ -240,12 +283,15 @@ def returns(kind: str, node: str, hdd: str, lun_base: int, base: int, unit: int,
                      "hook_s": round(hook_s, 3),
                      "warm": None if w is None else {
                          "state": w.state, "seconds": w.data.get("seconds"),
+                         # when its reads began, from the window's opening (its record's
+                         # end less its reading time): a warm that starts late is cold
+                         "reads_from_s": read_start(w, opened),
                          "admitted_fraction": w.data.get("admitted_fraction"),
                          "words": w.data.get("words")}})
         # back to the steady state for the next return (fast: the delay is 0)
-        reader(node, base, HotSet(11, unit=unit, units=units), n=WARMUP)
+        reader(node, base, HotSet(11, unit=unit, units=units, hot=sc.hot), n=sc.warmup)
     measure.report(LOG, f"{kind} warm after the return", steady_hit_ratio=round(steady, 4),
-                   window_s=WINDOW_S, hot_blocks=HOT, delay_ms=WARM_DELAY_MS,
+                   window_s=sc.window_s, hot_blocks=sc.hot, delay_ms=WARM_DELAY_MS,
                    think_s=THINK_S, returns=rows)
     cold, own_r, bare_r = (float(r["hit_ratio_first_window"]) for r in rows)  # type: ignore[arg-type]
     if bar:
@@ -264,21 +310,30 @@ def returns(kind: str, node: str, hdd: str, lun_base: int, base: int, unit: int,
         assert min(own_r, bare_r) > cold, rows  # the warm helps (the line is not asserted)
 
 
-def steady_state(node: str, base: int, unit: int, units: int, own: Path) -> float:
+def read_start(w: coherence.WarmRecord, opened: float) -> float | None:
+    ended, took = w.data.get("ended"), w.data.get("seconds")
+    if not isinstance(ended, (int, float)) or not isinstance(took, (int, float)):
+        return None
+    return round(ended - took - opened, 1)
+
+
+def steady_state(node: str, base: int, unit: int, units: int, own: Path, sc: Scale
+                 ) -> float:
     """The cache made warm by the VM's own reads (recorded as its trace), then its hit
-    ratio over WINDOW_S at the delay."""
-    blocks, _, _ = reader(node, base, HotSet(3, unit=unit, units=units), n=WARMUP)
+    ratio over the window at the delay."""
+    blocks, _, _ = reader(node, base, HotSet(3, unit=unit, units=units, hot=sc.hot), n=sc.warmup)
     write_trace(node, blocks, own / "vm.trace")
     delay(WARM_DELAY_MS)
-    _, hits, n = reader(node, base, HotSet(5, unit=unit, units=units), seconds=WINDOW_S,
-                        think=THINK_S)
+    _, hits, n = reader(node, base, HotSet(5, unit=unit, units=units, hot=sc.hot),
+                        seconds=sc.window_s, think=THINK_S)
     delay(0)
     return hits / n
 
 
-def bare_trace(lun: str, lun_base: int, unit: int, units: int, bare: Path) -> None:
+def bare_trace(lun: str, lun_base: int, unit: int, units: int, bare: Path, sc: Scale
+               ) -> None:
     """issue #45: the bare disk traced before any cache exists."""
-    blocks, _, _ = reader(lun, lun_base, HotSet(1, unit=unit, units=units), n=WARMUP)
+    blocks, _, _ = reader(lun, lun_base, HotSet(1, unit=unit, units=units, hot=sc.hot), n=sc.warmup)
     write_trace(lun, blocks, bare / "disk.trace")
 
 
@@ -288,9 +343,10 @@ def test_bcache_first_minute_back_is_within_0_9_of_the_steady_state(
     hdd, ssd = lab_disks
     lun = stack(hdd)
     lun_base = 4096  # the VM's blocks from 16 MiB on the LUN, past bcache's superblock
-    unit, units = 1, 4096  # 1,024 of 4,096 blocks
+    sc = Scale.of(BCACHE_WINDOW_S)
+    unit, units = 1, round(4096 * sc.part)  # the hot ones: 800 of 4,096 at the minute
     own, bare = tmp_path / "own", tmp_path / "bare"
-    bare_trace(lun, lun_base, unit, units, bare)
+    bare_trace(lun, lun_base, unit, units, bare, sc)
     r = clirun.in_process("create", "bcache", "--backing", lun, "--cache", ssd, "--bucket",
                           "128k", "--mode", "writethrough")
     assert r.returncode == 0, r.stderr
@@ -303,8 +359,8 @@ def test_bcache_first_minute_back_is_within_0_9_of_the_steady_state(
     Path(f"/sys/fs/bcache/{cset}/congested_read_threshold_us").write_text("0")
     node = f"/dev/{name}"
     base = lun_base - first * 512 // BS
-    steady = steady_state(node, base, unit, units, own)
-    returns("bcache", node, hdd, lun_base, base, unit, units, own, bare, steady, tmp_path)
+    steady = steady_state(node, base, unit, units, own, sc)
+    returns("bcache", node, hdd, lun_base, base, unit, units, own, bare, steady, tmp_path, sc)
 
 
 @pytest.mark.kernel(disks="256M,160M", timeout=1800)
@@ -313,21 +369,24 @@ def test_dmcache_warm_after_the_return_is_measured_and_serves_nothing_stale(
     hdd, ssd = lab_disks
     lun = stack(hdd)
     lun_base = 4096
-    unit, units = 16, 2048  # one block in each 64 KiB cache block: 1,024 of 2,048 (128 MiB)
+    sc = Scale.of(DMCACHE_WINDOW_S)
+    # one block in each 64 KiB cache block: the hot ones (800 of 2,048, 128 MiB, at the
+    # minute)
+    unit, units = 16, round(2048 * sc.part)
     own, bare = tmp_path / "own", tmp_path / "bare"
-    bare_trace(lun, lun_base, unit, units, bare)
+    bare_trace(lun, lun_base, unit, units, bare, sc)
     sh("dmsetup", "create", "c1", "--table", f"0 {128 << 11} linear {ssd} 0")
     sh("dmsetup", "create", "m1", "--table", f"0 {8 << 11} linear {ssd} {128 << 11}")
     r = clirun.in_process("create", "dm-cache", "vc", "--origin", lun, "--cache",
                           "/dev/mapper/c1", "--metadata", "/dev/mapper/m1", "--mode",
                           "writethrough", "--block-size", "64k")
     assert r.returncode == 0, r.stderr
-    steady = steady_state("/dev/mapper/vc", lun_base, unit, units, own)
+    steady = steady_state("/dev/mapper/vc", lun_base, unit, units, own, sc)
     # the acceptance line is NOT asserted: met by two warmed returns of six in the lab's
     # runs at 16 reads in flight (0.925 and 0.935 of the steady state), the others at
     # 0.72-0.84, on a host at load 17-19 (docs/benchmarks.md, "Warming after an arrival").
     # What is held: the warmed returns beat the cold one, each warm ends done, nothing
     # stale comes back, the cold return is below the bar, and the figures are written.
     returns("dm-cache", "/dev/mapper/vc", hdd, lun_base, lun_base, unit, units, own, bare,
-            steady, tmp_path, bar=False)
+            steady, tmp_path, sc, bar=False)
     assert json.dumps(coherence.warm_json())  # what status --json shows
