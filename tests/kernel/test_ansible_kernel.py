@@ -45,9 +45,14 @@ def play(path: Path, cachemgr_bin: str, *extra: str) -> tuple[int, str]:
                 "ANSIBLE_LOCAL_TEMP": "/tmp/ansible-local", "ANSIBLE_REMOTE_TEMP": "/tmp/ansible",
                 "ANSIBLE_NOCOLOR": "1", "PATH": SYSTEM_PATH,
                 # the host's Python runs the modules, as on a managed host (ansible.builtin.apt
-                # finds python3-apt there), through a pipe (no module file written per task):
-                # each task starts one Python fewer, which UML makes slow
-                "ANSIBLE_PYTHON_INTERPRETER": SYSTEM_PYTHON, "ANSIBLE_PIPELINING": "1",
+                # finds python3-apt there), each from a file and not through a pipe: Python
+                # 3.11 reads a script on its stdin one byte per read() (strace: 188,837 reads
+                # for AnsiballZ's 188,836-byte file module), and in UML each read is a trip
+                # to the host (the file module in a guest doing nothing else: 20 s piped,
+                # 3.3 s from a file; docs/benchmarks.md, "Test suite time"). ansible-core's
+                # AnsiballZ runs the module in that one Python either way; without the pipe
+                # a task adds a few shell commands (mkdir, chmod, rm of its temporary dir).
+                "ANSIBLE_PYTHON_INTERPRETER": SYSTEM_PYTHON, "ANSIBLE_PIPELINING": "0",
                 # the controller polls its worker every 50 ms, not every 1 ms (the file says
                 # why: the poll loop shared the guest's one CPU with each module)
                 "ANSIBLE_CONFIG": str(ROOT / "ansible/tests/lab-ansible.cfg")})
