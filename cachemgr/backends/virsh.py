@@ -18,6 +18,7 @@ of the disk sources). Writing (``define``) and capturing go through virsh.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -95,7 +96,7 @@ class LiveVirsh:
 
         if shutil.which("virsh") is None:
             return "virsh is not installed (Debian: libvirt-clients)"
-        if self.uri == DEFAULT_URI and not any(os.path.exists(s) for s in SYSTEM_SOCKETS):
+        if self.uri == DEFAULT_URI and not _daemon_socket():
             return "libvirt's daemon is not running (no socket under /run/libvirt)"
         return None
 
@@ -151,9 +152,18 @@ STATES = ("no state", "running", "idle", "paused", "in shutdown", "shut off", "c
           "pmsuspended")
 
 
+def _binding_wanted() -> bool:
+    return os.environ.get(PATH_ENV) != "virsh"
+
+
+def _daemon_socket() -> bool:
+    """Whether qemu:///system's daemon has its socket (it may still not answer)."""
+    return any(os.path.exists(s) for s in SYSTEM_SOCKETS)
+
+
 def _binding() -> Any:
     """The ``libvirt`` module, or None where it is not installed (or not wanted)."""
-    if os.environ.get(PATH_ENV) == "virsh":
+    if not _binding_wanted():
         return None
     try:
         import libvirt
@@ -272,10 +282,22 @@ class LibvirtApi(LiveVirsh):
 
     def __init__(self, lv: Any, uri: str | None = None) -> None:
         super().__init__(uri)
-        self.lv = lv
+        self._lv = lv
+
+    @property
+    def lv(self) -> Any:
+        """The ``libvirt`` module; :func:`live_source` leaves it to be imported here, on
+        first use, where qemu:///system has no socket yet (its import is 0.1-0.2 s of a
+        command's start in the UML lab, where status never needs it: :meth:`available`
+        says "not running" from the socket alone)."""
+        if self._lv is None:
+            import libvirt
+
+            self._lv = libvirt
+        return self._lv
 
     def available(self) -> str | None:
-        if self.uri == DEFAULT_URI and not any(os.path.exists(s) for s in SYSTEM_SOCKETS):
+        if self.uri == DEFAULT_URI and not _daemon_socket():
             return "libvirt's daemon is not running (no socket under /run/libvirt)"
         try:
             self._connection()
@@ -308,9 +330,15 @@ class LibvirtApi(LiveVirsh):
 
 
 def live_source(uri: str | None = None) -> VirshSource:
-    """The binding where it imports, else virsh."""
+    """The binding where it imports, else virsh. While qemu:///system has no socket (no
+    daemon to ask) the binding is only looked for, not imported: :class:`LibvirtApi` imports
+    it when first asked beyond :meth:`LibvirtApi.available`."""
+    src = LiveVirsh(uri)
+    if src.uri == DEFAULT_URI and not _daemon_socket() and _binding_wanted() \
+            and importlib.util.find_spec("libvirt") is not None:
+        return LibvirtApi(None, src.uri)
     lv = _binding()
-    return LibvirtApi(lv, uri) if lv is not None else LiveVirsh(uri)
+    return LibvirtApi(lv, uri) if lv is not None else src
 
 
 def default_source(sysfs: Sysfs, uri: str | None = None) -> VirshSource:

@@ -165,3 +165,25 @@ def test_the_source_is_the_binding_unless_missing_or_virsh_asked(
     monkeypatch.setitem(__import__("sys").modules, "libvirt", None)  # not installed
     s = virsh.live_source(URI)
     assert isinstance(s, virsh.LiveVirsh) and not isinstance(s, virsh.LibvirtApi)
+
+
+def test_without_the_daemons_socket_the_binding_is_imported_only_when_asked(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """qemu:///system with no socket (no daemon to ask: status on a host without libvirtd):
+    the binding is not imported for status's look, only when something asks libvirt."""
+    import sys
+
+    monkeypatch.delenv(virsh.PATH_ENV, raising=False)
+    monkeypatch.delenv(virsh.URI_ENV, raising=False)
+    monkeypatch.setattr(virsh, "SYSTEM_SOCKETS", (str(tmp_path / "libvirt-sock"),))
+    monkeypatch.delitem(sys.modules, "libvirt")
+    src = virsh.live_source()
+    assert isinstance(src, virsh.LibvirtApi)
+    assert src.available() == "libvirt's daemon is not running (no socket under /run/libvirt)"
+    assert "libvirt" not in sys.modules
+    assert src.lv.virConnect is not None and "libvirt" in sys.modules
+    # with the socket there, the binding is imported at once, as before
+    (tmp_path / "libvirt-sock").touch()
+    monkeypatch.delitem(sys.modules, "libvirt")
+    virsh.live_source()
+    assert "libvirt" in sys.modules
