@@ -100,7 +100,7 @@ def vms_on(pv: str) -> None:
 def lvm_filter(accept: list[str], scan_lvs: bool = False) -> None:
     """lvm2 sees only the devices in ``accept``: a dm-cache's origin (and the raw disk under
     it) carries the same PV label as the cached device, and lvm2 took the first seen (the
-    origin: the lab's first run put vgvm's LVs beside the cache, not on it). ``scan_lvs``:
+    origin, in the lab: vgvm's lvcreate then failed). ``scan_lvs``:
     an LV may be a PV (lvm.conf(5): off by default)."""
     rules = ", ".join([*(f'"a|^{a}$|"' for a in accept), '"r|.*|"'])
     with open("/etc/lvm/lvmlocal.conf", "a") as f:
