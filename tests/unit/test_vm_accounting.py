@@ -97,6 +97,9 @@ def test_on_a_dm_cache_each_vm_hit_ratio_is_read_on_the_cache_and_its_origin(
     (n,) = snap.vms.noisy
     assert (n.vm, n.cache) == ("vm-bak", node) and n.share > 0.9
     assert f"noisy neighbour on {node}: vm-bak made" in "\n".join(vm_ops.table(snap.vms))
+    (dev,) = [d for d in snapshot.to_json(snap)["devices"] if d["device"] == node]
+    assert {v["name"]: v["read_hit_ratio"] for v in dev["vms"]} == {
+        k: round(by[k].cache_io[0].read_hit_ratio or 0, 4) for k in by}
 
 
 class _Held(virsh.CapturedVirsh):
