@@ -19,6 +19,7 @@ if [ "${CACHEMGR_IN_LAB:-}" != 1 ]; then
         nvme-*) disks=256M,nvme:128M,nvme:64M b=qemu ;;
         vms) disks=512M,128M,512M,128M,16M,256M flags=(--libvirt) ;;
         vms-accounting) disks=768M,160M flags=(--libvirt) ;;
+        vms-accounting-*) disks=768M,160M,16M flags=(--libvirt) ;;
         esac
         echo "== $s ($b)"
         "$py" -m cachemgr lab run --backend "$b" --disks "$disks" "${flags[@]}" -- \
@@ -147,11 +148,28 @@ vms-accounting)
     # shellcheck disable=SC2086
     "$py" - $LAB_DISKS <<'PY'
 import sys
-from tests.kernel.test_vm_accounting_kernel import build, together
-build(sys.argv[1:])
+from tests.kernel.test_vm_accounting_kernel import build_bcache, together
+build_bcache(sys.argv[1:])
 together()
 PY
     cap "three libvirt domains (not running) on LVs of one VG on bcache0 over a 2 ms dm-delay disk; in scopes named like libvirt's, 8 s at once: a hot Zipf reader, a uniform reader over a large span, a sequential backup"
+    ;;
+vms-accounting-dmcache|vms-accounting-lvm)
+    # the same three domains and jobs on a dm-cache made by cachemgr (writethrough) with the
+    # VG on it, or on an LVM cache (lvconvert --type cache, writethrough) whose LV is the VG's
+    # PV; smq warmed it, then the cleaner policy held it still (the kernel test's set-up)
+    # shellcheck disable=SC2086
+    "$py" - "${s#vms-accounting-}" $LAB_DISKS <<'PY'
+import sys
+from tests.kernel.test_vm_accounting_kernel import BUILD, together
+BUILD[sys.argv[1]](sys.argv[2:])
+together()
+PY
+    case $s in
+    *dmcache) what="a dm-cache (writethrough, cleaner policy after smq warmed it) over a 2 ms dm-delay disk" ;;
+    *) what="an LVM cache (vgc/big: cache pool, writethrough, cleaner policy after smq warmed it) of an LV on a 2 ms dm-delay disk, that LV the PV" ;;
+    esac
+    cap "three libvirt domains (not running) on LVs of one VG on $what; in scopes named like libvirt's, 8 s at once: a hot Zipf reader, a uniform reader over a large span, a sequential backup"
     ;;
 lvm-caches)
     # lvm2's own caches in one VG: the origin PV a dm-delay "HDD" over the first disk (the raw

@@ -1,14 +1,18 @@
 """Per-VM accounting on a capture of the lab (tests/fixtures/vms-accounting-uml: three libvirt
 domains on LVs of one VG on bcache0 over a dm-delay disk; a hot Zipf reader, a uniform reader
 and a sequential backup each ran in a scope named like libvirt's, as in
-tests/kernel/test_vm_accounting_kernel.py), and the cost of it at 64 VMs."""
+tests/kernel/test_vm_accounting_kernel.py), the same on a dm-cache and on an LVM cache
+(tests/fixtures/vms-accounting-dmcache-uml, -lvm-uml), and the cost of it at 64 VMs."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
+
+import pytest
 
 from cachemgr.backends import snapshot, virsh, vms
 from cachemgr.backends.scancache import ScanCache
@@ -51,6 +55,49 @@ def test_each_vm_hit_ratio_is_read_from_its_scope_on_the_cache_and_the_slow_disk
     assert "noisy neighbour on /dev/bcache0: vm-bak made" in text
     doc = snapshot.to_json(snap)
     (dev,) = [d for d in doc["devices"] if d["device"] == "/dev/bcache0"]
+    assert {v["name"]: v["read_hit_ratio"] for v in dev["vms"]} == {
+        k: round(by[k].cache_io[0].read_hit_ratio or 0, 4) for k in by}
+
+
+@pytest.mark.parametrize(("capture", "node", "origin"), [
+    ("vms-accounting-dmcache-uml", "/dev/mapper/vc", "hdd"),
+    ("vms-accounting-lvm-uml", "/dev/mapper/vgc-big", "vgc-big_corig"),
+])
+def test_on_a_dm_cache_each_vm_hit_ratio_is_read_on_the_cache_and_its_origin(
+        capture: str, node: str, origin: str) -> None:
+    """A VG on a dm-cache, and a VG on an LVM cache's LV: each VM's LV stacks onto the
+    dm-cache device, whose origin (the dm-delay disk; LVM's ``_corig``) is the slow disk its
+    misses are charged on (docs/kernel-notes.md, "What a cache charges to a VM's cgroup")."""
+    sysfs = Sysfs(Path(__file__).resolve().parents[1] / "fixtures" / capture / "sys")
+    snap = snapshot.take(sysfs, vms=True)
+    assert snap.vms is not None
+    (dm,) = snap.dm_devices
+    assert dm.node == node
+    names = {sysfs.read(f"block/{n}/dm/name"): sysfs.read(f"block/{n}/dev")
+             for n in os.listdir(sysfs.root / "block") if n.startswith("dm-")}
+    cache_dev, slow_dev = names[node.removeprefix("/dev/mapper/")], names[origin]
+    by = {v.name: v for v in snap.vms.vms}
+    for name in ("vm-hot", "vm-uni", "vm-bak"):
+        v = by[name]
+        assert v.cgroup is not None
+        (d,) = v.disks
+        assert d.caches == (node,)
+        (c,) = v.cache_io
+        # the kernel's own lines of that scope, read here apart from the code
+        text = sysfs.read(f"fs/cgroup/{v.cgroup}/io.stat")
+        st = {f[0]: {k: int(x) for k, _, x in (kv.partition("=") for kv in f[1:])}
+              for f in (line.split() for line in text.splitlines()) if f}
+        assert (c.cache, c.read_bytes, c.slow_read_bytes) == (
+            node, st[cache_dev]["rbytes"], st.get(slow_dev, {}).get("rbytes", 0))
+        assert c.why is None and c.read_hit_ratio is not None
+    # the cache held the hot set and a part of the uniform reader's span; the backup missed
+    hot, uni, bak = (by[n].cache_io[0].read_hit_ratio or 0 for n in ("vm-hot", "vm-uni",
+                                                                      "vm-bak"))
+    assert hot > uni > bak and bak < 0.05
+    (n,) = snap.vms.noisy
+    assert (n.vm, n.cache) == ("vm-bak", node) and n.share > 0.9
+    assert f"noisy neighbour on {node}: vm-bak made" in "\n".join(vm_ops.table(snap.vms))
+    (dev,) = [d for d in snapshot.to_json(snap)["devices"] if d["device"] == node]
     assert {v["name"]: v["read_hit_ratio"] for v in dev["vms"]} == {
         k: round(by[k].cache_io[0].read_hit_ratio or 0, 4) for k in by}
 
