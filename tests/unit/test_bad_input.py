@@ -16,7 +16,6 @@ writable copy of a capture (``--sysfs-root``), with its own state directory
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Sequence
@@ -547,20 +546,47 @@ CASES: list[Case] = [
 # --------------------------------------------------------------------------- the harness
 
 
-def _tree(root: Path) -> dict[str, str]:
-    """Every path under ``root`` -> a digest of what it is (file bytes, link target, dir)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "->" + os.readlink(p)
-            elif p.is_file():
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir"
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every path under ``root`` -> what it is: a file's bytes, a link's target, "dir".
+    (os.scandir and str paths: this runs twice a case over ~500 files, and pathlib's objects
+    were most of its time.)"""
+    out: dict[str, bytes | str] = {}
+    todo = [(str(root), "")]
+    while todo:
+        path, rel = todo.pop()
+        with os.scandir(path) as it:
+            for e in it:
+                r = rel + e.name
+                if e.is_symlink():
+                    out[r] = "->" + os.readlink(e.path)
+                elif e.is_file():
+                    with open(e.path, "rb") as f:
+                        out[r] = f.read()
+                else:
+                    out[r] = "dir"
+                    todo.append((e.path, r + "/"))
     return out
+
+
+_PRISTINE: dict[str, tuple[Path, dict[str, bytes | str]]] = {}
+
+
+def _capture(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, case: Case
+             ) -> tuple[Path, dict[str, bytes | str]]:
+    """The case's capture, writable, and what it holds. A case that adds partitions to it
+    gets a copy of its own; the others share one copy a worker (copying ~500 files was a
+    third of a case's time), compared after each case with what it held when copied: a
+    case that changed it fails, and the copy is dropped for a fresh one."""
+    if any(rel.startswith("PART") for rel in case.files):
+        root = copy_capture(tmp_path, case.capture)
+        _make(tmp_path, case.files, root)
+        return root, _tree(root)
+    if case.capture not in _PRISTINE:
+        root = copy_capture(tmp_path_factory.mktemp("capture"), case.capture)
+        _PRISTINE[case.capture] = root, _tree(root)
+    root, held = _PRISTINE[case.capture]
+    _make(tmp_path, case.files, root)
+    return root, held
 
 
 def _make(tmp: Path, files: dict[str, str | bytes], sys_root: Path) -> None:
@@ -640,9 +666,9 @@ def _param(case: Case) -> object:
 
 
 @pytest.mark.parametrize("case", [_param(x) for x in CASES])
-def test_bad_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = copy_capture(tmp_path, case.capture)
-    _make(tmp_path, case.files, root)
+def test_bad_input(case: Case, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    root, before_sys = _capture(tmp_path, tmp_path_factory, case)
     state_dir = tmp_path / "state"
     state_dir.mkdir(exist_ok=True)
     monkeypatch.setenv("CACHEMGR_STATE_DIR", str(state_dir))
@@ -653,16 +679,19 @@ def test_bad_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     forbidden: list[str] = []
     _forbidden(monkeypatch, forbidden)
     _fake_nodes(monkeypatch, root)
-    before_sys, before_state = _tree(root), _tree(state_dir)
+    before_state = _tree(state_dir)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
 
     r = in_process("--sysfs-root", str(root), *argv)
+    after_sys = _tree(root)
+    if after_sys != before_sys:
+        _PRISTINE.pop(case.capture, None)  # the next case gets a fresh copy
 
     err = r.stderr
     assert "Traceback" not in err, err
     assert r.returncode == case.code, (r.returncode, err)
     assert writes == [] and refused == [] and forbidden == [], (writes, refused, forbidden)
-    assert _tree(root) == before_sys
+    assert after_sys == before_sys, f"{case.capture} changed"
     for rel in case.files:  # what the case put there is still there
         if not rel.startswith(("PART", "state/")):
             assert os.path.lexists(tmp_path / rel), rel

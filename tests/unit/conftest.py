@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _argparse_untranslated() -> Iterator[None]:
+    """argparse asks gettext for each of its strings, some 140 times for cachemgr's parser,
+    and under LANG=C.UTF-8 each ask looks for a C.UTF-8 catalogue on disk; LANGUAGE=C stops
+    gettext at "C" before it looks (Python's gettext.find). No message changes (there is no
+    catalogue for C.UTF-8), and a unit run builds the parser thousands of times (every CLI
+    call in the test's process or its own): 21 -> 13 ms a build here."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LANGUAGE", "C")
+    yield
+    mp.undo()
