@@ -7,23 +7,18 @@ which blocks the host reads; this reads them again, through the cache:
 
 * what a kind needs so that such a read is admitted is the kind's (procedures/kinds: a
   bcache device sets ``sequential_cutoff`` 0 and its set's ``congested_read_threshold_us``
-  0 for the run; dm-cache's smq promotes a block after misses in several of its one-second
-  periods, so the blocks are read in passes a second apart, 16 reads in flight, until three
-  in a row promote nothing: docs/kernel-notes.md, "Warming a cache");
+  0 for the run; dm-cache's smq promotes a block after hits in several of its one-second
+  periods, so the blocks are read in passes a second apart until three in a row promote
+  nothing: docs/kernel-notes.md, "Warming a cache");
 * the end says how much of what it read is in the cache, from the cache's own counters
   (dm-cache: the hits of the last pass, :class:`Admitted`), and whether the passes ran out
   while the cache still admitted; a warm that admitted nothing fails (exit 1);
 * every setting changed is recorded in the undo journal (core/undo.py) before it is written
   and put back at the end, on an error, Ctrl-C, SIGTERM and SIGHUP (bench's hygiene does it);
 * the VMs' IO goes first: the reads run in the idle IO priority class (honoured by BFQ and
-  mq-deadline), one request in flight, and none is sent while the device the kind names
-  has a request of someone else's in flight (up to :data:`BUSY_WAIT_S`, after which one
-  goes anyway so that a warm under a constant load still ends). A kind may ask for more in
-  flight (dm-cache: 16, as smq admits a block only after misses in several of its
-  one-second periods, so a pass over the set must fit in one); then a read is sent only
-  while the device has fewer than that in flight, the VMs' requests and the warm's
-  together (bcache: the slow device; dm-cache: the cached device, where the VMs' reads
-  pass, while the origin's also carry the cache's own copies);
+  mq-deadline), one request in flight, and none is sent while the slow device has a request
+  of someone else's in flight (up to :data:`BUSY_WAIT_S`, after which one goes anyway so
+  that a warm under a constant load still ends);
 * at most the cache's capacity is read (``--bytes`` over it is refused).
 
 The trace names the device it was recorded on (its kernel name, devno and size). It is
@@ -180,16 +175,6 @@ IOPRIO_CLASS_IDLE = 3
 IOPRIO_CLASS_SHIFT = 13
 
 
-def _set_idle() -> bool:
-    """The calling thread in the idle IO class for good (a thread of its own)."""
-    nums = _ioprio_syscalls()
-    if nums is None:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return bool(libc.syscall(nums[0], IOPRIO_WHO_PROCESS, 0,
-                             IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) == 0)
-
-
 @contextlib.contextmanager
 def idle_priority() -> Iterator[bool]:
     """The calling thread in the idle IO class for the block (ionice -c3), and back as it
@@ -222,30 +207,22 @@ def in_flight(sysfs: Sysfs, rels: Sequence[str]) -> int:
 
 @dataclass
 class Pacer:
-    """Before each read: wait while the devices have ``depth`` requests or more in flight,
-    the warm's own and someone else's (one by default: ours is done, so any request in
-    flight is someone else's), at most ``busy_wait`` seconds."""
+    """Before each read: wait while the slow devices have someone else's requests in flight
+    (ours is done: one in flight), at most ``busy_wait`` seconds."""
 
     sysfs: Sysfs
-    slow: list[str]  # sysfs dirs of the devices whose in-flight requests are looked at
+    slow: list[str]  # sysfs dirs of the slow devices
     busy_wait: float = BUSY_WAIT_S
     waited_s: float = 0.0
     forced: int = 0  # reads sent while the device was still busy (after busy_wait)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
-    depth: int = 1  # the requests in flight, ours and others', a read is sent below
 
-    def wait(self, ours: Callable[[], int] | None = None) -> None:
-        """``ours``: how many of the warm's own reads are in flight now (the kernel's count
-        may not hold one just sent yet: the larger of the two is taken)."""
-        def busy() -> bool:
-            n = in_flight(self.sysfs, self.slow)
-            return max(n, ours() if ours is not None else 0) >= self.depth
-
-        if not self.slow or not busy():
+    def wait(self) -> None:
+        if not self.slow or in_flight(self.sysfs, self.slow) == 0:
             return
         t0 = self.clock()
-        while busy():
+        while in_flight(self.sysfs, self.slow) > 0:
             if self.clock() - t0 >= self.busy_wait:
                 self.forced += 1
                 break
@@ -257,25 +234,16 @@ class Pacer:
 
 
 def requests_of(blocks: Sequence[int], block: int, *, cache_block: int = 0,
-                limit: int = MAX_REQUEST, batch: int = BATCH,
-                probe: bool = False) -> Iterator[tuple[int, int]]:
+                limit: int = MAX_REQUEST, batch: int = BATCH) -> Iterator[tuple[int, int]]:
     """(offset, length) reads covering ``blocks`` (hottest first) in batches of ``batch``:
     within a batch in address order, adjacent blocks merged up to ``limit`` bytes. With
     ``cache_block`` (a dm-cache block, larger than the trace's) a read is aligned to the cache
-    block holding it and a cache block is read once; with ``probe`` as well, only its hottest
-    trace block is read (one read each, none merged): a read of part of a cache block is a
-    miss or a hit of the whole block, and a promotion copies the whole block."""
+    block holding it and a cache block is read once."""
     unit = max(block, cache_block)
     seen: set[int] = set()
-    first: dict[int, int] = {}
-    for b in blocks:
-        first.setdefault(b * block // unit, b)
     for i in range(0, len(blocks), batch):
         units = sorted({b * block // unit for b in blocks[i:i + batch]} - seen)
         seen.update(units)
-        if probe and unit > block:
-            yield from ((first[u] * block, block) for u in units)
-            continue
         start = prev = None
         for u in units:
             if start is not None and prev is not None and u == prev + 1 and \
@@ -438,10 +406,9 @@ class WarmProgress:
 
 def read_hot(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
              progress: Progress | None, every: float = 2.0, out: Warmed,
-             total: int, pass_no: int = 1, passes: int = 1, depth: int = 1) -> None:
-    """Read every request once, O_DIRECT, ``depth`` in flight (one by default), paced; a
-    progress report (which is where a cancel stops it) at the start and every ``every``
-    seconds."""
+             total: int, pass_no: int = 1, passes: int = 1) -> None:
+    """Read every request once, O_DIRECT, one in flight, paced; a progress report (which
+    is where a cancel stops it) at the start and every ``every`` seconds."""
     start, t0 = out.bytes_read, time.monotonic()
 
     def report() -> None:
@@ -450,10 +417,6 @@ def read_hot(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
                                   pass_no, passes, pacer.waited_s, time.monotonic() - t0))
 
     report()
-    if depth > 1:
-        _read_many(node, reqs, pacer=pacer, report=report, every=every, out=out,
-                   depth=depth)
-        return
     fd = os.open(node, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
     buf = mmap.mmap(-1, MAX_REQUEST)
     view = memoryview(buf)
@@ -476,70 +439,10 @@ def read_hot(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
         os.close(fd)
 
 
-def _read_many(node: str, reqs: Sequence[tuple[int, int]], *, pacer: Pacer,
-               report: Callable[[], None], every: float, out: Warmed, depth: int) -> None:
-    """read_hot's reads ``depth`` at a time: each thread reads O_DIRECT from its own file
-    descriptor in the idle IO class, and sends a read only once the pacer finds fewer than
-    its depth in flight on the device, the VMs' and the warm's own (a VM's request takes a
-    place of the warm's); one pacer wait at a time. The reports and a cancel are the calling
-    thread's: a cancel lets the reads in flight end and sends no more."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    lock, gate = threading.Lock(), threading.Lock()
-    flight = [0]
-    opened: list[tuple[int, mmap.mmap]] = []
-    local = threading.local()
-
-    def start() -> None:
-        # here, not as the pool's initializer: an error (the device gone) is then the
-        # read's own OSError, not a broken pool
-        _set_idle()
-        fd = os.open(node, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-        local.fd, local.buf = fd, mmap.mmap(-1, MAX_REQUEST)
-        with lock:
-            opened.append((local.fd, local.buf))
-
-    def one(req: tuple[int, int]) -> int:
-        if not hasattr(local, "fd"):
-            start()
-        off, ln = req
-        with gate:
-            pacer.wait(lambda: flight[0])
-            with lock:
-                flight[0] += 1
-        try:
-            with memoryview(local.buf) as view:
-                return os.preadv(local.fd, [view[:ln]], off)
-        finally:
-            with lock:
-                flight[0] -= 1
-
-    pool = ThreadPoolExecutor(depth, thread_name_prefix="warm")
-    last = time.monotonic()
-    try:
-        for (_, ln), got in zip(reqs, pool.map(one, reqs), strict=True):
-            if got <= 0:
-                break  # past the device's end
-            out.requests += 1
-            out.bytes_read += ln
-            now = time.monotonic()
-            if now - last >= every:
-                last = now
-                report()
-        report()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        for fd, buf in opened:
-            os.close(fd)
-            buf.close()
-
-
-def plan_requests(hot: Hot, nbytes: int, cache_block: int, *,
-                  probe: bool = False) -> tuple[list[tuple[int, int]], int]:
+def plan_requests(hot: Hot, nbytes: int, cache_block: int) -> tuple[list[tuple[int, int]],
+                                                                   int]:
     """The reads of the hottest blocks up to ``nbytes`` (in cache blocks: a dm-cache block
-    is read whole, or with ``probe`` its hottest trace block alone), and how many hot blocks
-    they cover."""
+    is read whole), and how many hot blocks they cover."""
     unit = max(hot.block, cache_block)
     take: list[int] = []
     units: set[int] = set()
@@ -550,7 +453,7 @@ def plan_requests(hot: Hot, nbytes: int, cache_block: int, *,
                 break
             units.add(u)
         take.append(b)
-    return list(requests_of(take, hot.block, cache_block=cache_block, probe=probe)), len(take)
+    return list(requests_of(take, hot.block, cache_block=cache_block)), len(take)
 
 
 def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
@@ -560,11 +463,9 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
     from cachemgr.procedures.bench.hygiene import Hygiene
 
     out = Warmed(kind.node)
-    reqs, out.blocks = plan_requests(hot, nbytes, kind.warm_cache_block(),
-                                     probe=kind.warm_probe)
+    reqs, out.blocks = plan_requests(hot, nbytes, kind.warm_cache_block())
     unit = max(hot.block, kind.warm_cache_block())
     total = sum(ln for _, ln in reqs)
-    units = sum(max(1, ln // unit) for _, ln in reqs)  # the cache blocks a pass reads
     hyg = Hygiene(sysfs)
     t0 = time.monotonic()
     out.hits_before = kind.reread(sysfs).hit_counters()
@@ -572,8 +473,7 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
         for what, path, value in kind.warm_settings(sysfs):
             hyg.set(what, path, value)
         out.settings = list(hyg.notes)
-        pacer = Pacer(sysfs, kind.warm_slow_devices(sysfs), busy_wait=busy_wait,
-                      depth=max(kind.warm_depth, 1))
+        pacer = Pacer(sysfs, kind.warm_slow_devices(sysfs), busy_wait=busy_wait)
         with idle_priority() as out.idle_class:
             admitted = kind.warm_admitted(sysfs)
             idle = 0  # passes in a row that admitted nothing more
@@ -582,11 +482,9 @@ def warm(sysfs: Sysfs, kind: Kind, hot: Hot, nbytes: int, *,
                 c0, b0 = kind.warm_counters(sysfs), out.bytes_read
                 read_hot(kind.node, reqs, pacer=pacer, progress=progress, out=out,
                          total=total, pass_no=n,
-                         passes=kind.warm_passes if admitted is not None else 1,
-                         depth=kind.warm_depth)
+                         passes=kind.warm_passes if admitted is not None else 1)
                 out.passes = n
-                done = out.bytes_read - b0
-                rec = PassRecord(n, units if done == total else done // unit, c0)
+                rec = PassRecord(n, (out.bytes_read - b0) // unit, c0)
                 out.pass_log.append(rec)
                 rec.end(kind.warm_counters(sysfs), time.monotonic() - started)
                 if rec.all_hit:
@@ -740,9 +638,7 @@ def summary(p: Prepared, w: Warmed) -> list[str]:
     lines = [f"warm {w.device}: {human(w.bytes_read)} of its hottest blocks read "
              f"({w.blocks:,} of the {len(p.hot.blocks):,} the trace of {p.hot.device.path} "
              f"referenced; cache {human(p.capacity)}) in {w.seconds:.1f} s, {w.requests:,} "
-             f"reads in {w.passes} pass{'es' if w.passes != 1 else ''}, "
-             + ("one in flight" if p.kind.warm_depth <= 1
-                else f"{p.kind.warm_depth} in flight")
+             f"reads in {w.passes} pass{'es' if w.passes != 1 else ''}, one in flight"
              + (", idle IO class" if w.idle_class else ""),
              f"  waited {w.waited_s:.1f} s for other IO on the slow device"
              + (f" ({w.forced:,} reads sent while it stayed busy)" if w.forced else "")]

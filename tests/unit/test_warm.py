@@ -69,11 +69,6 @@ def test_requests_merge_neighbours_in_a_batch_and_align_to_the_cache_block() -> 
     # a 64 KiB cache block is read whole, once, however many hot 4k blocks it holds
     assert list(warm.requests_of([1, 2, 17, 15, 80], 4096, cache_block=65536)) == [
         (0, 2 * 65536), (5 * 65536, 65536)]
-    # probing (dm-cache): one 4 KiB read in each cache block, its hottest trace block (17
-    # before 15 in block 1; 1 before 2 in block 0), none merged, still in address order
-    assert list(warm.requests_of([1, 2, 17, 15, 80, 16], 4096, cache_block=65536,
-                                 probe=True)) == [
-        (1 * 4096, 4096), (17 * 4096, 4096), (80 * 4096, 4096)]
     # never a request over the limit
     reqs = list(warm.requests_of(list(range(600)), 4096, limit=1 << 20))
     assert max(ln for _, ln in reqs) == 1 << 20 and sum(ln for _, ln in reqs) == 600 * 4096
@@ -133,90 +128,6 @@ def test_the_pacer_waits_while_the_slow_device_is_busy_then_sends_one_anyway() -
     p = warm.Pacer(fake, ["block/sda"], sleep=fake.sleep, clock=lambda: fake.now)  # type: ignore[arg-type]
     p.wait()
     assert p.waited_s == 0 and fake.now == 0
-
-
-class Counted:
-    """A device whose ``inflight`` is the warm's own reads in flight plus ``others``."""
-
-    def __init__(self, others: int) -> None:
-        self.others = others
-        self.ours = 0
-        self.now = 0.0
-
-    def read_opt(self, rel: str) -> str:
-        return f"{self.ours + self.others} 0\n"
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-        self.others = max(0, self.others - 1)
-
-
-def test_with_a_depth_the_pacer_lets_the_vms_requests_take_the_warms_places() -> None:
-    fake = Counted(others=0)
-    fake.ours = 12  # twelve of ours in flight of sixteen, no one else's: no wait
-    p = warm.Pacer(fake, ["block/dm-2"], sleep=fake.sleep, clock=lambda: fake.now,  # type: ignore[arg-type]
-                   depth=16)
-    p.wait(lambda: fake.ours)
-    assert p.waited_s == 0 and fake.now == 0
-    fake.others = 3  # a VM's three beside them: fifteen, a place left
-    p.wait(lambda: fake.ours)
-    assert p.waited_s == 0
-    fake.others = 6  # eighteen: it waits until the VM's are down to three
-    p.wait(lambda: fake.ours)
-    assert fake.others == 3 and p.waited_s > 0 and p.forced == 0
-    # a read just sent that the kernel does not count yet is counted from ours
-    fake.others, fake.ours = 0, 16
-    fake.read_opt = lambda rel: "0 0\n"  # type: ignore[method-assign]
-    p.wait(lambda: fake.ours)
-    assert p.forced == 1
-
-
-def test_reads_in_flight_at_once_read_each_request_once_and_no_more_than_the_depth(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-    import time
-
-    disk = tmp_path / "dm-2.img"
-    disk.write_bytes(bytes(range(256)) * 1024)  # 256 KiB
-    monkeypatch.delattr(warm.os, "O_DIRECT", raising=False)  # tmpfs: no O_DIRECT
-    lock = threading.Lock()
-    now, most, seen = [0], [0], []
-    real = warm.os.preadv
-
-    def preadv(fd: int, bufs: Any, off: int) -> int:
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-            seen.append(off)
-        time.sleep(0.005)
-        try:
-            return real(fd, bufs, off)
-        finally:
-            with lock:
-                now[0] -= 1
-
-    monkeypatch.setattr(warm.os, "preadv", preadv)
-    waits: list[int] = []
-
-    class Pacer(warm.Pacer):
-        def wait(self, ours: Any = None) -> None:
-            if ours is not None:  # the reads of ours in flight as the pacer sees them
-                waits.append(ours())
-
-    reqs = [(i * 4096, 4096) for i in range(64)]
-    out = warm.Warmed(str(disk))
-    reports: list[object] = []
-    warm.read_hot(str(disk), reqs, pacer=Pacer(None, []), progress=reports.append,  # type: ignore[arg-type]
-                  out=out, total=64 * 4096, depth=8)
-    assert sorted(seen) == [o for o, _ in reqs] and out.requests == 64
-    assert out.bytes_read == 64 * 4096
-    assert 1 < most[0] <= 8 and max(waits) < 8 and len(waits) == 64
-    # one in flight (bcache's): a plain loop, the pacer asked before each read
-    most[0], waits[:] = 0, []
-    warm.read_hot(str(disk), reqs, pacer=Pacer(None, []), progress=None,  # type: ignore[arg-type]
-                  out=warm.Warmed(str(disk)), total=64 * 4096)
-    assert most[0] == 1
-    assert reports  # a report at the start and the end at least
 
 
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Sysfs, kinds.Kind]:
@@ -340,8 +251,6 @@ class SmqLike:
     node = "/dev/mapper/vc"
     warm_pass_s = 0.0
     warm_passes = 24
-    warm_depth = 1
-    warm_probe = False
 
     def __init__(self, blocks: int, promoted: list[int], other: int = 0) -> None:
         self.blocks, self.promoted, self.other = blocks, promoted, other
@@ -349,9 +258,7 @@ class SmqLike:
 
     def read_pass(self, node: str, reqs: list[tuple[int, int]], *, out: warm.Warmed,
                   **kw: Any) -> None:
-        # one aligned 64 KiB read a cache block, or 4 KiB of it when probing
-        assert len(reqs) == self.blocks
-        assert {ln for _, ln in reqs} == {4096 if self.warm_probe else 65536}
+        assert len(reqs) == self.blocks  # one aligned 64 KiB read a cache block
         out.bytes_read += sum(ln for _, ln in reqs)
         self.hits += self.resident + self.other
         self.misses += self.blocks - self.resident
@@ -409,17 +316,6 @@ def test_smq_passes_go_on_through_a_lull_and_end_when_three_admit_nothing(
     assert w.to_json()["passes_ended_by"] == "no more admitted"
 
 
-def test_smq_passes_of_probes_count_each_cache_block_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # dm-cache's passes read 4 KiB of each 64 KiB cache block: the same cache blocks counted
-    fake = SmqLike(100, [0, 40, 10, 0, 0, 10, 5])
-    fake.warm_probe = True
-    w, _ = smq_warm(monkeypatch, fake)
-    assert w.passes == 10 and w.bytes_read == 10 * 100 * 4096
-    assert w.admitted == warm.Admitted(65, 65, 100, True)
-    assert [p.reads for p in w.pass_log] == [100] * 10
-
-
 def test_smq_passes_that_run_out_while_admitting_say_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     fake = SmqLike(100, [0] + [3] * 30)
@@ -446,26 +342,3 @@ def test_smq_admitting_nothing_says_none_and_other_reads_make_an_estimate(
     # someone else's reads (hits) during the passes: counted, but not exact
     w, lines = smq_warm(monkeypatch, SmqLike(10, [0, 5], other=3))
     assert w.admitted is not None and not w.admitted.exact and "estimate" in lines[0]
-
-
-def test_dmcache_warm_paces_on_the_cached_device_and_reads_in_parallel(
-        tmp_path: Path) -> None:
-    # a dm-cache's VMs read through the cached device; its origin's in-flight requests are
-    # also the cache's own copies of what the warm promotes, which are not a VM's
-    root = copy_capture(tmp_path, "dmcache-writeback")
-    sysfs = Sysfs(str(root))
-    k = kinds.resolve(snapshot.take(sysfs), "/dev/mapper/vmcache", sysfs)
-    d = k.obj
-    assert k.warm_slow_devices(sysfs) == [f"block/{d.kernel_name}"]
-    assert d.origin is not None and d.origin.name != d.kernel_name
-    assert k.warm_depth > 1 and k.warm_pass_s >= 1.0  # a pass within smq's period
-
-
-def test_reads_in_flight_at_once_on_a_device_gone_raise_its_oserror(tmp_path: Path) -> None:
-    class Pacer(warm.Pacer):
-        def wait(self, ours: Any = None) -> None:
-            pass
-
-    with pytest.raises(FileNotFoundError):
-        warm.read_hot(str(tmp_path / "gone"), [(0, 4096)] * 4, pacer=Pacer(None, []),  # type: ignore[arg-type]
-                      progress=None, out=warm.Warmed("gone"), total=4 * 4096, depth=4)

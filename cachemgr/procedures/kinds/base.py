@@ -474,11 +474,6 @@ class Kind:
     warm_passes: ClassVar[int] = 1
     # the least time between the starts of two passes (smq: its hotspot period, 1 s)
     warm_pass_s: ClassVar[float] = 0.0
-    # the warm's reads in flight at once (smq wants a pass read within its period)
-    warm_depth: ClassVar[int] = 1
-    # a cache block is admitted by a read of a part of it (dm-cache): warm reads one trace
-    # block of each, not the whole cache block
-    warm_probe: ClassVar[bool] = False
 
     def warm_refusal(self) -> CacheMgrError | None:
         """Why its cache cannot be warmed as it stands (a mode that admits no read)."""

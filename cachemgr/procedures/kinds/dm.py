@@ -124,27 +124,13 @@ class _DmCacheWarm(Kind):
     period (1 s): a block read once is not promoted, nor read many times in a row; read in
     passes a second or more apart, more are promoted each pass until none is (measured in
     the lab, docs/kernel-notes.md, "Warming a cache"). So the hot blocks are read in passes
-    (at least 3, at most 40) until three in a row promote nothing; promotions are copied in
-    the background, so the warm waits for them at its end. No setting is changed.
-
-    A pass must read the set within one such period, or each hotspot climbs once per pass
-    rather than once a second: over a 20 ms disk one read in flight takes 16 s for 800
-    blocks (a returning VM's first minute stayed at 0.62-0.72 of its steady state); 16 in
-    flight read them in a second and smq admitted 541 of 800 after the second pass (lab:
-    docs/kernel-notes.md, "Warming a cache"). So the reads go 16 at a time (warm_depth), a
-    new one only while the device has fewer than 16 in flight, the VMs' and the warm's."""
+    (at least 3, at most 24) until three in a row promote nothing; promotions are copied in
+    the background, so the warm waits for them at its end. No setting is changed."""
 
     # under load smq still admitted at pass 16 and stopped by pass 19, after lulls of up
-    # to two passes without a promotion; at 16 in flight the last blocks came in at pass 22
-    # (lab: docs/kernel-notes.md, "Warming a cache")
-    warm_passes = 40
+    # to two passes without a promotion (lab: docs/kernel-notes.md, "Warming a cache")
+    warm_passes = 24
     warm_pass_s = 1.1
-    warm_depth = 16
-    # dm-cache counts and promotes a whole cache block for a read of part of it (a bio is
-    # split at the block: dm_set_target_max_io_len; a promotion copies the block), so a
-    # pass reads one 4 KiB trace block of each cache block, not 64 KiB or more (the lab's
-    # passes read 50 MiB each for 800 cache blocks, on the guest's CPU beside the VM)
-    warm_probe = True
     obj: DmCacheDevice
 
     def warm_refusal(self) -> CacheMgrError | None:
@@ -206,13 +192,10 @@ class _DmCacheWarm(Kind):
         return out
 
     def warm_slow_devices(self, sysfs: Sysfs) -> list[str]:
-        """The dm-cache device itself, not its origin: the VMs' reads come through it (hits
-        and misses alike), while the origin's in-flight requests are also the cache's own
-        copies of the blocks the warm's passes promote (kcopyd reads the origin directly),
-        which the warm would otherwise wait behind as if they were a VM's."""
         from cachemgr.backends.blockdev import block_dirs
 
-        rel = block_dirs(sysfs).get(self.obj.kernel_name)
+        name = self.obj.origin.name if self.obj.origin is not None else None
+        rel = block_dirs(sysfs).get(name) if name else None
         return [rel] if rel else []
 
     def warm_admitted(self, sysfs: Sysfs) -> int | None:
