@@ -34,7 +34,15 @@ from cachemgr.backends import snapshot
 from cachemgr.cli.main import main
 from cachemgr.core.sysfs import Sysfs
 from tests.unit.guards import held_elsewhere, mutations_refused
-from tests.unit.tui_helpers import app_on, copy_capture, kernel_writes, quiet, settle, shown
+from tests.unit.tui_helpers import (
+    app_on,
+    click,
+    copy_capture,
+    kernel_writes,
+    quiet,
+    settle,
+    shown,
+)
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -341,7 +349,7 @@ async def drive(pilot: object, app: CacheMgrApp, steps: Sequence[tuple[str, obje
             await settle(pilot, lambda sel=sel: bool(app.screen.query(sel)))  # type: ignore[misc]
             if sel in ("#b-go", "#b-switch", "#b-drain"):
                 assert isinstance(app.screen, ConfirmDialog)
-            await pilot.click(sel)  # type: ignore[attr-defined]
+            await click(pilot, sel)
         else:
             raise AssertionError(what)
 

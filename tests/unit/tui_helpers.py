@@ -132,6 +132,38 @@ async def quiet(pilot: object) -> None:
     await pilot.pause()  # type: ignore[attr-defined]
 
 
+def placed(app: CacheMgrApp, selector: str) -> bool:
+    """The screen shown has ``selector`` composed AND laid out: a click at its region's
+    corner reaches it. A screen pushed by a key is composed, then laid out when it handles
+    its ScreenResume (or at its update timer), all after the key's own handling."""
+    from textual.errors import NoWidget
+
+    screen = app.screen
+    found = screen.query(selector)
+    if not found:
+        return False
+    widget = found.first()
+    try:
+        region = screen.find_widget(widget).region
+    except NoWidget:
+        return False
+    return bool(region.area) and screen.get_widget_at(*region.offset)[0] is widget
+
+
+async def click(pilot: object, selector: str) -> None:
+    """Click ``selector`` on the screen shown once it is there to be clicked (placed()), and
+    fail if the click reached something else. Pilot.press's wait can end before the app has
+    handled the key (textual's wait_for_idle takes "little CPU used while asleep" for "idle",
+    and a process starved of CPU uses little either way), so the dialog the key opens may not
+    be composed or laid out yet; Pilot.click aims at the region the widget has at the call,
+    (0,0) before the layout, lands on whatever is there, and the dialog waits forever
+    (test_parity, test_tui, test_tui_warm failed so at load 11-20 on 2 CPUs, 2026-11-28)."""
+    app = pilot.app  # type: ignore[attr-defined]
+    await settle(pilot, lambda: placed(app, selector))
+    assert await pilot.click(selector), (  # type: ignore[attr-defined]
+        f"the click on {selector} reached another widget; screen {app.screen!r}")
+
+
 async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
     """On the selected object: ``t``, the tunable ``name`` highlighted in the choice dialog,
     Enter, ``value`` in the form, Enter (what the change does is for the caller to wait for)."""
