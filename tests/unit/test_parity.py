@@ -326,7 +326,9 @@ async def pick(pilot: object, app: CacheMgrApp, choice: str) -> None:
     assert at is not None
     step = "down" if ids.index(choice) > at else "up"
     await pilot.press(*[step] * abs(ids.index(choice) - at))  # type: ignore[attr-defined]
-    assert ol.highlighted == ids.index(choice)
+    # the pilot's wait on a key can end before the app handled it (textual's wait_for_idle
+    # takes a process starved of CPU for an idle one): wait for the highlight itself
+    await settle(pilot, lambda: ol.highlighted == ids.index(choice))
     await pilot.press("enter")  # type: ignore[attr-defined]
 
 

@@ -85,7 +85,8 @@ def trace_of_bcache0(tmp_path: Path) -> Path:
 async def start_warm(pilot: Any, app: CacheMgrApp, trace: str, size: str = "") -> None:
     """w, the form filled in, Next, then Warm in the confirmation."""
     await pilot.press("w")
-    assert isinstance(app.screen, FormDialog)
+    await settle(pilot, lambda: isinstance(app.screen, FormDialog)
+                 and bool(app.screen.query("#f-bytes")))
     app.screen.query_one("#f-trace", Input).value = trace
     app.screen.query_one("#f-bytes", Input).value = size
     await click(pilot, "#b-ok")
