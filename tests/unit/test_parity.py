@@ -38,6 +38,7 @@ from tests.unit.tui_helpers import (
     app_on,
     click,
     copy_capture,
+    handled,
     kernel_writes,
     quiet,
     settle,
@@ -316,6 +317,7 @@ def lock_key(root: Path, spec: str) -> str:
 async def pick(pilot: object, app: CacheMgrApp, choice: str) -> None:
     """In the open ChoiceDialog: arrow keys to ``choice``, then Enter."""
     await settle(pilot, lambda: shown(app, ChoiceDialog))
+    await handled(pilot)  # composed is not mounted: on_mount puts the highlight on the current
     screen = app.screen
     assert isinstance(screen, ChoiceDialog)
     ids = [c for c, _ in screen.choices]

@@ -162,6 +162,7 @@ async def click(pilot: object, selector: str) -> None:
     await settle(pilot, lambda: placed(app, selector))
     assert await pilot.click(selector), (  # type: ignore[attr-defined]
         f"the click on {selector} reached another widget; screen {app.screen!r}")
+    await handled(pilot)  # what the click opens, composed (Pilot.click waits as press does)
 
 
 async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
@@ -194,3 +195,39 @@ def app_on(root: Path, **kw: object) -> CacheMgrApp:
     kw.setdefault("interval", 3600)
     kw.setdefault("wallclock", lambda: 0.0)
     return CacheMgrApp(str(root), **kw)  # type: ignore[arg-type]
+
+
+def _handled_now(app: CacheMgrApp) -> bool:
+    """The app and every node of the screen shown are mounted, none has a message waiting,
+    and the screen needs no layout."""
+    from textual.app import ScreenStackError
+
+    if app._closing or app._closed or not app.is_running:  # a key that quit the app
+        return True
+    try:
+        screen = app.screen
+    except ScreenStackError:
+        return True
+    nodes = [app, *screen.walk_children(with_self=True)]
+    return (all(n.is_attached and n._is_mounted and n._message_queue.empty() for n in nodes)
+            and not screen._layout_required)
+
+
+async def handled(pilot: object) -> None:
+    """Until the app has handled what the last key started: the screen it pushed composed,
+    mounted and laid out, the messages its handlers posted handled (twice in a row, a turn
+    of the loop apart). What Pilot.press's own wait only guesses: textual's wait_for_idle
+    takes "little CPU used while asleep" for "the app is done", and a process starved of CPU
+    (load 10-20 on 2 CPUs) uses little either way, so the wait ended with the key unhandled
+    and the test looked at the screen before (issue #43 item 1)."""
+    import asyncio
+
+    app = pilot.app  # type: ignore[attr-defined]
+    t0 = time.monotonic()
+    calm = 0
+    while calm < 2:
+        calm = calm + 1 if _handled_now(app) else 0
+        if time.monotonic() - t0 > SETTLE_FLOOR_S:
+            raise AssertionError("the app did not handle the key in time; screen "
+                                 f"{app.screen!r}")
+        await asyncio.sleep(0.01)
