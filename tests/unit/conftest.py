@@ -24,11 +24,11 @@ def _pilot_press_waits_for_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
     (tui_helpers.handled), not when textual's CPU-time heuristic guesses it has."""
     from textual.pilot import Pilot
 
-    from tests.unit.tui_helpers import handled
-
     real = Pilot.press
 
     async def press(self: object, *keys: str) -> None:
+        from tests.unit.tui_helpers import handled  # imports the app: only where one runs
+
         await real(self, *keys)
         await handled(self)
 
