@@ -21,7 +21,10 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def fx(prefix: str) -> Path:
-    return next(FIXTURES.glob(f"{prefix}-*")) / "sys"
+    """The capture ``prefix``-<backend> (uml, qemu), else the first whose name starts so:
+    "vms" is vms-uml, not vms-accounting-dmcache-uml, whichever the directory lists first."""
+    exact = sorted(p for p in FIXTURES.glob(f"{prefix}-*") if "-" not in p.name[len(prefix) + 1:])
+    return (exact[0] if exact else next(FIXTURES.glob(f"{prefix}-*"))) / "sys"
 
 
 def unpack(prefix: str, dest: Path) -> Path:
