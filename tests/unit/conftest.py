@@ -16,3 +16,20 @@ def _argparse_untranslated() -> Iterator[None]:
     mp.setenv("LANGUAGE", "C")
     yield
     mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _pilot_press_waits_for_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Pilot.press in a TUI test returns once the app has handled the keys
+    (tui_helpers.handled), not when textual's CPU-time heuristic guesses it has."""
+    from textual.pilot import Pilot
+
+    real = Pilot.press
+
+    async def press(self: object, *keys: str) -> None:
+        from tests.unit.tui_helpers import handled  # imports the app: only where one runs
+
+        await real(self, *keys)
+        await handled(self)
+
+    monkeypatch.setattr(Pilot, "press", press)

@@ -20,7 +20,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import doctor as doctor_ops
 from cachemgr.procedures import doctor
 from tests.unit.test_doctor import FIXTURES, window
-from tests.unit.tui_helpers import app_on, quiet
+from tests.unit.tui_helpers import app_on, quiet, settle
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +116,9 @@ def test_the_tui_detail_shows_the_causes() -> None:
             await quiet(pilot)
             assert app.causes == []  # one poll: no window yet
             await pilot.press("enter")
-            assert isinstance(app.screen, DetailScreen)
+            # the table's Enter posts RowSelected; the dashboard's handler pushes the detail:
+            # a message after the key's, which the pilot's wait on the key does not cover
+            await settle(pilot, lambda: isinstance(app.screen, DetailScreen))
             app.start_poll()
             await quiet(pilot)
             assert [(c.code, c.device) for c in app.causes] == [("mode-left", "/dev/bcache0")]

@@ -194,7 +194,9 @@ def test_tui_bench_form_shows_the_refusal(monkeypatch: pytest.MonkeyPatch) -> No
     async def go() -> None:
         async with running(fx("bcache-writeback-dirty"), at=1) as (app, pilot):
             await pilot.press("b")
-            assert isinstance(app.screen, BenchScreen)
+            # pushed by the key, composed after it: its inputs come later under load
+            await settle(pilot, lambda: isinstance(app.screen, BenchScreen)
+                         and bool(app.screen.query("#runtime")))
             app.screen.query_one("#runtime", Input).value = "nan"
             await pilot.press("ctrl+r")
             await settle(pilot, lambda: shown(app, MessageDialog))

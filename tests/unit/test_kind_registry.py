@@ -189,7 +189,7 @@ def test_the_tui_lists_a_registered_kind_switches_it_and_offers_nothing_else(
 
     from textual.widgets import OptionList
 
-    from tests.unit.tui_helpers import app_on, settle, shown
+    from tests.unit.tui_helpers import app_on, click, settle, shown
     from tui.dialogs.choose import ChoiceDialog
     from tui.dialogs.confirm import ConfirmDialog
     from tui.widgets.devices import DeviceTable
@@ -220,7 +220,7 @@ def test_the_tui_lists_a_registered_kind_switches_it_and_offers_nothing_else(
                                 else "up"] * abs(choices.index("writethrough")
                                                  - ol.highlighted), "enter")
             await settle(pilot, lambda: shown(app, ConfirmDialog))
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: bool(SWITCHED))
             return cells, offered, choices
 

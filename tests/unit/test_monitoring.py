@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -32,11 +34,28 @@ SMARTCTL = sorted((FIXTURES / "smartctl").glob("*.json"))
 TREES = sorted(FIXTURES.glob("*/sys"))
 
 
+# promtool's guard is on its own CPU time, not on the wall clock: `test rules` evaluates every
+# rule once a minute of series time up to each test's last eval_time (26 h: 1560 rounds), about
+# 11 CPU-s on this machine idle (promtool 2.42, 2026-11-28), and at load 11-20 on 2 CPUs the
+# 120 s wall timeout it had ran out on that work alone. A loop or a runaway still dies at
+# PROMTOOL_CPU_S (the hard limit's SIGKILL: Go's runtime survives the soft limit's SIGXCPU);
+# the wall timeout is left only for a promtool that waits on nothing.
+PROMTOOL_CPU_S = 120
+PROMTOOL_HANG_S = 1800
+
+
+def _cpu_guard() -> None:
+    resource.setrlimit(resource.RLIMIT_CPU, (PROMTOOL_CPU_S, PROMTOOL_CPU_S))
+
+
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("promtool")
     assert exe, "promtool is missing: scripts/setup.sh installs it (Debian package prometheus)"
-    return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True,
-                          timeout=120)
+    r = subprocess.run([exe, *args], input=stdin, capture_output=True, text=True,
+                       timeout=PROMTOOL_HANG_S, preexec_fn=_cpu_guard)
+    assert r.returncode not in (-signal.SIGXCPU, -signal.SIGKILL), (
+        f"promtool {' '.join(args)} used more than {PROMTOOL_CPU_S} s of CPU")
+    return r
 
 
 def health_rows() -> list[tuple[smart.Ssd, smart.Health | None]]:

@@ -34,7 +34,16 @@ from cachemgr.backends import snapshot
 from cachemgr.cli.main import main
 from cachemgr.core.sysfs import Sysfs
 from tests.unit.guards import held_elsewhere, mutations_refused
-from tests.unit.tui_helpers import app_on, copy_capture, kernel_writes, quiet, settle, shown
+from tests.unit.tui_helpers import (
+    app_on,
+    click,
+    copy_capture,
+    handled,
+    kernel_writes,
+    quiet,
+    settle,
+    shown,
+)
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -308,6 +317,7 @@ def lock_key(root: Path, spec: str) -> str:
 async def pick(pilot: object, app: CacheMgrApp, choice: str) -> None:
     """In the open ChoiceDialog: arrow keys to ``choice``, then Enter."""
     await settle(pilot, lambda: shown(app, ChoiceDialog))
+    await handled(pilot)  # composed is not mounted: on_mount puts the highlight on the current
     screen = app.screen
     assert isinstance(screen, ChoiceDialog)
     ids = [c for c, _ in screen.choices]
@@ -318,7 +328,9 @@ async def pick(pilot: object, app: CacheMgrApp, choice: str) -> None:
     assert at is not None
     step = "down" if ids.index(choice) > at else "up"
     await pilot.press(*[step] * abs(ids.index(choice) - at))  # type: ignore[attr-defined]
-    assert ol.highlighted == ids.index(choice)
+    # the pilot's wait on a key can end before the app handled it (textual's wait_for_idle
+    # takes a process starved of CPU for an idle one): wait for the highlight itself
+    await settle(pilot, lambda: ol.highlighted == ids.index(choice))
     await pilot.press("enter")  # type: ignore[attr-defined]
 
 
@@ -341,7 +353,7 @@ async def drive(pilot: object, app: CacheMgrApp, steps: Sequence[tuple[str, obje
             await settle(pilot, lambda sel=sel: bool(app.screen.query(sel)))  # type: ignore[misc]
             if sel in ("#b-go", "#b-switch", "#b-drain"):
                 assert isinstance(app.screen, ConfirmDialog)
-            await pilot.click(sel)  # type: ignore[attr-defined]
+            await click(pilot, sel)
         else:
             raise AssertionError(what)
 

@@ -32,6 +32,7 @@ from cachemgr.ops import cache as ops_cache
 from cachemgr.ops.control import Control, Result, progress_line
 from tests.unit.tui_helpers import (
     app_on,
+    click,
     copy_capture,
     fx,
     kernel_writes,
@@ -414,7 +415,7 @@ def test_mode_change_writes_cache_mode(tmp_path: Path, monkeypatch: pytest.Monke
             assert "4.4 MiB of dirty data" in explain
             await pilot.press("enter")
             assert isinstance(app.screen, ConfirmDialog)
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: "cache_mode writeback -> writethrough" in log_text(app))
             assert "still being written back" in log_text(app)
 
@@ -430,7 +431,7 @@ def test_mode_already_so_is_said(tmp_path: Path) -> None:
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 1  # writeback (current)
             await pilot.press("enter")
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: "already in writeback mode" in log_text(app))
             assert "already so" in log_text(app)
 
@@ -448,11 +449,11 @@ def test_drain_cancel_restores_tunables(tmp_path: Path, monkeypatch: pytest.Monk
         async with running(root, at=bcache0_key(root)) as (app, pilot):
             await pilot.press("d")
             assert isinstance(app.screen, ConfirmDialog)
-            await pilot.click("#b-go")
+            await click(pilot, "#b-go")
             await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
             await settle(pilot, lambda: "drain /dev/bcache0:" in rendered(app.screen, "#line"))
             assert (base / "writeback_percent").read_text().strip() == "0"
-            await pilot.click("#b-cancel")
+            await click(pilot, "#b-cancel")
             await settle(pilot, lambda: shown(app, MessageDialog))
             body = rendered(app.screen, ".dialog-body")
             assert "cancelled by the operator" in body
@@ -519,7 +520,7 @@ def test_detach_then_attach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         key = bcache0_key(root)
         async with running(root, at=key) as (app, pilot):
             await pilot.press("x")
-            await pilot.click("#b-go")
+            await click(pilot, "#b-go")
             await settle(pilot, lambda: "/dev/bcache0: detach" in log_text(app))
             await settle(pilot, lambda: any(r.key == key and r.state == "no cache"
                                             for r in app.rows))
@@ -545,7 +546,7 @@ def test_remove_cache_set_refused_with_library_words(tmp_path: Path,
             await pilot.press("delete")
             assert isinstance(app.screen, ConfirmDialog)
             assert app.screen.focused is not None and app.screen.focused.id == "b-cancel"
-            await pilot.click("#b-go")
+            await click(pilot, "#b-go")
             await settle(pilot, lambda: shown(app, MessageDialog))
             body = rendered(app.screen, ".dialog-body")
             assert "holds dirty data of /dev/bcache0" in body
@@ -564,7 +565,7 @@ def test_remove_backing_detaches_then_stops(tmp_path: Path,
     async def go() -> None:
         async with running(root, at=bcache0_key(root)) as (_, pilot):
             await pilot.press("delete")
-            await pilot.click("#b-go")
+            await click(pilot, "#b-go")
             # the capture's kernel never takes the device away: stop_backing times out
             # after its wait, with the library's words; detach and stop were both written
             await settle(pilot, lambda: any(w[0].endswith("/stop") for w in writes),
@@ -581,7 +582,7 @@ def test_dmcache_passthrough_refused_while_dirty(tmp_path: Path) -> None:
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 2  # passthrough
             await pilot.press("enter")
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: shown(app, MessageDialog))
             body = rendered(app.screen, ".dialog-body")
             assert "dm-cache accepts passthrough only when every block is clean" in body
@@ -597,10 +598,10 @@ def test_create_refuses_missing_device() -> None:
             await pilot.press("enter")  # bcache
             assert isinstance(app.screen, FormDialog)
             app.screen.query_one("#f-backing", Input).value = "/dev/cachemgr-no-such-disk"
-            await pilot.click("#b-ok")
+            await click(pilot, "#b-ok")
             assert isinstance(app.screen, ConfirmDialog)
             assert "Format /dev/cachemgr-no-such-disk" in rendered(app.screen, ".dialog-body")
-            await pilot.click("#b-go")
+            await click(pilot, "#b-go")
             await settle(pilot, lambda: shown(app, MessageDialog))
             body = rendered(app.screen, ".dialog-body")
             assert "/dev/cachemgr-no-such-disk: no such device" in body
@@ -716,7 +717,7 @@ def test_long_confirmation_keeps_its_buttons_on_screen(
                 region = app.screen.query_one(bid, Button).region
                 assert region.height > 0 and region.bottom <= 24, (bid, region)
             await pilot.hover("#b-go")  # raises OutOfBounds when it is off the screen
-            await pilot.click("#b-cancel")
+            await click(pilot, "#b-cancel")
             await settle(pilot, lambda: shown(app, MessageDialog))
             assert "not confirmed; nothing was changed" in rendered(app.screen, ".dialog-body")
 
@@ -868,7 +869,7 @@ def test_dmcache_lvm_owned_refused_with_the_lvm_command() -> None:
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 1  # writethrough
             await pilot.press("enter")
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: shown(app, MessageDialog))
             body = rendered(app.screen, ".dialog-body")
             assert "belongs to LVM" in body, body
@@ -968,7 +969,7 @@ async def drain_hidden(pilot: Pilot[Any], app: CacheMgrApp) -> None:
     """Start a drain of the selected bcache0 and hide its progress (Escape): it goes on, its
     line in the banner, the dashboard alone on the screen."""
     await pilot.press("d")
-    await pilot.click("#b-go")
+    await click(pilot, "#b-go")
     await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
     await pilot.press("escape")
     await settle(pilot, lambda: "» drain /dev/bcache0:" in rendered(app, "#banner"))

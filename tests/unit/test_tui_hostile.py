@@ -27,7 +27,7 @@ from textual.widget import Widget
 from textual.widgets import OptionList, RichLog, Static
 
 from cachemgr.core.text import printable
-from tests.unit.tui_helpers import app_on, copy_capture, quiet, settle, shown
+from tests.unit.tui_helpers import app_on, click, copy_capture, quiet, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.choose import ChoiceDialog
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
@@ -232,7 +232,7 @@ def test_markup_dm_name_in_table_dialogs_notifications_and_log(tmp_path: Path) -
             await pilot.press("enter")
             assert isinstance(app.screen, ConfirmDialog)
             assert printable(name) in text_of(app.screen, ".dialog-title")
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: "already so" in "\n".join(app.log_history))
             await quiet(pilot)
             toasts = [n.message for n in app._notifications]
@@ -262,7 +262,7 @@ def test_link_in_an_error_message_is_not_a_hyperlink(tmp_path: Path) -> None:
             await pilot.press("m")
             app.screen.query_one(OptionList).highlighted = 2  # passthrough: refused (dirty)
             await pilot.press("enter")
-            await pilot.click("#b-switch")
+            await click(pilot, "#b-switch")
             await settle(pilot, lambda: shown(app, MessageDialog))
             await quiet(pilot)
             body = app.screen.query_one(".dialog-body", Static)

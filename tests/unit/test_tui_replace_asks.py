@@ -24,7 +24,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.ops import cache as cache_ops
 from cachemgr.procedures import replace
 from tests.unit.test_run_owns_its_devices import ssd_setup, steps_stubbed
-from tests.unit.tui_helpers import app_on, quiet, settle, shown
+from tests.unit.tui_helpers import app_on, click, quiet, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
 from tui.screens.replace import ReplaceScreen
@@ -88,7 +88,7 @@ def test_the_question_waits_with_the_devices_held(
             await settle(pilot, lambda: shown(app, ConfirmDialog), tries=400)
             assert "Replace the SSD of" in str(app.screen.title_text)  # type: ignore[attr-defined]
             tries.append(second_admin(sysfs, b.device, 40))
-            await pilot.click("#b-go")
+            await click(pilot, "#b-go")
             await settle(pilot, lambda: bool(ran), tries=400)
             await quiet(pilot)
 

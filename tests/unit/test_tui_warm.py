@@ -26,7 +26,7 @@ from cachemgr.core.sysfs import Sysfs
 from cachemgr.procedures import warm
 from tests.unit.test_tui import bcache0_key, log_text, rendered, running
 from tests.unit.test_warm import CSET, admission, make_trace
-from tests.unit.tui_helpers import copy_capture, kernel_writes, quiet, settle, shown
+from tests.unit.tui_helpers import click, copy_capture, kernel_writes, quiet, settle, shown
 from tui.app import CacheMgrApp
 from tui.dialogs.confirm import ConfirmDialog, MessageDialog
 from tui.dialogs.form import FormDialog
@@ -85,14 +85,15 @@ def trace_of_bcache0(tmp_path: Path) -> Path:
 async def start_warm(pilot: Any, app: CacheMgrApp, trace: str, size: str = "") -> None:
     """w, the form filled in, Next, then Warm in the confirmation."""
     await pilot.press("w")
-    assert isinstance(app.screen, FormDialog)
+    await settle(pilot, lambda: isinstance(app.screen, FormDialog)
+                 and bool(app.screen.query("#f-bytes")))
     app.screen.query_one("#f-trace", Input).value = trace
     app.screen.query_one("#f-bytes", Input).value = size
-    await pilot.click("#b-ok")
+    await click(pilot, "#b-ok")
     await settle(pilot, lambda: shown(app, ConfirmDialog))
     body = rendered(app.screen, ".dialog-body")
     assert trace in body and "Nothing is written to the device" in body
-    await pilot.click("#b-go")
+    await click(pilot, "#b-go")
 
 
 def test_warm_from_the_tui_shows_progress_and_puts_the_settings_back(
@@ -168,7 +169,7 @@ def test_cancel_stops_the_warm_and_puts_back_every_setting(
             await settle(pilot, lambda: isinstance(app.screen, ProgressDialog))
             await settle(pilot, lambda: "warm /dev/bcache0:" in rendered(app.screen, "#line"))
             assert "puts back every setting" in rendered(app.screen, ".dialog-note")
-            await pilot.click("#b-cancel")
+            await click(pilot, "#b-cancel")
             await settle(pilot, lambda: shown(app, MessageDialog), tries=400)
             assert "cancelled by the operator" in rendered(app.screen, ".dialog-body")
             assert not app.ops
@@ -224,7 +225,7 @@ def test_escape_in_the_form_or_the_confirmation_starts_nothing(
             assert len(app.screen_stack) == 1
             await pilot.press("w")
             app.screen.query_one("#f-trace", Input).value = str(trace)
-            await pilot.click("#b-ok")
+            await click(pilot, "#b-ok")
             await settle(pilot, lambda: shown(app, ConfirmDialog))
             await pilot.press("escape")
             await quiet(pilot)

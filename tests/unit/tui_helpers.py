@@ -141,6 +141,39 @@ async def quiet(pilot: object) -> None:
     await pilot.pause()  # type: ignore[attr-defined]
 
 
+def placed(app: CacheMgrApp, selector: str) -> bool:
+    """The screen shown has ``selector`` composed AND laid out: a click at its region's
+    corner reaches it. A screen pushed by a key is composed, then laid out when it handles
+    its ScreenResume (or at its update timer), all after the key's own handling."""
+    from textual.errors import NoWidget
+
+    screen = app.screen
+    found = screen.query(selector)
+    if not found:
+        return False
+    widget = found.first()
+    try:
+        region = screen.find_widget(widget).region
+    except NoWidget:
+        return False
+    return bool(region.area) and screen.get_widget_at(*region.offset)[0] is widget
+
+
+async def click(pilot: object, selector: str) -> None:
+    """Click ``selector`` on the screen shown once it is there to be clicked (placed()), and
+    fail if the click reached something else. Pilot.press's wait can end before the app has
+    handled the key (textual's wait_for_idle takes "little CPU used while asleep" for "idle",
+    and a process starved of CPU uses little either way), so the dialog the key opens may not
+    be composed or laid out yet; Pilot.click aims at the region the widget has at the call,
+    (0,0) before the layout, lands on whatever is there, and the dialog waits forever
+    (test_parity, test_tui, test_tui_warm failed so at load 11-20 on 2 CPUs, 2026-11-28)."""
+    app = pilot.app  # type: ignore[attr-defined]
+    await settle(pilot, lambda: placed(app, selector))
+    assert await pilot.click(selector), (  # type: ignore[attr-defined]
+        f"the click on {selector} reached another widget; screen {app.screen!r}")
+    await handled(pilot)  # what the click opens, composed (Pilot.click waits as press does)
+
+
 async def tune(pilot: object, app: CacheMgrApp, name: str, value: str) -> None:
     """On the selected object: ``t``, the tunable ``name`` highlighted in the choice dialog,
     Enter, ``value`` in the form, Enter (what the change does is for the caller to wait for)."""
@@ -171,3 +204,39 @@ def app_on(root: Path, **kw: object) -> CacheMgrApp:
     kw.setdefault("interval", 3600)
     kw.setdefault("wallclock", lambda: 0.0)
     return CacheMgrApp(str(root), **kw)  # type: ignore[arg-type]
+
+
+def _handled_now(app: CacheMgrApp) -> bool:
+    """The app and every node of the screen shown are mounted, none has a message waiting,
+    and the screen needs no layout."""
+    from textual.app import ScreenStackError
+
+    if app._closing or app._closed or not app.is_running:  # a key that quit the app
+        return True
+    try:
+        screen = app.screen
+    except ScreenStackError:
+        return True
+    nodes = [app, *screen.walk_children(with_self=True)]
+    return (all(n.is_attached and n._is_mounted and n._message_queue.empty() for n in nodes)
+            and not screen._layout_required)
+
+
+async def handled(pilot: object) -> None:
+    """Until the app has handled what the last key started: the screen it pushed composed,
+    mounted and laid out, the messages its handlers posted handled (twice in a row, a turn
+    of the loop apart). What Pilot.press's own wait only guesses: textual's wait_for_idle
+    takes "little CPU used while asleep" for "the app is done", and a process starved of CPU
+    (load 10-20 on 2 CPUs) uses little either way, so the wait ended with the key unhandled
+    and the test looked at the screen before (issue #43 item 1)."""
+    import asyncio
+
+    app = pilot.app  # type: ignore[attr-defined]
+    t0 = time.monotonic()
+    calm = 0
+    while calm < 2:
+        calm = calm + 1 if _handled_now(app) else 0
+        if time.monotonic() - t0 > SETTLE_FLOOR_S:
+            raise AssertionError("the app did not handle the key in time; screen "
+                                 f"{app.screen!r}")
+        await asyncio.sleep(0.01)
