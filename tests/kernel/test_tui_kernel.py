@@ -236,30 +236,6 @@ def _text(app: object, selector: str) -> str:
     return str(app.screen.query_one(selector, Static).render())  # type: ignore[attr-defined]
 
 
-def laid_out(app: object, selector: str) -> bool:
-    """The widget ``selector`` on the app's screen has a place on it (a click at it lands)."""
-    from textual.css.query import NoMatches
-
-    try:
-        region = app.screen.query_one(selector).region  # type: ignore[attr-defined]
-    except NoMatches:
-        return False
-    return bool(region.width and region.height)
-
-
-async def click_on(pilot: object, app: object, selector: str) -> None:
-    """Click ``selector`` once it is laid out, again while a click lands elsewhere (Textual's
-    Pilot.click says whether the event reached the widget; one that did not did nothing)."""
-    from tests.unit.tui_helpers import settle
-
-    await settle(pilot, lambda: laid_out(app, selector))
-    for _ in range(100):
-        if await pilot.click(selector):  # type: ignore[attr-defined]
-            return
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
-    raise AssertionError(f"no click reached {selector} on {app.screen!r}")  # type: ignore[attr-defined]
-
-
 async def _fill_form(pilot: object, app: object, values: dict[str, str]) -> None:
     from textual.widgets import Input
 
@@ -717,7 +693,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
     the backing device on a new cache set on the new SSD, its mode restored."""
     from cachemgr.backends import scsi
     from cachemgr.procedures import replace
-    from tests.unit.tui_helpers import settle, shown
+    from tests.unit.tui_helpers import click, settle, shown
     from tui import view
     from tui.app import CacheMgrApp
     from tui.dialogs.choose import ChoiceDialog
@@ -788,7 +764,7 @@ def test_tui_replace_ssd_swap_prompt_cancel_and_resume(lab_disks: list[str], tmp
             assert f"replace the cache SSD {old_ssd.node}" in body and new_ssd.wwid in body
             # a click lands where the button is: before the dialog is laid out that is
             # elsewhere (the full run of 755a2eb: the question stayed up for the whole wait)
-            await click_on(pilot, app, "#b-go")
+            await click(pilot, "#b-go")
             # the steps run up to the swap prompt (a bound for a hang: under the suite's load
             # the drain and the steps took longer than 2 minutes, 2026-11-26)
             await settle(pilot, lambda: shown(app, SwapPrompt), tries=6000)
