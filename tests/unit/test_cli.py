@@ -1,25 +1,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from cachemgr.cli.main import main
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-
-
-def captured_as(path: Path, scenario: str) -> bool:
-    """``path`` is a capture of ``scenario`` (tests/fixtures/<scenario>-<backend>, or packed
-    as .tar.xz): not of another scenario whose name starts the same ("vms-" also matches
-    vms-accounting-uml, and the glob's order is the directory's)."""
-    return path.name.removesuffix(".tar.xz").rsplit("-", 1)[0] == scenario
-
-
-def fx(prefix: str) -> Path:
-    return next(p for p in sorted(FIXTURES.glob(f"{prefix}-*"))
-                if captured_as(p, prefix)) / "sys"
+from tests.unit.captures import fx
 
 
 def test_status_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,19 +16,11 @@ from cachemgr.cli.main import main
 from cachemgr.core.errors import AlreadyError, KernelFormatError, UnsafeError, UsageError
 from cachemgr.core.model import CacheMode, CacheState, DmCacheStatus, DmCacheTable
 from cachemgr.core.sysfs import Sysfs
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-
-
-def captured_as(path: Path, scenario: str) -> bool:
-    """``path`` is a capture of ``scenario`` (tests/fixtures/<scenario>-<backend>, or packed
-    as .tar.xz): not of another scenario whose name starts the same ("vms-" also matches
-    vms-accounting-uml, and the glob's order is the directory's)."""
-    return path.name.removesuffix(".tar.xz").rsplit("-", 1)[0] == scenario
+from tests.unit.captures import FIXTURES, captures
 
 
 def fixtures(prefix: str) -> list[Path]:
-    found = [p for p in sorted(FIXTURES.glob(f"{prefix}-*")) if captured_as(p, prefix)]
+    found = captures(prefix)
     assert found, f"no capture for {prefix}"
     return found
 

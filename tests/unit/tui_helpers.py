@@ -15,21 +15,9 @@ import pytest
 
 from cachemgr.core.errors import SysfsError
 from cachemgr.core.sysfs import Sysfs, note_write
+from tests.unit.captures import FIXTURES as FIXTURES  # re-exported: tests import it from here
+from tests.unit.captures import captures, fx
 from tui.app import CacheMgrApp
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-
-
-def captured_as(path: Path, scenario: str) -> bool:
-    """``path`` is a capture of ``scenario`` (tests/fixtures/<scenario>-<backend>, or packed
-    as .tar.xz): not of another scenario whose name starts the same ("vms-" also matches
-    vms-accounting-uml, and the glob's order is the directory's)."""
-    return path.name.removesuffix(".tar.xz").rsplit("-", 1)[0] == scenario
-
-
-def fx(prefix: str) -> Path:
-    return next(p for p in sorted(FIXTURES.glob(f"{prefix}-*"))
-                if captured_as(p, prefix)) / "sys"
 
 
 def unpack(prefix: str, dest: Path) -> Path:
@@ -37,8 +25,7 @@ def unpack(prefix: str, dest: Path) -> Path:
     e.g. 64 backing devices) unpacked under ``dest``; returns its sys/ tree."""
     import tarfile
 
-    packed = next(p for p in sorted(FIXTURES.glob(f"{prefix}-*.tar.xz"))
-                  if captured_as(p, prefix))
+    packed = captures(prefix, ".tar.xz")[0]
     with tarfile.open(packed) as tar:
         tar.extractall(dest)  # trusted: the repository's own capture
     return dest / packed.name.removesuffix(".tar.xz") / "sys"
