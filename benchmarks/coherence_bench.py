@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import labtest  # benchmarks/labtest.py (this script's directory is first on sys.path)
+
 TESTS = {"bcache": "bcache_arrival", "dmcache": "dmcache_arrival", "lvm": "lvm_cache_arrival"}
 
 
@@ -50,20 +46,14 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--kinds", default="bcache,dmcache,lvm")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(dir=ROOT, prefix=".coherence-"))  # the lab guest writes it
-    log = tmp / "coherence.jsonl"
-    env = {**os.environ, "CACHEMGR_COHERENCE_CYCLES": str(args.cycles),
-           "CACHEMGR_COHERENCE_LOG": str(log)}
     sel = " or ".join(TESTS[k] for k in args.kinds.split(","))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                        "tests/kernel/test_coherence_kernel.py", "--lab-backend=uml", "-k", sel],
-                       cwd=ROOT, env=env, check=False)
-    for line in log.read_text().splitlines() if log.exists() else []:
-        d = json.loads(line)
+    rc, reports = labtest.run("tests/kernel/test_coherence_kernel.py", sel,
+                              {"CACHEMGR_COHERENCE_CYCLES": str(args.cycles)},
+                              "CACHEMGR_COHERENCE_LOG")
+    for d in reports:
         print(json.dumps({"test": d["test"], "blocks": d["blocks"], **summary(d["cycles"]),
                           "hook_no_cache_s": d["hook_no_cache_s"]}))
-    shutil.rmtree(tmp, ignore_errors=True)
-    return r.returncode
+    return rc
 
 
 if __name__ == "__main__":

@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import labtest  # benchmarks/labtest.py (this script's directory is first on sys.path)
+
 TESTS = {"bcache": "bcache_first_minute", "dmcache": "dmcache_warm_after"}
 
 
@@ -33,16 +29,11 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=60.0, help="seconds (default 60)")
     ap.add_argument("--kinds", default="bcache,dmcache")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(dir=ROOT, prefix=".warm-after-"))  # the lab guest writes it
-    log = tmp / "warm-after.jsonl"
-    env = {**os.environ, "CACHEMGR_WARM_AFTER_WINDOW": str(args.window),
-           "CACHEMGR_WARM_AFTER_LOG": str(log)}
     sel = " or ".join(TESTS[k] for k in args.kinds.split(","))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                        "tests/kernel/test_warm_after_kernel.py", "--lab-backend=uml", "-k", sel],
-                       cwd=ROOT, env=env, check=False)
-    for line in log.read_text().splitlines() if log.exists() else []:
-        d = json.loads(line)
+    rc, reports = labtest.run("tests/kernel/test_warm_after_kernel.py", sel,
+                              {"CACHEMGR_WARM_AFTER_WINDOW": str(args.window)},
+                              "CACHEMGR_WARM_AFTER_LOG")
+    for d in reports:
         print(json.dumps({
             "test": d["test"], "window_s": d["window_s"], "hot_blocks": d["hot_blocks"],
             "steady": d["steady_hit_ratio"],
@@ -51,8 +42,7 @@ def main() -> int:
                          "warm_s": (x["warm"] or {}).get("seconds"),
                          "warm_reads_from_s": (x["warm"] or {}).get("reads_from_s")}
                         for x in d["returns"]]}))
-    shutil.rmtree(tmp, ignore_errors=True)
-    return r.returncode
+    return rc
 
 
 if __name__ == "__main__":
